@@ -1,0 +1,122 @@
+//! `strata info`: what this machine offers strata.
+#![forbid(unsafe_code)]
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::device::{probe_gpus, GpuInfo};
+use crate::sys::{MemoryTierInfo, NumaNode, Topology};
+use crate::tier::Tier;
+
+/// One configured tier.
+#[derive(Debug, Clone, Serialize)]
+pub struct TierInfo {
+    /// Tier name.
+    pub tier: Tier,
+    /// Configured capacity in bytes.
+    pub capacity_bytes: u64,
+    /// Whether the tier is emulated.
+    pub emulated: bool,
+    /// What backs it.
+    pub detail: String,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Info {
+    /// strata's version.
+    pub version: &'static str,
+    /// NUMA nodes.
+    pub numa_nodes: Vec<NumaNode>,
+    /// Kernel memory tiers (empty where the kernel has none).
+    pub memory_tiers: Vec<MemoryTierInfo>,
+    /// The first GPU, or null.
+    pub gpu: Option<GpuInfo>,
+    /// All GPUs.
+    pub gpus: Vec<GpuInfo>,
+    /// Why there is no GPU, when there is none.
+    pub gpu_absent_reason: Option<String>,
+    /// Whether io_uring works here.
+    pub io_uring: bool,
+    /// Why io_uring does not work, when it doesn't.
+    pub io_uring_error: Option<String>,
+    /// The io engine the NVMe tier will use.
+    pub io_engine: String,
+    /// Whether transparent huge pages can be requested.
+    pub transparent_huge_pages: bool,
+    /// Configured tiers.
+    pub tiers: Vec<TierInfo>,
+}
+
+/// Gathers the report for `config`.
+pub fn gather(config: &Config) -> Info {
+    let topo = Topology::detect();
+    let (gpus, gpu_absent_reason) = match probe_gpus() {
+        Ok(g) => (g, None),
+        Err(e) => (Vec::new(), Some(e.message().to_string())),
+    };
+    let uring = crate::io::uring::probe();
+    let io_engine = crate::io::engine(config.nvme.engine)
+        .map(|e| e.kind().to_string())
+        .unwrap_or_else(|e| format!("unavailable: {e}"));
+    let mut tiers = Vec::new();
+    if let Some(g) = gpus.first() {
+        tiers.push(TierInfo {
+            tier: Tier::Device,
+            capacity_bytes: g.memory_bytes,
+            emulated: false,
+            detail: format!("GPU {} ({})", g.ordinal, g.name),
+        });
+    }
+    tiers.push(TierInfo {
+        tier: Tier::Host,
+        capacity_bytes: config.host.capacity,
+        emulated: false,
+        detail: match config.host.numa_node {
+            Some(n) => format!("DRAM arena bound to NUMA node {n}"),
+            None => "DRAM arena".into(),
+        },
+    });
+    if let Some(cxl) = &config.cxl {
+        let node = topo.cpu_less_nodes().next().map(|n| n.id);
+        let (emulated, detail) = match (cxl.mode, node) {
+            (crate::tier::CxlMode::Auto, Some(n)) => (false, format!("CPU-less NUMA node {n}")),
+            _ => (
+                true,
+                format!(
+                    "emulated: DRAM capped at {}, +{} ns per transfer",
+                    match cxl.bandwidth {
+                        Some(b) => crate::size::format_rate(b),
+                        None => "half of local memcpy bandwidth".into(),
+                    },
+                    cxl.latency_ns
+                ),
+            ),
+        };
+        tiers.push(TierInfo {
+            tier: Tier::Cxl,
+            capacity_bytes: cxl.capacity,
+            emulated,
+            detail,
+        });
+    }
+    tiers.push(TierInfo {
+        tier: Tier::Nvme,
+        capacity_bytes: config.nvme.capacity,
+        emulated: false,
+        detail: format!("O_DIRECT swap at {}", config.nvme.path.display()),
+    });
+    Info {
+        version: env!("CARGO_PKG_VERSION"),
+        numa_nodes: topo.numa_nodes,
+        memory_tiers: topo.memory_tiers,
+        gpu: gpus.first().cloned(),
+        gpus,
+        gpu_absent_reason,
+        io_uring: uring.is_ok(),
+        io_uring_error: uring.err().map(|e| e.message().to_string()),
+        io_engine,
+        transparent_huge_pages: crate::sys::arena::thp_allowed(),
+        tiers,
+    }
+}

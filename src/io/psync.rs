@@ -1,0 +1,114 @@
+//! The psync engine: a pool of threads, each calling `pread`/`pwrite`.
+//! Always available; chosen automatically where io_uring is not.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam::channel::{self, Receiver, Sender};
+
+use crate::error::{Error, Result};
+use crate::io::{EngineKind, IoEngine, IoOp, RawOp, RawQueue};
+
+/// Most threads one psync queue starts, whatever its depth.
+pub const MAX_THREADS: usize = 64;
+
+/// The psync engine.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PsyncEngine;
+
+impl IoEngine for PsyncEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Psync
+    }
+
+    fn open_raw(&self, file: &Arc<File>, depth: usize) -> Result<Box<dyn RawQueue>> {
+        let threads = depth.clamp(1, MAX_THREADS);
+        let (submit_tx, submit_rx) = channel::bounded::<RawOp>(depth.max(1));
+        let (done_tx, done_rx) = channel::unbounded();
+        let workers = (0..threads)
+            .map(|i| {
+                let file = file.clone();
+                let rx = submit_rx.clone();
+                let tx = done_tx.clone();
+                std::thread::Builder::new()
+                    .name(format!("strata-psync-{i}"))
+                    .spawn(move || worker(&file, rx, tx))
+                    .map_err(|e| Error::io("starting a psync worker thread", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(PsyncQueue {
+            submit: Some(submit_tx),
+            done: done_rx,
+            workers,
+        }))
+    }
+}
+
+fn worker(file: &File, rx: Receiver<RawOp>, tx: Sender<(u32, io::Result<usize>)>) {
+    let fd = file.as_raw_fd();
+    for op in rx {
+        let offset = op.offset as libc::off_t;
+        // SAFETY: the IoQueue that pushed `op` keeps `op.ptr` valid for
+        // `op.len` bytes and untouched until this completion is delivered
+        // (RawQueue::push's contract); `fd` stays open because `file` is an
+        // Arc held by this thread.
+        let n = unsafe {
+            match op.op {
+                IoOp::Read => libc::pread(fd, op.ptr.cast(), op.len, offset),
+                IoOp::Write => libc::pwrite(fd, op.ptr.cast(), op.len, offset),
+            }
+        };
+        let res = if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        };
+        if tx.send((op.id, res)).is_err() {
+            return;
+        }
+    }
+}
+
+struct PsyncQueue {
+    submit: Option<Sender<RawOp>>,
+    done: Receiver<(u32, io::Result<usize>)>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl RawQueue for PsyncQueue {
+    unsafe fn push(&mut self, op: RawOp) {
+        // The channel's capacity is the queue depth, which the caller never
+        // exceeds, so this does not block; the receivers live as long as the
+        // workers, which live until `drop`.
+        // If the workers are gone (they exit only when the channel closes,
+        // or by panicking) the send fails, and so does the next `wait`, which
+        // is how the loss is reported.
+        if let Some(sender) = &self.submit {
+            let _ = sender.send(op);
+        }
+    }
+
+    fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
+        for _ in 0..min {
+            match self.done.recv() {
+                Ok(c) => out.push(c),
+                Err(_) => return Err(io::Error::other("psync workers exited")),
+            }
+        }
+        out.extend(self.done.try_iter());
+        Ok(())
+    }
+}
+
+impl Drop for PsyncQueue {
+    fn drop(&mut self) {
+        // Closing the submission channel ends each worker's loop.
+        self.submit = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}

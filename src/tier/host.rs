@@ -1,0 +1,277 @@
+//! The host-DRAM store: an mmap arena carved into page-aligned slots.
+
+use std::any::Any;
+use std::ptr::NonNull;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::size::check_page_size;
+use crate::sys::Arena;
+use crate::tier::{check_page_len, full_error, PageStore, Slot, SlotAllocator, Tier};
+
+/// How to build a [`HostStore`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostConfig {
+    /// Capacity in bytes; rounded down to whole pages, must hold at least one.
+    pub capacity: u64,
+    /// Slot size: a power of two, 4 KiB … 2 MiB.
+    pub page_size: usize,
+    /// Ask for transparent huge pages where the kernel allows them.
+    pub huge_pages: bool,
+    /// Bind the arena to this NUMA node (`mbind`).
+    pub numa_node: Option<u32>,
+}
+
+impl HostConfig {
+    /// A config of `capacity` bytes in pages of `page_size`, with huge pages
+    /// and no NUMA binding.
+    pub fn new(capacity: u64, page_size: usize) -> Self {
+        Self {
+            capacity,
+            page_size,
+            huge_pages: true,
+            numa_node: None,
+        }
+    }
+}
+
+/// Registers an arena with someone who needs to know about it — the CUDA
+/// driver (`cuMemHostRegister`) for zero-copy access and asynchronous copies.
+/// The returned guard unregisters on drop; the store drops it before it
+/// unmaps the arena.
+pub trait ArenaRegistrar {
+    /// Registers `len` bytes at `base`.
+    fn register(&self, base: NonNull<u8>, len: usize) -> Result<Box<dyn Any + Send + Sync>>;
+}
+
+/// Page-sized slots in an anonymous DRAM arena.
+///
+/// Slot bytes are reached through [`HostStore::bytes`] (`&Slot`) and
+/// [`HostStore::bytes_mut`] (`&mut Slot`): slot tokens are unique, so the
+/// borrow checker rules out data races on a slot.
+pub struct HostStore {
+    tier: Tier,
+    page_size: usize,
+    slots: SlotAllocator,
+    // Declared before `arena`: registrations are released before the unmap.
+    registrations: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
+    arena: Arena,
+}
+
+impl std::fmt::Debug for HostStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostStore")
+            .field("tier", &self.tier)
+            .field("page_size", &self.page_size)
+            .field("capacity_pages", &self.slots.capacity())
+            .field("used_pages", &self.slots.used())
+            .field("huge_pages", &self.arena.huge_pages())
+            .field("numa_node", &self.arena.numa_node())
+            .finish()
+    }
+}
+
+// SAFETY: the store's only raw pointer is into its own arena, which lives as
+// long as the store; access to slot bytes is mediated by unique `Slot`
+// tokens, so sharing the store between threads cannot create aliasing `&mut`.
+unsafe impl Sync for HostStore {}
+// SAFETY: the arena is a plain mapping with no thread affinity.
+unsafe impl Send for HostStore {}
+
+impl HostStore {
+    /// Creates a host store. Errors name the bad parameter.
+    pub fn new(config: &HostConfig) -> Result<Self> {
+        Self::with_tier(config, Tier::Host)
+    }
+
+    pub(crate) fn with_tier(config: &HostConfig, tier: Tier) -> Result<Self> {
+        check_page_size(config.page_size)?;
+        let pages = config.capacity / config.page_size as u64;
+        if pages == 0 {
+            return Err(Error::invalid(format!(
+                "{tier} capacity {} holds no whole page of {} bytes",
+                config.capacity, config.page_size
+            )));
+        }
+        let pages = u32::try_from(pages).map_err(|_| {
+            Error::invalid(format!(
+                "{tier} capacity {} has too many pages",
+                config.capacity
+            ))
+        })?;
+        let bytes = usize::try_from(pages as u64 * config.page_size as u64)
+            .map_err(|_| Error::invalid("capacity does not fit the address space"))?;
+        let arena = Arena::new(bytes, config.huge_pages, config.numa_node)
+            .map_err(|e| e.context(format!("creating the {tier} arena")))?;
+        Ok(Self {
+            tier,
+            page_size: config.page_size,
+            slots: SlotAllocator::new(crate::tier::slots::next_store_id(), pages),
+            registrations: Mutex::new(Vec::new()),
+            arena,
+        })
+    }
+
+    /// The bytes of a slot.
+    pub fn bytes<'a>(&'a self, slot: &'a Slot) -> Result<&'a [u8]> {
+        let ptr = self.slot_ptr(slot)?;
+        // SAFETY: `slot_ptr` checked the slot is ours, so `ptr..ptr+page_size`
+        // lies inside the arena; the caller holds `&Slot`, and the only way to
+        // get `&mut [u8]` to the same bytes is through `&mut Slot`, which the
+        // borrow checker keeps exclusive.
+        Ok(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), self.page_size) })
+    }
+
+    /// The bytes of a slot, writable.
+    pub fn bytes_mut<'a>(&'a self, slot: &'a mut Slot) -> Result<&'a mut [u8]> {
+        let ptr = self.slot_ptr(slot)?;
+        // SAFETY: as in `bytes`; `&mut Slot` is the unique token for these
+        // bytes, so no other reference to them exists while this one lives.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.page_size) })
+    }
+
+    /// The address of a slot's first byte. Stays valid while the store lives;
+    /// dereferencing it is up to the caller (C ABI, device copies).
+    pub fn slot_ptr(&self, slot: &Slot) -> Result<NonNull<u8>> {
+        self.slots.check(slot)?;
+        let offset = slot.index() as usize * self.page_size;
+        // SAFETY: index < capacity, so offset + page_size <= arena length.
+        Ok(unsafe { self.arena.base().add(offset) })
+    }
+
+    /// Copies one page between two slots of host-memory stores.
+    pub fn copy_page(&self, src: &Slot, dst_store: &HostStore, dst: &mut Slot) -> Result<()> {
+        check_page_len("destination", dst_store.page_size, self.page_size)?;
+        dst_store.bytes_mut(dst)?.copy_from_slice(self.bytes(src)?);
+        Ok(())
+    }
+
+    /// Registers the whole arena (see [`ArenaRegistrar`]); the guard is kept
+    /// until the store drops.
+    pub fn register(&self, registrar: &dyn ArenaRegistrar) -> Result<()> {
+        let guard = registrar.register(self.arena.base(), self.arena.len())?;
+        self.registrations.lock().push(guard);
+        Ok(())
+    }
+
+    /// Start and length of the arena.
+    pub fn arena_range(&self) -> (NonNull<u8>, usize) {
+        (self.arena.base(), self.arena.len())
+    }
+
+    /// Whether transparent huge pages back the arena.
+    pub fn huge_pages(&self) -> bool {
+        self.arena.huge_pages()
+    }
+
+    /// The NUMA node the arena is bound to.
+    pub fn numa_node(&self) -> Option<u32> {
+        self.arena.numa_node()
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.slots.capacity() as u64 * self.page_size as u64
+    }
+}
+
+impl PageStore for HostStore {
+    fn tier(&self) -> Tier {
+        self.tier
+    }
+    fn page_size(&self) -> usize {
+        self.page_size
+    }
+    fn capacity_pages(&self) -> u32 {
+        self.slots.capacity()
+    }
+    fn used_pages(&self) -> u32 {
+        self.slots.used()
+    }
+    fn alloc(&self) -> Result<Slot> {
+        self.slots
+            .alloc()
+            .ok_or_else(|| full_error(self.tier, self.slots.capacity(), self.page_size))
+    }
+    fn free(&self, slot: Slot) -> Result<()> {
+        self.slots.free(slot).map_err(|(e, _slot)| e)
+    }
+    fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
+        check_page_len("source", data.len(), self.page_size)?;
+        self.bytes_mut(slot)?.copy_from_slice(data);
+        Ok(())
+    }
+    fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()> {
+        check_page_len("destination", out.len(), self.page_size)?;
+        out.copy_from_slice(self.bytes(slot)?);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn round_trip_and_capacity() {
+        let s = HostStore::new(&HostConfig::new(4 * 65536, 65536)).unwrap();
+        let mut slots: Vec<Slot> = (0..4).map(|_| s.alloc().unwrap()).collect();
+        assert_eq!(s.alloc().unwrap_err().kind(), ErrorKind::OutOfCapacity);
+        for (i, slot) in slots.iter_mut().enumerate() {
+            s.write_page(slot, &vec![i as u8 + 1; 65536]).unwrap();
+        }
+        let mut out = vec![0; 65536];
+        for (i, slot) in slots.iter().enumerate() {
+            s.read_page(slot, &mut out).unwrap();
+            assert!(out.iter().all(|&b| b == i as u8 + 1));
+            assert_eq!(s.slot_ptr(slot).unwrap().as_ptr() as usize % 65536, 0);
+        }
+        for slot in slots {
+            s.free(slot).unwrap();
+        }
+        assert_eq!(s.used_pages(), 0);
+    }
+
+    #[test]
+    fn bad_configs() {
+        let e = HostStore::new(&HostConfig::new(0, 4096)).unwrap_err();
+        assert!(e.message().contains("holds no whole page"), "{e}");
+        let e = HostStore::new(&HostConfig::new(1 << 20, 12288)).unwrap_err();
+        assert!(e.message().contains("power of two"), "{e}");
+        let s = HostStore::new(&HostConfig::new(1 << 20, 4096)).unwrap();
+        let mut slot = s.alloc().unwrap();
+        assert!(s.write_page(&mut slot, &[0; 100]).is_err());
+        s.free(slot).unwrap();
+    }
+
+    struct Counting(Arc<AtomicUsize>);
+    struct Guard(Arc<AtomicUsize>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    impl ArenaRegistrar for Counting {
+        fn register(&self, base: NonNull<u8>, len: usize) -> Result<Box<dyn Any + Send + Sync>> {
+            assert_eq!(base.as_ptr() as usize % 4096, 0);
+            assert!(len > 0);
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Box::new(Guard(self.0.clone())))
+        }
+    }
+
+    #[test]
+    fn registration_released_on_drop() {
+        let live = Arc::new(AtomicUsize::new(0));
+        let s = HostStore::new(&HostConfig::new(1 << 20, 4096)).unwrap();
+        s.register(&Counting(live.clone())).unwrap();
+        assert_eq!(live.load(Ordering::SeqCst), 1);
+        drop(s);
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+    }
+}

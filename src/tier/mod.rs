@@ -1,0 +1,122 @@
+//! Tier stores: slot allocators over a medium, one file per medium.
+//!
+//! | tier   | store               | medium                                            |
+//! |--------|---------------------|---------------------------------------------------|
+//! | Device | (runtime issue)     | GPU memory, or host memory on the simulated device |
+//! | Host   | [`HostStore`]       | an mmap arena in DRAM, THP, optionally NUMA-bound |
+//! | Cxl    | [`CxlStore`]        | a HostStore on a CPU-less NUMA node, or emulated  |
+//! | Nvme   | [`NvmeStore`]       | an O_DIRECT file or block device over an IoEngine |
+
+pub mod cxl;
+pub mod host;
+pub mod nvme;
+pub mod slots;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+pub use cxl::{CxlConfig, CxlMode, CxlStore, LinkModel};
+pub use host::{ArenaRegistrar, HostConfig, HostStore};
+pub use nvme::{NvmeConfig, NvmeSession, NvmeStore};
+pub use slots::{Slot, SlotAllocator};
+
+/// A memory tier, ordered fastest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// GPU memory (HBM).
+    Device = 0,
+    /// Host DRAM.
+    Host = 1,
+    /// CXL-attached memory.
+    Cxl = 2,
+    /// NVMe storage.
+    Nvme = 3,
+}
+
+impl Tier {
+    /// All tiers, fastest first.
+    pub const ALL: [Tier; 4] = [Tier::Device, Tier::Host, Tier::Cxl, Tier::Nvme];
+
+    /// The lowercase name used in configs and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Device => "device",
+            Tier::Host => "host",
+            Tier::Cxl => "cxl",
+            Tier::Nvme => "nvme",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Tier {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "unknown tier {s:?} (use device, host, cxl or nvme)"
+                ))
+            })
+    }
+}
+
+/// What every store offers: page-sized slots that hold bytes.
+///
+/// `read_page`/`write_page` copy a whole page; stores also have faster
+/// media-specific paths (direct slices for memory, owned-buffer batches for
+/// NVMe).
+pub trait PageStore: Send + Sync {
+    /// Which tier this store serves.
+    fn tier(&self) -> Tier;
+    /// Bytes per slot.
+    fn page_size(&self) -> usize;
+    /// Total slots.
+    fn capacity_pages(&self) -> u32;
+    /// Slots in use.
+    fn used_pages(&self) -> u32;
+    /// Takes a free slot; `OutOfCapacity` when the store is full.
+    fn alloc(&self) -> Result<Slot>;
+    /// Returns a slot to the store. A slot of another store is an error.
+    fn free(&self, slot: Slot) -> Result<()>;
+    /// Writes a whole page (`data.len() == page_size`).
+    fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()>;
+    /// Reads a whole page (`out.len() == page_size`).
+    fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()>;
+    /// Whether the tier is emulated (reports must say so).
+    fn emulated(&self) -> bool {
+        false
+    }
+}
+
+pub(crate) fn check_page_len(what: &str, len: usize, page_size: usize) -> Result<()> {
+    if len == page_size {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "{what} buffer is {len} bytes; a page is {page_size}"
+        )))
+    }
+}
+
+pub(crate) fn full_error(tier: Tier, capacity: u32, page_size: usize) -> Error {
+    Error::new(
+        crate::error::ErrorKind::OutOfCapacity,
+        format!(
+            "{tier} tier is full: all {capacity} pages of {} in use",
+            crate::size::format_size(page_size as u64)
+        ),
+    )
+}

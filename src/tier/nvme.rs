@@ -1,0 +1,694 @@
+//! The NVMe store: page-aligned slots in an O_DIRECT file or block device,
+//! over an [`IoEngine`]. Every page written carries a CRC32C kept in the
+//! store's metadata; a read that does not match is a `Corrupted` error,
+//! never bad data.
+//!
+//! The swap file is private: created with mode 0600 and never visible by
+//! name (O_TMPFILE in a directory, or created and unlinked at once).
+
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::io::{
+    self, AlignedBuf, EngineChoice, EngineKind, IoCompletion, IoEngine, IoOp, IoQueue, IoRequest,
+};
+use crate::size::{check_page_size, format_size};
+use crate::tier::{check_page_len, full_error, PageStore, Slot, SlotAllocator, Tier};
+
+/// How to build an [`NvmeStore`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmeConfig {
+    /// A directory (a private swap file is made in it), a file name that
+    /// does not exist yet (created, then unlinked), or a block device.
+    pub path: PathBuf,
+    /// Capacity in bytes: a whole number of pages.
+    pub capacity: u64,
+    /// Slot size: a power of two, 4 KiB … 2 MiB.
+    pub page_size: usize,
+    /// io_uring, psync, or auto.
+    pub engine: EngineChoice,
+    /// Operations in flight per queue.
+    pub queue_depth: usize,
+}
+
+impl NvmeConfig {
+    /// A config with the automatic engine and queue depth 32.
+    pub fn new(path: impl Into<PathBuf>, capacity: u64, page_size: usize) -> Self {
+        Self {
+            path: path.into(),
+            capacity,
+            page_size,
+            engine: EngineChoice::Auto,
+            queue_depth: 32,
+        }
+    }
+}
+
+/// Per-slot metadata: empty, torn (a write was started and has not
+/// succeeded), or valid with the page's CRC32C.
+const META_EMPTY: u64 = 0;
+const META_TORN: u64 = 1 << 62;
+const META_VALID: u64 = 1 << 63;
+
+/// Counters of an NVMe store.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct NvmeStats {
+    /// Pages read successfully.
+    pub reads: u64,
+    /// Pages written successfully.
+    pub writes: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Operations that failed (I/O errors and checksum mismatches).
+    pub errors: u64,
+    /// Reads whose checksum did not match.
+    pub corrupted: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    errors: AtomicU64,
+    corrupted: AtomicU64,
+}
+
+/// Page slots on an O_DIRECT file or block device.
+pub struct NvmeStore {
+    file: Arc<File>,
+    description: String,
+    page_size: usize,
+    slots: SlotAllocator,
+    meta: Box<[AtomicU64]>,
+    engine: Arc<dyn IoEngine>,
+    queue_depth: usize,
+    queues: Mutex<Vec<IoQueue>>,
+    bufs: Mutex<Vec<AlignedBuf>>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for NvmeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmeStore")
+            .field("file", &self.description)
+            .field("page_size", &self.page_size)
+            .field("capacity_pages", &self.slots.capacity())
+            .field("engine", &self.engine.kind())
+            .finish()
+    }
+}
+
+impl NvmeStore {
+    /// Opens the store with the engine the config names.
+    pub fn new(config: &NvmeConfig) -> Result<Self> {
+        let engine = io::engine(config.engine)?;
+        Self::with_engine(config, engine)
+    }
+
+    /// Opens the store over a given engine (e.g. a fault-injecting one).
+    pub fn with_engine(config: &NvmeConfig, engine: Arc<dyn IoEngine>) -> Result<Self> {
+        check_page_size(config.page_size)?;
+        if config.capacity == 0 {
+            return Err(Error::invalid("nvme capacity is zero"));
+        }
+        if config.capacity % config.page_size as u64 != 0 {
+            return Err(Error::invalid(format!(
+                "nvme capacity {} is not a multiple of the page size {}",
+                config.capacity, config.page_size
+            )));
+        }
+        if !(1..=4096).contains(&config.queue_depth) {
+            return Err(Error::invalid(format!(
+                "queue depth {} is outside 1..=4096",
+                config.queue_depth
+            )));
+        }
+        let pages = u32::try_from(config.capacity / config.page_size as u64).map_err(|_| {
+            Error::invalid(format!(
+                "nvme capacity {} has too many pages",
+                config.capacity
+            ))
+        })?;
+        let (file, description) = open_private(&config.path, config.capacity)?;
+        Ok(Self {
+            file: Arc::new(file),
+            description,
+            page_size: config.page_size,
+            slots: SlotAllocator::new(crate::tier::slots::next_store_id(), pages),
+            meta: (0..pages).map(|_| AtomicU64::new(META_EMPTY)).collect(),
+            engine,
+            queue_depth: config.queue_depth,
+            queues: Mutex::new(Vec::new()),
+            bufs: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The engine in use.
+    pub fn engine(&self) -> EngineKind {
+        self.engine.kind()
+    }
+
+    /// What backs the store (for reports).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.slots.capacity() as u64 * self.page_size as u64
+    }
+
+    /// Counters since the store was opened.
+    pub fn stats(&self) -> NvmeStats {
+        let reads = self.counters.reads.load(Ordering::Relaxed);
+        let writes = self.counters.writes.load(Ordering::Relaxed);
+        NvmeStats {
+            reads,
+            writes,
+            bytes_read: reads * self.page_size as u64,
+            bytes_written: writes * self.page_size as u64,
+            errors: self.counters.errors.load(Ordering::Relaxed),
+            corrupted: self.counters.corrupted.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A page-sized I/O buffer from the store's pool (or a new one).
+    pub fn buffer(&self) -> Result<AlignedBuf> {
+        match self.bufs.lock().pop() {
+            Some(b) => Ok(b),
+            None => AlignedBuf::new(self.page_size),
+        }
+    }
+
+    /// Returns a buffer to the pool.
+    pub fn recycle(&self, buf: AlignedBuf) {
+        if buf.len() == self.page_size {
+            let mut bufs = self.bufs.lock();
+            if bufs.len() < 256 {
+                bufs.push(buf);
+            }
+        }
+    }
+
+    /// A session: a queue of the store's depth for batched asynchronous
+    /// reads and writes from one thread.
+    pub fn session(&self) -> Result<NvmeSession<'_>> {
+        self.session_with_depth(self.queue_depth)
+    }
+
+    /// A session with its own queue depth.
+    pub fn session_with_depth(&self, depth: usize) -> Result<NvmeSession<'_>> {
+        let pooled = if depth == self.queue_depth {
+            self.queues.lock().pop()
+        } else {
+            None
+        };
+        let queue = match pooled {
+            Some(q) => q,
+            None => IoQueue::new(&*self.engine, &self.file, depth)?,
+        };
+        Ok(NvmeSession {
+            store: self,
+            queue: Some(queue),
+            pending: (0..depth).map(|_| None).collect(),
+            free: (0..depth as u64).rev().collect(),
+            healthy: true,
+            raw: Vec::with_capacity(depth),
+        })
+    }
+
+    /// Writes `data` to a fresh slot and, only once that write succeeded,
+    /// frees the old one and puts the new slot in `slot`'s place
+    /// (copy-then-commit). On failure `slot` still holds the previous copy.
+    pub fn replace(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
+        let mut fresh = self.alloc()?;
+        match self.write_page(&mut fresh, data) {
+            Ok(()) => {
+                let old = std::mem::replace(slot, fresh);
+                self.free(old)
+            }
+            Err(e) => {
+                self.free(fresh)?;
+                Err(e)
+            }
+        }
+    }
+
+    fn offset(&self, index: u32) -> u64 {
+        index as u64 * self.page_size as u64
+    }
+
+    /// Before an operation starts: a write marks the slot torn (until it
+    /// succeeds) and returns the new page's checksum.
+    fn begin(&self, op: IoOp, index: u32, data: &[u8]) -> u32 {
+        match op {
+            IoOp::Write => {
+                self.meta[index as usize].store(META_TORN, Ordering::Release);
+                crc32c::crc32c(data)
+            }
+            IoOp::Read => 0,
+        }
+    }
+
+    /// After an operation's bytes moved: commit a write's checksum, or
+    /// verify a read's.
+    fn finish(&self, op: IoOp, index: u32, offset: u64, crc: u32, data: &[u8]) -> Result<()> {
+        match op {
+            IoOp::Write => {
+                self.meta[index as usize].store(META_VALID | crc as u64, Ordering::Release);
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            IoOp::Read => {
+                self.verify(index, offset, data)?;
+                self.counters.reads.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    /// One page operation, start to finish, on a pooled queue. The outer
+    /// `Err` is an engine failure (the buffer stays with the dropped queue);
+    /// the inner result is the operation's.
+    fn sync_op(&self, op: IoOp, slot: &Slot, buf: AlignedBuf) -> Result<(AlignedBuf, Result<()>)> {
+        self.slots.check(slot)?;
+        let index = slot.index();
+        let pooled = self.queues.lock().pop();
+        let mut queue = match pooled {
+            Some(q) => q,
+            None => IoQueue::new(&*self.engine, &self.file, self.queue_depth)?,
+        };
+        let crc = self.begin(op, index, &buf);
+        let offset = self.offset(index);
+        let c = queue.run(IoRequest {
+            op,
+            offset,
+            buf,
+            tag: 0,
+        })?;
+        self.queues.lock().push(queue);
+        let result = c
+            .result
+            .and_then(|()| self.finish(op, index, offset, crc, &c.buf));
+        if result.is_err() {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok((c.buf, result))
+    }
+
+    fn verify(&self, index: u32, offset: u64, data: &[u8]) -> Result<()> {
+        let meta = self.meta[index as usize].load(Ordering::Acquire);
+        if meta & META_VALID != 0 {
+            let stored = meta as u32;
+            let actual = crc32c::crc32c(data);
+            if stored == actual {
+                return Ok(());
+            }
+            self.counters.corrupted.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::new(
+                ErrorKind::Corrupted,
+                format!(
+                    "page in nvme slot {index} (offset {offset}) fails its checksum: stored {stored:#010x}, read {actual:#010x}"
+                ),
+            ));
+        }
+        if meta == META_TORN {
+            Err(Error::new(
+                ErrorKind::Io,
+                format!("nvme slot {index} holds no valid page: its last write did not succeed"),
+            ))
+        } else {
+            Err(Error::invalid(format!(
+                "nvme slot {index} was never written"
+            )))
+        }
+    }
+}
+
+/// A request the session refused, handed back whole.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Why.
+    pub error: Error,
+    /// The slot, returned.
+    pub slot: Slot,
+    /// The buffer, returned.
+    pub buf: AlignedBuf,
+}
+
+/// A finished read or write of a session.
+#[derive(Debug)]
+pub struct NvmeCompletion {
+    /// The caller's tag.
+    pub tag: u64,
+    /// Read or write.
+    pub op: IoOp,
+    /// The slot, returned.
+    pub slot: Slot,
+    /// The buffer, returned (holding the page after a successful read).
+    pub buf: AlignedBuf,
+    /// `Ok` when the page was written, or read and verified.
+    pub result: Result<()>,
+}
+
+struct Pending {
+    slot: Slot,
+    tag: u64,
+    crc: u32,
+}
+
+/// Batched asynchronous page I/O from one thread. Requests take the slot
+/// and the buffer by value and hand both back in their completion, so
+/// neither can be freed or reused while the device works on it.
+pub struct NvmeSession<'a> {
+    store: &'a NvmeStore,
+    queue: Option<IoQueue>,
+    pending: Vec<Option<Pending>>,
+    free: Vec<u64>,
+    healthy: bool,
+    raw: Vec<IoCompletion>,
+}
+
+impl NvmeSession<'_> {
+    /// Maximum requests in flight.
+    pub fn depth(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len() - self.free.len()
+    }
+
+    /// Starts writing `buf` (one page) to `slot`. Until it completes the
+    /// slot reads as torn; a failed write leaves it torn (never stale).
+    pub fn submit_write(&mut self, slot: Slot, buf: AlignedBuf, tag: u64) -> Result<(), Rejected> {
+        self.submit(IoOp::Write, slot, buf, tag)
+    }
+
+    /// Starts reading `slot` into `buf`; the completion verifies the checksum.
+    pub fn submit_read(&mut self, slot: Slot, buf: AlignedBuf, tag: u64) -> Result<(), Rejected> {
+        self.submit(IoOp::Read, slot, buf, tag)
+    }
+
+    fn submit(&mut self, op: IoOp, slot: Slot, buf: AlignedBuf, tag: u64) -> Result<(), Rejected> {
+        let reject = |error, slot, buf| Err(Rejected { error, slot, buf });
+        if let Err(e) = self.store.slots.check(&slot) {
+            return reject(e, slot, buf);
+        }
+        if let Err(e) = check_page_len("i/o", buf.len(), self.store.page_size) {
+            return reject(e, slot, buf);
+        }
+        let Some(id) = self.free.pop() else {
+            return reject(
+                Error::invalid("nvme session is full: reap first"),
+                slot,
+                buf,
+            );
+        };
+        let index = slot.index();
+        let crc = self.store.begin(op, index, &buf);
+        let req = IoRequest {
+            op,
+            offset: self.store.offset(index),
+            buf,
+            tag: id,
+        };
+        let queue = self.queue.as_mut().expect("session has a queue");
+        match queue.push(req) {
+            Ok(()) => {
+                self.pending[id as usize] = Some(Pending { slot, tag, crc });
+                Ok(())
+            }
+            Err(req) => {
+                self.free.push(id);
+                reject(Error::invalid("i/o queue is full"), slot, req.buf)
+            }
+        }
+    }
+
+    /// Waits until at least `min` requests (at most those in flight) have
+    /// finished and appends them to `out`.
+    pub fn reap(&mut self, min: usize, out: &mut Vec<NvmeCompletion>) -> Result<()> {
+        let queue = self.queue.as_mut().expect("session has a queue");
+        let res = queue.reap(min, &mut self.raw);
+        if res.is_err() {
+            self.healthy = false;
+        }
+        for c in self.raw.drain(..) {
+            let p = self.pending[c.tag as usize]
+                .take()
+                .expect("completion of a pending request");
+            self.free.push(c.tag);
+            let result = c.result.and_then(|()| {
+                self.store
+                    .finish(c.op, p.slot.index(), c.offset, p.crc, &c.buf)
+            });
+            if result.is_err() {
+                self.store.counters.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            out.push(NvmeCompletion {
+                tag: p.tag,
+                op: c.op,
+                slot: p.slot,
+                buf: c.buf,
+                result,
+            });
+        }
+        res
+    }
+}
+
+impl Drop for NvmeSession<'_> {
+    fn drop(&mut self) {
+        if let Some(queue) = self.queue.take() {
+            if self.healthy && queue.in_flight() == 0 {
+                self.store.queues.lock().push(queue);
+            }
+        }
+        // Completions not reaped are lost with the queue; their slots stay
+        // allocated (leaked) rather than freed under a live operation.
+    }
+}
+
+impl PageStore for NvmeStore {
+    fn tier(&self) -> Tier {
+        Tier::Nvme
+    }
+    fn page_size(&self) -> usize {
+        self.page_size
+    }
+    fn capacity_pages(&self) -> u32 {
+        self.slots.capacity()
+    }
+    fn used_pages(&self) -> u32 {
+        self.slots.used()
+    }
+    fn alloc(&self) -> Result<Slot> {
+        let slot = self
+            .slots
+            .alloc()
+            .ok_or_else(|| full_error(Tier::Nvme, self.slots.capacity(), self.page_size))?;
+        self.meta[slot.index() as usize].store(META_EMPTY, Ordering::Release);
+        Ok(slot)
+    }
+    fn free(&self, slot: Slot) -> Result<()> {
+        self.slots.free(slot).map_err(|(e, _)| e)
+    }
+    fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
+        check_page_len("source", data.len(), self.page_size)?;
+        let mut buf = self.buffer()?;
+        buf.copy_from_slice(data);
+        let (buf, res) = self.sync_op(IoOp::Write, slot, buf)?;
+        self.recycle(buf);
+        res
+    }
+    fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()> {
+        check_page_len("destination", out.len(), self.page_size)?;
+        let buf = self.buffer()?;
+        let (buf, res) = self.sync_op(IoOp::Read, slot, buf)?;
+        if res.is_ok() {
+            out.copy_from_slice(&buf);
+        }
+        self.recycle(buf);
+        res
+    }
+}
+
+/// Opens the medium behind a store: see [`NvmeConfig::path`]. Returns the
+/// file (O_DIRECT, laid out to `capacity` bytes) and a description.
+fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
+    let direct_error = |e: std::io::Error| {
+        if e.raw_os_error() == Some(libc::EINVAL) {
+            Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the filesystem at {} does not support O_DIRECT (tmpfs?); put the nvme tier on a disk",
+                    path.display()
+                ),
+            )
+        } else {
+            Error::io(format!("opening {}", path.display()), e)
+        }
+    };
+    let mut opts = OpenOptions::new();
+    opts.read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_DIRECT);
+    match fs::metadata(path) {
+        Ok(meta) if meta.file_type().is_block_device() => {
+            let file = opts.open(path).map_err(direct_error)?;
+            let size = block_device_size(&file)
+                .map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
+            if size < capacity {
+                return Err(Error::invalid(format!(
+                    "block device {} holds {} bytes, less than the nvme capacity {capacity}",
+                    path.display(),
+                    size
+                )));
+            }
+            Ok((file, format!("block device {}", path.display())))
+        }
+        Ok(meta) if meta.is_dir() => {
+            let file = match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_DIRECT | libc::O_TMPFILE)
+                .open(path)
+            {
+                Ok(f) => f,
+                // Filesystems without O_TMPFILE: create a unique name, unlink it.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::EISDIR)) => {
+                    let name = path.join(format!(
+                        ".strata-swap-{}-{}",
+                        std::process::id(),
+                        crate::tier::slots::next_store_id()
+                    ));
+                    create_unlinked(&opts, &name).map_err(direct_error)?
+                }
+                Err(e) => return Err(direct_error(e)),
+            };
+            layout(&file, capacity, path)?;
+            Ok((file, format!("private swap file in {}", path.display())))
+        }
+        Ok(_) => Err(Error::invalid(format!(
+            "{} already exists; name a directory, a block device or a new file (strata will not overwrite a file)",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if !parent.is_dir() {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("directory {} does not exist", parent.display()),
+                ));
+            }
+            let file = create_unlinked(&opts, path).map_err(direct_error)?;
+            layout(&file, capacity, path)?;
+            Ok((file, format!("private swap file {}", path.display())))
+        }
+        Err(e) => Err(Error::io(format!("inspecting {}", path.display()), e)),
+    }
+}
+
+/// Creates `name` exclusively with mode 0600 and unlinks it at once, so no
+/// other process can open it by name.
+fn create_unlinked(opts: &OpenOptions, name: &Path) -> std::io::Result<File> {
+    let file = opts.clone().create_new(true).open(name)?;
+    fs::remove_file(name)?;
+    Ok(file)
+}
+
+/// Reserves the file's blocks up front, as fio lays out a file, so that
+/// ENOSPC shows at creation and writes never extend the file.
+fn layout(file: &File, capacity: u64, path: &Path) -> Result<()> {
+    let len = libc::off_t::try_from(capacity)
+        .map_err(|_| Error::invalid(format!("nvme capacity {capacity} is too large")))?;
+    // SAFETY: fallocate on an fd we own; no memory is passed.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return file
+            .set_len(capacity)
+            .map_err(|e| Error::io(format!("sizing the swap file in {}", path.display()), e));
+    }
+    Err(Error::io(
+        format!(
+            "reserving {} for the swap file at {}",
+            format_size(capacity),
+            path.display()
+        ),
+        err,
+    ))
+}
+
+fn block_device_size(file: &File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = file;
+    f.seek(SeekFrom::End(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::fault::{Fault, FaultEngine, FaultPlan};
+
+    fn store(dir: &Path, engine: Arc<dyn IoEngine>, pages: u64) -> NvmeStore {
+        NvmeStore::with_engine(&NvmeConfig::new(dir, pages * 4096, 4096), engine).unwrap()
+    }
+
+    #[test]
+    fn swap_file_is_invisible() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), io::engine(EngineChoice::Psync).unwrap(), 4);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+        let named = dir.path().join("swap");
+        let s2 = NvmeStore::new(&NvmeConfig::new(&named, 8192, 4096)).unwrap();
+        assert!(!named.exists());
+        drop((s, s2));
+    }
+
+    #[test]
+    fn torn_and_empty_slots_never_read_as_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let engine = Arc::new(FaultEngine::new(
+            io::engine(EngineChoice::Psync).unwrap(),
+            plan.clone(),
+        ));
+        let s = store(dir.path(), engine, 4);
+        let mut slot = s.alloc().unwrap();
+        let mut out = vec![0; 4096];
+        assert_eq!(
+            s.read_page(&slot, &mut out).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        plan.inject(IoOp::Write, 0, Fault::Errno(libc::EIO));
+        assert_eq!(
+            s.write_page(&mut slot, &[1; 4096]).unwrap_err().kind(),
+            ErrorKind::Io
+        );
+        let e = s.read_page(&slot, &mut out).unwrap_err();
+        assert!(e.message().contains("last write did not succeed"), "{e}");
+        s.free(slot).unwrap();
+    }
+}
