@@ -170,10 +170,10 @@ pub fn engine(choice: EngineChoice) -> Result<Arc<dyn IoEngine>> {
         EngineChoice::Psync => Ok(Arc::new(psync::PsyncEngine)),
         EngineChoice::Uring => {
             uring::probe()?;
-            Ok(Arc::new(uring::UringEngine))
+            Ok(Arc::new(uring::UringEngine::default()))
         }
         EngineChoice::Auto => match uring::probe() {
-            Ok(()) => Ok(Arc::new(uring::UringEngine)),
+            Ok(()) => Ok(Arc::new(uring::UringEngine::default())),
             Err(_) => Ok(Arc::new(psync::PsyncEngine)),
         },
     }

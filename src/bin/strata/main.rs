@@ -1,1 +1,356 @@
-fn main() {}
+//! The `strata` command-line tool: `strata info`, `strata bench …`.
+//!
+//! Exit status: 0 on success, 2 on bad arguments or input (one line on
+//! stderr saying what is wrong), 1 when the work itself failed.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use strata::bench;
+use strata::config::Config;
+use strata::io::EngineChoice;
+use strata::size::{check_page_size, format_rate, format_size, parse_size};
+use strata::tier::CxlMode;
+use strata::{Error, ErrorKind};
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Memory tiering for GPU programs: HBM, DRAM, CXL and NVMe"
+)]
+struct Cli {
+    /// TOML config file (default: $STRATA_CONFIG, then built-in defaults).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// What this machine offers: NUMA nodes, memory tiers, GPU, io_uring, configured tiers.
+    Info {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The NVMe store measured the way fio measures a disk.
+    Io(IoArgs),
+    /// Page copies DRAM→DRAM and DRAM↔CXL beside memcpy.
+    Copy(CopyArgs),
+}
+
+#[derive(Args)]
+struct IoArgs {
+    /// Directory, new file name or block device to run on.
+    #[arg(long)]
+    path: PathBuf,
+    /// File size (e.g. 1G).
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// randread, randwrite, read or write.
+    #[arg(long, default_value = "randread")]
+    pattern: String,
+    /// Block size (a power of two, 4k..2M).
+    #[arg(long, default_value = "4k")]
+    bs: String,
+    /// Operations in flight.
+    #[arg(long, default_value_t = 32)]
+    qd: usize,
+    /// Length of the timed phase.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// uring, psync or auto.
+    #[arg(long, default_value = "auto")]
+    engine: String,
+    /// Seed of the random pattern.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct CopyArgs {
+    /// Bytes copied per round.
+    #[arg(long, default_value = "256M")]
+    size: String,
+    /// Page sizes, comma-separated.
+    #[arg(long, default_value = "4k,16k,64k,256k,1M,2M")]
+    page_sizes: String,
+    /// Rounds per case (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Emulate CXL even where a CPU-less NUMA node exists.
+    #[arg(long)]
+    emulate_cxl: bool,
+    /// Emulated CXL bandwidth in bytes/s (e.g. 20G); default half of local memcpy.
+    #[arg(long)]
+    cxl_bandwidth: Option<String>,
+    /// Emulated CXL added latency per transfer, ns.
+    #[arg(long, default_value_t = strata::tier::cxl::CXL_DEFAULT_LATENCY_NS)]
+    cxl_latency_ns: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strata: {e}");
+            match e.kind() {
+                ErrorKind::InvalidArgument
+                | ErrorKind::NotFound
+                | ErrorKind::Unsupported
+                | ErrorKind::PermissionDenied => ExitCode::from(2),
+                _ => ExitCode::from(1),
+            }
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Error> {
+    match cli.command {
+        Command::Info { json } => {
+            let config = Config::load(cli.config.as_deref())?;
+            let info = strata::info::gather(&config);
+            if json {
+                println!("{}", to_json(&info)?);
+            } else {
+                print_info(&info);
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Io(a)) => bench_io(a),
+        Command::Bench(BenchCommand::Copy(a)) => bench_copy(a),
+    }
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<String, Error> {
+    serde_json::to_string_pretty(v).map_err(|e| Error::invalid(format!("encoding JSON: {e}")))
+}
+
+fn write_json<T: Serialize>(path: &Option<PathBuf>, v: &T) -> Result<(), Error> {
+    if let Some(path) = path {
+        std::fs::write(path, to_json(v)? + "\n")
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    }
+    Ok(())
+}
+
+fn progress_bar() -> ProgressBar {
+    let bar = ProgressBar::new(1000);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>10} [{bar:40}] {percent:>3}% {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+fn size_arg(flag: &str, text: &str) -> Result<u64, Error> {
+    parse_size(text).map_err(|e| e.context(flag))
+}
+
+fn page_size_arg(flag: &str, text: &str) -> Result<usize, Error> {
+    let v = size_arg(flag, text)?;
+    let v =
+        usize::try_from(v).map_err(|_| Error::invalid(format!("{flag} {text} is too large")))?;
+    check_page_size(v).map_err(|e| e.context(flag))?;
+    Ok(v)
+}
+
+fn bench_io(a: IoArgs) -> Result<(), Error> {
+    let params = bench::io::IoParams {
+        path: a.path,
+        size: size_arg("--size", &a.size)?,
+        pattern: a.pattern.parse()?,
+        bs: page_size_arg("--bs", &a.bs)?,
+        qd: a.qd,
+        seconds: a.seconds,
+        engine: a.engine.parse::<EngineChoice>()?,
+        seed: a.seed,
+    };
+    if params.size == 0 {
+        return Err(Error::invalid("--size is zero"));
+    }
+    if !(1..=4096).contains(&params.qd) {
+        return Err(Error::invalid(format!(
+            "--qd {} is outside 1..=4096",
+            params.qd
+        )));
+    }
+    let bar = progress_bar();
+    let r = bench::io::run(&params, &mut |phase, f| {
+        bar.set_message(phase.to_string());
+        bar.set_position((f * 1000.0) as u64);
+    });
+    bar.finish_and_clear();
+    let r = r?;
+    println!(
+        "{:<9} {:>5} {:>4} {:>7} {:>12} {:>12} {:>10}",
+        "pattern", "bs", "qd", "engine", "iops", "bandwidth", "lat (µs)"
+    );
+    println!(
+        "{:<9} {:>5} {:>4} {:>7} {:>12.0} {:>12} {:>10.1}",
+        r.pattern,
+        format_size(r.bs as u64),
+        r.qd,
+        r.engine,
+        r.iops,
+        format_rate(r.bytes_per_sec),
+        r.mean_latency_us
+    );
+    write_json(&a.json, &r)
+}
+
+fn bench_copy(a: CopyArgs) -> Result<(), Error> {
+    let page_sizes = a
+        .page_sizes
+        .split(',')
+        .map(|p| page_size_arg("--page-sizes", p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let size = size_arg("--size", &a.size)?;
+    let largest = page_sizes.iter().copied().max().unwrap_or(4096) as u64;
+    if size < largest {
+        return Err(Error::invalid(format!(
+            "--size {} is smaller than the largest page size {}",
+            format_size(size),
+            format_size(largest)
+        )));
+    }
+    let params = bench::copy::CopyParams {
+        size,
+        page_sizes,
+        rounds: a.rounds.max(1),
+        cxl_mode: if a.emulate_cxl
+            || strata::sys::Topology::detect()
+                .cpu_less_nodes()
+                .next()
+                .is_none()
+        {
+            CxlMode::Emulated
+        } else {
+            CxlMode::Auto
+        },
+        cxl_bandwidth: a
+            .cxl_bandwidth
+            .as_deref()
+            .map(|b| size_arg("--cxl-bandwidth", b).map(|v| v as f64))
+            .transpose()?,
+        cxl_latency_ns: a.cxl_latency_ns,
+    };
+    let bar = progress_bar();
+    let r = bench::copy::run(&params, &mut |phase, f| {
+        bar.set_message(phase.to_string());
+        bar.set_position((f * 1000.0) as u64);
+    });
+    bar.finish_and_clear();
+    let r = r?;
+    println!(
+        "cxl: {}",
+        match &r.cxl_emulation {
+            Some(m) => format!(
+                "emulated ({} cap, +{} ns per transfer)",
+                format_rate(m.bandwidth),
+                m.latency_ns
+            ),
+            None => r.cxl.clone(),
+        }
+    );
+    println!(
+        "{:<11} {:>6} {:>12} {:>12} {:>12} {:>6}",
+        "link", "page", "page copy", "memcpy", "limit", "ratio"
+    );
+    for c in &r.cases {
+        println!(
+            "{:<11} {:>6} {:>12} {:>12} {:>12} {:>6.2}",
+            c.link,
+            format_size(c.page_size as u64),
+            format_rate(c.bytes_per_sec),
+            format_rate(c.memcpy_bytes_per_sec),
+            format_rate(c.limit_bytes_per_sec),
+            c.ratio
+        );
+    }
+    write_json(&a.json, &r)
+}
+
+fn print_info(info: &strata::info::Info) {
+    println!("strata {}", info.version);
+    match &info.gpu {
+        Some(g) => println!(
+            "gpu:       {} ({}, {}, sm {})",
+            g.ordinal,
+            g.name,
+            format_size(g.memory_bytes),
+            g.compute_capability
+        ),
+        None => println!(
+            "gpu:       none ({})",
+            info.gpu_absent_reason.as_deref().unwrap_or("unknown")
+        ),
+    }
+    println!(
+        "io_uring:  {}",
+        if info.io_uring {
+            "yes".to_string()
+        } else {
+            format!("no ({})", info.io_uring_error.as_deref().unwrap_or(""))
+        }
+    );
+    println!("io engine: {}", info.io_engine);
+    println!(
+        "THP:       {}",
+        if info.transparent_huge_pages {
+            "allowed"
+        } else {
+            "not allowed"
+        }
+    );
+    println!("numa nodes:");
+    for n in &info.numa_nodes {
+        println!(
+            "  node {:<3} {:>8}  {}",
+            n.id,
+            format_size(n.memory_bytes),
+            if n.cpu_less {
+                "CPU-less (CXL candidate)".to_string()
+            } else {
+                format!("{} cpus", n.cpus.len())
+            }
+        );
+    }
+    if !info.memory_tiers.is_empty() {
+        println!("kernel memory tiers:");
+        for t in &info.memory_tiers {
+            println!("  tier {:<4} nodes {:?}", t.id, t.nodes);
+        }
+    }
+    println!("tiers:");
+    for t in &info.tiers {
+        println!(
+            "  {:<7} {:>8}  {}{}",
+            t.tier.name(),
+            format_size(t.capacity_bytes),
+            t.detail,
+            if t.emulated { " [emulated]" } else { "" }
+        );
+    }
+}
