@@ -219,12 +219,37 @@ impl Config {
             engine,
             queue_depth: file.nvme.queue_depth.unwrap_or(32),
         };
-        Ok(Self {
+        let config = Self {
             page_size,
             host,
             cxl,
             nvme,
-        })
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks capacities against the page size, naming the offending key.
+    pub fn validate(&self) -> Result<()> {
+        let page = self.page_size as u64;
+        let mut tiers = vec![("host", self.host.capacity), ("nvme", self.nvme.capacity)];
+        if let Some(cxl) = &self.cxl {
+            tiers.push(("cxl", cxl.capacity));
+        }
+        for (tier, capacity) in tiers {
+            if capacity < page {
+                return Err(Error::invalid(format!(
+                    "{tier} capacity {capacity} holds no whole page of {page} bytes"
+                )));
+            }
+        }
+        if self.nvme.capacity % page != 0 {
+            return Err(Error::invalid(format!(
+                "nvme capacity {} is not a multiple of the page size {page}",
+                self.nvme.capacity
+            )));
+        }
+        Ok(())
     }
 }
 

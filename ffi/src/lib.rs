@@ -14,6 +14,7 @@ pub fn status_of(kind: ErrorKind) -> c_int {
     -kind.code()
 }
 
+#[cfg(test)]
 const KINDS: [ErrorKind; 10] = [
     ErrorKind::InvalidArgument,
     ErrorKind::NoDevice,

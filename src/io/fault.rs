@@ -48,7 +48,9 @@ impl FaultPlan {
     }
 
     /// Injects `fault` into the operation of kind `op` after `skip` more
-    /// operations of that kind have passed untouched (`skip = 0`: the next).
+    /// operations of that kind have been started (`skip = 0`: the next).
+    /// The continuation of a short transfer and the retry of an `EINTR`
+    /// count as operations.
     pub fn inject(&self, op: IoOp, skip: u64, fault: Fault) {
         self.state.lock().pending.push((op, skip, fault));
     }
@@ -76,16 +78,13 @@ impl FaultPlan {
             s.injected += 1;
             return Some(Fault::Errno(errno));
         }
-        let mut fired = None;
+        // The first due entry fires; every other entry for this kind of
+        // operation counts one operation passing.
+        let fired = s.pending.iter().position(|e| e.0 == op && e.1 == 0);
         for (i, entry) in s.pending.iter_mut().enumerate() {
-            if entry.0 != op {
-                continue;
+            if entry.0 == op && Some(i) != fired && entry.1 > 0 {
+                entry.1 -= 1;
             }
-            if entry.1 == 0 {
-                fired = Some(i);
-                break;
-            }
-            entry.1 -= 1;
         }
         let i = fired?;
         let (_, _, fault) = s.pending.remove(i);

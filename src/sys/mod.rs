@@ -26,5 +26,6 @@ pub fn fs_free_bytes(path: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it initialised `st`.
     let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // the field types differ between targets
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }

@@ -529,27 +529,12 @@ impl PageStore for NvmeStore {
 /// Opens the medium behind a store: see [`NvmeConfig::path`]. Returns the
 /// file (O_DIRECT, laid out to `capacity` bytes) and a description.
 fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
-    let direct_error = |e: std::io::Error| {
-        if e.raw_os_error() == Some(libc::EINVAL) {
-            Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "the filesystem at {} does not support O_DIRECT (tmpfs?); put the nvme tier on a disk",
-                    path.display()
-                ),
-            )
-        } else {
-            Error::io(format!("opening {}", path.display()), e)
-        }
-    };
+    let open_error = |e: std::io::Error| Error::io(format!("opening {}", path.display()), e);
     let mut opts = OpenOptions::new();
-    opts.read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_DIRECT);
-    match fs::metadata(path) {
+    opts.read(true).write(true).mode(0o600);
+    let (file, description) = match fs::metadata(path) {
         Ok(meta) if meta.file_type().is_block_device() => {
-            let file = opts.open(path).map_err(direct_error)?;
+            let file = opts.open(path).map_err(open_error)?;
             let size = block_device_size(&file)
                 .map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
             if size < capacity {
@@ -559,16 +544,10 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
                     size
                 )));
             }
-            Ok((file, format!("block device {}", path.display())))
+            (file, format!("block device {}", path.display()))
         }
         Ok(meta) if meta.is_dir() => {
-            let file = match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(libc::O_DIRECT | libc::O_TMPFILE)
-                .open(path)
-            {
+            let file = match opts.clone().custom_flags(libc::O_TMPFILE).open(path) {
                 Ok(f) => f,
                 // Filesystems without O_TMPFILE: create a unique name, unlink it.
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::EISDIR)) => {
@@ -577,17 +556,18 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
                         std::process::id(),
                         crate::tier::slots::next_store_id()
                     ));
-                    create_unlinked(&opts, &name).map_err(direct_error)?
+                    create_unlinked(&opts, &name).map_err(open_error)?
                 }
-                Err(e) => return Err(direct_error(e)),
+                Err(e) => return Err(open_error(e)),
             };
-            layout(&file, capacity, path)?;
-            Ok((file, format!("private swap file in {}", path.display())))
+            (file, format!("private swap file in {}", path.display()))
         }
-        Ok(_) => Err(Error::invalid(format!(
-            "{} already exists; name a directory, a block device or a new file (strata will not overwrite a file)",
-            path.display()
-        ))),
+        Ok(_) => {
+            return Err(Error::invalid(format!(
+                "{} already exists; name a directory, a block device or a new file (strata will not overwrite a file)",
+                path.display()
+            )))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let parent = match path.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p,
@@ -599,12 +579,44 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
                     format!("directory {} does not exist", parent.display()),
                 ));
             }
-            let file = create_unlinked(&opts, path).map_err(direct_error)?;
-            layout(&file, capacity, path)?;
-            Ok((file, format!("private swap file {}", path.display())))
+            let file = create_unlinked(&opts, path).map_err(open_error)?;
+            (file, format!("private swap file {}", path.display()))
         }
-        Err(e) => Err(Error::io(format!("inspecting {}", path.display()), e)),
+        Err(e) => return Err(Error::io(format!("inspecting {}", path.display()), e)),
+    };
+    // O_DIRECT is switched on after the file is private (unlinked), so a
+    // filesystem that refuses it leaves nothing behind.
+    set_direct(&file).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EINVAL) {
+            Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the filesystem at {} does not support O_DIRECT (ramfs, older tmpfs, some FUSE filesystems); put the nvme tier on a disk",
+                    path.display()
+                ),
+            )
+        } else {
+            Error::io(format!("enabling O_DIRECT on {}", path.display()), e)
+        }
+    })?;
+    if !description.starts_with("block device") {
+        layout(&file, capacity, path)?;
     }
+    Ok((file, description))
+}
+
+fn set_direct(file: &File) -> std::io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on an fd we own, with integer arguments only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_DIRECT) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Creates `name` exclusively with mode 0600 and unlinks it at once, so no

@@ -1,0 +1,261 @@
+//! The command line as users and scripts see it: JSON keys, exit statuses,
+//! one-line errors.
+
+use std::process::{Command, Output};
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("strata runs")
+}
+
+fn strata_env(args: &[&str], key: &str, value: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .env(key, value)
+        .output()
+        .expect("strata runs")
+}
+
+/// Exit status 2 and a single stderr line containing `needle`.
+fn assert_bad_input(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line, got: {err}");
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+}
+
+#[test]
+fn info_json_has_the_documented_keys() {
+    let out = strata(&["info", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nodes = v["numa_nodes"].as_array().unwrap();
+    assert!(!nodes.is_empty());
+    for n in nodes {
+        assert!(n["id"].is_u64() && n["cpus"].is_array() && n["memory_bytes"].is_u64());
+        assert!(n["cpu_less"].is_boolean());
+    }
+    assert!(v["gpu"].is_null() || v["gpu"].is_object());
+    assert!(v["io_uring"].is_boolean());
+    let tiers = v["tiers"].as_array().unwrap();
+    let names: Vec<&str> = tiers.iter().map(|t| t["tier"].as_str().unwrap()).collect();
+    assert!(
+        names.contains(&"host") && names.contains(&"nvme"),
+        "{names:?}"
+    );
+    for t in tiers {
+        assert!(t["capacity_bytes"].as_u64().unwrap() > 0);
+        assert!(t["emulated"].is_boolean());
+    }
+}
+
+#[test]
+fn info_reports_an_emulated_cxl_tier_when_asked() {
+    let out = strata_env(&["info", "--json"], "STRATA_CXL_MODE", "emulated");
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cxl = v["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tier"] == "cxl")
+        .expect("a cxl tier");
+    let has_real = v["numa_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n["cpu_less"] == true);
+    assert_eq!(
+        cxl["emulated"], true,
+        "mode emulated is always emulated (real node: {has_real})"
+    );
+    let human = strata_env(&["info"], "STRATA_CXL_MODE", "emulated");
+    assert!(String::from_utf8_lossy(&human.stdout).contains("[emulated]"));
+}
+
+#[test]
+fn info_rejects_a_zero_capacity() {
+    assert_bad_input(
+        &strata_env(&["info"], "STRATA_HOST_CAPACITY", "0"),
+        "host capacity",
+    );
+}
+
+#[test]
+fn bench_io_reports_fio_style_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    for pattern in ["randread", "write"] {
+        let out = strata(&[
+            "bench",
+            "io",
+            "--path",
+            dir.path().to_str().unwrap(),
+            "--size",
+            "8M",
+            "--pattern",
+            pattern,
+            "--bs",
+            "4k",
+            "--qd",
+            "4",
+            "--seconds",
+            "0.3",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["pattern"], pattern);
+        assert_eq!(v["bs"], 4096);
+        assert_eq!(v["qd"], 4);
+        assert!(v["engine"] == "uring" || v["engine"] == "psync");
+        assert!(v["iops"].as_f64().unwrap() > 0.0);
+        let bw = v["bytes_per_sec"].as_f64().unwrap();
+        assert!((bw - v["iops"].as_f64().unwrap() * 4096.0).abs() < 1.0);
+    }
+    // The private swap file never shows in the directory.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn bench_copy_reports_cases_beside_memcpy() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("c.json");
+    let out = strata(&[
+        "bench",
+        "copy",
+        "--size",
+        "4M",
+        "--page-sizes",
+        "64k",
+        "--rounds",
+        "1",
+        "--emulate-cxl",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["cxl"], "emulated");
+    let cases = v["cases"].as_array().unwrap();
+    let links: Vec<&str> = cases.iter().map(|c| c["link"].as_str().unwrap()).collect();
+    assert_eq!(links, ["dram->dram", "dram->cxl", "cxl->dram"]);
+    for c in cases {
+        assert_eq!(c["page_size"], 65536);
+        assert!(c["bytes_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(c["memcpy_bytes_per_sec"].as_f64().unwrap() > 0.0);
+    }
+    assert!(String::from_utf8_lossy(&out.stdout).contains("emulated"));
+}
+
+#[test]
+fn bench_io_bad_input_is_one_line_and_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let io = |extra: &[&str]| {
+        let mut args = vec!["bench", "io", "--seconds", "0.1"];
+        args.extend_from_slice(extra);
+        strata(&args)
+    };
+    assert_bad_input(
+        &io(&["--path", "/nonexistent-strata-dir/f", "--size", "1M"]),
+        "does not exist",
+    );
+    assert_bad_input(
+        &io(&["--path", d, "--size", "10000", "--bs", "4k"]),
+        "not a multiple",
+    );
+    assert_bad_input(&io(&["--path", d, "--size", "0"]), "zero");
+    assert_bad_input(
+        &io(&["--path", d, "--size", "1M", "--bs", "3k"]),
+        "power of two",
+    );
+    assert_bad_input(
+        &io(&["--path", d, "--size", "1M", "--bs", "4M"]),
+        "outside 4K..2M",
+    );
+    assert_bad_input(
+        &io(&["--path", d, "--size", "1M", "--pattern", "sideways"]),
+        "unknown pattern",
+    );
+    assert_bad_input(
+        &io(&["--path", d, "--size", "1M", "--engine", "aio"]),
+        "unknown io engine",
+    );
+    assert_bad_input(&io(&["--path", d, "--size", "12Q"]), "unknown suffix");
+    assert_bad_input(&io(&["--path", d, "--size", "1M", "--qd", "0"]), "--qd");
+    let existing = dir.path().join("keep");
+    std::fs::write(&existing, b"precious").unwrap();
+    assert_bad_input(
+        &io(&["--path", existing.to_str().unwrap(), "--size", "1M"]),
+        "will not overwrite",
+    );
+    assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
+}
+
+/// A filesystem without O_DIRECT (ramfs; tmpfs has it since Linux 6.6):
+/// exit 2 naming O_DIRECT, and nothing left behind.
+#[test]
+fn bench_io_without_o_direct_names_it_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path();
+    let mounted = Command::new("mount")
+        .args(["-t", "ramfs", "ramfs"])
+        .arg(mnt)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !mounted {
+        eprintln!("skipping: cannot mount a ramfs here (needs root)");
+        return;
+    }
+    let file = mnt.join("swap");
+    let r1 = strata(&[
+        "bench",
+        "io",
+        "--path",
+        mnt.to_str().unwrap(),
+        "--size",
+        "1M",
+        "--seconds",
+        "0.1",
+    ]);
+    let r2 = strata(&[
+        "bench",
+        "io",
+        "--path",
+        file.to_str().unwrap(),
+        "--size",
+        "1M",
+        "--seconds",
+        "0.1",
+    ]);
+    let leftovers = std::fs::read_dir(mnt).unwrap().count();
+    let _ = Command::new("umount").arg(mnt).status();
+    assert_bad_input(&r1, "O_DIRECT");
+    assert_bad_input(&r2, "O_DIRECT");
+    assert_eq!(leftovers, 0, "a refused swap file was left behind");
+}
+
+#[test]
+fn unknown_subcommand_is_status_2() {
+    let out = strata(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2));
+}

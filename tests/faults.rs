@@ -1,0 +1,183 @@
+//! Fault injection under the NVMe store: short transfers, EINTR, EIO,
+//! ENOSPC and flipped bits each give their typed error (or are absorbed),
+//! and nothing acknowledged is lost.
+
+mod common;
+
+use std::sync::Arc;
+
+use strata::io::fault::{Fault, FaultEngine, FaultPlan};
+use strata::io::{AlignedBuf, IoEngine, IoOp};
+use strata::tier::{NvmeConfig, NvmeStore, PageStore};
+use strata::ErrorKind;
+
+use common::{engines, pattern};
+
+const PAGE: usize = 16384;
+
+fn faulty(engine: &Arc<dyn IoEngine>, dir: &std::path::Path) -> (NvmeStore, Arc<FaultPlan>) {
+    let plan = FaultPlan::new();
+    let engine: Arc<dyn IoEngine> = Arc::new(FaultEngine::new(engine.clone(), plan.clone()));
+    let store =
+        NvmeStore::with_engine(&NvmeConfig::new(dir, 16 * PAGE as u64, PAGE), engine).unwrap();
+    (store, plan)
+}
+
+#[test]
+fn short_transfers_and_eintr_are_completed_transparently() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, plan) = faulty(&engine, dir.path());
+        let mut slot = s.alloc().unwrap();
+        plan.inject(IoOp::Write, 0, Fault::Short(4096));
+        plan.inject(IoOp::Write, 0, Fault::Errno(libc::EINTR));
+        s.write_page(&mut slot, &pattern(1, 1, PAGE)).unwrap();
+        plan.inject(IoOp::Read, 0, Fault::Short(8192));
+        plan.inject(IoOp::Read, 1, Fault::Errno(libc::EAGAIN));
+        let mut out = vec![0; PAGE];
+        s.read_page(&slot, &mut out).unwrap();
+        assert_eq!(out, pattern(1, 1, PAGE), "{name}");
+        assert_eq!(plan.injected(), 4, "{name}: every fault fired");
+        s.free(slot).unwrap();
+    }
+}
+
+#[test]
+fn read_errors_are_typed_and_the_page_survives() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, plan) = faulty(&engine, dir.path());
+        let mut slot = s.alloc().unwrap();
+        s.write_page(&mut slot, &pattern(2, 0, PAGE)).unwrap();
+        let mut out = vec![0; PAGE];
+
+        plan.inject(IoOp::Read, 0, Fault::Errno(libc::EIO));
+        let e = s.read_page(&slot, &mut out).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+
+        plan.inject(IoOp::Read, 0, Fault::FlipBit);
+        let e = s.read_page(&slot, &mut out).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupted, "{name}: {e}");
+
+        // The fault was in transit: the acknowledged page is still intact.
+        s.read_page(&slot, &mut out).unwrap();
+        assert_eq!(out, pattern(2, 0, PAGE), "{name}");
+        assert_eq!(s.stats().corrupted, 1);
+        s.free(slot).unwrap();
+    }
+}
+
+#[test]
+fn failed_replacement_keeps_the_previous_copy() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, plan) = faulty(&engine, dir.path());
+        let mut slot = s.alloc().unwrap();
+        s.write_page(&mut slot, &pattern(3, 0, PAGE)).unwrap();
+        let before = slot.index();
+        let mut out = vec![0; PAGE];
+
+        for (errno, kind) in [
+            (libc::ENOSPC, ErrorKind::NoSpace),
+            (libc::EIO, ErrorKind::Io),
+        ] {
+            plan.inject(IoOp::Write, 0, Fault::Errno(errno));
+            let e = s.replace(&mut slot, &pattern(3, 1, PAGE)).unwrap_err();
+            assert_eq!(e.kind(), kind, "{name}: {e}");
+            assert_eq!(
+                slot.index(),
+                before,
+                "{name}: the slot still names the old copy"
+            );
+            s.read_page(&slot, &mut out).unwrap();
+            assert_eq!(out, pattern(3, 0, PAGE), "{name}: acknowledged data lost");
+            assert_eq!(s.used_pages(), 1, "{name}: the fresh slot was returned");
+        }
+
+        // A write whose bits flip on the way to the medium is caught on read,
+        // never returned as data.
+        plan.inject(IoOp::Write, 0, Fault::FlipBit);
+        s.replace(&mut slot, &pattern(3, 2, PAGE)).unwrap();
+        assert_eq!(
+            s.read_page(&slot, &mut out).unwrap_err().kind(),
+            ErrorKind::Corrupted
+        );
+
+        // And a clean replacement works.
+        s.replace(&mut slot, &pattern(3, 3, PAGE)).unwrap();
+        s.read_page(&slot, &mut out).unwrap();
+        assert_eq!(out, pattern(3, 3, PAGE));
+        s.free(slot).unwrap();
+    }
+}
+
+#[test]
+fn a_dead_disk_fails_every_operation_and_returns_no_data() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, plan) = faulty(&engine, dir.path());
+        let mut slots: Vec<_> = (0..4).map(|_| s.alloc().unwrap()).collect();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            s.write_page(slot, &pattern(i as u32, 0, PAGE)).unwrap();
+        }
+        plan.fail_all(IoOp::Read, libc::EIO);
+        plan.fail_all(IoOp::Write, libc::EIO);
+        // Batched: every completion carries its own error.
+        let mut session = s.session_with_depth(4).unwrap();
+        for (i, slot) in slots.drain(..).enumerate() {
+            session
+                .submit_read(slot, AlignedBuf::new(PAGE).unwrap(), i as u64)
+                .unwrap();
+        }
+        let mut done = Vec::new();
+        session.reap(4, &mut done).unwrap();
+        assert_eq!(done.len(), 4);
+        for c in &done {
+            assert_eq!(
+                c.result.as_ref().unwrap_err().kind(),
+                ErrorKind::Io,
+                "{name}"
+            );
+        }
+        drop(session);
+        // The disk comes back: everything acknowledged is still there.
+        plan.clear();
+        let mut out = vec![0; PAGE];
+        for c in done {
+            s.read_page(&c.slot, &mut out).unwrap();
+            assert_eq!(out, pattern(c.tag as u32, 0, PAGE), "{name}");
+            s.free(c.slot).unwrap();
+        }
+    }
+}
+
+#[test]
+fn end_of_file_is_an_error_not_a_hang() {
+    // A read past the end of the laid-out file returns 0 bytes: the queue
+    // must report it rather than retry forever.
+    let dir = tempfile::tempdir().unwrap();
+    let f = std::sync::Arc::new(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("small"))
+            .unwrap(),
+    );
+    for (name, engine) in engines() {
+        let mut q = strata::io::IoQueue::new(&*engine, &f, 2).unwrap();
+        let c = q
+            .run(strata::io::IoRequest {
+                op: IoOp::Read,
+                offset: 1 << 20,
+                buf: AlignedBuf::new(4096).unwrap(),
+                tag: 9,
+            })
+            .unwrap();
+        let e = c.result.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}");
+        assert!(e.message().contains("end of file"), "{name}: {e}");
+    }
+}
