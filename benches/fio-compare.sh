@@ -17,11 +17,20 @@ command -v fio >/dev/null || { echo "fio is not installed (apt-get install fio)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; rm -f "$dir/strata-fio-compare.dat"' EXIT
 
-fio_run() { # pattern bs qd -> iops bytes_per_sec
-  local rw=$1 bs=$2 qd=$3 f="$dir/strata-fio-compare.dat"
+fio_run() { # pattern bs qd [verify] -> iops bytes_per_sec
+  local rw=$1 bs=$2 qd=$3 verify=${4:-} f="$dir/strata-fio-compare.dat"
+  local extra=()
+  if [ -n "$verify" ]; then
+    # Lay the file out with fio's verify headers, then check every read
+    # against them: the same work strata's per-page checksum does.
+    fio --name=l --filename="$f" --size="$size" --direct=1 --ioengine=io_uring \
+        --rw=write --bs="$bs" --iodepth=64 --verify="$verify" --do_verify=0 \
+        --output-format=terse >/dev/null 2>&1
+    extra=(--verify="$verify")
+  fi
   fio --name=c --filename="$f" --size="$size" --direct=1 --ioengine=io_uring \
       --rw="$rw" --bs="$bs" --iodepth="$qd" --runtime="$secs" --time_based \
-      --output-format=json >"$tmp/fio.json" 2>/dev/null
+      "${extra[@]}" --output-format=json >"$tmp/fio.json" 2>/dev/null
   rm -f "$f"
   python3 - "$tmp/fio.json" <<'PY'
 import json, sys
@@ -39,13 +48,14 @@ strata_run() { # engine pattern bs qd -> iops bytes_per_sec
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
-echo "| case | fio io_uring | strata uring | ratio | strata psync | ratio |"
-echo "|---|---|---|---|---|---|"
+echo "| case | fio io_uring | strata uring | ratio | strata psync | ratio | fio + verify=xxhash | strata uring / it |"
+echo "|---|---|---|---|---|---|---|---|"
 for case in "randread 4k 1" "randread 4k 32" "randread 4k 128" "read 1M 8" "write 1M 8"; do
   set -- $case
-  : >"$tmp/f"; : >"$tmp/u"; : >"$tmp/p"
+  : >"$tmp/f"; : >"$tmp/u"; : >"$tmp/p"; : >"$tmp/v"
   for _ in $(seq "$rounds"); do
     fio_run "$1" "$2" "$3" >>"$tmp/f"
+    if [ "$1" = randread ]; then fio_run "$1" "$2" "$3" xxhash >>"$tmp/v"; fi
     strata_run uring "$1" "$2" "$3" >>"$tmp/u"
     strata_run psync "$1" "$2" "$3" >>"$tmp/p"
   done
@@ -53,8 +63,10 @@ for case in "randread 4k 1" "randread 4k 32" "randread 4k 128" "read 1M 8" "writ
   f=$(cut -d' ' -f$col "$tmp/f" | median)
   u=$(cut -d' ' -f$col "$tmp/u" | median)
   p=$(cut -d' ' -f$col "$tmp/p" | median)
+  v=$(cut -d' ' -f$col "$tmp/v" | median)
   python3 -c "
-f,u,p=$f,$u,$p
+f,u,p,v=$f,$u,$p,${v:-0}
 fmt=(lambda v: f'{v:,.0f} IOPS') if '$unit'=='IOPS' else (lambda v: f'{v/1e9:.2f} GB/s')
-print(f'| $1 bs=$2 qd=$3 | {fmt(f)} | {fmt(u)} | {u/f:.2f} | {fmt(p)} | {p/f:.2f} |')"
+ver=f'{fmt(v)} | {u/v:.2f}' if v else '– | –'
+print(f'| $1 bs=$2 qd=$3 | {fmt(f)} | {fmt(u)} | {u/f:.2f} | {fmt(p)} | {p/f:.2f} | {ver} |')"
 done

@@ -112,6 +112,10 @@ pub struct IoReport {
     pub ops: u64,
     /// Length of the timed phase, seconds.
     pub seconds: f64,
+    /// User CPU time in the timed phase, % of one core (as fio's usr_cpu).
+    pub user_cpu_pct: f64,
+    /// System CPU time in the timed phase, % of one core (as fio's sys_cpu).
+    pub sys_cpu_pct: f64,
     /// What backed the store.
     pub target: String,
     /// All parameters.
@@ -213,6 +217,7 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
     let mut started: Vec<Instant> = vec![Instant::now(); pages];
     let mut ops = 0u64;
     let mut latency_total = Duration::ZERO;
+    let cpu0 = crate::sys::process_cpu_time();
     let t0 = Instant::now();
     let mut last_progress = t0;
     loop {
@@ -255,7 +260,9 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
             );
         }
     }
-    let elapsed = params.seconds.min(t0.elapsed().as_secs_f64());
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu1 = crate::sys::process_cpu_time();
+    let elapsed = params.seconds.min(wall);
     drop(session);
     for slot in slots.into_iter().flatten() {
         store.free(slot)?;
@@ -277,6 +284,8 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
         },
         ops,
         seconds: elapsed,
+        user_cpu_pct: 100.0 * (cpu1.0 - cpu0.0).as_secs_f64() / wall,
+        sys_cpu_pct: 100.0 * (cpu1.1 - cpu0.1).as_secs_f64() / wall,
         target: store.description().to_string(),
         params: params.clone(),
     })

@@ -76,10 +76,25 @@ impl IoEngine for UringEngine {
 
     fn open_raw(&self, file: &Arc<File>, depth: usize) -> Result<Box<dyn RawQueue>> {
         let entries = depth.next_power_of_two().clamp(8, 4096) as u32;
-        let ring = IoUring::builder()
+        // COOP_TASKRUN: a completion does not interrupt the task (an IPI,
+        // which costs a VM exit on a virtual machine); it is processed at the
+        // task's next system call, which for a queue is its next submit or
+        // wait. Measured on a 2-vCPU VM at 4 KiB QD 128: user CPU 8.7% → 6.1%
+        // and +4% IOPS. Kernels before 5.19 reject the flag: fall back.
+        // (DEFER_TASKRUN, which fio also sets, needs a single issuing thread;
+        // queues here move between threads through the store's pool, and it
+        // measured no better on top of COOP_TASKRUN.)
+        let ring = match IoUring::builder()
             .setup_cqsize(entries * 2)
+            .setup_coop_taskrun()
             .build(entries)
-            .map_err(|e| Error::io("creating an io_uring", e))?;
+        {
+            Ok(r) => r,
+            Err(_) => IoUring::builder()
+                .setup_cqsize(entries * 2)
+                .build(entries)
+                .map_err(|e| Error::io("creating an io_uring", e))?,
+        };
         // A registered file saves the kernel an fd lookup and reference count
         // per operation.
         let registered = ring.submitter().register_files(&[file.as_raw_fd()]).is_ok();

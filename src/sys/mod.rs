@@ -29,3 +29,19 @@ pub fn fs_free_bytes(path: &Path) -> Option<u64> {
     #[allow(clippy::unnecessary_cast)] // the field types differ between targets
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
+
+/// CPU time (user, system) this process has used so far, all threads.
+pub fn process_cpu_time() -> (std::time::Duration, std::time::Duration) {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: `ru` is writable storage for one rusage, filled on success.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    if rc != 0 {
+        return Default::default();
+    }
+    // SAFETY: getrusage returned 0, so it initialised `ru`.
+    let ru = unsafe { ru.assume_init() };
+    let tv = |t: libc::timeval| {
+        std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000)
+    };
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
