@@ -9,7 +9,7 @@
 //!  Tier stores (slot allocators over a medium)          src/tier/
 //!    HostStore ─ mmap arena, THP, NUMA-bound (mbind)    host.rs
 //!    CxlStore  ─ HostStore on a CPU-less node, or emulated   cxl.rs
-//!    NvmeStore ─ O_DIRECT file/device, CRC32C per page  nvme.rs
+//!    NvmeStore ─ O_DIRECT file/device, XXH3 per page    nvme.rs
 //!  I/O engines: io_uring | psync, under one retrying queue   src/io/
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
 //! ```

@@ -167,7 +167,7 @@ fn end_of_file_is_an_error_not_a_hang() {
             .unwrap(),
     );
     for (name, engine) in engines() {
-        let mut q = strata::io::IoQueue::new(&*engine, &f, 2).unwrap();
+        let mut q = strata::io::IoQueue::new(&*engine, &f, 2, None).unwrap();
         let c = q
             .run(strata::io::IoRequest {
                 op: IoOp::Read,

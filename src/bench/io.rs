@@ -151,7 +151,7 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
     let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed);
     let mut bufs: Vec<AlignedBuf> = (0..params.qd)
         .map(|_| {
-            let mut b = AlignedBuf::new(params.bs)?;
+            let mut b = store.buffer()?;
             rng.fill(&mut b[..]);
             Ok(b)
         })

@@ -5,16 +5,23 @@
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::sys::Arena;
 
 /// Alignment of every [`AlignedBuf`]: the 4 KiB that O_DIRECT needs.
 pub const IO_ALIGN: usize = 4096;
 
-/// A zero-initialised heap buffer aligned to [`IO_ALIGN`].
+/// A zero-initialised buffer aligned to [`IO_ALIGN`]: from the heap, or
+/// one of a [`BufPool`]'s buffers (which io_uring can use as a registered
+/// buffer, saving the kernel from pinning its pages on every operation).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    home: Option<(Arc<BufPool>, u32)>,
 }
 
 // SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
@@ -41,7 +48,16 @@ impl AlignedBuf {
                 format!("allocating a {len}-byte i/o buffer failed"),
             )
         })?;
-        Ok(Self { ptr, len })
+        Ok(Self {
+            ptr,
+            len,
+            home: None,
+        })
+    }
+
+    /// For a pool buffer: the pool's id and the buffer's index in it.
+    pub fn registered_index(&self) -> Option<(u32, u32)> {
+        self.home.as_ref().map(|(pool, index)| (pool.id, *index))
     }
 
     /// Length in bytes.
@@ -80,14 +96,89 @@ impl DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout (which was
-        // valid then, so it is valid now).
+        if let Some((pool, index)) = self.home.take() {
+            pool.free.lock().push(index);
+            return;
+        }
+        // SAFETY: a buffer without a pool was allocated in `new` with
+        // exactly this layout (which was valid then, so it is valid now).
         unsafe {
             alloc::dealloc(
                 self.ptr.as_ptr(),
                 Layout::from_size_align_unchecked(self.len, IO_ALIGN),
             )
         }
+    }
+}
+
+/// A fixed set of equal buffers in one pre-faulted arena, handed out as
+/// [`AlignedBuf`]s that return themselves on drop. An io_uring queue given
+/// the pool registers it once; operations on its buffers then skip the
+/// per-operation page pinning (`READ_FIXED`/`WRITE_FIXED`).
+pub struct BufPool {
+    arena: Arena,
+    buf_len: usize,
+    count: u32,
+    id: u32,
+    free: Mutex<Vec<u32>>,
+}
+
+impl std::fmt::Debug for BufPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufPool({} x {} bytes)", self.count, self.buf_len)
+    }
+}
+
+impl BufPool {
+    /// `count` buffers of `buf_len` bytes (a multiple of [`IO_ALIGN`]).
+    pub fn new(buf_len: usize, count: u32) -> Result<Arc<Self>> {
+        if buf_len == 0 || buf_len % IO_ALIGN != 0 || count == 0 {
+            return Err(Error::invalid(format!(
+                "buffer pool of {count} x {buf_len} bytes: need at least one buffer of a non-zero multiple of {IO_ALIGN}"
+            )));
+        }
+        let total = buf_len
+            .checked_mul(count as usize)
+            .ok_or_else(|| Error::invalid("buffer pool is too large"))?;
+        let arena = Arena::new(total, true, None)?;
+        // SAFETY: the arena is `total` (or more) bytes of our own fresh,
+        // writable mapping; nothing else refers to it yet. Writing faults
+        // the pages in now rather than on first I/O.
+        unsafe { std::ptr::write_bytes(arena.base().as_ptr(), 0, total) };
+        Ok(Arc::new(Self {
+            arena,
+            buf_len,
+            count,
+            id: crate::tier::slots::next_store_id(),
+            free: Mutex::new((0..count).rev().collect()),
+        }))
+    }
+
+    /// A free buffer, or `None` when all are out.
+    pub fn take(self: &Arc<Self>) -> Option<AlignedBuf> {
+        let index = self.free.lock().pop()?;
+        // SAFETY: index < count, so the buffer lies inside the arena.
+        let ptr = unsafe { self.arena.base().add(index as usize * self.buf_len) };
+        Some(AlignedBuf {
+            ptr,
+            len: self.buf_len,
+            home: Some((self.clone(), index)),
+        })
+    }
+
+    /// The pool's id (matches [`AlignedBuf::registered_index`]).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Start of each buffer, in index order, with the buffer length.
+    pub fn buffers(&self) -> (Vec<NonNull<u8>>, usize) {
+        let base = self.arena.base();
+        let ptrs = (0..self.count as usize)
+            // SAFETY: every index < count lies inside the arena.
+            .map(|i| unsafe { base.add(i * self.buf_len) })
+            .collect();
+        (ptrs, self.buf_len)
     }
 }
 
@@ -110,5 +201,21 @@ mod tests {
         assert_eq!(b[8191], 7);
         assert!(AlignedBuf::new(0).is_err());
         assert!(AlignedBuf::new(100).is_err());
+    }
+
+    #[test]
+    fn pool_buffers_come_back() {
+        let pool = BufPool::new(8192, 2).unwrap();
+        let mut a = pool.take().unwrap();
+        let b = pool.take().unwrap();
+        assert!(pool.take().is_none());
+        assert_eq!(a.registered_index().unwrap().0, pool.id());
+        assert_ne!(a.registered_index(), b.registered_index());
+        a[8191] = 1;
+        assert_eq!(a.as_mut_ptr() as usize % IO_ALIGN, 0);
+        drop(a);
+        let c = pool.take().unwrap();
+        assert_eq!(c.len(), 8192);
+        assert!(BufPool::new(100, 1).is_err());
     }
 }

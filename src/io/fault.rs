@@ -111,9 +111,14 @@ impl IoEngine for FaultEngine {
         self.inner.kind()
     }
 
-    fn open_raw(&self, file: &Arc<File>, depth: usize) -> Result<Box<dyn RawQueue>> {
+    fn open_raw(
+        &self,
+        file: &Arc<File>,
+        depth: usize,
+        pool: Option<&Arc<crate::io::BufPool>>,
+    ) -> Result<Box<dyn RawQueue>> {
         Ok(Box::new(FaultQueue {
-            inner: self.inner.open_raw(file, depth)?,
+            inner: self.inner.open_raw(file, depth, pool)?,
             plan: self.plan.clone(),
             failed: Vec::new(),
             flips: HashMap::new(),

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
-pub use buf::{AlignedBuf, IO_ALIGN};
+pub use buf::{AlignedBuf, BufPool, IO_ALIGN};
 
 /// Read or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -79,6 +79,9 @@ pub struct RawOp {
     pub ptr: *mut u8,
     /// Bytes to transfer.
     pub len: usize,
+    /// For memory in a [`BufPool`] buffer: the pool's id and the buffer's
+    /// index (an engine that registered that pool can use it).
+    pub fixed: Option<(u32, u32)>,
 }
 
 // SAFETY: a RawOp is a description of memory whose owner (IoQueue) keeps it
@@ -107,8 +110,14 @@ pub trait RawQueue: Send {
 pub trait IoEngine: Send + Sync {
     /// Which engine this is.
     fn kind(&self) -> EngineKind;
-    /// A raw queue of `depth` over `file`.
-    fn open_raw(&self, file: &Arc<File>, depth: usize) -> Result<Box<dyn RawQueue>>;
+    /// A raw queue of `depth` over `file`. Buffers of `pool`, if given, may
+    /// be registered with the kernel (the queue keeps the pool alive).
+    fn open_raw(
+        &self,
+        file: &Arc<File>,
+        depth: usize,
+        pool: Option<&Arc<BufPool>>,
+    ) -> Result<Box<dyn RawQueue>>;
 }
 
 /// The engines strata has.
@@ -211,15 +220,21 @@ impl fmt::Debug for IoQueue {
 }
 
 impl IoQueue {
-    /// A queue of `depth` (1 ..= 4096) over `file` on `engine`.
-    pub fn new(engine: &dyn IoEngine, file: &Arc<File>, depth: usize) -> Result<Self> {
+    /// A queue of `depth` (1 ..= 4096) over `file` on `engine`; buffers of
+    /// `pool` get the engine's fast path where it has one.
+    pub fn new(
+        engine: &dyn IoEngine,
+        file: &Arc<File>,
+        depth: usize,
+        pool: Option<&Arc<BufPool>>,
+    ) -> Result<Self> {
         if !(1..=4096).contains(&depth) {
             return Err(Error::invalid(format!(
                 "queue depth {depth} is outside 1..=4096"
             )));
         }
         Ok(Self {
-            raw: engine.open_raw(file, depth)?,
+            raw: engine.open_raw(file, depth, pool)?,
             slots: (0..depth).map(|_| None).collect(),
             free_ids: (0..depth as u32).rev().collect(),
             in_flight: 0,
@@ -275,6 +290,7 @@ impl IoQueue {
             offset: f.req.offset + f.done as u64,
             ptr,
             len,
+            fixed: f.req.buf.registered_index(),
         };
         // SAFETY: the buffer is owned by `self.slots[id]` and is neither
         // accessed nor dropped until `id` comes back from `wait`: completions

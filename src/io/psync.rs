@@ -24,7 +24,12 @@ impl IoEngine for PsyncEngine {
         EngineKind::Psync
     }
 
-    fn open_raw(&self, file: &Arc<File>, depth: usize) -> Result<Box<dyn RawQueue>> {
+    fn open_raw(
+        &self,
+        file: &Arc<File>,
+        depth: usize,
+        _pool: Option<&Arc<crate::io::BufPool>>,
+    ) -> Result<Box<dyn RawQueue>> {
         let threads = depth.clamp(1, MAX_THREADS);
         let (submit_tx, submit_rx) = channel::bounded::<RawOp>(depth.max(1));
         let (done_tx, done_rx) = channel::unbounded();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use io_uring::{opcode, types, IoUring};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::io::{EngineKind, IoEngine, IoOp, RawOp, RawQueue};
+use crate::io::{BufPool, EngineKind, IoEngine, IoOp, RawOp, RawQueue};
 
 /// The io_uring engine.
 ///
@@ -74,7 +74,12 @@ impl IoEngine for UringEngine {
         EngineKind::Uring
     }
 
-    fn open_raw(&self, file: &Arc<File>, depth: usize) -> Result<Box<dyn RawQueue>> {
+    fn open_raw(
+        &self,
+        file: &Arc<File>,
+        depth: usize,
+        pool: Option<&Arc<BufPool>>,
+    ) -> Result<Box<dyn RawQueue>> {
         let entries = depth.next_power_of_two().clamp(8, 4096) as u32;
         // COOP_TASKRUN: a completion does not interrupt the task (an IPI,
         // which costs a VM exit on a virtual machine); it is processed at the
@@ -98,8 +103,26 @@ impl IoEngine for UringEngine {
         // A registered file saves the kernel an fd lookup and reference count
         // per operation.
         let registered = ring.submitter().register_files(&[file.as_raw_fd()]).is_ok();
+        // Registered buffers: the kernel pins the pool's pages once instead
+        // of on every operation. Refused where the memlock limit is too low;
+        // then the pool's buffers are used like any other memory.
+        let pool = pool.filter(|pool| {
+            let (ptrs, len) = pool.buffers();
+            let iovecs: Vec<libc::iovec> = ptrs
+                .iter()
+                .map(|p| libc::iovec {
+                    iov_base: p.as_ptr().cast(),
+                    iov_len: len,
+                })
+                .collect();
+            // SAFETY: the iovecs describe the pool's buffers, which stay
+            // mapped while the ring may use them: the queue holds an Arc of
+            // the pool and drops the ring (unregistering) first.
+            unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok()
+        });
         Ok(Box::new(UringQueue {
             ring,
+            pool: pool.cloned(),
             file: file.clone(),
             registered,
             pending: 0,
@@ -109,7 +132,11 @@ impl IoEngine for UringEngine {
 }
 
 struct UringQueue {
+    // Declared first: the ring is dropped (and its buffers unregistered)
+    // before the pool and the file.
     ring: IoUring,
+    /// The registered buffer pool, if registration succeeded.
+    pool: Option<Arc<BufPool>>,
     // Keeps the fd open while the ring may use it.
     file: Arc<File>,
     registered: bool,
@@ -120,13 +147,25 @@ struct UringQueue {
 
 impl UringQueue {
     fn entry(&self, op: &RawOp) -> io_uring::squeue::Entry {
+        let fixed = match (op.fixed, &self.pool) {
+            (Some((pool, index)), Some(p)) if pool == p.id() => u16::try_from(index).ok(),
+            _ => None,
+        };
         macro_rules! build {
             ($fd:expr) => {
-                match op.op {
-                    IoOp::Read => opcode::Read::new($fd, op.ptr, op.len as u32)
+                match (op.op, fixed) {
+                    (IoOp::Read, Some(i)) => opcode::ReadFixed::new($fd, op.ptr, op.len as u32, i)
                         .offset(op.offset)
                         .build(),
-                    IoOp::Write => opcode::Write::new($fd, op.ptr, op.len as u32)
+                    (IoOp::Write, Some(i)) => {
+                        opcode::WriteFixed::new($fd, op.ptr, op.len as u32, i)
+                            .offset(op.offset)
+                            .build()
+                    }
+                    (IoOp::Read, None) => opcode::Read::new($fd, op.ptr, op.len as u32)
+                        .offset(op.offset)
+                        .build(),
+                    (IoOp::Write, None) => opcode::Write::new($fd, op.ptr, op.len as u32)
                         .offset(op.offset)
                         .build(),
                 }

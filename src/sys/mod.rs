@@ -40,8 +40,6 @@ pub fn process_cpu_time() -> (std::time::Duration, std::time::Duration) {
     }
     // SAFETY: getrusage returned 0, so it initialised `ru`.
     let ru = unsafe { ru.assume_init() };
-    let tv = |t: libc::timeval| {
-        std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000)
-    };
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     (tv(ru.ru_utime), tv(ru.ru_stime))
 }

@@ -73,13 +73,6 @@ impl std::fmt::Debug for HostStore {
     }
 }
 
-// SAFETY: the store's only raw pointer is into its own arena, which lives as
-// long as the store; access to slot bytes is mediated by unique `Slot`
-// tokens, so sharing the store between threads cannot create aliasing `&mut`.
-unsafe impl Sync for HostStore {}
-// SAFETY: the arena is a plain mapping with no thread affinity.
-unsafe impl Send for HostStore {}
-
 impl HostStore {
     /// Creates a host store. Errors name the bad parameter.
     pub fn new(config: &HostConfig) -> Result<Self> {

@@ -91,7 +91,10 @@ pub trait PageStore: Send + Sync {
     fn alloc(&self) -> Result<Slot>;
     /// Returns a slot to the store. A slot of another store is an error.
     fn free(&self, slot: Slot) -> Result<()>;
-    /// Writes a whole page (`data.len() == page_size`).
+    /// Writes a whole page (`data.len() == page_size`) in place. On NVMe a
+    /// failed in-place write leaves the slot unreadable (an error, never
+    /// stale data); `NvmeStore::replace` writes to a fresh slot first and
+    /// keeps the previous copy until the new one is durable.
     fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()>;
     /// Reads a whole page (`out.len() == page_size`).
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()>;

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::{
-    self, AlignedBuf, EngineChoice, EngineKind, IoCompletion, IoEngine, IoOp, IoQueue, IoRequest,
+    self, AlignedBuf, BufPool, EngineChoice, EngineKind, IoCompletion, IoEngine, IoOp, IoQueue,
+    IoRequest,
 };
 use crate::size::{check_page_size, format_size};
 use crate::tier::{check_page_len, full_error, PageStore, Slot, SlotAllocator, Tier};
@@ -56,6 +57,13 @@ impl NvmeConfig {
             queue_depth: 32,
         }
     }
+}
+
+/// Buffers in a store's registered pool: two per queue slot (one in flight,
+/// one being filled or verified), at least 16, at most 64 MiB of them.
+fn pool_buffers(page_size: usize, queue_depth: usize) -> u32 {
+    let cap = ((64 << 20) / page_size).max(1);
+    (2 * queue_depth).clamp(16, 1024).min(cap) as u32
 }
 
 /// Per-slot metadata: empty, torn (a write was started and has not
@@ -104,7 +112,7 @@ pub struct NvmeStore {
     engine: Arc<dyn IoEngine>,
     queue_depth: usize,
     queues: Mutex<Vec<IoQueue>>,
-    bufs: Mutex<Vec<AlignedBuf>>,
+    pool: Arc<BufPool>,
     counters: Counters,
 }
 
@@ -160,7 +168,10 @@ impl NvmeStore {
             engine,
             queue_depth: config.queue_depth,
             queues: Mutex::new(Vec::new()),
-            bufs: Mutex::new(Vec::new()),
+            pool: BufPool::new(
+                config.page_size,
+                pool_buffers(config.page_size, config.queue_depth),
+            )?,
             counters: Counters::default(),
         })
     }
@@ -194,21 +205,12 @@ impl NvmeStore {
         }
     }
 
-    /// A page-sized I/O buffer from the store's pool (or a new one).
+    /// A page-sized I/O buffer: from the store's registered pool while it
+    /// has one free (it returns there when dropped), else from the heap.
     pub fn buffer(&self) -> Result<AlignedBuf> {
-        match self.bufs.lock().pop() {
+        match self.pool.take() {
             Some(b) => Ok(b),
             None => AlignedBuf::new(self.page_size),
-        }
-    }
-
-    /// Returns a buffer to the pool.
-    pub fn recycle(&self, buf: AlignedBuf) {
-        if buf.len() == self.page_size {
-            let mut bufs = self.bufs.lock();
-            if bufs.len() < 256 {
-                bufs.push(buf);
-            }
         }
     }
 
@@ -227,7 +229,7 @@ impl NvmeStore {
         };
         let queue = match pooled {
             Some(q) => q,
-            None => IoQueue::new(&*self.engine, &self.file, depth)?,
+            None => IoQueue::new(&*self.engine, &self.file, depth, Some(&self.pool))?,
         };
         Ok(NvmeSession {
             store: self,
@@ -298,7 +300,12 @@ impl NvmeStore {
         let pooled = self.queues.lock().pop();
         let mut queue = match pooled {
             Some(q) => q,
-            None => IoQueue::new(&*self.engine, &self.file, self.queue_depth)?,
+            None => IoQueue::new(
+                &*self.engine,
+                &self.file,
+                self.queue_depth,
+                Some(&self.pool),
+            )?,
         };
         let sum = self.begin(op, index, &buf);
         let offset = self.offset(index);
@@ -521,9 +528,7 @@ impl PageStore for NvmeStore {
         check_page_len("source", data.len(), self.page_size)?;
         let mut buf = self.buffer()?;
         buf.copy_from_slice(data);
-        let (buf, res) = self.sync_op(IoOp::Write, slot, buf)?;
-        self.recycle(buf);
-        res
+        self.sync_op(IoOp::Write, slot, buf)?.1
     }
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()> {
         check_page_len("destination", out.len(), self.page_size)?;
@@ -532,7 +537,6 @@ impl PageStore for NvmeStore {
         if res.is_ok() {
             out.copy_from_slice(&buf);
         }
-        self.recycle(buf);
         res
     }
 }
@@ -622,6 +626,12 @@ fn set_direct(file: &File) -> std::io::Result<()> {
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 {
         return Err(std::io::Error::last_os_error());
+    }
+    // O_NOATIME spares every read an access-time check; it is refused
+    // (EPERM) on files we do not own, such as some block devices.
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_DIRECT | libc::O_NOATIME) } == 0 {
+        return Ok(());
     }
     // SAFETY: as above.
     if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_DIRECT) } < 0 {
