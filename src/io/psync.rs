@@ -30,6 +30,14 @@ impl IoEngine for PsyncEngine {
         depth: usize,
         _pool: Option<&Arc<crate::io::BufPool>>,
     ) -> Result<Box<dyn RawQueue>> {
+        if depth == 1 {
+            // One operation at a time gains nothing from a thread: run it
+            // on the caller's thread at `wait`, saving two thread handoffs.
+            return Ok(Box::new(InlineQueue {
+                file: file.clone(),
+                op: None,
+            }));
+        }
         let threads = depth.clamp(1, MAX_THREADS);
         let (submit_tx, submit_rx) = channel::bounded::<RawOp>(depth.max(1));
         let (done_tx, done_rx) = channel::unbounded();
@@ -52,28 +60,52 @@ impl IoEngine for PsyncEngine {
     }
 }
 
-fn worker(file: &File, rx: Receiver<RawOp>, tx: Sender<(u32, io::Result<usize>)>) {
+/// One `pread`/`pwrite` of `op` on `file`.
+fn perform(file: &File, op: &RawOp) -> io::Result<usize> {
     let fd = file.as_raw_fd();
+    let offset = op.offset as libc::off_t;
+    // SAFETY: the IoQueue that pushed `op` keeps `op.ptr` valid for
+    // `op.len` bytes and untouched until this completion is delivered
+    // (RawQueue::push's contract); `fd` is open because the caller holds
+    // `file`.
+    let n = unsafe {
+        match op.op {
+            IoOp::Read => libc::pread(fd, op.ptr.cast(), op.len, offset),
+            IoOp::Write => libc::pwrite(fd, op.ptr.cast(), op.len, offset),
+        }
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+fn worker(file: &File, rx: Receiver<RawOp>, tx: Sender<(u32, io::Result<usize>)>) {
     for op in rx {
-        let offset = op.offset as libc::off_t;
-        // SAFETY: the IoQueue that pushed `op` keeps `op.ptr` valid for
-        // `op.len` bytes and untouched until this completion is delivered
-        // (RawQueue::push's contract); `fd` stays open because `file` is an
-        // Arc held by this thread.
-        let n = unsafe {
-            match op.op {
-                IoOp::Read => libc::pread(fd, op.ptr.cast(), op.len, offset),
-                IoOp::Write => libc::pwrite(fd, op.ptr.cast(), op.len, offset),
-            }
-        };
-        let res = if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        };
-        if tx.send((op.id, res)).is_err() {
+        if tx.send((op.id, perform(file, &op))).is_err() {
             return;
         }
+    }
+}
+
+/// The depth-1 queue: the operation runs on the caller's thread.
+struct InlineQueue {
+    file: Arc<File>,
+    op: Option<RawOp>,
+}
+
+impl RawQueue for InlineQueue {
+    unsafe fn push(&mut self, op: RawOp) {
+        debug_assert!(self.op.is_none(), "depth 1");
+        self.op = Some(op);
+    }
+
+    fn wait(&mut self, _min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
+        if let Some(op) = self.op.take() {
+            out.push((op.id, perform(&self.file, &op)));
+        }
+        Ok(())
     }
 }
 

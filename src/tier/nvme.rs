@@ -112,6 +112,8 @@ pub struct NvmeStore {
     engine: Arc<dyn IoEngine>,
     queue_depth: usize,
     queues: Mutex<Vec<IoQueue>>,
+    /// Depth-1 queues for the one-page calls (`read_page`, `write_page`).
+    sync_queues: Mutex<Vec<IoQueue>>,
     pool: Arc<BufPool>,
     counters: Counters,
 }
@@ -168,6 +170,7 @@ impl NvmeStore {
             engine,
             queue_depth: config.queue_depth,
             queues: Mutex::new(Vec::new()),
+            sync_queues: Mutex::new(Vec::new()),
             pool: BufPool::new(
                 config.page_size,
                 pool_buffers(config.page_size, config.queue_depth),
@@ -297,15 +300,10 @@ impl NvmeStore {
     fn sync_op(&self, op: IoOp, slot: &Slot, buf: AlignedBuf) -> Result<(AlignedBuf, Result<()>)> {
         self.slots.check(slot)?;
         let index = slot.index();
-        let pooled = self.queues.lock().pop();
+        let pooled = self.sync_queues.lock().pop();
         let mut queue = match pooled {
             Some(q) => q,
-            None => IoQueue::new(
-                &*self.engine,
-                &self.file,
-                self.queue_depth,
-                Some(&self.pool),
-            )?,
+            None => IoQueue::new(&*self.engine, &self.file, 1, Some(&self.pool))?,
         };
         let sum = self.begin(op, index, &buf);
         let offset = self.offset(index);
@@ -315,7 +313,7 @@ impl NvmeStore {
             buf,
             tag: 0,
         })?;
-        self.queues.lock().push(queue);
+        self.sync_queues.lock().push(queue);
         let result = c
             .result
             .and_then(|()| self.finish(op, index, offset, sum, &c.buf));
