@@ -149,22 +149,24 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
         .map(|_| store.alloc().map(Some))
         .collect::<Result<_>>()?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed);
-    let mut bufs: Vec<AlignedBuf> = (0..params.qd)
+    // Layout: write every block once, sequentially, as fio does (at a
+    // depth of at least 64 so that a QD-1 run does not spend minutes here).
+    // Buffers hold random bytes, and every write stamps a counter into its
+    // page (fio's scramble_buffers): a virtual disk that detects zero or
+    // duplicate blocks must not see any, or reads would measure its shortcut.
+    let layout_depth = params.qd.max(64);
+    let mut bufs: Vec<AlignedBuf> = (0..layout_depth)
         .map(|_| {
             let mut b = store.buffer()?;
             rng.fill(&mut b[..]);
             Ok(b)
         })
         .collect::<Result<_>>()?;
-
-    // Layout: write every block once, sequentially, as fio does (at a
-    // depth of at least 64 so that a QD-1 run does not spend minutes here).
-    let layout_depth = params.qd.max(64);
-    bufs.extend(
-        (params.qd..layout_depth)
-            .map(|_| AlignedBuf::new(params.bs))
-            .collect::<Result<Vec<_>>>()?,
-    );
+    let mut stamp = 0u64;
+    let mut scramble = |buf: &mut AlignedBuf| {
+        stamp += 1;
+        buf[..8].copy_from_slice(&stamp.to_le_bytes());
+    };
     let mut session = store.session_with_depth(layout_depth)?;
     let mut done: Vec<NvmeCompletion> = Vec::with_capacity(params.qd);
     let mut next = 0usize;
@@ -172,7 +174,8 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
     while laid < pages {
         while next < pages && session.in_flight() < session.depth() {
             let slot = slots[next].take().expect("slot present");
-            let buf = bufs.pop().expect("a buffer per queue slot");
+            let mut buf = bufs.pop().expect("a buffer per queue slot");
+            scramble(&mut buf);
             session
                 .submit_write(slot, buf, next as u64)
                 .map_err(|r| r.error)?;
@@ -228,11 +231,12 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
                 break;
             };
             let slot = slots[i].take().expect("slot present");
-            let buf = bufs.pop().expect("a buffer per queue slot");
+            let mut buf = bufs.pop().expect("a buffer per queue slot");
             started[i] = now;
             let r = if params.pattern.is_read() {
                 session.submit_read(slot, buf, i as u64)
             } else {
+                scramble(&mut buf);
                 session.submit_write(slot, buf, i as u64)
             };
             r.map_err(|r| r.error)?;

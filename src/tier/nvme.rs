@@ -489,7 +489,9 @@ impl NvmeSession<'_> {
 impl Drop for NvmeSession<'_> {
     fn drop(&mut self) {
         if let Some(queue) = self.queue.take() {
-            if self.healthy && queue.in_flight() == 0 {
+            // Only queues of the store's own depth go back to its pool, so
+            // that `session()` always gets a queue of the depth it asks for.
+            if self.healthy && queue.in_flight() == 0 && queue.depth() == self.store.queue_depth {
                 self.store.queues.lock().push(queue);
             }
         }
@@ -696,6 +698,25 @@ mod tests {
         let s2 = NvmeStore::new(&NvmeConfig::new(&named, 8192, 4096)).unwrap();
         assert!(!named.exists());
         drop((s, s2));
+    }
+
+    #[test]
+    fn only_queues_of_the_store_depth_are_pooled() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = NvmeConfig::new(dir.path(), 16 * 4096, 4096);
+        cfg.queue_depth = 4;
+        cfg.engine = EngineChoice::Psync;
+        let s = NvmeStore::new(&cfg).unwrap();
+        drop(s.session_with_depth(8).unwrap());
+        assert_eq!(
+            s.queues.lock().len(),
+            0,
+            "a depth-8 queue must not serve depth-4 sessions"
+        );
+        drop(s.session().unwrap());
+        assert_eq!(s.queues.lock().len(), 1);
+        let again = s.session().unwrap();
+        assert_eq!(again.queue.as_ref().unwrap().depth(), 4);
     }
 
     #[test]
