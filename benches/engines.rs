@@ -1,6 +1,7 @@
 //! The I/O engines under the NVMe store: one verified 4 KiB page read and
 //! one 64 KiB page write at a time, per engine, in a temporary directory of
-//! the working directory's filesystem (tmpfs has no O_DIRECT).
+//! the working directory's filesystem (not /tmp, which may be a tmpfs or
+//! ramfs without O_DIRECT).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use strata::io::{self, EngineChoice};

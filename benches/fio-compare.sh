@@ -25,12 +25,12 @@ fio_run() { # pattern bs qd [verify] -> iops bytes_per_sec
     # against them: the same work strata's per-page checksum does.
     fio --name=l --filename="$f" --size="$size" --direct=1 --ioengine=io_uring \
         --rw=write --bs="$bs" --iodepth=64 --verify="$verify" --do_verify=0 \
-        --output-format=terse >/dev/null 2>&1
+        --verify_state_save=0 --output-format=terse >/dev/null 2>&1
     extra=(--verify="$verify")
   fi
   fio --name=c --filename="$f" --size="$size" --direct=1 --ioengine=io_uring \
       --rw="$rw" --bs="$bs" --iodepth="$qd" --runtime="$secs" --time_based \
-      "${extra[@]}" --output-format=json >"$tmp/fio.json" 2>/dev/null
+      "${extra[@]}" --verify_state_save=0 --output-format=json >"$tmp/fio.json" 2>/dev/null
   rm -f "$f"
   python3 - "$tmp/fio.json" <<'PY'
 import json, sys

@@ -5,7 +5,7 @@ use strata::tier::{HostConfig, HostStore, PageStore, SlotAllocator};
 
 fn slots(c: &mut Criterion) {
     let mut g = c.benchmark_group("slots");
-    let alloc = SlotAllocator::new(1, 1 << 20);
+    let alloc = SlotAllocator::new(1 << 20);
     // Warm the free list so alloc takes the free-list path, as in steady state.
     let warm: Vec<_> = (0..1024).map(|_| alloc.alloc().unwrap()).collect();
     for s in warm {

@@ -159,6 +159,36 @@ fn nvme_sessions_from_many_threads() {
     }
 }
 
+/// io_uring sessions register the file and the store's buffer pool, so
+/// reads and writes of pool buffers take the READ_FIXED/WRITE_FIXED path
+/// (the round-trip tests above then check its data).
+#[test]
+fn uring_sessions_use_registered_file_and_buffers() {
+    let Ok(engine) = strata::io::engine(strata::io::EngineChoice::Uring) else {
+        assert!(
+            std::env::var_os("STRATA_REQUIRE_URING").is_none(),
+            "io_uring required"
+        );
+        eprintln!("skipping: io_uring unavailable");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = std::sync::Arc::new(tempfile::tempfile_in(dir.path()).unwrap());
+    let pool = strata::io::BufPool::new(4096, 4).unwrap();
+    let q = strata::io::IoQueue::new(&*engine, &file, 4, Some(&pool)).unwrap();
+    let (files, buffers) = q.registered();
+    assert!(files, "registered file");
+    if !buffers {
+        // Registration pins memory against RLIMIT_MEMLOCK; without root a
+        // low limit refuses it and the engine falls back (and says so here).
+        assert!(
+            std::env::var_os("STRATA_REQUIRE_URING").is_none(),
+            "buffer registration refused"
+        );
+        eprintln!("skipping: buffer registration refused (memlock limit)");
+    }
+}
+
 #[test]
 fn session_refuses_what_it_cannot_take_and_hands_it_back() {
     let dir = tempfile::tempdir().unwrap();

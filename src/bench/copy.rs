@@ -2,16 +2,17 @@
 //! memcpy of the same bytes between the same arenas, in the same run.
 //!
 //! Each case copies every page of a source arena into a destination arena
-//! through the stores' page-copy path, and separately copies the same bytes
-//! with one `memcpy`. Rounds alternate between the two and the median of
-//! each is reported, so both see the same machine conditions.
+//! through the stores' page-copy path, and separately copies the same number
+//! of bytes with one `memcpy` between two other arenas made the same way.
+//! Rounds alternate between the two and the median of each is reported, so
+//! both see the same machine conditions.
 
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::sys::Topology;
+use crate::sys::{Arena, Topology};
 use crate::tier::{
     CxlConfig, CxlMode, CxlStore, HostConfig, HostStore, LinkModel, PageStore, Slot,
 };
@@ -42,7 +43,8 @@ pub struct CopyCase {
     pub page_size: usize,
     /// Page-copy throughput through the stores.
     pub bytes_per_sec: f64,
-    /// Plain memcpy of the same bytes, same arenas, same run.
+    /// One plain memcpy of as many bytes, between two arenas made like the
+    /// stores', in the same run.
     pub memcpy_bytes_per_sec: f64,
     /// The most this link can do: memcpy, or the emulated cap if lower.
     pub limit_bytes_per_sec: f64,
@@ -110,16 +112,22 @@ pub fn run(params: &CopyParams, progress: &mut dyn FnMut(&str, f64)) -> Result<C
         let bytes = pages as f64 * page_size as f64;
         let limit_cap = cxl.emulation().map(|m| m.bandwidth);
 
-        // The peer: one memcpy of the same number of bytes between two
-        // pre-touched DRAM buffers. (On a real CXL node this is an upper
-        // bound for the CXL links, since it copies DRAM to DRAM.)
-        let src_buf = vec![1u8; bytes as usize];
-        let mut dst_buf = vec![0u8; bytes as usize];
+        // The peer: one memcpy of the same bytes between two arenas made
+        // like the stores' (2 MiB aligned, THP where allowed), both touched
+        // first. (On a real CXL node this is DRAM to DRAM, an upper bound for
+        // the CXL links.)
+        let mut peer_src = Arena::new(bytes as usize, true, None)?;
+        let mut peer_dst = Arena::new(bytes as usize, true, None)?;
+        peer_src.as_mut_slice().fill(1);
+        peer_dst.as_mut_slice().fill(0);
         let mut memcpy = || {
+            let len = bytes as usize;
+            let src = &peer_src.as_mut_slice()[..len];
             let t = Instant::now();
-            dst_buf.copy_from_slice(std::hint::black_box(&src_buf));
-            std::hint::black_box(&dst_buf);
-            bytes / t.elapsed().as_secs_f64()
+            peer_dst.as_mut_slice()[..len].copy_from_slice(std::hint::black_box(src));
+            let rate = bytes / t.elapsed().as_secs_f64();
+            std::hint::black_box(peer_dst.as_mut_slice());
+            rate
         };
 
         type CaseFn<'a> = Box<dyn FnMut() -> Result<f64> + 'a>;

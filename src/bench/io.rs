@@ -5,7 +5,9 @@
 //! random map: each block once per pass), keeps `qd` operations in flight,
 //! and counts completed operations over the wall time of the timed phase.
 //! Unlike fio, every page goes through the store: writes are checksummed
-//! and every read is verified — the cost a strata user pays.
+//! and every read is verified — the cost a strata user pays. The store
+//! keeps 1/64 of its slots (at most 64) in reserve for copy-then-commit
+//! writes; the benchmark covers the rest of the file.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -77,7 +79,7 @@ pub struct IoParams {
     pub pattern: Pattern,
     /// Block size (the store's page size).
     pub bs: usize,
-    /// Operations in flight.
+    /// Operations in flight (at most the number of blocks in the file).
     pub qd: usize,
     /// Length of the timed phase.
     pub seconds: f64,
@@ -98,7 +100,7 @@ pub struct IoReport {
     pub pattern: &'static str,
     /// Block size.
     pub bs: usize,
-    /// Queue depth.
+    /// Queue depth used: `--qd`, or the number of blocks if smaller.
     pub qd: usize,
     /// File size.
     pub size: u64,
@@ -124,11 +126,18 @@ pub struct IoReport {
 
 /// Runs the benchmark; `progress` is told the fraction done now and then.
 pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoReport> {
-    if !(params.seconds > 0.0 && params.seconds.is_finite()) {
-        return Err(Error::invalid(format!(
-            "--seconds {} must be a positive number",
-            params.seconds
-        )));
+    crate::size::check_page_size(params.bs).map_err(|e| e.context("--bs"))?;
+    let duration = Duration::try_from_secs_f64(params.seconds)
+        .ok()
+        .filter(|d| !d.is_zero() && *d <= Duration::from_secs(7 * 86400))
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "--seconds {} must be a positive number of at most a week",
+                params.seconds
+            ))
+        })?;
+    if params.size == 0 {
+        return Err(Error::invalid("--size is zero"));
     }
     if params.size % params.bs as u64 != 0 {
         return Err(Error::invalid(format!(
@@ -143,32 +152,48 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
         engine: params.engine,
         queue_depth: params.qd,
     };
+    const MAX_BUFFER_BYTES: u64 = 1 << 30;
+    if (params.qd.max(64) as u64).saturating_mul(params.bs as u64) > MAX_BUFFER_BYTES
+        && (params.qd as u64).saturating_mul(params.bs as u64) > MAX_BUFFER_BYTES / 4
+    {
+        return Err(Error::invalid(format!(
+            "--qd {} x --bs {} needs more than 1 GiB of buffers in flight",
+            params.qd, params.bs
+        )));
+    }
     let store = NvmeStore::new(&config)?;
     let pages = store.capacity_pages() as usize;
+    // The session API keeps each slot with its request, so no more than
+    // `pages` operations can be in flight, whatever --qd says.
+    let depth = params.qd.min(pages);
     let mut slots: Vec<Option<Slot>> = (0..pages)
         .map(|_| store.alloc().map(Some))
         .collect::<Result<_>>()?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed);
-    // Layout: write every block once, sequentially, as fio does (at a
-    // depth of at least 64 so that a QD-1 run does not spend minutes here).
     // Buffers hold random bytes, and every write stamps a counter into its
     // page (fio's scramble_buffers): a virtual disk that detects zero or
     // duplicate blocks must not see any, or reads would measure its shortcut.
-    let layout_depth = params.qd.max(64);
-    let mut bufs: Vec<AlignedBuf> = (0..layout_depth)
-        .map(|_| {
-            let mut b = store.buffer()?;
-            rng.fill(&mut b[..]);
-            Ok(b)
-        })
-        .collect::<Result<_>>()?;
+    let new_buffers = |n: usize, rng: &mut rand::rngs::SmallRng| {
+        (0..n)
+            .map(|_| {
+                let mut b = store.buffer()?;
+                rng.fill(&mut b[..]);
+                Ok(b)
+            })
+            .collect::<Result<Vec<AlignedBuf>>>()
+    };
     let mut stamp = 0u64;
     let mut scramble = |buf: &mut AlignedBuf| {
         stamp += 1;
         buf[..8].copy_from_slice(&stamp.to_le_bytes());
     };
+
+    // Layout: write every block once, sequentially, as fio does (at a
+    // depth of at least 64, so that a QD-1 run does not spend minutes here).
+    let layout_depth = params.qd.max(64).min(pages);
+    let mut bufs = new_buffers(layout_depth, &mut rng)?;
     let mut session = store.session_with_depth(layout_depth)?;
-    let mut done: Vec<NvmeCompletion> = Vec::with_capacity(params.qd);
+    let mut done: Vec<NvmeCompletion> = Vec::with_capacity(layout_depth);
     let mut next = 0usize;
     let mut laid = 0usize;
     while laid < pages {
@@ -192,12 +217,14 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
             progress("layout", laid as f64 / pages as f64);
         }
     }
-
     drop(session);
-    bufs.truncate(params.qd);
+    // Fresh buffers for the timed phase, taken while the layout's are
+    // returned to the pool, so they are the pool's (registered) buffers.
+    drop(bufs);
+    let mut bufs = new_buffers(depth, &mut rng)?;
 
     // The timed phase.
-    let mut session = store.session()?;
+    let mut session = store.session_with_depth(depth)?;
     let mut order: Vec<u32> = (0..pages as u32).collect();
     let mut cursor = 0usize;
     let mut next_index =
@@ -216,7 +243,6 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
             }
             None
         };
-    let duration = Duration::from_secs_f64(params.seconds);
     let mut started: Vec<Instant> = vec![Instant::now(); pages];
     let mut ops = 0u64;
     let mut latency_total = Duration::ZERO;
@@ -277,7 +303,7 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
         engine: store.engine().to_string(),
         pattern: params.pattern.name(),
         bs: params.bs,
-        qd: params.qd,
+        qd: depth,
         size: params.size,
         iops,
         bytes_per_sec: iops * params.bs as f64,

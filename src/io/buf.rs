@@ -56,7 +56,7 @@ impl AlignedBuf {
     }
 
     /// For a pool buffer: the pool's id and the buffer's index in it.
-    pub fn registered_index(&self) -> Option<(u32, u32)> {
+    pub fn registered_index(&self) -> Option<(u64, u32)> {
         self.home.as_ref().map(|(pool, index)| (pool.id, *index))
     }
 
@@ -119,7 +119,7 @@ pub struct BufPool {
     arena: Arena,
     buf_len: usize,
     count: u32,
-    id: u32,
+    id: u64,
     free: Mutex<Vec<u32>>,
 }
 
@@ -149,7 +149,7 @@ impl BufPool {
             arena,
             buf_len,
             count,
-            id: crate::tier::slots::next_store_id(),
+            id: crate::tier::slots::next_id(),
             free: Mutex::new((0..count).rev().collect()),
         }))
     }
@@ -167,7 +167,7 @@ impl BufPool {
     }
 
     /// The pool's id (matches [`AlignedBuf::registered_index`]).
-    pub fn id(&self) -> u32 {
+    pub fn id(&self) -> u64 {
         self.id
     }
 

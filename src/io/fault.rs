@@ -142,7 +142,11 @@ fn flip(op: &RawOp) {
     unsafe { *op.ptr.add(op.len / 2) ^= 0x10 };
 }
 
-impl RawQueue for FaultQueue {
+// SAFETY: an op failed here is reported once (from `failed`) and never
+// reaches the inner queue; every other op is forwarded and reported when the
+// inner queue (itself a RawQueue) reports it. `flip` touches memory only
+// before forwarding or after the inner report.
+unsafe impl RawQueue for FaultQueue {
     unsafe fn push(&mut self, mut op: RawOp) {
         match self.plan.next(op.op) {
             Some(Fault::Errno(errno)) => {
@@ -178,5 +182,9 @@ impl RawQueue for FaultQueue {
             }
         }
         res
+    }
+
+    fn registered(&self) -> (bool, bool) {
+        self.inner.registered()
     }
 }

@@ -81,7 +81,7 @@ pub struct RawOp {
     pub len: usize,
     /// For memory in a [`BufPool`] buffer: the pool's id and the buffer's
     /// index (an engine that registered that pool can use it).
-    pub fixed: Option<(u32, u32)>,
+    pub fixed: Option<(u64, u32)>,
 }
 
 // SAFETY: a RawOp is a description of memory whose owner (IoQueue) keeps it
@@ -90,7 +90,14 @@ pub struct RawOp {
 unsafe impl Send for RawOp {}
 
 /// What an engine implements: starts raw operations, reports completions.
-pub trait RawQueue: Send {
+///
+/// # Safety
+///
+/// [`IoQueue`] frees or reuses an operation's memory as soon as `wait`
+/// reports its id, so an implementation must report every pushed id exactly
+/// once, only after its last access to the operation's memory, and must not
+/// report ids it was not given.
+pub unsafe trait RawQueue: Send {
     /// Starts (or queues for the next [`RawQueue::wait`]) one operation.
     /// The caller never has more than the queue's depth in flight.
     ///
@@ -104,6 +111,13 @@ pub trait RawQueue: Send {
     /// have completed, appending `(id, bytes transferred or error)` to `out`.
     /// An `Err` means the wait itself failed; operations stay in flight.
     fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()>;
+
+    /// Whether the engine registered the file and the buffer pool with the
+    /// kernel (io_uring's fixed files and buffers); `(false, false)` for
+    /// engines without such a thing.
+    fn registered(&self) -> (bool, bool) {
+        (false, false)
+    }
 }
 
 /// An I/O engine: makes [`RawQueue`]s over a file.
@@ -257,6 +271,12 @@ impl IoQueue {
     /// Operations in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// Whether the engine registered (the file, the buffer pool) with the
+    /// kernel.
+    pub fn registered(&self) -> (bool, bool) {
+        self.raw.registered()
     }
 
     /// Starts a request; hands it back unchanged when the queue is full.

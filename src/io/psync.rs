@@ -95,7 +95,9 @@ struct InlineQueue {
     op: Option<RawOp>,
 }
 
-impl RawQueue for InlineQueue {
+// SAFETY: `wait` reports the single pushed op once, after `perform`
+// returned (the system call's last access to its memory).
+unsafe impl RawQueue for InlineQueue {
     unsafe fn push(&mut self, op: RawOp) {
         debug_assert!(self.op.is_none(), "depth 1");
         self.op = Some(op);
@@ -115,7 +117,9 @@ struct PsyncQueue {
     workers: Vec<JoinHandle<()>>,
 }
 
-impl RawQueue for PsyncQueue {
+// SAFETY: each op goes to exactly one worker, which sends its id once,
+// after `pread`/`pwrite` returned; `wait` only reports what workers sent.
+unsafe impl RawQueue for PsyncQueue {
     unsafe fn push(&mut self, op: RawOp) {
         // The channel's capacity is the queue depth, which the caller never
         // exceeds, so this does not block; the receivers live as long as the

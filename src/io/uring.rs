@@ -147,6 +147,9 @@ struct UringQueue {
 
 impl UringQueue {
     fn entry(&self, op: &RawOp) -> io_uring::squeue::Entry {
+        // An SQE carries a 32-bit length: longer transfers go in pieces
+        // (aligned for O_DIRECT), continued by IoQueue as short transfers.
+        let len = op.len.min(u32::MAX as usize & !(super::IO_ALIGN - 1)) as u32;
         let fixed = match (op.fixed, &self.pool) {
             (Some((pool, index)), Some(p)) if pool == p.id() => u16::try_from(index).ok(),
             _ => None,
@@ -154,18 +157,16 @@ impl UringQueue {
         macro_rules! build {
             ($fd:expr) => {
                 match (op.op, fixed) {
-                    (IoOp::Read, Some(i)) => opcode::ReadFixed::new($fd, op.ptr, op.len as u32, i)
+                    (IoOp::Read, Some(i)) => opcode::ReadFixed::new($fd, op.ptr, len, i)
                         .offset(op.offset)
                         .build(),
-                    (IoOp::Write, Some(i)) => {
-                        opcode::WriteFixed::new($fd, op.ptr, op.len as u32, i)
-                            .offset(op.offset)
-                            .build()
-                    }
-                    (IoOp::Read, None) => opcode::Read::new($fd, op.ptr, op.len as u32)
+                    (IoOp::Write, Some(i)) => opcode::WriteFixed::new($fd, op.ptr, len, i)
                         .offset(op.offset)
                         .build(),
-                    (IoOp::Write, None) => opcode::Write::new($fd, op.ptr, op.len as u32)
+                    (IoOp::Read, None) => opcode::Read::new($fd, op.ptr, len)
+                        .offset(op.offset)
+                        .build(),
+                    (IoOp::Write, None) => opcode::Write::new($fd, op.ptr, len)
                         .offset(op.offset)
                         .build(),
                 }
@@ -195,7 +196,10 @@ impl UringQueue {
     }
 }
 
-impl RawQueue for UringQueue {
+// SAFETY: each pushed op becomes one SQE whose user_data is its id; the
+// kernel posts one CQE per SQE, after it is done with the memory, and
+// `wait` reports each CQE once.
+unsafe impl RawQueue for UringQueue {
     unsafe fn push(&mut self, op: RawOp) {
         let entry = self.entry(&op);
         loop {
@@ -220,8 +224,15 @@ impl RawQueue for UringQueue {
         }
     }
 
+    fn registered(&self) -> (bool, bool) {
+        (self.registered, self.pool.is_some())
+    }
+
     fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
         let before = out.len();
+        // With COOP_TASKRUN the kernel posts completions only when this task
+        // enters it, so even a non-blocking poll (min = 0) enters once.
+        let mut entered = false;
         loop {
             for c in self.ring.completion() {
                 let res = c.result();
@@ -235,10 +246,11 @@ impl RawQueue for UringQueue {
                 ));
             }
             let got = out.len() - before;
-            if got >= min && self.pending == 0 {
+            if got >= min && self.pending == 0 && (entered || got > 0) {
                 return Ok(());
             }
             self.submit(min.saturating_sub(got))?;
+            entered = true;
         }
     }
 }

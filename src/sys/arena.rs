@@ -16,14 +16,29 @@ use crate::error::{Error, Result};
 pub const ARENA_ALIGN: usize = 2 << 20;
 
 /// A page-aligned anonymous mapping. Memory is committed on first touch.
+///
+/// The mapping is never dereferenced as a Rust slice after construction:
+/// `base` is taken once through `&mut` (so it carries write permission for
+/// the whole mapping), and all access goes through it. Handing out slices
+/// of the map itself would assert, each time, that no one else is writing
+/// any part of it — false while slots are in use on other threads.
 #[derive(Debug)]
 pub struct Arena {
-    map: MmapMut,
-    offset: usize,
+    // Kept only to unmap on drop.
+    _map: MmapMut,
+    base: NonNull<u8>,
     len: usize,
     huge_pages: bool,
     numa_node: Option<u32>,
 }
+
+// SAFETY: `base` points into `_map`, which the arena owns and which lives as
+// long as it does; the arena itself never reads or writes through it, so
+// moving it to another thread moves nothing thread-bound.
+unsafe impl Send for Arena {}
+// SAFETY: `&Arena` only exposes the address and length; who may access which
+// bytes is decided by the owners of slots and buffers, not by the arena.
+unsafe impl Sync for Arena {}
 
 impl Arena {
     /// Maps `len` bytes (rounded up to [`ARENA_ALIGN`]). With `huge_pages`,
@@ -37,24 +52,27 @@ impl Arena {
         let len = len
             .checked_next_multiple_of(ARENA_ALIGN)
             .ok_or_else(|| Error::invalid(format!("arena size {len} is too large")))?;
-        let map = MmapOptions::new()
+        let mut map = MmapOptions::new()
             .len(len + ARENA_ALIGN)
             .map_anon()
             .map_err(|e| Error::io(format!("mapping a {len}-byte arena"), e))?;
-        let offset = (map.as_ptr() as usize).next_multiple_of(ARENA_ALIGN) - map.as_ptr() as usize;
-        let mut arena = Self {
-            map,
-            offset,
-            len,
-            huge_pages: false,
-            numa_node: None,
-        };
-        if huge_pages && thp_allowed() {
-            arena.huge_pages = arena
-                .map
+        let start = map.as_mut_ptr();
+        let offset = (start as usize).next_multiple_of(ARENA_ALIGN) - start as usize;
+        let huge = huge_pages
+            && thp_allowed()
+            && map
                 .advise_range(memmap2::Advice::HugePage, offset, len)
                 .is_ok();
-        }
+        // SAFETY: `offset` < ARENA_ALIGN and the mapping is `len + ARENA_ALIGN`
+        // bytes, so `start + offset` is inside it (and not null).
+        let base = unsafe { NonNull::new_unchecked(start.add(offset)) };
+        let mut arena = Self {
+            _map: map,
+            base,
+            len,
+            huge_pages: huge,
+            numa_node: None,
+        };
         if let Some(node) = numa_node {
             arena.bind(node)?;
         }
@@ -72,16 +90,17 @@ impl Arena {
         let mut mask = vec![0 as libc::c_ulong; node / BITS + 1];
         mask[node / BITS] |= 1 << (node % BITS);
         // SAFETY: the address range is our own mapping (aligned start, `len`
-        // bytes inside it); `mask` outlives the call and holds
-        // `mask.len() * BITS` bits, which is what maxnode says.
+        // bytes inside it); `mask` outlives the call. The kernel reads
+        // `maxnode - 1` bits, so pass one more than the mask holds (as
+        // libnuma does), or the top node of each word would be dropped.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_mbind,
-                self.base().as_ptr(),
+                self.base.as_ptr(),
                 self.len,
                 MPOL_BIND,
                 mask.as_ptr(),
-                (mask.len() * BITS) as libc::c_ulong,
+                (mask.len() * BITS + 1) as libc::c_ulong,
                 MPOL_MF_STRICT,
             )
         };
@@ -93,11 +112,19 @@ impl Arena {
         Ok(())
     }
 
-    /// Start of the arena (aligned to [`ARENA_ALIGN`]).
+    /// Start of the arena (aligned to [`ARENA_ALIGN`]), valid for reads and
+    /// writes of [`Arena::len`] bytes while the arena lives.
     pub fn base(&self) -> NonNull<u8> {
-        // SAFETY: `offset` < ARENA_ALIGN and the mapping is `len + ARENA_ALIGN`
-        // bytes, so the result is inside the mapping and not null.
-        unsafe { NonNull::new_unchecked(self.map.as_ptr().add(self.offset).cast_mut()) }
+        self.base
+    }
+
+    /// The whole arena as a slice; `&mut self` makes the access exclusive.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `base..base+len` is our live, writable mapping, and
+        // `&mut self` guarantees no other reference derived from this arena
+        // is in use (every other access needs `&self` or a raw pointer whose
+        // users hold a borrow of the owning store).
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) }
     }
 
     /// Usable length in bytes.
@@ -136,14 +163,14 @@ mod tests {
 
     #[test]
     fn aligned_and_writable() {
-        let a = Arena::new(3 << 20, true, None).unwrap();
+        let mut a = Arena::new(3 << 20, true, None).unwrap();
         assert_eq!(a.base().as_ptr() as usize % ARENA_ALIGN, 0);
         assert_eq!(a.len(), 4 << 20);
-        // SAFETY: the arena is `len` bytes of our own writable mapping.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(a.base().as_ptr(), a.len()) };
+        let bytes = a.as_mut_slice();
         bytes[0] = 1;
-        bytes[a.len() - 1] = 2;
-        assert_eq!(bytes[0] + bytes[a.len() - 1], 3);
+        let last = bytes.len() - 1;
+        bytes[last] = 2;
+        assert_eq!(bytes[0] + bytes[bytes.len() - 1], 3);
     }
 
     #[test]

@@ -112,6 +112,8 @@ impl Throttle {
     /// Runs `copy` (which moves `bytes`) and returns once the modelled link
     /// would have delivered it.
     pub fn transfer<T>(&self, bytes: usize, copy: impl FnOnce() -> T) -> T {
+        // Saturating: the model's inputs are validated (see `check`), but a
+        // wrapped sum would silently turn pacing off.
         let duration_ns = (bytes as f64 / self.model.bandwidth * 1e9) as u64;
         let now = self.epoch.elapsed().as_nanos() as u64;
         let mut start = now;
@@ -119,12 +121,12 @@ impl Throttle {
             .next_free_ns
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
                 start = free.max(now);
-                Some(start + duration_ns)
+                Some(start.saturating_add(duration_ns))
             });
-        self.modelled_ns
-            .fetch_add(duration_ns + self.model.latency_ns, Ordering::Relaxed);
+        let cost = duration_ns.saturating_add(self.model.latency_ns);
+        self.modelled_ns.fetch_add(cost, Ordering::Relaxed);
         let result = copy();
-        let done = Duration::from_nanos(start + duration_ns + self.model.latency_ns);
+        let done = Duration::from_nanos(start.saturating_add(cost));
         // Spin rather than sleep: the delays are micro- to nanoseconds,
         // far below the scheduler's sleep granularity.
         while self.epoch.elapsed() < done {
@@ -196,9 +198,17 @@ impl CxlStore {
                 let bandwidth = config
                     .bandwidth
                     .unwrap_or_else(|| local_memcpy_bandwidth() * CXL_DEFAULT_BANDWIDTH_FRACTION);
-                if !(bandwidth.is_finite() && bandwidth > 0.0) {
+                // Bounds that keep the model meaningful: a slower "link"
+                // would spin for seconds per page.
+                if !(bandwidth.is_finite() && bandwidth >= 1e6) {
                     return Err(Error::invalid(format!(
-                        "emulated cxl bandwidth {bandwidth} must be a positive number of bytes/s"
+                        "emulated cxl bandwidth {bandwidth} bytes/s is below 1 MB/s"
+                    )));
+                }
+                if config.latency_ns > 1_000_000 {
+                    return Err(Error::invalid(format!(
+                        "emulated cxl latency {} ns is above 1 ms",
+                        config.latency_ns
                     )));
                 }
                 Ok(Self {
@@ -310,11 +320,15 @@ mod tests {
         assert!(s.emulated());
         let mut slot = s.alloc().unwrap();
         let data: Vec<u8> = (0..65536).map(|i| (i % 251) as u8).collect();
+        let t = Instant::now();
         for _ in 0..8 {
             s.write_page(&mut slot, &data).unwrap();
         }
         // 8 × (65 536 ns of bandwidth share + 1 000 ns latency).
         assert_eq!(s.modelled(), Some(Duration::from_nanos(8 * 66_536)));
+        // And the pacing really happened: a lower bound only, which no
+        // machine load can break (the throttle spins until the model allows).
+        assert!(t.elapsed() >= Duration::from_nanos(8 * 65_536));
         let mut out = vec![0; 65536];
         s.read_page(&slot, &mut out).unwrap();
         assert_eq!(out, data);
@@ -325,6 +339,9 @@ mod tests {
     fn bad_bandwidth_rejected() {
         let mut cfg = CxlConfig::new(CxlMode::Emulated, 1 << 20, 4096);
         cfg.bandwidth = Some(0.0);
+        assert!(CxlStore::new(&cfg, &Topology::default()).is_err());
+        cfg.bandwidth = Some(1e9);
+        cfg.latency_ns = u64::MAX;
         assert!(CxlStore::new(&cfg, &Topology::default()).is_err());
     }
 }

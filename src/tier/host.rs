@@ -101,7 +101,7 @@ impl HostStore {
         Ok(Self {
             tier,
             page_size: config.page_size,
-            slots: SlotAllocator::new(crate::tier::slots::next_store_id(), pages),
+            slots: SlotAllocator::new(pages),
             registrations: Mutex::new(Vec::new()),
             arena,
         })

@@ -59,6 +59,16 @@ impl NvmeConfig {
     }
 }
 
+/// Slots held back so that a full store can still write a page's new copy
+/// before freeing the old one: 1/64 of the store, at least 1, at most 64.
+fn reserve_pages(pages: u32) -> u32 {
+    if pages < 2 {
+        0
+    } else {
+        (pages / 64).clamp(1, 64)
+    }
+}
+
 /// Buffers in a store's registered pool: two per queue slot (one in flight,
 /// one being filled or verified), at least 16, at most 64 MiB of them.
 fn pool_buffers(page_size: usize, queue_depth: usize) -> u32 {
@@ -165,7 +175,7 @@ impl NvmeStore {
             file: Arc::new(file),
             description,
             page_size: config.page_size,
-            slots: SlotAllocator::new(crate::tier::slots::next_store_id(), pages),
+            slots: SlotAllocator::with_reserve(pages, reserve_pages(pages)),
             meta: (0..pages).map(|_| AtomicU64::new(META_EMPTY)).collect(),
             engine,
             queue_depth: config.queue_depth,
@@ -246,13 +256,30 @@ impl NvmeStore {
 
     /// Writes `data` to a fresh slot and, only once that write succeeded,
     /// frees the old one and puts the new slot in `slot`'s place
-    /// (copy-then-commit). On failure `slot` still holds the previous copy.
+    /// (copy-then-commit). On any failure `slot` still holds the previous
+    /// copy, intact. The fresh slot may come from the store's reserve, so a
+    /// full store can still be written; only when the reserve is in use too
+    /// does this fail with `OutOfCapacity` (the page unchanged).
+    /// [`PageStore::write_page`] on this store does exactly this.
     pub fn replace(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
-        let mut fresh = self.alloc()?;
-        match self.write_page(&mut fresh, data) {
+        self.slots.check(slot)?;
+        check_page_len("source", data.len(), self.page_size)?;
+        let mut fresh = self.slots.alloc_reserve().ok_or_else(|| {
+            Error::new(
+                ErrorKind::OutOfCapacity,
+                "nvme tier has no free slot for a copy-then-commit write; the page is unchanged",
+            )
+        })?;
+        let mut buf = self.buffer()?;
+        buf.copy_from_slice(data);
+        let written = match self.sync_op(IoOp::Write, &fresh, buf) {
+            Ok((_buf, result)) => result,
+            Err(e) => Err(e),
+        };
+        match written {
             Ok(()) => {
-                let old = std::mem::replace(slot, fresh);
-                self.free(old)
+                std::mem::swap(slot, &mut fresh);
+                self.free(fresh)
             }
             Err(e) => {
                 self.free(fresh)?;
@@ -303,7 +330,10 @@ impl NvmeStore {
         let pooled = self.sync_queues.lock().pop();
         let mut queue = match pooled {
             Some(q) => q,
-            None => IoQueue::new(&*self.engine, &self.file, 1, Some(&self.pool))?,
+            // Not registered: one-page calls gain little from it, and each
+            // registration pins the whole pool again against the memlock
+            // limit.
+            None => IoQueue::new(&*self.engine, &self.file, 1, None)?,
         };
         let sum = self.begin(op, index, &buf);
         let offset = self.offset(index);
@@ -407,8 +437,12 @@ impl NvmeSession<'_> {
         self.pending.len() - self.free.len()
     }
 
-    /// Starts writing `buf` (one page) to `slot`. Until it completes the
-    /// slot reads as torn; a failed write leaves it torn (never stale).
+    /// Starts writing `buf` (one page) to `slot`, in place: until it
+    /// completes the slot reads as torn, and a failed write leaves it torn
+    /// (an error on read, never stale data) — the slot's previous content
+    /// is gone. To keep a page's previous copy until the new one is safe,
+    /// write to a fresh slot and free the old one on success (what
+    /// [`NvmeStore::replace`] does one page at a time).
     pub fn submit_write(&mut self, slot: Slot, buf: AlignedBuf, tag: u64) -> Result<(), Rejected> {
         self.submit(IoOp::Write, slot, buf, tag)
     }
@@ -420,6 +454,16 @@ impl NvmeSession<'_> {
 
     fn submit(&mut self, op: IoOp, slot: Slot, buf: AlignedBuf, tag: u64) -> Result<(), Rejected> {
         let reject = |error, slot, buf| Err(Rejected { error, slot, buf });
+        if !self.healthy {
+            return reject(
+                Error::new(
+                    ErrorKind::Closed,
+                    "this nvme session's queue failed; open a new session",
+                ),
+                slot,
+                buf,
+            );
+        }
         if let Err(e) = self.store.slots.check(&slot) {
             return reject(e, slot, buf);
         }
@@ -434,7 +478,10 @@ impl NvmeSession<'_> {
             );
         };
         let index = slot.index();
-        let sum = self.store.begin(op, index, &buf);
+        let sum = match op {
+            IoOp::Write => checksum(&buf),
+            IoOp::Read => 0,
+        };
         let req = IoRequest {
             op,
             offset: self.store.offset(index),
@@ -444,6 +491,11 @@ impl NvmeSession<'_> {
         let queue = self.queue.as_mut().expect("session has a queue");
         match queue.push(req) {
             Ok(()) => {
+                // Torn from now until the write's completion is reaped (on
+                // this thread): a rejected request leaves the slot as it was.
+                if op == IoOp::Write {
+                    self.store.meta[index as usize].store(META_TORN, Ordering::Release);
+                }
                 self.pending[id as usize] = Some(Pending { slot, tag, sum });
                 Ok(())
             }
@@ -524,11 +576,10 @@ impl PageStore for NvmeStore {
     fn free(&self, slot: Slot) -> Result<()> {
         self.slots.free(slot).map_err(|(e, _)| e)
     }
+    /// Copy-then-commit: see [`NvmeStore::replace`]. The slot's index may
+    /// change; a failure leaves the previous copy in place.
     fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
-        check_page_len("source", data.len(), self.page_size)?;
-        let mut buf = self.buffer()?;
-        buf.copy_from_slice(data);
-        self.sync_op(IoOp::Write, slot, buf)?.1
+        self.replace(slot, data)
     }
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()> {
         check_page_len("destination", out.len(), self.page_size)?;
@@ -549,7 +600,22 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
     opts.read(true).write(true).mode(0o600);
     let (file, description) = match fs::metadata(path) {
         Ok(meta) if meta.file_type().is_block_device() => {
-            let file = opts.open(path).map_err(open_error)?;
+            // O_EXCL on a block device fails (EBUSY) while it is mounted or
+            // claimed: strata never overwrites a live filesystem.
+            let file = opts
+                .clone()
+                .custom_flags(libc::O_EXCL)
+                .open(path)
+                .map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EBUSY) {
+                        Error::invalid(format!(
+                            "block device {} is in use (mounted or claimed); strata will not overwrite it",
+                            path.display()
+                        ))
+                    } else {
+                        open_error(e)
+                    }
+                })?;
             let size = block_device_size(&file)
                 .map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
             if size < capacity {
@@ -569,7 +635,7 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
                     let name = path.join(format!(
                         ".strata-swap-{}-{}",
                         std::process::id(),
-                        crate::tier::slots::next_store_id()
+                        crate::tier::slots::next_id()
                     ));
                     create_unlinked(&opts, &name).map_err(open_error)?
                 }
@@ -601,23 +667,27 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
     };
     // O_DIRECT is switched on after the file is private (unlinked), so a
     // filesystem that refuses it leaves nothing behind.
-    set_direct(&file).map_err(|e| {
-        if e.raw_os_error() == Some(libc::EINVAL) {
-            Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "the filesystem at {} does not support O_DIRECT (ramfs, older tmpfs, some FUSE filesystems); put the nvme tier on a disk",
-                    path.display()
-                ),
-            )
-        } else {
-            Error::io(format!("enabling O_DIRECT on {}", path.display()), e)
-        }
-    })?;
+    set_direct(&file).map_err(|e| direct_io_error(path, e))?;
     if !description.starts_with("block device") {
         layout(&file, capacity, path)?;
     }
     Ok((file, description))
+}
+
+/// The error for a failure to switch O_DIRECT on: EINVAL means the
+/// filesystem has no direct I/O.
+fn direct_io_error(path: &Path, e: std::io::Error) -> Error {
+    if e.raw_os_error() == Some(libc::EINVAL) {
+        Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the filesystem at {} does not support O_DIRECT (ramfs, tmpfs before Linux 6.6, some FUSE filesystems); put the nvme tier on a disk",
+                path.display()
+            ),
+        )
+    } else {
+        Error::io(format!("enabling O_DIRECT on {}", path.display()), e)
+    }
 }
 
 fn set_direct(file: &File) -> std::io::Result<()> {
@@ -701,6 +771,45 @@ mod tests {
     }
 
     #[test]
+    fn no_direct_io_is_unsupported_and_names_the_path() {
+        let e = direct_io_error(
+            Path::new("/mnt/x"),
+            std::io::Error::from_raw_os_error(libc::EINVAL),
+        );
+        assert_eq!(e.kind(), ErrorKind::Unsupported);
+        assert!(
+            e.message().contains("/mnt/x") && e.message().contains("O_DIRECT"),
+            "{e}"
+        );
+        let e = direct_io_error(
+            Path::new("/mnt/x"),
+            std::io::Error::from_raw_os_error(libc::EIO),
+        );
+        assert_eq!(e.kind(), ErrorKind::Io);
+    }
+
+    #[test]
+    fn a_full_store_still_rewrites_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), io::engine(EngineChoice::Psync).unwrap(), 8);
+        let mut slots: Vec<Slot> = (0..s.capacity_pages())
+            .map(|_| s.alloc().unwrap())
+            .collect();
+        assert_eq!(s.alloc().unwrap_err().kind(), ErrorKind::OutOfCapacity);
+        for round in 0..3u8 {
+            for slot in slots.iter_mut() {
+                s.write_page(slot, &[round; 4096]).unwrap();
+            }
+        }
+        let mut out = vec![0; 4096];
+        for slot in slots.drain(..) {
+            s.read_page(&slot, &mut out).unwrap();
+            assert!(out.iter().all(|&b| b == 2));
+            s.free(slot).unwrap();
+        }
+    }
+
+    #[test]
     fn only_queues_of_the_store_depth_are_pooled() {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = NvmeConfig::new(dir.path(), 16 * 4096, 4096);
@@ -734,13 +843,28 @@ mod tests {
             s.read_page(&slot, &mut out).unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
+        // A failed copy-then-commit write leaves the slot as it was.
         plan.inject(IoOp::Write, 0, Fault::Errno(libc::EIO));
         assert_eq!(
             s.write_page(&mut slot, &[1; 4096]).unwrap_err().kind(),
             ErrorKind::Io
         );
-        let e = s.read_page(&slot, &mut out).unwrap_err();
+        assert!(s
+            .read_page(&slot, &mut out)
+            .unwrap_err()
+            .message()
+            .contains("never written"));
+        // A failed in-place session write leaves it torn.
+        plan.inject(IoOp::Write, 0, Fault::Errno(libc::EIO));
+        let mut session = s.session_with_depth(1).unwrap();
+        session.submit_write(slot, s.buffer().unwrap(), 0).unwrap();
+        let mut done = Vec::new();
+        session.reap(1, &mut done).unwrap();
+        let c = done.pop().unwrap();
+        assert_eq!(c.result.unwrap_err().kind(), ErrorKind::Io);
+        let e = s.read_page(&c.slot, &mut out).unwrap_err();
         assert!(e.message().contains("last write did not succeed"), "{e}");
-        s.free(slot).unwrap();
+        drop(session);
+        s.free(c.slot).unwrap();
     }
 }

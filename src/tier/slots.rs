@@ -6,24 +6,30 @@
 //! `&mut Slot` without data races, and a slot cannot be freed twice.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 
-static NEXT_STORE_ID: AtomicU32 = AtomicU32::new(1);
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A unique id for a store, so a slot can't be used with the wrong store.
-pub(crate) fn next_store_id() -> u32 {
-    NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed)
+/// A process-unique id (64 bits: it never wraps). Slot allocators mint
+/// their own, so no caller can make a second allocator with an existing
+/// store's id and forge slots of that store.
+pub(crate) fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Ownership of one slot of one store. Return it with the store's `free`.
+///
+/// Only a [`SlotAllocator`] makes slots, each index once until it is freed,
+/// and every allocator has a unique id: so holding a `Slot` (or `&mut Slot`)
+/// is proof of exclusive access to its bytes.
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a slot that is dropped instead of freed stays allocated"]
 pub struct Slot {
-    store: u32,
+    store: u64,
     index: u32,
 }
 
@@ -34,7 +40,7 @@ impl Slot {
     }
 
     /// The id of the store this slot belongs to.
-    pub fn store_id(&self) -> u32 {
+    pub fn store_id(&self) -> u64 {
         self.store
     }
 }
@@ -45,6 +51,7 @@ impl Slot {
 struct FreeList {
     never_used: u32,
     free: Vec<u32>,
+    in_use: u32,
 }
 
 /// An O(1) allocator of `capacity` slot indices.
@@ -53,42 +60,62 @@ struct FreeList {
 /// costs one atomic swap each way, which measures well under the 100 ns
 /// budget (benches/slots.rs), and unlike a lock-free stack it has no ABA
 /// problem to defend against.
+///
+/// A `reserve` of slots can be held back from [`SlotAllocator::alloc`] for
+/// [`SlotAllocator::alloc_reserve`], so that a full store can still write a
+/// page's new copy before it frees the old one.
 #[derive(Debug)]
 pub struct SlotAllocator {
-    store: u32,
+    store: u64,
     capacity: u32,
+    reserve: u32,
     list: Mutex<FreeList>,
-    used: AtomicU32,
 }
 
 impl SlotAllocator {
-    /// An allocator of `capacity` slots for the store `store`.
-    pub fn new(store: u32, capacity: u32) -> Self {
+    /// An allocator of `capacity` slots with a fresh store id.
+    pub fn new(capacity: u32) -> Self {
+        Self::with_reserve(capacity, 0)
+    }
+
+    /// An allocator of `capacity` slots, `reserve` of which only
+    /// [`SlotAllocator::alloc_reserve`] hands out.
+    pub fn with_reserve(capacity: u32, reserve: u32) -> Self {
         Self {
-            store,
+            store: next_id(),
             capacity,
+            reserve: reserve.min(capacity),
             list: Mutex::new(FreeList {
                 never_used: 0,
                 free: Vec::new(),
+                in_use: 0,
             }),
-            used: AtomicU32::new(0),
         }
     }
 
-    /// Takes a free slot, or `None` when all are in use.
+    /// Takes a free slot, or `None` when all but the reserve are in use.
     pub fn alloc(&self) -> Option<Slot> {
-        let index = {
-            let mut list = self.list.lock();
-            match list.free.pop() {
-                Some(i) => i,
-                None if list.never_used < self.capacity => {
-                    list.never_used += 1;
-                    list.never_used - 1
-                }
-                None => return None,
+        self.take(self.capacity - self.reserve)
+    }
+
+    /// Takes a free slot, the reserve included.
+    pub fn alloc_reserve(&self) -> Option<Slot> {
+        self.take(self.capacity)
+    }
+
+    fn take(&self, limit: u32) -> Option<Slot> {
+        let mut list = self.list.lock();
+        if list.in_use >= limit {
+            return None;
+        }
+        let index = match list.free.pop() {
+            Some(i) => i,
+            None => {
+                list.never_used += 1;
+                list.never_used - 1
             }
         };
-        self.used.fetch_add(1, Ordering::Relaxed);
+        list.in_use += 1;
         Some(Slot {
             store: self.store,
             index,
@@ -106,8 +133,9 @@ impl SlotAllocator {
                 slot,
             ));
         }
-        self.list.lock().free.push(slot.index);
-        self.used.fetch_sub(1, Ordering::Relaxed);
+        let mut list = self.list.lock();
+        list.free.push(slot.index);
+        list.in_use -= 1;
         Ok(())
     }
 
@@ -123,18 +151,24 @@ impl SlotAllocator {
         }
     }
 
-    /// Number of slots.
+    /// Number of slots [`SlotAllocator::alloc`] can hand out (the reserve
+    /// excluded).
     pub fn capacity(&self) -> u32 {
+        self.capacity - self.reserve
+    }
+
+    /// Number of slots, the reserve included.
+    pub fn total(&self) -> u32 {
         self.capacity
     }
 
     /// Slots currently allocated.
     pub fn used(&self) -> u32 {
-        self.used.load(Ordering::Relaxed)
+        self.list.lock().in_use
     }
 
     /// The store id slots of this allocator carry.
-    pub fn store_id(&self) -> u32 {
+    pub fn store_id(&self) -> u64 {
         self.store
     }
 }
@@ -146,7 +180,7 @@ mod tests {
 
     #[test]
     fn hands_out_each_slot_once() {
-        let a = SlotAllocator::new(7, 100);
+        let a = SlotAllocator::new(100);
         let slots: Vec<Slot> = (0..100).map(|_| a.alloc().unwrap()).collect();
         assert!(a.alloc().is_none());
         let distinct: HashSet<u32> = slots.iter().map(|s| s.index()).collect();
@@ -161,30 +195,67 @@ mod tests {
 
     #[test]
     fn refuses_foreign_slots() {
-        let a = SlotAllocator::new(1, 4);
-        let b = SlotAllocator::new(2, 4);
+        let a = SlotAllocator::new(4);
+        let b = SlotAllocator::new(4);
+        assert_ne!(a.store_id(), b.store_id());
         let s = b.alloc().unwrap();
         let (err, s) = a.free(s).unwrap_err();
-        assert!(err.message().contains("belongs to store 2"));
+        assert!(err
+            .message()
+            .contains(&format!("belongs to store {}", b.store_id())));
         assert!(a.check(&s).is_err());
         b.free(s).unwrap();
     }
 
     #[test]
+    fn reserve_is_only_for_alloc_reserve() {
+        let a = SlotAllocator::with_reserve(3, 1);
+        assert_eq!(a.capacity(), 2);
+        let s1 = a.alloc().unwrap();
+        let s2 = a.alloc().unwrap();
+        assert!(a.alloc().is_none());
+        let s3 = a.alloc_reserve().unwrap();
+        assert!(a.alloc_reserve().is_none());
+        a.free(s1).unwrap();
+        // The freed slot goes to whoever asks first; the count is what holds.
+        assert!(a.alloc().is_none(), "two in use plus the reserve's one");
+        for s in [s2, s3] {
+            a.free(s).unwrap();
+        }
+        assert_eq!(a.used(), 0);
+    }
+
+    #[test]
     fn concurrent_alloc_free_never_duplicates() {
-        let a = std::sync::Arc::new(SlotAllocator::new(3, 64));
+        // Each thread holds up to 4 slots at a time, long enough for the
+        // others to run, and records what it holds in a shared set: a slot
+        // handed out twice would be inserted twice.
+        let a = std::sync::Arc::new(SlotAllocator::new(12));
         let owned = std::sync::Arc::new(Mutex::new(HashSet::new()));
         let threads: Vec<_> = (0..4)
-            .map(|_| {
+            .map(|t| {
                 let a = a.clone();
                 let owned = owned.clone();
                 std::thread::spawn(move || {
-                    for _ in 0..2000 {
-                        if let Some(s) = a.alloc() {
-                            assert!(owned.lock().insert(s.index()), "slot handed out twice");
-                            owned.lock().remove(&s.index());
-                            a.free(s).unwrap();
+                    let mut held = Vec::new();
+                    for i in 0..3000 {
+                        if (i + t) % 3 != 0 {
+                            if let Some(s) = a.alloc() {
+                                assert!(owned.lock().insert(s.index()), "slot handed out twice");
+                                held.push(s);
+                            }
                         }
+                        if held.len() > 3 || (i + t) % 3 == 0 {
+                            if let Some(s) = held.pop() {
+                                owned.lock().remove(&s.index());
+                                a.free(s).unwrap();
+                            }
+                        }
+                        std::thread::yield_now();
+                    }
+                    for s in held {
+                        owned.lock().remove(&s.index());
+                        a.free(s).unwrap();
                     }
                 })
             })

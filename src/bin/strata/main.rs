@@ -114,11 +114,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("strata: {e}");
+            // Bad input (including a size the disk cannot hold) is 2; a
+            // failure of the work itself (I/O errors, corruption) is 1.
             match e.kind() {
                 ErrorKind::InvalidArgument
                 | ErrorKind::NotFound
                 | ErrorKind::Unsupported
-                | ErrorKind::PermissionDenied => ExitCode::from(2),
+                | ErrorKind::PermissionDenied
+                | ErrorKind::NoSpace => ExitCode::from(2),
                 _ => ExitCode::from(1),
             }
         }
@@ -146,9 +149,22 @@ fn to_json<T: Serialize>(v: &T) -> Result<String, Error> {
     serde_json::to_string_pretty(v).map_err(|e| Error::invalid(format!("encoding JSON: {e}")))
 }
 
-fn write_json<T: Serialize>(path: &Option<PathBuf>, v: &T) -> Result<(), Error> {
-    if let Some(path) = path {
-        std::fs::write(path, to_json(v)? + "\n")
+/// Opens the `--json` file before a run, so a bad path fails at once
+/// rather than after minutes of measuring.
+fn open_json(path: &Option<PathBuf>) -> Result<Option<(PathBuf, std::fs::File)>, Error> {
+    path.as_ref()
+        .map(|p| {
+            std::fs::File::create(p)
+                .map(|f| (p.clone(), f))
+                .map_err(|e| Error::io(format!("--json {}", p.display()), e))
+        })
+        .transpose()
+}
+
+fn write_json<T: Serialize>(out: Option<(PathBuf, std::fs::File)>, v: &T) -> Result<(), Error> {
+    use std::io::Write;
+    if let Some((path, mut file)) = out {
+        file.write_all((to_json(v)? + "\n").as_bytes())
             .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
     }
     Ok(())
@@ -196,6 +212,13 @@ fn bench_io(a: IoArgs) -> Result<(), Error> {
             params.qd
         )));
     }
+    if std::time::Duration::try_from_secs_f64(params.seconds).map_or(true, |d| d.is_zero()) {
+        return Err(Error::invalid(format!(
+            "--seconds {} must be a positive number",
+            params.seconds
+        )));
+    }
+    let json = open_json(&a.json)?;
     let bar = progress_bar();
     let r = bench::io::run(&params, &mut |phase, f| {
         bar.set_message(phase.to_string());
@@ -217,7 +240,7 @@ fn bench_io(a: IoArgs) -> Result<(), Error> {
         format_rate(r.bytes_per_sec),
         r.mean_latency_us
     );
-    write_json(&a.json, &r)
+    write_json(json, &r)
 }
 
 fn bench_copy(a: CopyArgs) -> Result<(), Error> {
@@ -256,6 +279,7 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
             .transpose()?,
         cxl_latency_ns: a.cxl_latency_ns,
     };
+    let json = open_json(&a.json)?;
     let bar = progress_bar();
     let r = bench::copy::run(&params, &mut |phase, f| {
         bar.set_message(phase.to_string());
@@ -289,7 +313,7 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
             c.ratio
         );
     }
-    write_json(&a.json, &r)
+    write_json(json, &r)
 }
 
 fn print_info(info: &strata::info::Info) {
