@@ -7,10 +7,12 @@
 //!
 //! ```text
 //!  Tier stores (slot allocators over a medium)          src/tier/
+//!    DeviceStore ─ GPU memory (cuda) or simulated       device.rs
 //!    HostStore ─ mmap arena, THP, NUMA-bound (mbind)    host.rs
 //!    CxlStore  ─ HostStore on a CPU-less node, or emulated   cxl.rs
 //!    NvmeStore ─ O_DIRECT file/device, XXH3 per page    nvme.rs
 //!  I/O engines: io_uring | psync, under one retrying queue   src/io/
+//!  Device backends: cuda (cudarc) | sim (link model)    src/device/
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
 //! ```
 //!
@@ -35,6 +37,7 @@ pub mod device;
 pub mod error;
 pub mod info;
 pub mod io;
+pub mod link;
 pub mod size;
 pub mod sys;
 pub mod tier;

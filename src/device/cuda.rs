@@ -1,9 +1,13 @@
 //! The CUDA side of device discovery, through cudarc's driver API.
 
-use cudarc::driver::{result, sys};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::{no_device, GpuInfo};
-use crate::error::Result;
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+
+use super::{no_device, BackendKind, DeviceBackend, DeviceMemory, GpuInfo};
+use crate::error::{Error, ErrorKind, Result};
+use crate::link::{LinkCounter, LinkStats};
 
 pub(super) fn probe_gpus() -> Result<Vec<GpuInfo>> {
     // cudarc panics on the first call into a driver library it cannot load.
@@ -41,4 +45,170 @@ pub(super) fn probe_gpus() -> Result<Vec<GpuInfo>> {
             })
         })
         .collect()
+}
+
+/// Device memory strata leaves to others (the CUDA context, kernels' own
+/// allocations, the caller's tensors): 5% of the GPU, at least 512 MiB.
+fn reserve(total: u64) -> u64 {
+    (total / 20).max(512 << 20)
+}
+
+/// A CUDA GPU as strata's device tier.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    h2d_stream: Arc<CudaStream>,
+    d2h_stream: Arc<CudaStream>,
+    capacity: u64,
+    name: String,
+    h2d: Arc<LinkCounter>,
+    d2h: Arc<LinkCounter>,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal`; strata may use its free memory minus a reserve,
+    /// at most `cap` bytes (to emulate a smaller GPU).
+    pub fn new(ordinal: usize, cap: u64) -> Result<Self> {
+        // SAFETY: only tries to load the driver library; calls nothing in it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(no_device(
+                "the CUDA driver library (libcuda.so) is not present",
+            ));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| no_device(format!("opening GPU {ordinal}: {e:?}")))?;
+        let (free, total) = ctx.mem_get_info().map_err(|e| driver("cuMemGetInfo", e))?;
+        let capacity = (free as u64).saturating_sub(reserve(total as u64)).min(cap);
+        let name = result::device::get_name(ctx.cu_device()).unwrap_or_else(|_| "GPU".into());
+        Ok(Self {
+            h2d_stream: ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?,
+            d2h_stream: ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?,
+            ctx,
+            capacity,
+            name,
+            h2d: Arc::new(LinkCounter::default()),
+            d2h: Arc::new(LinkCounter::default()),
+        })
+    }
+}
+
+fn driver(call: &str, e: DriverError) -> Error {
+    Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
+}
+
+impl DeviceBackend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn description(&self) -> String {
+        format!("GPU {} ({})", self.ctx.ordinal(), self.name)
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceMemory>> {
+        if bytes as u64 > self.capacity {
+            return Err(Error::new(
+                ErrorKind::OutOfCapacity,
+                format!(
+                    "GPU has {} bytes for strata; {bytes} requested",
+                    self.capacity
+                ),
+            ));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
+        // SAFETY: a plain allocation in the context just bound to this thread.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            Error::new(
+                ErrorKind::OutOfCapacity,
+                format!("cuMemAlloc({bytes}) failed: {e:?}"),
+            )
+        })?;
+        Ok(Box::new(CudaMemory {
+            ctx: self.ctx.clone(),
+            ptr,
+            len: bytes,
+            h2d_stream: self.h2d_stream.clone(),
+            d2h_stream: self.d2h_stream.clone(),
+            h2d: self.h2d.clone(),
+            d2h: self.d2h.clone(),
+        }))
+    }
+
+    fn link_stats(&self) -> (LinkStats, LinkStats) {
+        (self.h2d.stats(), self.d2h.stats())
+    }
+}
+
+struct CudaMemory {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    h2d_stream: Arc<CudaStream>,
+    d2h_stream: Arc<CudaStream>,
+    h2d: Arc<LinkCounter>,
+    d2h: Arc<LinkCounter>,
+}
+
+impl DeviceMemory for CudaMemory {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn device_address(&self, offset: usize) -> u64 {
+        self.ptr + offset as u64
+    }
+
+    unsafe fn copy_in(&self, offset: usize, src: &[u8]) -> Result<()> {
+        let t = Instant::now();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
+        // SAFETY: the caller guarantees the range is inside the allocation
+        // and exclusively theirs; `src` outlives the copy because we wait
+        // for the stream before returning.
+        unsafe {
+            result::memcpy_htod_async(self.ptr + offset as u64, src, self.h2d_stream.cu_stream())
+        }
+        .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+        self.h2d_stream
+            .synchronize()
+            .map_err(|e| driver("cuStreamSynchronize", e))?;
+        self.h2d.record(src.len(), t.elapsed(), Duration::ZERO);
+        Ok(())
+    }
+
+    unsafe fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let t = Instant::now();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
+        // SAFETY: as in `copy_in`; `dst` is written only until the stream
+        // synchronizes, before this function returns.
+        unsafe {
+            result::memcpy_dtoh_async(dst, self.ptr + offset as u64, self.d2h_stream.cu_stream())
+        }
+        .map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+        self.d2h_stream
+            .synchronize()
+            .map_err(|e| driver("cuStreamSynchronize", e))?;
+        self.d2h.record(dst.len(), t.elapsed(), Duration::ZERO);
+        Ok(())
+    }
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        // Errors here cannot be returned; the context's teardown frees the
+        // memory in any case.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from malloc_sync in this context and no copy
+            // is in flight (every copy synchronizes before returning).
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
 }

@@ -1,15 +1,27 @@
-//! Device backends. This part: finding out whether a GPU is here.
+//! Device backends behind one trait, chosen at run time:
 //!
-//! With the `cuda` feature, cudarc loads `libcuda` at run time. cudarc
-//! panics on the first driver call when the library is missing, so
-//! [`probe_gpus`] checks for it first and reports `NoDevice` instead.
+//! - **cuda** (cargo feature `cuda`): cudarc loads `libcuda` at run time.
+//!   cudarc panics on the first driver call when the library is missing,
+//!   so every entry point checks for it first and reports `NoDevice`.
+//! - **sim** ([`sim`]): host memory under a capacity budget behind a link
+//!   model that accounts modelled time beside wall time. Reports call it
+//!   "simulated".
+//!
+//! [`DeviceStore`](crate::tier::DeviceStore) puts page slots on either.
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod sim;
+
+use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::link::LinkStats;
+
+#[cfg(feature = "cuda")]
+pub use cuda::CudaBackend;
 
 /// One GPU as `strata info` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -41,7 +53,133 @@ pub fn probe_gpus() -> Result<Vec<GpuInfo>> {
     }
 }
 
-#[allow(dead_code)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn no_device(why: impl Into<String>) -> Error {
     Error::new(ErrorKind::NoDevice, why)
+}
+
+/// Which backend a device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Host memory behind a link model (no GPU).
+    Sim,
+    /// A CUDA GPU.
+    Cuda,
+}
+
+impl BackendKind {
+    /// How reports name the backend: "simulated" or "cuda".
+    pub fn label(self) -> &'static str {
+        match self {
+            BackendKind::Sim => "simulated",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Which backend to open: `auto` is cuda where a GPU is present, else sim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    /// cuda where a GPU is present, else sim.
+    #[default]
+    Auto,
+    /// A CUDA GPU, or `NoDevice`.
+    Cuda,
+    /// The simulated device.
+    Sim,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "cuda" => Ok(Self::Cuda),
+            "sim" => Ok(Self::Sim),
+            _ => Err(Error::invalid(format!(
+                "unknown device {s:?} (use auto, cuda or sim)"
+            ))),
+        }
+    }
+}
+
+/// A device backend: it owns device memory and the links to it.
+pub trait DeviceBackend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// One line for reports.
+    fn description(&self) -> String;
+    /// Device memory strata may use, in bytes.
+    fn capacity(&self) -> u64;
+    /// One allocation of `bytes` of device memory.
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceMemory>>;
+    /// What crossed the host→device and device→host links so far.
+    fn link_stats(&self) -> (LinkStats, LinkStats);
+}
+
+/// One allocation of device memory.
+pub trait DeviceMemory: Send + Sync {
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Always false: allocations are never empty.
+    fn is_empty(&self) -> bool {
+        false
+    }
+    /// The device address of byte `offset` (what kernels dereference).
+    fn device_address(&self, offset: usize) -> u64;
+    /// Copies `src` to device memory at `offset`; complete on return.
+    ///
+    /// # Safety
+    /// `offset + src.len() <= self.len()`, and the caller has exclusive use
+    /// of that range for the duration of the call.
+    unsafe fn copy_in(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// Copies device memory at `offset` into `dst`; complete on return.
+    ///
+    /// # Safety
+    /// `offset + dst.len() <= self.len()`, and no one writes that range for
+    /// the duration of the call.
+    unsafe fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+}
+
+/// Opens the backend `choice` asks for. `sim_capacity` sizes the simulated
+/// device (and caps a real one, to emulate a smaller GPU).
+pub fn open(choice: DeviceChoice, capacity_cap: u64) -> Result<Arc<dyn DeviceBackend>> {
+    let sim = || -> Result<Arc<dyn DeviceBackend>> {
+        Ok(Arc::new(sim::SimBackend::new(
+            capacity_cap,
+            sim::PCIE_GEN4_X16,
+        )?))
+    };
+    match choice {
+        DeviceChoice::Sim => sim(),
+        DeviceChoice::Cuda => open_cuda(capacity_cap),
+        DeviceChoice::Auto => match open_cuda(capacity_cap) {
+            Ok(d) => Ok(d),
+            Err(e) if e.kind() == ErrorKind::NoDevice => sim(),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+fn open_cuda(capacity_cap: u64) -> Result<Arc<dyn DeviceBackend>> {
+    #[cfg(feature = "cuda")]
+    {
+        Ok(Arc::new(cuda::CudaBackend::new(0, capacity_cap)?))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = capacity_cap;
+        Err(Error::new(
+            ErrorKind::NoDevice,
+            "strata was built without the cuda feature",
+        ))
+    }
 }

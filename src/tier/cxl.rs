@@ -4,13 +4,13 @@
 //! bandwidth cap and an added latency per transfer. An emulated tier says
 //! so everywhere it is reported.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
+pub use crate::link::{LinkModel, Throttle};
 use crate::sys::Topology;
 use crate::tier::{HostConfig, HostStore, PageStore, Slot, Tier};
 
@@ -25,15 +25,6 @@ pub enum CxlMode {
     Emulated,
     /// No CXL tier.
     Off,
-}
-
-/// A bandwidth and latency model for a link.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct LinkModel {
-    /// Sustained bandwidth, bytes per second.
-    pub bandwidth: f64,
-    /// Latency added to every transfer, nanoseconds.
-    pub latency_ns: u64,
 }
 
 /// Added latency of a CXL expander over local DRAM: published measurements
@@ -71,68 +62,6 @@ impl CxlConfig {
             bandwidth: None,
             latency_ns: CXL_DEFAULT_LATENCY_NS,
         }
-    }
-}
-
-/// Paces transfers on an emulated link: each transfer reserves
-/// `bytes / bandwidth` on a shared timeline (so concurrent transfers share
-/// the cap) and completes `latency` after its reservation ends.
-#[derive(Debug)]
-pub struct Throttle {
-    model: LinkModel,
-    epoch: Instant,
-    /// Nanoseconds since `epoch` at which the link is next free.
-    next_free_ns: AtomicU64,
-    /// Total modelled transfer time, nanoseconds.
-    modelled_ns: AtomicU64,
-}
-
-impl Throttle {
-    /// A throttle for `model`.
-    pub fn new(model: LinkModel) -> Self {
-        Self {
-            model,
-            epoch: Instant::now(),
-            next_free_ns: AtomicU64::new(0),
-            modelled_ns: AtomicU64::new(0),
-        }
-    }
-
-    /// The link model.
-    pub fn model(&self) -> LinkModel {
-        self.model
-    }
-
-    /// Total modelled time of all transfers so far (bandwidth share plus
-    /// latency of each).
-    pub fn modelled(&self) -> Duration {
-        Duration::from_nanos(self.modelled_ns.load(Ordering::Relaxed))
-    }
-
-    /// Runs `copy` (which moves `bytes`) and returns once the modelled link
-    /// would have delivered it.
-    pub fn transfer<T>(&self, bytes: usize, copy: impl FnOnce() -> T) -> T {
-        // Saturating: the model's inputs are validated (see `check`), but a
-        // wrapped sum would silently turn pacing off.
-        let duration_ns = (bytes as f64 / self.model.bandwidth * 1e9) as u64;
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        let mut start = now;
-        let _ = self
-            .next_free_ns
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
-                start = free.max(now);
-                Some(start.saturating_add(duration_ns))
-            });
-        let cost = duration_ns.saturating_add(self.model.latency_ns);
-        self.modelled_ns.fetch_add(cost, Ordering::Relaxed);
-        let result = copy();
-        let done = Duration::from_nanos(start.saturating_add(cost));
-        // Spin rather than sleep: the delays are micro- to nanoseconds,
-        // far below the scheduler's sleep granularity.
-        while self.epoch.elapsed() < done {
-            std::hint::spin_loop();
-        }
-        result
     }
 }
 
@@ -198,25 +127,14 @@ impl CxlStore {
                 let bandwidth = config
                     .bandwidth
                     .unwrap_or_else(|| local_memcpy_bandwidth() * CXL_DEFAULT_BANDWIDTH_FRACTION);
-                // Bounds that keep the model meaningful: a slower "link"
-                // would spin for seconds per page.
-                if !(bandwidth.is_finite() && bandwidth >= 1e6) {
-                    return Err(Error::invalid(format!(
-                        "emulated cxl bandwidth {bandwidth} bytes/s is below 1 MB/s"
-                    )));
-                }
-                if config.latency_ns > 1_000_000 {
-                    return Err(Error::invalid(format!(
-                        "emulated cxl latency {} ns is above 1 ms",
-                        config.latency_ns
-                    )));
-                }
+                let model = LinkModel {
+                    bandwidth,
+                    latency_ns: config.latency_ns,
+                };
+                model.check().map_err(|e| e.context("emulated cxl"))?;
                 Ok(Self {
                     host: HostStore::with_tier(&host_config(None), Tier::Cxl)?,
-                    throttle: Some(Throttle::new(LinkModel {
-                        bandwidth,
-                        latency_ns: config.latency_ns,
-                    })),
+                    throttle: Some(Throttle::new(model)),
                 })
             }
         }

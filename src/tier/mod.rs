@@ -2,12 +2,13 @@
 //!
 //! | tier   | store               | medium                                            |
 //! |--------|---------------------|---------------------------------------------------|
-//! | Device | (runtime issue)     | GPU memory, or host memory on the simulated device |
+//! | Device | [`DeviceStore`]     | GPU memory, or host memory on the simulated device |
 //! | Host   | [`HostStore`]       | an mmap arena in DRAM, THP, optionally NUMA-bound |
 //! | Cxl    | [`CxlStore`]        | a HostStore on a CPU-less NUMA node, or emulated  |
 //! | Nvme   | [`NvmeStore`]       | an O_DIRECT file or block device over an IoEngine |
 
 pub mod cxl;
+pub mod device;
 pub mod host;
 pub mod nvme;
 pub mod slots;
@@ -19,7 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-pub use cxl::{CxlConfig, CxlMode, CxlStore, LinkModel};
+pub use crate::link::LinkModel;
+pub use cxl::{CxlConfig, CxlMode, CxlStore};
+pub use device::DeviceStore;
 pub use host::{ArenaRegistrar, HostConfig, HostStore};
 pub use nvme::{NvmeConfig, NvmeSession, NvmeStore};
 pub use slots::{Slot, SlotAllocator};
