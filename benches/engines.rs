@@ -22,7 +22,9 @@ fn engines(c: &mut Criterion) {
             let mut cfg = NvmeConfig::new(dir.path(), 256 * page as u64, page);
             cfg.engine = choice;
             let store = NvmeStore::new(&cfg).unwrap();
-            let mut slots: Vec<_> = (0..256).map(|_| store.alloc().unwrap()).collect();
+            let mut slots: Vec<_> = (0..store.capacity_pages())
+                .map(|_| store.alloc().unwrap())
+                .collect();
             let data = vec![5u8; page];
             for s in slots.iter_mut() {
                 store.write_page(s, &data).unwrap();
