@@ -38,9 +38,11 @@ pub mod error;
 pub mod info;
 pub mod io;
 pub mod link;
+pub mod runtime;
 pub mod size;
 pub mod sys;
 pub mod tier;
 
 pub use error::{Error, ErrorKind, Result};
+pub use runtime::{Buffer, Runtime};
 pub use tier::Tier;

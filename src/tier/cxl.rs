@@ -187,6 +187,9 @@ impl CxlStore {
 }
 
 impl PageStore for CxlStore {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
     fn tier(&self) -> Tier {
         Tier::Cxl
     }

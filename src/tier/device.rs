@@ -58,6 +58,11 @@ impl DeviceStore {
         self.backend.kind()
     }
 
+    /// Host→device and device→host link traffic so far.
+    pub fn link_stats(&self) -> (crate::link::LinkStats, crate::link::LinkStats) {
+        self.backend.link_stats()
+    }
+
     /// The device address of a slot's first byte (for device maps).
     pub fn device_address(&self, slot: &Slot) -> Result<u64> {
         self.slots.check(slot)?;
@@ -70,6 +75,9 @@ impl DeviceStore {
 }
 
 impl PageStore for DeviceStore {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
     fn tier(&self) -> Tier {
         Tier::Device
     }

@@ -171,6 +171,9 @@ impl HostStore {
 }
 
 impl PageStore for HostStore {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
     fn tier(&self) -> Tier {
         self.tier
     }

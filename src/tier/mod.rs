@@ -105,6 +105,8 @@ pub trait PageStore: Send + Sync {
     fn emulated(&self) -> bool {
         false
     }
+    /// The store as `Any`, to reach store-specific features.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 pub(crate) fn check_page_len(what: &str, len: usize, page_size: usize) -> Result<()> {

@@ -264,12 +264,7 @@ impl NvmeStore {
     pub fn replace(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
         self.slots.check(slot)?;
         check_page_len("source", data.len(), self.page_size)?;
-        let mut fresh = self.slots.alloc_reserve().ok_or_else(|| {
-            Error::new(
-                ErrorKind::OutOfCapacity,
-                "nvme tier has no free slot for a copy-then-commit write; the page is unchanged",
-            )
-        })?;
+        let mut fresh = self.fresh_slot()?;
         let mut buf = self.buffer()?;
         buf.copy_from_slice(data);
         let written = match self.sync_op(IoOp::Write, &fresh, buf) {
@@ -285,6 +280,25 @@ impl NvmeStore {
                 self.free(fresh)?;
                 Err(e)
             }
+        }
+    }
+
+    /// A slot for a copy-then-commit write. The reserve's slots are held
+    /// only while one page is written, so when concurrent writers have
+    /// taken them all, waiting briefly gets one back.
+    fn fresh_slot(&self) -> Result<Slot> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            if let Some(slot) = self.slots.alloc_reserve() {
+                return Ok(slot);
+            }
+            if self.slots.total() == self.slots.capacity() || std::time::Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::OutOfCapacity,
+                    "nvme tier has no free slot for a copy-then-commit write; the page is unchanged",
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
         }
     }
 
@@ -553,6 +567,9 @@ impl Drop for NvmeSession<'_> {
 }
 
 impl PageStore for NvmeStore {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
     fn tier(&self) -> Tier {
         Tier::Nvme
     }

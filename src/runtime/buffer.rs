@@ -1,0 +1,387 @@
+//! Buffers and their page tables.
+#![forbid(unsafe_code)]
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{Inner, Placement};
+use crate::error::{Error, ErrorKind, Result};
+use crate::tier::{PageStore, Slot, Tier};
+
+/// One page-table entry.
+#[derive(Debug)]
+enum Entry {
+    /// Never written: reads as zeros, holds no slot.
+    Zero,
+    /// In a slot of a tier.
+    Resident { tier: Tier, slot: Slot },
+}
+
+/// An allocation whose pages may live in any tier. Dropping it returns
+/// every slot and its reservation.
+pub struct Buffer {
+    rt: Arc<Inner>,
+    len: u64,
+    placement: Placement,
+    /// The page table: one lock per page, held for the length of one
+    /// page's read, write or move (never across pages, never while waiting
+    /// for another page).
+    pages: Box<[Mutex<Entry>]>,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("len", &self.len)
+            .field("pages", &self.pages.len())
+            .finish()
+    }
+}
+
+/// The handle of an asynchronous request. In this version requests finish
+/// before the call that made them returns, so a ticket is always ready;
+/// the interface is the one the asynchronous mover will keep.
+#[derive(Debug)]
+#[must_use = "a ticket carries the request's error, if any"]
+pub struct Ticket {
+    result: Option<Result<()>>,
+}
+
+impl Ticket {
+    fn done(result: Result<()>) -> Self {
+        Self {
+            result: Some(result),
+        }
+    }
+
+    /// Waits for the request and returns its result.
+    pub fn wait(mut self) -> Result<()> {
+        self.result.take().unwrap_or(Ok(()))
+    }
+
+    /// The result if the request has finished (always, in this version).
+    pub fn poll(&self) -> Option<Result<()>> {
+        self.result.clone()
+    }
+}
+
+impl Buffer {
+    pub(super) fn new(rt: Arc<Inner>, len: u64, pages: u64, placement: Placement) -> Self {
+        Self {
+            rt,
+            len,
+            placement,
+            pages: (0..pages).map(|_| Mutex::new(Entry::Zero)).collect(),
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Always false: zero-byte allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Number of pages.
+    pub fn page_count(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Where page `page` lives: `None` while it has never been written.
+    pub fn tier_of(&self, page: usize) -> Result<Option<Tier>> {
+        let entry = self
+            .pages
+            .get(page)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "page {page} is beyond the buffer's {} pages",
+                    self.pages.len()
+                ))
+            })?
+            .lock();
+        Ok(match &*entry {
+            Entry::Zero => None,
+            Entry::Resident { tier, .. } => Some(*tier),
+        })
+    }
+
+    fn check_range(&self, offset: u64, len: usize) -> Result<()> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::invalid(format!(
+                "range {offset}+{len} exceeds the buffer's {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// Pieces of `offset..offset+len` by page: (page, offset in page, length).
+    fn pieces(&self, offset: u64, len: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        let page = self.rt.page_size() as u64;
+        let end = offset + len as u64;
+        let mut at = offset;
+        std::iter::from_fn(move || {
+            if at >= end {
+                return None;
+            }
+            let p = at / page;
+            let within = at % page;
+            let n = (page - within).min(end - at);
+            at += n;
+            Some((p as usize, within as usize, n as usize))
+        })
+    }
+
+    fn store(&self, tier: Tier) -> &dyn PageStore {
+        self.rt
+            .store(tier)
+            .expect("entries only name configured tiers")
+    }
+
+    /// Reads `out.len()` bytes at `offset`, from whichever tiers hold them.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
+        let page = self.rt.page_size();
+        let mut scratch = Vec::new();
+        let mut done = 0;
+        for (p, within, n) in self.pieces(offset, out.len()) {
+            let dst = &mut out[done..done + n];
+            let entry = self.pages[p].lock();
+            match &*entry {
+                Entry::Zero => dst.fill(0),
+                Entry::Resident { tier, slot } => {
+                    let store = self.store(*tier);
+                    if n == page {
+                        store.read_page(slot, dst)?;
+                    } else {
+                        scratch.resize(page, 0);
+                        store.read_page(slot, &mut scratch)?;
+                        dst.copy_from_slice(&scratch[within..within + n]);
+                    }
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`. A page written for the first time takes a
+    /// slot in the fastest tier with room (or the hinted tier). A write
+    /// that fails leaves the page as it was before that page's write.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len())?;
+        let page = self.rt.page_size();
+        let mut scratch = Vec::new();
+        let mut done = 0;
+        for (p, within, n) in self.pieces(offset, data.len()) {
+            let src = &data[done..done + n];
+            let mut entry = self.pages[p].lock();
+            let full = n == page;
+            match &mut *entry {
+                Entry::Resident { tier, slot } => {
+                    let store = self.store(*tier);
+                    if full {
+                        store.write_page(slot, src)?;
+                    } else {
+                        scratch.resize(page, 0);
+                        store.read_page(slot, &mut scratch)?;
+                        scratch[within..within + n].copy_from_slice(src);
+                        store.write_page(slot, &scratch)?;
+                    }
+                }
+                Entry::Zero => {
+                    let bytes: &[u8] = if full {
+                        src
+                    } else {
+                        scratch.clear();
+                        scratch.resize(page, 0);
+                        scratch[within..within + n].copy_from_slice(src);
+                        &scratch
+                    };
+                    *entry = self.first_write(bytes)?;
+                    self.rt
+                        .counters
+                        .first_writes
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Tiers in the order a first write tries them.
+    fn placement_order(&self) -> Vec<Tier> {
+        let mut order: Vec<Tier> = self.rt.stores().map(|s| s.tier()).collect();
+        if let Placement::Prefer(t) = self.placement {
+            order.retain(|&x| x != t);
+            order.insert(0, t);
+        }
+        order
+    }
+
+    fn first_write(&self, page: &[u8]) -> Result<Entry> {
+        for tier in self.placement_order() {
+            let store = self.store(tier);
+            let Ok(mut slot) = store.alloc() else {
+                continue;
+            };
+            return match store.write_page(&mut slot, page) {
+                Ok(()) => Ok(Entry::Resident { tier, slot }),
+                Err(e) => {
+                    store.free(slot)?;
+                    Err(e)
+                }
+            };
+        }
+        Err(Error::new(
+            ErrorKind::OutOfCapacity,
+            format!(
+                "no tier has a free slot for a first write ({})",
+                self.rt.capacity_report()
+            ),
+        ))
+    }
+
+    fn page_range(&self, range: &Range<u64>) -> Result<Range<usize>> {
+        if range.start > range.end || range.end > self.len {
+            return Err(Error::invalid(format!(
+                "range {}..{} is outside the buffer's {} bytes",
+                range.start, range.end, self.len
+            )));
+        }
+        let page = self.rt.page_size() as u64;
+        Ok((range.start / page) as usize..range.end.div_ceil(page) as usize)
+    }
+
+    /// Moves page `p` into `dst` (copy, then commit). `Ok(false)` when there
+    /// was nothing to move.
+    fn move_page(&self, p: usize, dst: Tier) -> Result<bool> {
+        let mut entry = self.pages[p].lock();
+        let Entry::Resident { tier: src, slot } = &mut *entry else {
+            return Ok(false);
+        };
+        if *src == dst {
+            return Ok(false);
+        }
+        let from = self.store(*src);
+        let to = self
+            .rt
+            .store(dst)
+            .ok_or_else(|| Error::invalid(format!("the {dst} tier is not configured")))?;
+        let mut bytes = vec![0; self.rt.page_size()];
+        let moved = (|| {
+            from.read_page(slot, &mut bytes)?;
+            let mut fresh = to.alloc()?;
+            match to.write_page(&mut fresh, &bytes) {
+                Ok(()) => Ok(fresh),
+                Err(e) => {
+                    to.free(fresh)?;
+                    Err(e)
+                }
+            }
+        })();
+        match moved {
+            Ok(fresh) => {
+                let Entry::Resident { slot: old, .. } = std::mem::replace(
+                    &mut *entry,
+                    Entry::Resident {
+                        tier: dst,
+                        slot: fresh,
+                    },
+                ) else {
+                    unreachable!("the entry was resident")
+                };
+                from.free(old)?;
+                self.rt.counters.moves.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(e) => {
+                self.rt
+                    .counters
+                    .failed_moves
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(e.context(format!("moving page {p} from {src} to {dst}")))
+            }
+        }
+    }
+
+    /// Moves the pages of `range` that live in tiers faster than `tier`
+    /// down to `tier`, or — where it is full — to the next slower tier with
+    /// room. Pages never written stay unmaterialized.
+    pub fn evict(&self, range: Range<u64>, tier: Tier) -> Result<()> {
+        let pages = self.page_range(&range)?;
+        if self.rt.store(tier).is_none() {
+            return Err(Error::invalid(format!("the {tier} tier is not configured")));
+        }
+        let targets: Vec<Tier> = self
+            .rt
+            .stores()
+            .map(|s| s.tier())
+            .filter(|&t| t >= tier)
+            .collect();
+        for p in pages {
+            let Some(current) = self.tier_of(p)? else {
+                continue;
+            };
+            if current >= tier {
+                continue;
+            }
+            let mut last = None;
+            for &t in &targets {
+                match self.move_page(p, t) {
+                    Ok(_) => {
+                        last = None;
+                        break;
+                    }
+                    Err(e) if e.kind() == ErrorKind::OutOfCapacity => last = Some(e),
+                    Err(e) => return Err(e),
+                }
+            }
+            if let Some(e) = last {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the pages of `range` into `tier` (up or down). The ticket
+    /// carries the first error; pages that could not move stay readable
+    /// where they were.
+    pub fn prefetch(&self, range: Range<u64>, tier: Tier) -> Ticket {
+        let result = (|| {
+            let pages = self.page_range(&range)?;
+            if self.rt.store(tier).is_none() {
+                return Err(Error::invalid(format!("the {tier} tier is not configured")));
+            }
+            for p in pages {
+                self.move_page(p, tier)?;
+            }
+            Ok(())
+        })();
+        Ticket::done(result)
+    }
+
+    /// Frees the buffer now (the same as dropping it).
+    pub fn free(self) {}
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        for entry in self.pages.iter_mut() {
+            if let Entry::Resident { tier, slot } = std::mem::replace(entry.get_mut(), Entry::Zero)
+            {
+                // A store refuses only slots that are not its own, which the
+                // page table never holds.
+                let _ = self.rt.store(tier).map(|s| s.free(slot));
+            }
+        }
+        self.rt.release(self.pages.len() as u64);
+    }
+}

@@ -1,0 +1,385 @@
+//! The tiered runtime: buffers larger than any one tier, a page table that
+//! says where each page lives, and moves between tiers.
+//!
+//! This first version moves pages synchronously on the caller's thread
+//! (`evict`, `prefetch`); the asynchronous mover, pins, device maps and the
+//! background balancer build on the same page table.
+//!
+//! Every page of a [`Buffer`] is, in its page-table entry, either *zero*
+//! (never written: reads return zeros, no slot is used) or resident in one
+//! tier's slot. An allocation reserves capacity across all tiers at once,
+//! so a first write always finds a slot; it takes the fastest tier with
+//! room (or the hinted one). Moves are copy-then-commit: the page is copied
+//! into a slot of the destination tier and the entry switches only once the
+//! copy succeeded, so a failed move leaves the page readable where it was.
+#![forbid(unsafe_code)]
+
+mod buffer;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::device::{self, BackendKind, DeviceChoice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::io::IoEngine;
+use crate::link::LinkStats;
+use crate::size::{check_page_size, format_size};
+use crate::sys::Topology;
+use crate::tier::{
+    CxlConfig, CxlStore, DeviceStore, HostConfig, HostStore, NvmeConfig, NvmeStore, PageStore, Tier,
+};
+
+pub use buffer::{Buffer, Ticket};
+
+/// How to build a [`Runtime`]: per-tier capacities in bytes; a tier with
+/// none configured is absent (the host tier is always present).
+#[derive(Clone)]
+pub struct RuntimeBuilder {
+    page_size: usize,
+    device: DeviceChoice,
+    device_capacity: u64,
+    host_capacity: u64,
+    cxl: Option<CxlConfig>,
+    nvme: Option<NvmeConfig>,
+    nvme_engine: Option<Arc<dyn IoEngine>>,
+}
+
+impl std::fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder")
+            .field("page_size", &self.page_size)
+            .field("device", &self.device)
+            .field("device_capacity", &self.device_capacity)
+            .field("host_capacity", &self.host_capacity)
+            .field("cxl", &self.cxl)
+            .field("nvme", &self.nvme)
+            .finish()
+    }
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self {
+            page_size: crate::config::DEFAULT_PAGE_SIZE,
+            device: DeviceChoice::Auto,
+            device_capacity: 0,
+            host_capacity: 256 << 20,
+            cxl: None,
+            nvme: None,
+            nvme_engine: None,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// Page size of every tier (a power of two, 4 KiB … 2 MiB).
+    pub fn page_size(mut self, bytes: usize) -> Self {
+        self.page_size = bytes;
+        self
+    }
+    /// The device tier: which backend, and at most how many bytes of it
+    /// (0: no device tier). On sim this is the simulated GPU's size; on
+    /// cuda a cap below the GPU's free memory, to emulate a smaller GPU.
+    pub fn device(mut self, choice: DeviceChoice, capacity: u64) -> Self {
+        self.device = choice;
+        self.device_capacity = capacity;
+        self
+    }
+    /// Host DRAM tier capacity.
+    pub fn host(mut self, capacity: u64) -> Self {
+        self.host_capacity = capacity;
+        self
+    }
+    /// A CXL tier (its page size is set to the runtime's).
+    pub fn cxl(mut self, config: CxlConfig) -> Self {
+        self.cxl = Some(config);
+        self
+    }
+    /// An NVMe tier (its page size is set to the runtime's).
+    pub fn nvme(mut self, config: NvmeConfig) -> Self {
+        self.nvme = Some(config);
+        self
+    }
+
+    /// Runs the NVMe tier on this engine instead of the configured one
+    /// (for example a fault-injecting engine in tests).
+    pub fn nvme_engine(mut self, engine: Arc<dyn IoEngine>) -> Self {
+        self.nvme_engine = Some(engine);
+        self
+    }
+
+    /// Builds the runtime from a resolved [`Config`](crate::config::Config).
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self {
+            page_size: config.page_size,
+            device: DeviceChoice::Auto,
+            device_capacity: 0,
+            host_capacity: config.host.capacity,
+            cxl: config.cxl.clone(),
+            nvme: Some(config.nvme.clone()),
+            nvme_engine: None,
+        }
+    }
+
+    /// Opens every configured tier.
+    pub fn build(self) -> Result<Runtime> {
+        check_page_size(self.page_size)?;
+        let page = self.page_size;
+        let device = if self.device_capacity > 0 {
+            let backend = device::open(self.device, self.device_capacity)?;
+            Some(DeviceStore::new(backend, self.device_capacity, page)?)
+        } else {
+            None
+        };
+        let host = HostStore::new(&HostConfig::new(self.host_capacity, page))?;
+        let cxl = match self.cxl {
+            Some(mut c) => {
+                c.page_size = page;
+                Some(CxlStore::new(&c, &Topology::detect())?)
+            }
+            None => None,
+        };
+        let nvme = match self.nvme {
+            Some(mut c) => {
+                c.page_size = page;
+                Some(match self.nvme_engine {
+                    Some(engine) => NvmeStore::with_engine(&c, engine)?,
+                    None => NvmeStore::new(&c)?,
+                })
+            }
+            None => None,
+        };
+        let mut stores: Vec<Box<dyn PageStore>> = Vec::new();
+        if let Some(d) = device {
+            stores.push(Box::new(d));
+        }
+        stores.push(Box::new(host));
+        if let Some(c) = cxl {
+            stores.push(Box::new(c));
+        }
+        if let Some(n) = nvme {
+            stores.push(Box::new(n));
+        }
+        let total = stores.iter().map(|s| s.capacity_pages() as u64).sum();
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                page_size: page,
+                stores,
+                total_pages: total,
+                reserved_pages: Mutex::new(0),
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    moves: AtomicU64,
+    failed_moves: AtomicU64,
+    first_writes: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    page_size: usize,
+    /// Fastest first; only configured tiers.
+    stores: Vec<Box<dyn PageStore>>,
+    total_pages: u64,
+    reserved_pages: Mutex<u64>,
+    counters: Counters,
+}
+
+impl Inner {
+    pub(crate) fn store(&self, tier: Tier) -> Option<&dyn PageStore> {
+        self.stores.iter().find(|s| s.tier() == tier).map(|s| &**s)
+    }
+
+    pub(crate) fn stores(&self) -> impl Iterator<Item = &dyn PageStore> {
+        self.stores.iter().map(|s| &**s)
+    }
+
+    pub(crate) fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    fn capacity_report(&self) -> String {
+        self.stores
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {} of {} used",
+                    s.tier(),
+                    format_size(s.used_pages() as u64 * self.page_size as u64),
+                    format_size(s.capacity_pages() as u64 * self.page_size as u64)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn release(&self, pages: u64) {
+        *self.reserved_pages.lock() -= pages;
+    }
+}
+
+/// The runtime: the tiers and everything allocated in them.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("page_size", &self.inner.page_size)
+            .field("tiers", &self.tiers())
+            .finish()
+    }
+}
+
+/// Where to put a buffer's pages when they are first written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// The fastest tier with a free slot.
+    #[default]
+    Fastest,
+    /// This tier while it has room, then the fastest with room.
+    Prefer(Tier),
+}
+
+/// Per-tier use.
+#[derive(Debug, Clone, Serialize)]
+pub struct TierStats {
+    /// The tier.
+    pub tier: Tier,
+    /// Slots in use.
+    pub used_pages: u32,
+    /// Free slots.
+    pub free_pages: u32,
+    /// Whether the tier is emulated or simulated.
+    pub emulated: bool,
+}
+
+/// What `rt.stats()` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    /// The device backend ("simulated", "cuda"), if there is a device tier.
+    pub backend: Option<&'static str>,
+    /// Page size.
+    pub page_size: usize,
+    /// Per tier, fastest first.
+    pub tiers: Vec<TierStats>,
+    /// Pages promised to live buffers.
+    pub reserved_pages: u64,
+    /// Pages moved between tiers.
+    pub moves: u64,
+    /// Moves that failed (the page stayed where it was).
+    pub failed_moves: u64,
+    /// Pages materialized by their first write.
+    pub first_writes: u64,
+    /// Host→device and device→host link traffic, if there is a device tier.
+    pub device_links: Option<(LinkStats, LinkStats)>,
+}
+
+impl Runtime {
+    /// A builder with defaults: 64 KiB pages, a 256 MiB host tier, no
+    /// device, CXL or NVMe tier.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The configured tiers, fastest first.
+    pub fn tiers(&self) -> Vec<Tier> {
+        self.inner.stores.iter().map(|s| s.tier()).collect()
+    }
+
+    /// The page size.
+    pub fn page_size(&self) -> usize {
+        self.inner.page_size
+    }
+
+    /// Allocates `bytes` (rounded up to whole pages), placing pages in the
+    /// fastest tier with room as they are first written.
+    pub fn alloc(&self, bytes: u64) -> Result<Buffer> {
+        self.alloc_with(bytes, Placement::Fastest)
+    }
+
+    /// Allocates with a placement hint.
+    pub fn alloc_with(&self, bytes: u64, placement: Placement) -> Result<Buffer> {
+        if bytes == 0 {
+            return Err(Error::invalid("allocation of zero bytes"));
+        }
+        if let Placement::Prefer(t) = placement {
+            if self.inner.store(t).is_none() {
+                return Err(Error::invalid(format!(
+                    "placement hint names the {t} tier, which is not configured"
+                )));
+            }
+        }
+        let page = self.inner.page_size as u64;
+        let pages = bytes.div_ceil(page);
+        {
+            let mut reserved = self.inner.reserved_pages.lock();
+            if *reserved + pages > self.inner.total_pages {
+                return Err(Error::new(
+                    ErrorKind::OutOfCapacity,
+                    format!(
+                        "cannot allocate {}: {} of {} promised across the tiers ({})",
+                        format_size(bytes),
+                        format_size(*reserved * page),
+                        format_size(self.inner.total_pages * page),
+                        self.inner.capacity_report()
+                    ),
+                ));
+            }
+            *reserved += pages;
+        }
+        Ok(Buffer::new(self.inner.clone(), bytes, pages, placement))
+    }
+
+    /// Allocates room for `n` values of `T`.
+    pub fn alloc_typed<T: bytemuck::Pod>(&self, n: u64) -> Result<Buffer> {
+        let bytes = n
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or_else(|| Error::invalid(format!("{n} elements overflow a byte count")))?;
+        self.alloc(bytes)
+    }
+
+    /// Current use and traffic.
+    pub fn stats(&self) -> Stats {
+        let inner = &self.inner;
+        let device = inner
+            .store(Tier::Device)
+            .and_then(|s| s.as_any().downcast_ref::<DeviceStore>());
+        Stats {
+            backend: device.map(|d| d.backend().label()),
+            page_size: inner.page_size,
+            tiers: inner
+                .stores
+                .iter()
+                .map(|s| TierStats {
+                    tier: s.tier(),
+                    used_pages: s.used_pages(),
+                    free_pages: s.capacity_pages() - s.used_pages(),
+                    emulated: s.emulated(),
+                })
+                .collect(),
+            reserved_pages: *inner.reserved_pages.lock(),
+            moves: inner.counters.moves.load(Ordering::Relaxed),
+            failed_moves: inner.counters.failed_moves.load(Ordering::Relaxed),
+            first_writes: inner.counters.first_writes.load(Ordering::Relaxed),
+            device_links: device.map(|d| d.link_stats()),
+        }
+    }
+
+    /// Which backend the device tier runs on, if there is one.
+    pub fn device_backend(&self) -> Option<BackendKind> {
+        self.inner
+            .store(Tier::Device)
+            .and_then(|s| s.as_any().downcast_ref::<DeviceStore>())
+            .map(|d| d.backend())
+    }
+}

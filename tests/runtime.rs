@@ -1,0 +1,288 @@
+//! The runtime over all tiers: oversubscription, moves, errors, faults, and
+//! a model-based test from several threads against an oracle.
+
+mod common;
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use strata::device::DeviceChoice;
+use strata::io::fault::{Fault, FaultEngine, FaultPlan};
+use strata::io::{IoEngine, IoOp};
+use strata::runtime::Placement;
+use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
+use strata::{ErrorKind, Runtime, Tier};
+
+use common::{engines, pattern};
+
+const PAGE: usize = 16 << 10;
+
+/// device 4 pages (simulated), host 4, emulated CXL 4, NVMe `nvme_pages`.
+fn tiny(dir: &std::path::Path, engine: Arc<dyn IoEngine>, nvme_pages: u64) -> Runtime {
+    let mut cxl = CxlConfig::new(CxlMode::Emulated, 4 * PAGE as u64, PAGE);
+    cxl.bandwidth = Some(20e9);
+    Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 4 * PAGE as u64)
+        .host(4 * PAGE as u64)
+        .cxl(cxl)
+        .nvme(NvmeConfig::new(dir, nvme_pages * PAGE as u64, PAGE))
+        .nvme_engine(engine)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn reads_and_writes_cross_page_boundaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 64);
+    let b = rt.alloc(3 * PAGE as u64 + 100).unwrap();
+    assert_eq!(b.page_count(), 4);
+    let mut out = vec![1u8; 5000];
+    b.read(PAGE as u64 - 100, &mut out).unwrap();
+    assert!(
+        out.iter().all(|&x| x == 0),
+        "never-written pages read as zeros"
+    );
+    let data = pattern(1, 1, 2 * PAGE + 300);
+    b.write(PAGE as u64 / 2, &data).unwrap();
+    let mut back = vec![0; data.len()];
+    b.read(PAGE as u64 / 2, &mut back).unwrap();
+    assert_eq!(back, data);
+    let mut head = vec![9; PAGE / 2];
+    b.read(0, &mut head).unwrap();
+    assert!(
+        head.iter().all(|&x| x == 0),
+        "bytes before the write stay zero"
+    );
+    assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Device));
+    assert_eq!(b.tier_of(3).unwrap(), None);
+    // Bad ranges.
+    let len = b.len();
+    assert_eq!(
+        b.read(len - 10, &mut [0; 11]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        b.write(u64::MAX, &[1]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        b.evict(0..len + 1, Tier::Host).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert!(b.tier_of(4).is_err());
+}
+
+#[test]
+fn allocation_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 16);
+    assert_eq!(rt.alloc(0).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let total: u64 = rt.stats().tiers.iter().map(|t| t.free_pages as u64).sum();
+    let all = rt.alloc(total * PAGE as u64).unwrap();
+    let e = rt.alloc(1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfCapacity);
+    for tier in ["device", "host", "cxl", "nvme"] {
+        assert!(e.message().contains(tier), "{e}");
+    }
+    drop(all);
+    let again = rt.alloc(total * PAGE as u64).unwrap();
+    drop(again);
+    assert_eq!(rt.stats().reserved_pages, 0);
+    let no_cxl = Runtime::builder()
+        .page_size(PAGE)
+        .host(4 * PAGE as u64)
+        .build()
+        .unwrap();
+    assert_eq!(
+        no_cxl
+            .alloc_with(10, Placement::Prefer(Tier::Cxl))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert!(no_cxl.alloc_typed::<u64>(u64::MAX).is_err());
+}
+
+#[test]
+fn oversubscribes_the_device_eightfold_and_reads_everything_back() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tiny(dir.path(), engine, 32);
+        assert_eq!(rt.device_backend().map(|b| b.label()), Some("simulated"));
+        // 8 × the 4-page device over three buffers.
+        let bufs: Vec<_> = [10u64, 12, 10]
+            .iter()
+            .map(|&p| rt.alloc(p * PAGE as u64).unwrap())
+            .collect();
+        for (i, b) in bufs.iter().enumerate() {
+            b.write(0, &pattern(i as u32, 0, b.len() as usize)).unwrap();
+        }
+        let stats = rt.stats();
+        let used: Vec<u32> = stats.tiers.iter().map(|t| t.used_pages).collect();
+        assert_eq!(used, vec![4, 4, 4, 20], "{name}: fastest tiers fill first");
+        for (i, b) in bufs.iter().enumerate() {
+            let mut out = vec![0; b.len() as usize];
+            b.read(0, &mut out).unwrap();
+            assert_eq!(out, pattern(i as u32, 0, out.len()), "{name}: buffer {i}");
+        }
+        drop(bufs);
+        assert!(
+            rt.stats().tiers.iter().all(|t| t.used_pages == 0),
+            "{name}: every slot returned"
+        );
+    }
+}
+
+#[test]
+fn evict_cascades_down_and_prefetch_brings_pages_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 32);
+    let b = rt.alloc(4 * PAGE as u64).unwrap();
+    let data = pattern(5, 5, 4 * PAGE);
+    b.write(0, &data).unwrap();
+    assert_eq!(b.tier_of(3).unwrap(), Some(Tier::Device));
+    // Fill host and CXL with another buffer so the eviction must cascade.
+    let filler = rt
+        .alloc_with(8 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    filler.write(0, &pattern(6, 6, 8 * PAGE)).unwrap();
+    b.evict(0..b.len(), Tier::Host).unwrap();
+    for p in 0..4 {
+        assert_eq!(
+            b.tier_of(p).unwrap(),
+            Some(Tier::Nvme),
+            "host and cxl are full"
+        );
+    }
+    let mut out = vec![0; data.len()];
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, data);
+    b.prefetch(0..2 * PAGE as u64, Tier::Device).wait().unwrap();
+    assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Device));
+    assert_eq!(b.tier_of(2).unwrap(), Some(Tier::Nvme));
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, data);
+    let s = rt.stats();
+    assert_eq!(s.moves, 6);
+    let (h2d, d2h) = s.device_links.unwrap();
+    assert!(h2d.bytes > 0 && d2h.bytes > 0);
+    assert!(b.prefetch(0..1, Tier::Device).poll().unwrap().is_ok());
+}
+
+#[test]
+fn a_failed_move_leaves_the_page_readable_where_it_was() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let rt = tiny(
+            dir.path(),
+            Arc::new(FaultEngine::new(engine, plan.clone())),
+            32,
+        );
+        let b = rt
+            .alloc_with(2 * PAGE as u64, Placement::Prefer(Tier::Nvme))
+            .unwrap();
+        let data = pattern(8, 8, 2 * PAGE);
+        b.write(0, &data).unwrap();
+        assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Nvme));
+        // A read error on the way up, then a write error on the way down.
+        plan.inject(IoOp::Read, 0, Fault::Errno(libc::EIO));
+        let e = b.prefetch(0..b.len(), Tier::Device).wait().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
+        assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Nvme));
+        b.prefetch(0..b.len(), Tier::Host).wait().unwrap();
+        plan.inject(IoOp::Write, 0, Fault::Errno(libc::ENOSPC));
+        let e = b.evict(0..b.len(), Tier::Nvme).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpace, "{name}: {e}");
+        assert_eq!(
+            b.tier_of(0).unwrap(),
+            Some(Tier::Host),
+            "{name}: stayed where it was"
+        );
+        let mut out = vec![0; data.len()];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(out, data, "{name}");
+        assert!(rt.stats().failed_moves >= 2);
+    }
+}
+
+/// Four threads, each writing and reading its own buffer against its own
+/// oracle, while all of them move pages of every buffer between tiers at
+/// random; every tier holds 4 pages, so pages move all the time.
+#[test]
+fn model_based_random_operations_from_four_threads() {
+    let seed: u64 = std::env::var("STRATA_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("model-based test seed: {seed} (rerun with STRATA_SEED={seed})");
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tiny(dir.path(), engine, 24);
+        let bufs: Arc<Vec<_>> = Arc::new(
+            (0..4)
+                .map(|_| rt.alloc(5 * PAGE as u64 + 777).unwrap())
+                .collect(),
+        );
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let bufs = bufs.clone();
+                std::thread::spawn(move || {
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ t as u64);
+                    let mine = &bufs[t];
+                    let len = mine.len() as usize;
+                    let mut oracle = vec![0u8; len];
+                    let tiers = [Tier::Device, Tier::Host, Tier::Cxl, Tier::Nvme];
+                    for step in 0..400 {
+                        let off = rng.random_range(0..len);
+                        let n = rng.random_range(1..=(len - off).min(3 * PAGE));
+                        match rng.random_range(0..10) {
+                            0..=3 => {
+                                let data = pattern(t as u32 * 1000 + step, off as u32, n);
+                                mine.write(off as u64, &data).unwrap();
+                                oracle[off..off + n].copy_from_slice(&data);
+                            }
+                            4..=6 => {
+                                let mut out = vec![0; n];
+                                mine.read(off as u64, &mut out).unwrap();
+                                assert_eq!(
+                                    out,
+                                    oracle[off..off + n],
+                                    "thread {t} step {step} (seed {seed})"
+                                );
+                            }
+                            _ => {
+                                // Move someone's pages; running out of room
+                                // in a tier is fine, losing data is not.
+                                let other = &bufs[rng.random_range(0..4)];
+                                let tier = tiers[rng.random_range(0..4)];
+                                let end = rng.random_range(1..=other.len());
+                                let r = if rng.random_bool(0.5) {
+                                    other.prefetch(0..end, tier).wait()
+                                } else {
+                                    other.evict(0..end, tier)
+                                };
+                                if let Err(e) = r {
+                                    assert_eq!(
+                                        e.kind(),
+                                        ErrorKind::OutOfCapacity,
+                                        "{e} (seed {seed})"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    let mut all = vec![0; len];
+                    mine.read(0, &mut all).unwrap();
+                    assert_eq!(all, oracle, "thread {t} final (seed {seed})");
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(rt.stats().moves > 0, "{name}: pages moved");
+    }
+}
