@@ -208,6 +208,68 @@ fn a_failed_move_leaves_the_page_readable_where_it_was() {
     }
 }
 
+#[test]
+fn pinned_pages_stay_put_and_report_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 32);
+    let b = rt.alloc(6 * PAGE as u64).unwrap();
+    let data = pattern(3, 3, 6 * PAGE);
+    b.write(0, &data).unwrap();
+    {
+        let pin = b.pin(PAGE as u64..3 * PAGE as u64, Tier::Host).unwrap();
+        assert_eq!(pin.pages(), 1..3);
+        assert_eq!(pin.addresses().len(), 2);
+        assert!(pin.addresses().iter().all(|a| a % PAGE as u64 == 0));
+        assert_ne!(pin.addresses()[0], pin.addresses()[1]);
+        assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Host));
+        // Pinned pages never move; the others do.
+        b.evict(0..b.len(), Tier::Nvme).unwrap();
+        assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Host));
+        assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Nvme));
+        let host = rt
+            .stats()
+            .tiers
+            .into_iter()
+            .find(|t| t.tier == Tier::Host)
+            .unwrap();
+        assert_eq!(host.pinned_pages, 2);
+        // Writes still work on pinned pages, in place.
+        b.write(PAGE as u64, &[7; 10]).unwrap();
+        let again = b.pin(PAGE as u64..2 * PAGE as u64, Tier::Host).unwrap();
+        assert_eq!(again.addresses()[0], pin.addresses()[0]);
+        // Pinned elsewhere: cannot be pinned on the device too.
+        assert!(b.pin(PAGE as u64..2 * PAGE as u64, Tier::Device).is_err());
+    }
+    let host = rt
+        .stats()
+        .tiers
+        .into_iter()
+        .find(|t| t.tier == Tier::Host)
+        .unwrap();
+    assert_eq!(host.pinned_pages, 0);
+    b.evict(0..b.len(), Tier::Nvme).unwrap();
+    assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Nvme));
+    let mut out = vec![0; data.len()];
+    b.read(0, &mut out).unwrap();
+    let mut expect = data.clone();
+    expect[PAGE..PAGE + 10].fill(7);
+    assert_eq!(out, expect);
+    // Errors: larger than the tier, NVMe, unwritten pages are materialized.
+    let e = b.pin(0..b.len(), Tier::Device).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
+    assert_eq!(
+        b.pin(0..1, Tier::Nvme).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let fresh = rt.alloc(PAGE as u64).unwrap();
+    let pin = fresh.pin(0..1, Tier::Device).unwrap();
+    assert_eq!(fresh.tier_of(0).unwrap(), Some(Tier::Device));
+    drop(pin);
+    let mut z = vec![1; PAGE];
+    fresh.read(0, &mut z).unwrap();
+    assert!(z.iter().all(|&x| x == 0));
+}
+
 /// Four threads, each writing and reading its own buffer against its own
 /// oracle, while all of them move pages of every buffer between tiers at
 /// random; every tier holds 4 pages, so pages move all the time.
@@ -238,7 +300,7 @@ fn model_based_random_operations_from_four_threads() {
                     for step in 0..400 {
                         let off = rng.random_range(0..len);
                         let n = rng.random_range(1..=(len - off).min(3 * PAGE));
-                        match rng.random_range(0..10) {
+                        match rng.random_range(0..11) {
                             0..=3 => {
                                 let data = pattern(t as u32 * 1000 + step, off as u32, n);
                                 mine.write(off as u64, &data).unwrap();
@@ -252,6 +314,36 @@ fn model_based_random_operations_from_four_threads() {
                                     oracle[off..off + n],
                                     "thread {t} step {step} (seed {seed})"
                                 );
+                            }
+                            10 => {
+                                // Pin a few of someone's pages for a moment;
+                                // a full tier or a page pinned elsewhere is
+                                // a refusal, not a failure.
+                                let other = &bufs[rng.random_range(0..4)];
+                                let start = rng.random_range(0..other.len());
+                                let tier =
+                                    [Tier::Device, Tier::Host, Tier::Cxl][rng.random_range(0..3)];
+                                match other
+                                    .pin(start..(start + 2 * PAGE as u64).min(other.len()), tier)
+                                {
+                                    Ok(pin) => {
+                                        assert_eq!(pin.tier(), tier);
+                                        let mut out = vec![0; n];
+                                        mine.read(off as u64, &mut out).unwrap();
+                                        assert_eq!(
+                                            out,
+                                            oracle[off..off + n],
+                                            "thread {t} step {step} (seed {seed})"
+                                        );
+                                    }
+                                    Err(e) => assert!(
+                                        matches!(
+                                            e.kind(),
+                                            ErrorKind::OutOfCapacity | ErrorKind::InvalidArgument
+                                        ),
+                                        "{e} (seed {seed})"
+                                    ),
+                                }
                             }
                             _ => {
                                 // Move someone's pages; running out of room

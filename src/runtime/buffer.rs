@@ -11,14 +11,24 @@ use super::{Inner, Placement};
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::{PageStore, Slot, Tier};
 
-/// One page-table entry.
+/// Where a page is.
 #[derive(Debug)]
-enum Entry {
+enum Loc {
     /// Never written: reads as zeros, holds no slot.
     Zero,
     /// In a slot of a tier.
     Resident { tier: Tier, slot: Slot },
 }
+
+/// One page-table entry.
+#[derive(Debug)]
+struct Entry {
+    loc: Loc,
+    /// Live [`Pin`]s covering the page: while non-zero it never moves.
+    pins: u32,
+}
+
+use Loc::{Resident, Zero};
 
 /// An allocation whose pages may live in any tier. Dropping it returns
 /// every slot and its reservation.
@@ -74,7 +84,9 @@ impl Buffer {
             rt,
             len,
             placement,
-            pages: (0..pages).map(|_| Mutex::new(Entry::Zero)).collect(),
+            pages: (0..pages)
+                .map(|_| Mutex::new(Entry { loc: Zero, pins: 0 }))
+                .collect(),
         }
     }
 
@@ -105,9 +117,9 @@ impl Buffer {
                 ))
             })?
             .lock();
-        Ok(match &*entry {
-            Entry::Zero => None,
-            Entry::Resident { tier, .. } => Some(*tier),
+        Ok(match &entry.loc {
+            Zero => None,
+            Resident { tier, .. } => Some(*tier),
         })
     }
 
@@ -153,9 +165,9 @@ impl Buffer {
         for (p, within, n) in self.pieces(offset, out.len()) {
             let dst = &mut out[done..done + n];
             let entry = self.pages[p].lock();
-            match &*entry {
-                Entry::Zero => dst.fill(0),
-                Entry::Resident { tier, slot } => {
+            match &entry.loc {
+                Zero => dst.fill(0),
+                Resident { tier, slot } => {
                     let store = self.store(*tier);
                     if n == page {
                         store.read_page(slot, dst)?;
@@ -183,8 +195,8 @@ impl Buffer {
             let src = &data[done..done + n];
             let mut entry = self.pages[p].lock();
             let full = n == page;
-            match &mut *entry {
-                Entry::Resident { tier, slot } => {
+            match &mut entry.loc {
+                Resident { tier, slot } => {
                     let store = self.store(*tier);
                     if full {
                         store.write_page(slot, src)?;
@@ -195,7 +207,7 @@ impl Buffer {
                         store.write_page(slot, &scratch)?;
                     }
                 }
-                Entry::Zero => {
+                Zero => {
                     let bytes: &[u8] = if full {
                         src
                     } else {
@@ -204,7 +216,7 @@ impl Buffer {
                         scratch[within..within + n].copy_from_slice(src);
                         &scratch
                     };
-                    *entry = self.first_write(bytes)?;
+                    entry.loc = self.first_write(bytes, None)?;
                     self.rt
                         .counters
                         .first_writes
@@ -226,14 +238,20 @@ impl Buffer {
         order
     }
 
-    fn first_write(&self, page: &[u8]) -> Result<Entry> {
-        for tier in self.placement_order() {
+    /// Puts a never-written page in a slot: of `only`, or of the first
+    /// tier in placement order with room.
+    fn first_write(&self, page: &[u8], only: Option<Tier>) -> Result<Loc> {
+        let order = match only {
+            Some(t) => vec![t],
+            None => self.placement_order(),
+        };
+        for tier in order {
             let store = self.store(tier);
             let Ok(mut slot) = store.alloc() else {
                 continue;
             };
             return match store.write_page(&mut slot, page) {
-                Ok(()) => Ok(Entry::Resident { tier, slot }),
+                Ok(()) => Ok(Resident { tier, slot }),
                 Err(e) => {
                     store.free(slot)?;
                     Err(e)
@@ -260,17 +278,26 @@ impl Buffer {
         Ok((range.start / page) as usize..range.end.div_ceil(page) as usize)
     }
 
-    /// Moves page `p` into `dst` (copy, then commit). `Ok(false)` when there
-    /// was nothing to move.
+    /// Moves page `p` into `dst` (copy, then commit). `Ok(false)` when
+    /// there was nothing to move, or the page is pinned (pinned pages never
+    /// move).
     fn move_page(&self, p: usize, dst: Tier) -> Result<bool> {
         let mut entry = self.pages[p].lock();
-        let Entry::Resident { tier: src, slot } = &mut *entry else {
+        if entry.pins > 0 {
+            return Ok(false);
+        }
+        self.move_locked(p, &mut entry, dst)
+    }
+
+    fn move_locked(&self, p: usize, entry: &mut Entry, dst: Tier) -> Result<bool> {
+        let Resident { tier: src, slot } = &mut entry.loc else {
             return Ok(false);
         };
         if *src == dst {
             return Ok(false);
         }
-        let from = self.store(*src);
+        let src = *src;
+        let from = self.store(src);
         let to = self
             .rt
             .store(dst)
@@ -289,9 +316,9 @@ impl Buffer {
         })();
         match moved {
             Ok(fresh) => {
-                let Entry::Resident { slot: old, .. } = std::mem::replace(
-                    &mut *entry,
-                    Entry::Resident {
+                let Resident { slot: old, .. } = std::mem::replace(
+                    &mut entry.loc,
+                    Resident {
                         tier: dst,
                         slot: fresh,
                     },
@@ -310,6 +337,76 @@ impl Buffer {
                 Err(e.context(format!("moving page {p} from {src} to {dst}")))
             }
         }
+    }
+
+    /// Makes the pages of `range` resident in `tier` (moving or
+    /// materializing them) and keeps them there until the returned guard
+    /// drops. The guard gives each page's address: a device address on the
+    /// device tier, a host address on the host and CXL tiers (NVMe pages are
+    /// not addressable and cannot be pinned). A pin larger than the tier, or
+    /// one that cannot be satisfied, is an error and pins nothing.
+    pub fn pin(&self, range: Range<u64>, tier: Tier) -> Result<Pin<'_>> {
+        let pages = self.page_range(&range)?;
+        let store = self
+            .rt
+            .store(tier)
+            .ok_or_else(|| Error::invalid(format!("the {tier} tier is not configured")))?;
+        if tier == Tier::Nvme {
+            return Err(Error::invalid(
+                "nvme pages are not addressable and cannot be pinned",
+            ));
+        }
+        if pages.len() as u64 > store.capacity_pages() as u64 {
+            return Err(Error::new(
+                ErrorKind::OutOfCapacity,
+                format!(
+                    "a pin of {} pages exceeds the {tier} tier's {} pages",
+                    pages.len(),
+                    store.capacity_pages()
+                ),
+            ));
+        }
+        let mut pin = Pin {
+            buffer: self,
+            pages: pages.start..pages.start,
+            tier,
+            addresses: Vec::with_capacity(pages.len()),
+        };
+        let zeros = vec![0u8; self.rt.page_size()];
+        for p in pages {
+            let mut entry = self.pages[p].lock();
+            match &entry.loc {
+                Resident { tier: t, .. } if *t == tier => {}
+                Resident { .. } if entry.pins > 0 => {
+                    return Err(Error::invalid(format!(
+                        "page {p} is pinned in another tier"
+                    )));
+                }
+                Resident { .. } => {
+                    self.move_locked(p, &mut entry, tier)?;
+                }
+                Zero => {
+                    entry.loc = self.first_write(&zeros, Some(tier))?;
+                    self.rt
+                        .counters
+                        .first_writes
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let Resident { slot, .. } = &entry.loc else {
+                unreachable!("made resident above")
+            };
+            pin.addresses
+                .push(store.address(slot).expect("memory tiers are addressable"));
+            entry.pins += 1;
+            if entry.pins == 1 {
+                self.rt.pinned[tier as usize].fetch_add(1, Ordering::Relaxed);
+            }
+            // The guard now covers this page (and unpins it on drop, also
+            // if a later page fails).
+            pin.pages.end = p + 1;
+        }
+        Ok(pin)
     }
 
     /// Moves the pages of `range` that live in tiers faster than `tier`
@@ -372,11 +469,51 @@ impl Buffer {
     pub fn free(self) {}
 }
 
+/// Pages held resident in one tier; see [`Buffer::pin`].
+#[derive(Debug)]
+#[must_use = "the pages are unpinned when the guard drops"]
+pub struct Pin<'a> {
+    buffer: &'a Buffer,
+    pages: Range<usize>,
+    tier: Tier,
+    addresses: Vec<u64>,
+}
+
+impl Pin<'_> {
+    /// The tier the pages are pinned in.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// The pinned pages (indices into the buffer).
+    pub fn pages(&self) -> Range<usize> {
+        self.pages.clone()
+    }
+
+    /// Each pinned page's address (device or host), in page order. The
+    /// addresses stay valid until the guard drops; what is done through
+    /// them is outside Rust's checks (kernels, C callers).
+    pub fn addresses(&self) -> &[u64] {
+        &self.addresses
+    }
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        for p in self.pages.clone() {
+            let mut entry = self.buffer.pages[p].lock();
+            entry.pins -= 1;
+            if entry.pins == 0 {
+                self.buffer.rt.pinned[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         for entry in self.pages.iter_mut() {
-            if let Entry::Resident { tier, slot } = std::mem::replace(entry.get_mut(), Entry::Zero)
-            {
+            if let Resident { tier, slot } = std::mem::replace(&mut entry.get_mut().loc, Zero) {
                 // A store refuses only slots that are not its own, which the
                 // page table never holds.
                 let _ = self.rt.store(tier).map(|s| s.free(slot));

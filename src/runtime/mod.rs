@@ -32,7 +32,7 @@ use crate::tier::{
     CxlConfig, CxlStore, DeviceStore, HostConfig, HostStore, NvmeConfig, NvmeStore, PageStore, Tier,
 };
 
-pub use buffer::{Buffer, Ticket};
+pub use buffer::{Buffer, Pin, Ticket};
 
 /// How to build a [`Runtime`]: per-tier capacities in bytes; a tier with
 /// none configured is absent (the host tier is always present).
@@ -171,6 +171,7 @@ impl RuntimeBuilder {
                 total_pages: total,
                 reserved_pages: Mutex::new(0),
                 counters: Counters::default(),
+                pinned: Default::default(),
             }),
         })
     }
@@ -190,6 +191,8 @@ pub(crate) struct Inner {
     total_pages: u64,
     reserved_pages: Mutex<u64>,
     counters: Counters,
+    /// Pinned pages per tier (indexed by `Tier as usize`).
+    pinned: [AtomicU64; 4],
 }
 
 impl Inner {
@@ -259,6 +262,8 @@ pub struct TierStats {
     pub used_pages: u32,
     /// Free slots.
     pub free_pages: u32,
+    /// Pages pinned here.
+    pub pinned_pages: u64,
     /// Whether the tier is emulated or simulated.
     pub emulated: bool,
 }
@@ -364,6 +369,7 @@ impl Runtime {
                     tier: s.tier(),
                     used_pages: s.used_pages(),
                     free_pages: s.capacity_pages() - s.used_pages(),
+                    pinned_pages: inner.pinned[s.tier() as usize].load(Ordering::Relaxed),
                     emulated: s.emulated(),
                 })
                 .collect(),

@@ -190,6 +190,9 @@ impl PageStore for CxlStore {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn address(&self, slot: &Slot) -> Option<u64> {
+        self.host.slot_ptr(slot).ok().map(|p| p.as_ptr() as u64)
+    }
     fn tier(&self) -> Tier {
         Tier::Cxl
     }

@@ -78,6 +78,9 @@ impl PageStore for DeviceStore {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn address(&self, slot: &Slot) -> Option<u64> {
+        self.device_address(slot).ok()
+    }
     fn tier(&self) -> Tier {
         Tier::Device
     }

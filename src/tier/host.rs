@@ -174,6 +174,9 @@ impl PageStore for HostStore {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn address(&self, slot: &Slot) -> Option<u64> {
+        self.slot_ptr(slot).ok().map(|p| p.as_ptr() as u64)
+    }
     fn tier(&self) -> Tier {
         self.tier
     }

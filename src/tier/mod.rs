@@ -105,6 +105,13 @@ pub trait PageStore: Send + Sync {
     fn emulated(&self) -> bool {
         false
     }
+    /// A stable address of the slot's first byte for code outside the
+    /// runtime (kernels, C callers): a device address on the device tier, a
+    /// host virtual address on memory tiers; `None` where the medium is not
+    /// addressable (NVMe). It stays valid while the slot is allocated.
+    fn address(&self, _slot: &Slot) -> Option<u64> {
+        None
+    }
     /// The store as `Any`, to reach store-specific features.
     fn as_any(&self) -> &dyn std::any::Any;
 }
