@@ -160,7 +160,6 @@ impl Buffer {
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
         let page = self.rt.page_size();
-        let mut scratch = Vec::new();
         let mut done = 0;
         for (p, within, n) in self.pieces(offset, out.len()) {
             let dst = &mut out[done..done + n];
@@ -172,9 +171,7 @@ impl Buffer {
                     if n == page {
                         store.read_page(slot, dst)?;
                     } else {
-                        scratch.resize(page, 0);
-                        store.read_page(slot, &mut scratch)?;
-                        dst.copy_from_slice(&scratch[within..within + n]);
+                        store.read_range(slot, within, dst)?;
                     }
                 }
             }
@@ -201,10 +198,7 @@ impl Buffer {
                     if full {
                         store.write_page(slot, src)?;
                     } else {
-                        scratch.resize(page, 0);
-                        store.read_page(slot, &mut scratch)?;
-                        scratch[within..within + n].copy_from_slice(src);
-                        store.write_page(slot, &scratch)?;
+                        store.write_range(slot, within, src)?;
                     }
                 }
                 Zero => {

@@ -218,6 +218,13 @@ impl PageStore for CxlStore {
         let bytes = out.len();
         self.paced(bytes, || self.host.read_page(slot, out))
     }
+    fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {
+        let bytes = out.len();
+        self.paced(bytes, || self.host.read_range(slot, offset, out))
+    }
+    fn write_range(&self, slot: &mut Slot, offset: usize, data: &[u8]) -> Result<()> {
+        self.paced(data.len(), || self.host.write_range(slot, offset, data))
+    }
     fn emulated(&self) -> bool {
         self.throttle.is_some()
     }

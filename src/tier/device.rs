@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::device::{BackendKind, DeviceBackend, DeviceMemory};
 use crate::error::{Error, Result};
 use crate::size::check_page_size;
-use crate::tier::{check_page_len, full_error, PageStore, Slot, SlotAllocator, Tier};
+use crate::tier::{check_page_len, check_range, full_error, PageStore, Slot, SlotAllocator, Tier};
 
 /// Slots in device memory.
 pub struct DeviceStore {
@@ -114,6 +114,18 @@ impl PageStore for DeviceStore {
         // SAFETY: as above; writing the slot needs `&mut Slot`, which cannot
         // coexist with the caller's `&Slot`.
         unsafe { self.memory.copy_out(self.offset(slot), out) }
+    }
+    fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_range(offset, out.len(), self.page_size)?;
+        self.slots.check(slot)?;
+        // SAFETY: as in `read_page`, for a sub-range of the slot.
+        unsafe { self.memory.copy_out(self.offset(slot) + offset, out) }
+    }
+    fn write_range(&self, slot: &mut Slot, offset: usize, data: &[u8]) -> Result<()> {
+        check_range(offset, data.len(), self.page_size)?;
+        self.slots.check(slot)?;
+        // SAFETY: as in `write_page`, for a sub-range of the slot.
+        unsafe { self.memory.copy_in(self.offset(slot) + offset, data) }
     }
     fn emulated(&self) -> bool {
         self.backend.kind() == BackendKind::Sim

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::size::check_page_size;
 use crate::sys::Arena;
-use crate::tier::{check_page_len, full_error, PageStore, Slot, SlotAllocator, Tier};
+use crate::tier::{check_page_len, check_range, full_error, PageStore, Slot, SlotAllocator, Tier};
 
 /// How to build a [`HostStore`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -205,6 +205,16 @@ impl PageStore for HostStore {
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()> {
         check_page_len("destination", out.len(), self.page_size)?;
         out.copy_from_slice(self.bytes(slot)?);
+        Ok(())
+    }
+    fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_range(offset, out.len(), self.page_size)?;
+        out.copy_from_slice(&self.bytes(slot)?[offset..offset + out.len()]);
+        Ok(())
+    }
+    fn write_range(&self, slot: &mut Slot, offset: usize, data: &[u8]) -> Result<()> {
+        check_range(offset, data.len(), self.page_size)?;
+        self.bytes_mut(slot)?[offset..offset + data.len()].copy_from_slice(data);
         Ok(())
     }
 }

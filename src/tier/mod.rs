@@ -101,6 +101,25 @@ pub trait PageStore: Send + Sync {
     fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()>;
     /// Reads a whole page (`out.len() == page_size`).
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()>;
+    /// Reads `out.len()` bytes at `offset` within a page. The default reads
+    /// the whole page; memory tiers copy just the range.
+    fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_range(offset, out.len(), self.page_size())?;
+        let mut page = vec![0; self.page_size()];
+        self.read_page(slot, &mut page)?;
+        out.copy_from_slice(&page[offset..offset + out.len()]);
+        Ok(())
+    }
+    /// Writes `data` at `offset` within a page. The default reads the page,
+    /// patches it and writes it whole (on NVMe: copy-then-commit); memory
+    /// tiers write just the range, in place.
+    fn write_range(&self, slot: &mut Slot, offset: usize, data: &[u8]) -> Result<()> {
+        check_range(offset, data.len(), self.page_size())?;
+        let mut page = vec![0; self.page_size()];
+        self.read_page(slot, &mut page)?;
+        page[offset..offset + data.len()].copy_from_slice(data);
+        self.write_page(slot, &page)
+    }
     /// Whether the tier is emulated (reports must say so).
     fn emulated(&self) -> bool {
         false
@@ -123,6 +142,15 @@ pub(crate) fn check_page_len(what: &str, len: usize, page_size: usize) -> Result
         Err(Error::invalid(format!(
             "{what} buffer is {len} bytes; a page is {page_size}"
         )))
+    }
+}
+
+pub(crate) fn check_range(offset: usize, len: usize, page_size: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= page_size => Ok(()),
+        _ => Err(Error::invalid(format!(
+            "range {offset}+{len} exceeds a page of {page_size} bytes"
+        ))),
     }
 }
 
