@@ -3,6 +3,9 @@
 //!
 //! ```toml
 //! page_size = "64k"
+//! device = "auto"          # auto | cuda | sim
+//! device_capacity = "8G"   # cap on the GPU (default: its free memory less
+//!                          # a reserve); the simulated GPU's size (1 GiB)
 //! [host]
 //! capacity = "8G"
 //! huge_pages = true
@@ -20,7 +23,7 @@
 //! ```
 //!
 //! Environment (overrides the file): `STRATA_CONFIG` (the file),
-//! `STRATA_PAGE_SIZE`, `STRATA_HOST_CAPACITY`, `STRATA_CXL_MODE`,
+//! `STRATA_DEVICE`, `STRATA_DEVICE_CAPACITY`, `STRATA_PAGE_SIZE`, `STRATA_HOST_CAPACITY`, `STRATA_CXL_MODE`,
 //! `STRATA_CXL_CAPACITY`, `STRATA_NVME_PATH`, `STRATA_NVME_CAPACITY`,
 //! `STRATA_IO_ENGINE`.
 #![forbid(unsafe_code)]
@@ -29,6 +32,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::device::DeviceChoice;
 use crate::error::{Error, Result};
 use crate::io::EngineChoice;
 use crate::size::{check_page_size, parse_size};
@@ -70,6 +74,8 @@ impl From<Size> for u64 {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     page_size: Option<Size>,
+    device: Option<DeviceChoice>,
+    device_capacity: Option<Size>,
     #[serde(default)]
     host: FileHost,
     #[serde(default)]
@@ -104,11 +110,20 @@ struct FileNvme {
     queue_depth: Option<usize>,
 }
 
-/// The resolved configuration of the storage tiers.
+/// The simulated GPU's default size.
+pub const DEFAULT_SIM_DEVICE_CAPACITY: u64 = 1 << 30;
+
+/// The resolved configuration of the tiers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Config {
     /// Page size of every tier.
     pub page_size: usize,
+    /// Device backend.
+    pub device: DeviceChoice,
+    /// Device tier capacity: a cap on a GPU, the size of the simulated one;
+    /// `None` for the defaults (GPU: free memory less a reserve; sim:
+    /// [`DEFAULT_SIM_DEVICE_CAPACITY`]). 0 turns the device tier off.
+    pub device_capacity: Option<u64>,
     /// Host DRAM tier.
     pub host: HostConfig,
     /// CXL tier; `None` when off, or `auto` on a machine without CXL memory.
@@ -219,8 +234,16 @@ impl Config {
             engine,
             queue_depth: file.nvme.queue_depth.unwrap_or(32),
         };
+        let device = match env("STRATA_DEVICE") {
+            Some(d) => d.parse().map_err(|e: Error| e.context("STRATA_DEVICE"))?,
+            None => file.device.unwrap_or_default(),
+        };
+        let device_capacity =
+            env_size("STRATA_DEVICE_CAPACITY")?.or(file.device_capacity.map(|s| s.0));
         let config = Self {
             page_size,
+            device,
+            device_capacity,
             host,
             cxl,
             nvme,
@@ -307,6 +330,17 @@ mod tests {
         let env = |k: &str| (k == "STRATA_HOST_CAPACITY").then(|| "2G".to_string());
         let c = Config::resolve(Some(toml), &env, &Topology::default()).unwrap();
         assert_eq!(c.host.capacity, 2 << 30);
+        let env = |k: &str| match k {
+            "STRATA_DEVICE" => Some("sim".to_string()),
+            "STRATA_DEVICE_CAPACITY" => Some("256M".to_string()),
+            _ => None,
+        };
+        let c = Config::resolve(None, &env, &Topology::default()).unwrap();
+        assert_eq!(c.device, DeviceChoice::Sim);
+        assert_eq!(c.device_capacity, Some(256 << 20));
+        let env = |k: &str| (k == "STRATA_DEVICE").then(|| "gpu0".to_string());
+        let e = Config::resolve(None, &env, &Topology::default()).unwrap_err();
+        assert!(e.message().contains("STRATA_DEVICE"), "{e}");
     }
 
     #[test]

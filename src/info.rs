@@ -44,6 +44,8 @@ pub struct Info {
     pub io_engine: String,
     /// Whether transparent huge pages can be requested.
     pub transparent_huge_pages: bool,
+    /// The device backend strata would use: "cuda", "simulated", or null.
+    pub backend: Option<&'static str>,
     /// Configured tiers.
     pub tiers: Vec<TierInfo>,
 }
@@ -60,13 +62,22 @@ pub fn gather(config: &Config) -> Info {
         .map(|e| e.kind().to_string())
         .unwrap_or_else(|e| format!("unavailable: {e}"));
     let mut tiers = Vec::new();
-    if let Some(g) = gpus.first() {
-        tiers.push(TierInfo {
+    use crate::device::DeviceChoice;
+    match (gpus.first(), config.device, config.device_capacity) {
+        (_, _, Some(0)) => {}
+        (Some(g), DeviceChoice::Auto | DeviceChoice::Cuda, cap) => tiers.push(TierInfo {
             tier: Tier::Device,
-            capacity_bytes: g.memory_bytes,
+            capacity_bytes: cap.map_or(g.memory_bytes, |c| c.min(g.memory_bytes)),
             emulated: false,
             detail: format!("GPU {} ({})", g.ordinal, g.name),
-        });
+        }),
+        (None, DeviceChoice::Cuda, _) => {}
+        (_, _, cap) => tiers.push(TierInfo {
+            tier: Tier::Device,
+            capacity_bytes: cap.unwrap_or(crate::config::DEFAULT_SIM_DEVICE_CAPACITY),
+            emulated: true,
+            detail: "simulated device: host memory behind a PCIe Gen4 x16 link model".into(),
+        }),
     }
     tiers.push(TierInfo {
         tier: Tier::Host,
@@ -117,6 +128,13 @@ pub fn gather(config: &Config) -> Info {
         io_uring_error: uring.err().map(|e| e.message().to_string()),
         io_engine,
         transparent_huge_pages: crate::sys::arena::thp_allowed(),
+        backend: tiers.iter().find(|t| t.tier == Tier::Device).map(|t| {
+            if t.emulated {
+                "simulated"
+            } else {
+                "cuda"
+            }
+        }),
         tiers,
     }
 }

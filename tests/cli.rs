@@ -42,6 +42,17 @@ fn info_json_has_the_documented_keys() {
         assert!(n["cpu_less"].is_boolean());
     }
     assert!(v["gpu"].is_null() || v["gpu"].is_object());
+    // Without a GPU the device tier is the simulated one, and says so.
+    if v["gpu"].is_null() {
+        assert_eq!(v["backend"], "simulated");
+        let dev = v["tiers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tier"] == "device")
+            .unwrap();
+        assert_eq!(dev["emulated"], true);
+    }
     assert!(v["io_uring"].is_boolean());
     let tiers = v["tiers"].as_array().unwrap();
     let names: Vec<&str> = tiers.iter().map(|t| t["tier"].as_str().unwrap()).collect();

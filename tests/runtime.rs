@@ -75,6 +75,27 @@ fn reads_and_writes_cross_page_boundaries() {
 }
 
 #[test]
+fn builds_from_the_config_file_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "page_size = \"16k\"\ndevice = \"sim\"\ndevice_capacity = \"64k\"\n[host]\ncapacity = \"64k\"\n[nvme]\npath = {:?}\ncapacity = \"1M\"\n",
+        dir.path()
+    );
+    let config =
+        strata::config::Config::resolve(Some(&toml), &|_| None, &strata::sys::Topology::default())
+            .unwrap();
+    let rt = strata::runtime::RuntimeBuilder::from_config(&config)
+        .build()
+        .unwrap();
+    assert_eq!(rt.tiers(), vec![Tier::Device, Tier::Host, Tier::Nvme]);
+    assert_eq!(rt.device_backend().unwrap().label(), "simulated");
+    let b = rt.alloc(20 * PAGE as u64).unwrap();
+    b.write(0, &pattern(1, 2, 20 * PAGE)).unwrap();
+    let used: Vec<u32> = rt.stats().tiers.iter().map(|t| t.used_pages).collect();
+    assert_eq!(used, vec![4, 4, 12]);
+}
+
+#[test]
 fn allocation_errors() {
     let dir = tempfile::tempdir().unwrap();
     let rt = tiny(dir.path(), engines()[0].1.clone(), 16);

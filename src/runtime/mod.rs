@@ -113,10 +113,21 @@ impl RuntimeBuilder {
 
     /// Builds the runtime from a resolved [`Config`](crate::config::Config).
     pub fn from_config(config: &crate::config::Config) -> Self {
+        let device_capacity = config.device_capacity.unwrap_or(match config.device {
+            DeviceChoice::Sim => crate::config::DEFAULT_SIM_DEVICE_CAPACITY,
+            // A GPU's own limit (free memory less a reserve) applies.
+            DeviceChoice::Cuda => u64::MAX,
+            // Auto: a GPU where present (its limit applies), else the
+            // default simulated size.
+            DeviceChoice::Auto => match device::open(DeviceChoice::Cuda, u64::MAX) {
+                Ok(_) => u64::MAX,
+                Err(_) => crate::config::DEFAULT_SIM_DEVICE_CAPACITY,
+            },
+        });
         Self {
             page_size: config.page_size,
-            device: DeviceChoice::Auto,
-            device_capacity: 0,
+            device: config.device,
+            device_capacity,
             host_capacity: config.host.capacity,
             cxl: config.cxl.clone(),
             nvme: Some(config.nvme.clone()),

@@ -341,6 +341,10 @@ fn print_info(info: &strata::info::Info) {
     );
     println!("io engine: {}", info.io_engine);
     println!(
+        "backend:   {}",
+        info.backend.unwrap_or("none (no device tier)")
+    );
+    println!(
         "THP:       {}",
         if info.transparent_huge_pages {
             "allowed"
@@ -374,7 +378,11 @@ fn print_info(info: &strata::info::Info) {
             t.tier.name(),
             format_size(t.capacity_bytes),
             t.detail,
-            if t.emulated { " [emulated]" } else { "" }
+            match (t.emulated, t.tier) {
+                (true, strata::Tier::Device) => " [simulated]",
+                (true, _) => " [emulated]",
+                _ => "",
+            }
         );
     }
 }
