@@ -333,3 +333,53 @@ fn unknown_subcommand_is_status_2() {
     let out = strata(&["frobnicate"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn bench_migrate_reports_every_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("m.json");
+    let out = strata(&[
+        "bench",
+        "migrate",
+        "--device",
+        "sim",
+        "--page-sizes",
+        "64k",
+        "--size",
+        "1M",
+        "--path",
+        dir.path().to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["backend"], "simulated");
+    let cases = v["cases"].as_array().unwrap();
+    let links: Vec<&str> = cases.iter().map(|c| c["link"].as_str().unwrap()).collect();
+    assert_eq!(
+        links,
+        [
+            "host->device",
+            "device->host",
+            "host->cxl",
+            "cxl->host",
+            "host->nvme",
+            "nvme->host"
+        ]
+    );
+    for c in cases {
+        assert_eq!(c["page_size"], 65536);
+        assert!(c["bytes_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(c["raw_bytes_per_sec"].as_f64().unwrap() > 0.0);
+    }
+    assert_bad_input(
+        &strata(&["bench", "migrate", "--device", "tpu"]),
+        "unknown device",
+    );
+}

@@ -3,3 +3,4 @@
 
 pub mod copy;
 pub mod io;
+pub mod migrate;

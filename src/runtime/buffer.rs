@@ -296,11 +296,10 @@ impl Buffer {
             .rt
             .store(dst)
             .ok_or_else(|| Error::invalid(format!("the {dst} tier is not configured")))?;
-        let mut bytes = vec![0; self.rt.page_size()];
         let moved = (|| {
-            from.read_page(slot, &mut bytes)?;
             let mut fresh = to.alloc()?;
-            match to.write_page(&mut fresh, &bytes) {
+            // One copy, straight from the source's bytes where it has them.
+            match from.with_page(slot, &mut |bytes| to.write_page(&mut fresh, bytes)) {
                 Ok(()) => Ok(fresh),
                 Err(e) => {
                     to.free(fresh)?;

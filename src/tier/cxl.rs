@@ -218,6 +218,11 @@ impl PageStore for CxlStore {
         let bytes = out.len();
         self.paced(bytes, || self.host.read_page(slot, out))
     }
+    fn with_page(&self, slot: &Slot, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        // The copy `f` makes out of CXL memory is the transfer to pace.
+        let bytes = self.host.page_size();
+        self.paced(bytes, || self.host.with_page(slot, f))
+    }
     fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {
         let bytes = out.len();
         self.paced(bytes, || self.host.read_range(slot, offset, out))

@@ -207,6 +207,9 @@ impl PageStore for HostStore {
         out.copy_from_slice(self.bytes(slot)?);
         Ok(())
     }
+    fn with_page(&self, slot: &Slot, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        f(self.bytes(slot)?)
+    }
     fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {
         check_range(offset, out.len(), self.page_size)?;
         out.copy_from_slice(&self.bytes(slot)?[offset..offset + out.len()]);

@@ -101,6 +101,14 @@ pub trait PageStore: Send + Sync {
     fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()>;
     /// Reads a whole page (`out.len() == page_size`).
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()>;
+    /// Calls `f` with the page's bytes. The default reads the page into a
+    /// temporary buffer; memory tiers hand out the slot's own bytes, so a
+    /// move out of them is a single copy.
+    fn with_page(&self, slot: &Slot, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let mut page = vec![0; self.page_size()];
+        self.read_page(slot, &mut page)?;
+        f(&page)
+    }
     /// Reads `out.len()` bytes at `offset` within a page. The default reads
     /// the whole page; memory tiers copy just the range.
     fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {

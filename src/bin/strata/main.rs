@@ -50,6 +50,27 @@ enum BenchCommand {
     Io(IoArgs),
     /// Page copies DRAM→DRAM and DRAM↔CXL beside memcpy.
     Copy(CopyArgs),
+    /// Page migration through the runtime per link, beside the raw link.
+    Migrate(MigrateArgs),
+}
+
+#[derive(Args)]
+struct MigrateArgs {
+    /// Device backend: auto, cuda or sim.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Page sizes, comma-separated.
+    #[arg(long, default_value = "4k,16k,64k,256k,1M,2M")]
+    page_sizes: String,
+    /// Bytes migrated per case.
+    #[arg(long, default_value = "64M")]
+    size: String,
+    /// Directory for the NVMe tier (a disk, not tmpfs).
+    #[arg(long, default_value = ".")]
+    path: PathBuf,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -142,6 +163,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Bench(BenchCommand::Io(a)) => bench_io(a),
         Command::Bench(BenchCommand::Copy(a)) => bench_copy(a),
+        Command::Bench(BenchCommand::Migrate(a)) => bench_migrate(a),
     }
 }
 
@@ -311,6 +333,59 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
             format_rate(c.memcpy_bytes_per_sec),
             format_rate(c.limit_bytes_per_sec),
             c.ratio
+        );
+    }
+    write_json(json, &r)
+}
+
+fn bench_migrate(a: MigrateArgs) -> Result<(), Error> {
+    let page_sizes = a
+        .page_sizes
+        .split(',')
+        .map(|p| page_size_arg("--page-sizes", p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let size = size_arg("--size", &a.size)?;
+    let largest = page_sizes.iter().copied().max().unwrap_or(4096) as u64;
+    if size < largest {
+        return Err(Error::invalid(format!(
+            "--size {} is smaller than the largest page size {}",
+            format_size(size),
+            format_size(largest)
+        )));
+    }
+    if size > 4 << 30 {
+        return Err(Error::invalid(
+            "--size above 4G would need that much of every tier",
+        ));
+    }
+    let params = bench::migrate::MigrateParams {
+        device: a.device.parse()?,
+        page_sizes,
+        size,
+        path: a.path,
+    };
+    let json = open_json(&a.json)?;
+    let bar = progress_bar();
+    let r = bench::migrate::run(&params, &mut |phase, f| {
+        bar.set_message(phase.to_string());
+        bar.set_position((f * 1000.0) as u64);
+    });
+    bar.finish_and_clear();
+    let r = r?;
+    println!("backend: {} (cxl emulated)", r.backend);
+    println!(
+        "{:<13} {:>6} {:>12} {:>12} {:>6}  {}",
+        "link", "page", "migration", "raw link", "ratio", "time"
+    );
+    for c in &r.cases {
+        println!(
+            "{:<13} {:>6} {:>12} {:>12} {:>6.2}  {}",
+            c.link,
+            format_size(c.page_size as u64),
+            format_rate(c.bytes_per_sec),
+            format_rate(c.raw_bytes_per_sec),
+            c.ratio,
+            c.time
         );
     }
     write_json(json, &r)

@@ -1,0 +1,243 @@
+//! `strata bench migrate`: page migration through the runtime, per link and
+//! page size, beside the raw throughput of the same link measured in the
+//! same run: memcpy for DRAM↔DRAM-like links (emulated CXL: its cap), the
+//! io engine at full queue depth for NVMe, and for the device the backend's
+//! own copies (on the simulated device: its link model's bandwidth, in
+//! modelled time).
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::device::DeviceChoice;
+use crate::error::{Error, Result};
+use crate::io::AlignedBuf;
+use crate::runtime::{Placement, Runtime};
+use crate::tier::{CxlConfig, CxlMode, NvmeConfig, NvmeStore, PageStore, Slot, Tier};
+
+/// Parameters.
+#[derive(Debug, Clone, Serialize)]
+pub struct MigrateParams {
+    /// Device backend.
+    pub device: DeviceChoice,
+    /// Page sizes to measure.
+    pub page_sizes: Vec<usize>,
+    /// Bytes migrated per case.
+    pub size: u64,
+    /// Directory for the NVMe tier.
+    pub path: std::path::PathBuf,
+}
+
+/// One case (the JSON keys `link`, `page_size`, `bytes_per_sec`,
+/// `raw_bytes_per_sec` are a stable interface).
+#[derive(Debug, Clone, Serialize)]
+pub struct MigrateCase {
+    /// e.g. `host->nvme`.
+    pub link: String,
+    /// Page size.
+    pub page_size: usize,
+    /// Migration throughput through the runtime.
+    pub bytes_per_sec: f64,
+    /// The same link's raw throughput, same run.
+    pub raw_bytes_per_sec: f64,
+    /// `bytes_per_sec / raw_bytes_per_sec`.
+    pub ratio: f64,
+    /// "wall", or "modelled" for the simulated device's link.
+    pub time: &'static str,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct MigrateReport {
+    /// "simulated" or "cuda".
+    pub backend: &'static str,
+    /// Whether the CXL tier is emulated.
+    pub cxl_emulated: bool,
+    /// Cases.
+    pub cases: Vec<MigrateCase>,
+    /// Parameters.
+    pub params: MigrateParams,
+}
+
+fn rate(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / secs.max(1e-12)
+}
+
+/// Runs every case.
+pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Result<MigrateReport> {
+    let mut cases = Vec::new();
+    let mut backend = "simulated";
+    for (i, &page) in params.page_sizes.iter().enumerate() {
+        progress("migrate", i as f64 / params.page_sizes.len() as f64);
+        crate::size::check_page_size(page)?;
+        let pages = (params.size / page as u64).max(1);
+        let bytes = pages * page as u64;
+        let mut cxl = CxlConfig::new(CxlMode::Emulated, bytes, page);
+        cxl.bandwidth = None;
+        let rt = Runtime::builder()
+            .page_size(page)
+            .device(params.device, bytes)
+            .host(bytes)
+            .cxl(cxl)
+            .nvme(NvmeConfig::new(
+                &params.path,
+                (bytes + 128 * page as u64).next_multiple_of(page as u64),
+                page,
+            ))
+            .build()?;
+        backend = rt.device_backend().map_or("none", |b| b.label());
+        let buf = rt.alloc_with(bytes, Placement::Prefer(Tier::Host))?;
+        buf.write(0, &vec![0x5a; bytes as usize])?;
+        let all = 0..bytes;
+        let sim = backend == "simulated";
+        // One untimed round trip through every tier first, so the timed
+        // passes reuse slots whose memory is already faulted in (a fresh
+        // arena's first touch costs more than the copy) and measure the
+        // steady state.
+        for tier in [Tier::Device, Tier::Cxl, Tier::Nvme] {
+            buf.prefetch(all.clone(), tier).wait()?;
+            buf.prefetch(all.clone(), Tier::Host).wait()?;
+        }
+
+        // host <-> device.
+        let links = |rt: &Runtime| rt.stats().device_links.unwrap_or_default();
+        let before = links(&rt);
+        let t = Instant::now();
+        buf.prefetch(all.clone(), Tier::Device).wait()?;
+        let wall_up = t.elapsed().as_secs_f64();
+        let mid = links(&rt);
+        let t = Instant::now();
+        buf.evict(all.clone(), Tier::Host)?;
+        let wall_down = t.elapsed().as_secs_f64();
+        let after = links(&rt);
+        let (up, down) = if sim {
+            (
+                rate(bytes, mid.0.modelled_seconds - before.0.modelled_seconds),
+                rate(bytes, after.1.modelled_seconds - mid.1.modelled_seconds),
+            )
+        } else {
+            (rate(bytes, wall_up), rate(bytes, wall_down))
+        };
+        let raw_device = if sim {
+            crate::device::sim::PCIE_GEN4_X16.bandwidth
+        } else {
+            // The backend's own page copies, one call per page (what a
+            // migration must do at least), measured as the link.
+            rate(
+                mid.0.bytes - before.0.bytes,
+                (mid.0.wall_seconds - before.0.wall_seconds).max(1e-12),
+            )
+        };
+        let time = if sim { "modelled" } else { "wall" };
+        for (link, r) in [("host->device", up), ("device->host", down)] {
+            cases.push(MigrateCase {
+                link: link.into(),
+                page_size: page,
+                bytes_per_sec: r,
+                raw_bytes_per_sec: raw_device,
+                ratio: r / raw_device,
+                time,
+            });
+        }
+
+        // host <-> cxl (emulated: the cap is the link's limit).
+        let cap = crate::tier::cxl::local_memcpy_bandwidth()
+            * crate::tier::cxl::CXL_DEFAULT_BANDWIDTH_FRACTION;
+        let t = Instant::now();
+        buf.evict(all.clone(), Tier::Cxl)?;
+        let down = rate(bytes, t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        buf.prefetch(all.clone(), Tier::Host).wait()?;
+        let up = rate(bytes, t.elapsed().as_secs_f64());
+        for (link, r) in [("host->cxl", down), ("cxl->host", up)] {
+            cases.push(MigrateCase {
+                link: link.into(),
+                page_size: page,
+                bytes_per_sec: r,
+                raw_bytes_per_sec: cap,
+                ratio: r / cap,
+                time: "wall",
+            });
+        }
+
+        // host <-> nvme, against the io engine at depth 32 on a store of the
+        // same geometry.
+        let t = Instant::now();
+        buf.evict(all.clone(), Tier::Nvme)?;
+        let down = rate(bytes, t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        buf.prefetch(all.clone(), Tier::Host).wait()?;
+        let up = rate(bytes, t.elapsed().as_secs_f64());
+        drop(buf);
+        drop(rt);
+        let (raw_write, raw_read) = raw_nvme(&params.path, pages as u32, page)?;
+        for (link, r, raw) in [
+            ("host->nvme", down, raw_write),
+            ("nvme->host", up, raw_read),
+        ] {
+            cases.push(MigrateCase {
+                link: link.into(),
+                page_size: page,
+                bytes_per_sec: r,
+                raw_bytes_per_sec: raw,
+                ratio: r / raw,
+                time: "wall",
+            });
+        }
+    }
+    progress("migrate", 1.0);
+    Ok(MigrateReport {
+        backend,
+        cxl_emulated: true,
+        cases,
+        params: params.clone(),
+    })
+}
+
+/// Writes then reads `pages` pages through an NVMe session at depth 32.
+fn raw_nvme(path: &std::path::Path, pages: u32, page: usize) -> Result<(f64, f64)> {
+    let mut cfg = NvmeConfig::new(path, (pages as u64 + 128) * page as u64, page);
+    cfg.queue_depth = 32;
+    let store = NvmeStore::new(&cfg)?;
+    let mut slots: Vec<Option<Slot>> = (0..pages)
+        .map(|_| store.alloc().map(Some))
+        .collect::<Result<_>>()?;
+    let mut bufs: Vec<AlignedBuf> = (0..32).map(|_| store.buffer()).collect::<Result<_>>()?;
+    let mut timings = [0f64; 2];
+    for (k, write) in [true, false].into_iter().enumerate() {
+        let mut session = store.session()?;
+        let mut done = Vec::new();
+        let mut next = 0usize;
+        let mut finished = 0usize;
+        let t = Instant::now();
+        while finished < pages as usize {
+            while next < pages as usize && session.in_flight() < session.depth() {
+                let slot = slots[next].take().expect("slot present");
+                let buf = bufs.pop().expect("a buffer per queue slot");
+                let r = if write {
+                    session.submit_write(slot, buf, next as u64)
+                } else {
+                    session.submit_read(slot, buf, next as u64)
+                };
+                r.map_err(|r| r.error)?;
+                next += 1;
+            }
+            session.reap(1, &mut done)?;
+            for c in done.drain(..) {
+                c.result?;
+                slots[c.tag as usize] = Some(c.slot);
+                bufs.push(c.buf);
+                finished += 1;
+            }
+        }
+        timings[k] = t.elapsed().as_secs_f64();
+    }
+    for slot in slots.into_iter().flatten() {
+        store.free(slot)?;
+    }
+    let bytes = pages as u64 * page as u64;
+    if timings.iter().any(|&t| t <= 0.0) {
+        return Err(Error::invalid("raw nvme run took no time"));
+    }
+    Ok((rate(bytes, timings[0]), rate(bytes, timings[1])))
+}
