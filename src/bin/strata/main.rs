@@ -374,8 +374,8 @@ fn bench_migrate(a: MigrateArgs) -> Result<(), Error> {
     let r = r?;
     println!("backend: {} (cxl emulated)", r.backend);
     println!(
-        "{:<13} {:>6} {:>12} {:>12} {:>6}  {}",
-        "link", "page", "migration", "raw link", "ratio", "time"
+        "{:<13} {:>6} {:>12} {:>12} {:>6}  time",
+        "link", "page", "migration", "raw link", "ratio"
     );
     for c in &r.cases {
         println!(
