@@ -12,6 +12,19 @@
 //! room (or the hinted one). Moves are copy-then-commit: the page is copied
 //! into a slot of the destination tier and the entry switches only once the
 //! copy succeeded, so a failed move leaves the page readable where it was.
+//!
+//! ```
+//! use strata::{Runtime, Tier};
+//!
+//! let rt = Runtime::builder().page_size(64 << 10).host(64 << 20).build()?;
+//! let buf = rt.alloc(1 << 20)?;
+//! buf.write(65000, b"spans a page boundary")?;
+//! buf.prefetch(0..buf.len(), Tier::Host).wait()?;
+//! let mut out = [0u8; 21];
+//! buf.read(65000, &mut out)?;
+//! assert_eq!(&out, b"spans a page boundary");
+//! # Ok::<(), strata::Error>(())
+//! ```
 #![forbid(unsafe_code)]
 
 mod buffer;
