@@ -189,6 +189,16 @@ fn evict_cascades_down_and_prefetch_brings_pages_up() {
     assert_eq!(s.moves, 6);
     let (h2d, d2h) = s.device_links.unwrap();
     assert!(h2d.bytes > 0 && d2h.bytes > 0);
+    // 4 pages device→nvme (cascading past full host and cxl), 2 back up.
+    let link = |from, to| {
+        s.links
+            .iter()
+            .find(|l| l.from == from && l.to == to)
+            .map(|l| l.stats.ops)
+    };
+    assert_eq!(link(Tier::Device, Tier::Nvme), Some(4));
+    assert_eq!(link(Tier::Nvme, Tier::Device), Some(2));
+    assert_eq!(s.links.iter().map(|l| l.stats.ops).sum::<u64>(), s.moves);
     assert!(b.prefetch(0..1, Tier::Device).poll().unwrap().is_ok());
 }
 

@@ -296,6 +296,7 @@ impl Buffer {
             .rt
             .store(dst)
             .ok_or_else(|| Error::invalid(format!("the {dst} tier is not configured")))?;
+        let started = std::time::Instant::now();
         let moved = (|| {
             let mut fresh = to.alloc()?;
             // One copy, straight from the source's bytes where it has them.
@@ -320,6 +321,11 @@ impl Buffer {
                 };
                 from.free(old)?;
                 self.rt.counters.moves.fetch_add(1, Ordering::Relaxed);
+                self.rt.link(src, dst).record(
+                    self.rt.page_size(),
+                    started.elapsed(),
+                    std::time::Duration::ZERO,
+                );
                 Ok(true)
             }
             Err(e) => {

@@ -38,7 +38,7 @@ use serde::Serialize;
 use crate::device::{self, BackendKind, DeviceChoice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::IoEngine;
-use crate::link::LinkStats;
+use crate::link::{LinkCounter, LinkStats};
 use crate::size::{check_page_size, format_size};
 use crate::sys::Topology;
 use crate::tier::{
@@ -196,6 +196,7 @@ impl RuntimeBuilder {
                 reserved_pages: Mutex::new(0),
                 counters: Counters::default(),
                 pinned: Default::default(),
+                links: Default::default(),
             }),
         })
     }
@@ -217,6 +218,8 @@ pub(crate) struct Inner {
     counters: Counters,
     /// Pinned pages per tier (indexed by `Tier as usize`).
     pinned: [AtomicU64; 4],
+    /// Page moves per link, indexed by `from * 4 + to`.
+    links: [LinkCounter; 16],
 }
 
 impl Inner {
@@ -230,6 +233,10 @@ impl Inner {
 
     pub(crate) fn page_size(&self) -> usize {
         self.page_size
+    }
+
+    pub(crate) fn link(&self, from: Tier, to: Tier) -> &LinkCounter {
+        &self.links[from as usize * 4 + to as usize]
     }
 
     fn capacity_report(&self) -> String {
@@ -309,8 +316,23 @@ pub struct Stats {
     pub failed_moves: u64,
     /// Pages materialized by their first write.
     pub first_writes: u64,
-    /// Host→device and device→host link traffic, if there is a device tier.
+    /// Host→device and device→host link traffic, if there is a device tier
+    /// (as the backend counts it: every copy, moves and accesses alike).
     pub device_links: Option<(LinkStats, LinkStats)>,
+    /// Page moves per link that carried any (wall time of the whole move).
+    pub links: Vec<LinkUse>,
+}
+
+/// Page moves over one link.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkUse {
+    /// Source tier.
+    pub from: Tier,
+    /// Destination tier.
+    pub to: Tier,
+    /// What crossed it.
+    #[serde(flatten)]
+    pub stats: LinkStats,
 }
 
 impl Runtime {
@@ -402,6 +424,14 @@ impl Runtime {
             failed_moves: inner.counters.failed_moves.load(Ordering::Relaxed),
             first_writes: inner.counters.first_writes.load(Ordering::Relaxed),
             device_links: device.map(|d| d.link_stats()),
+            links: Tier::ALL
+                .iter()
+                .flat_map(|&from| Tier::ALL.iter().map(move |&to| (from, to)))
+                .filter_map(|(from, to)| {
+                    let stats = inner.links[from as usize * 4 + to as usize].stats();
+                    (stats.ops > 0).then_some(LinkUse { from, to, stats })
+                })
+                .collect(),
         }
     }
 
