@@ -72,6 +72,18 @@ fn device_store_round_trip_on_every_backend() {
 }
 
 #[test]
+fn the_simulated_budget_holds_across_allocations() {
+    let sim = device::open(DeviceChoice::Sim, 1 << 20).unwrap();
+    let a = sim.alloc(768 << 10).unwrap();
+    assert_eq!(
+        sim.alloc(512 << 10).unwrap_err().kind(),
+        ErrorKind::OutOfCapacity
+    );
+    drop(a);
+    assert!(sim.alloc(1 << 20).is_ok());
+}
+
+#[test]
 fn auto_picks_cuda_only_where_a_gpu_is() {
     let auto = device::open(DeviceChoice::Auto, 64 << 20).unwrap();
     let cuda = device::open(DeviceChoice::Cuda, 64 << 20);

@@ -250,6 +250,11 @@ fn pinned_pages_stay_put_and_report_addresses() {
         let pin = b.pin(PAGE as u64..3 * PAGE as u64, Tier::Host).unwrap();
         assert_eq!(pin.pages(), 1..3);
         assert_eq!(pin.addresses().len(), 2);
+        // The address is the page's memory: read it as a C caller would.
+        // SAFETY: a host pin's address stays valid for a page while the
+        // guard lives, and no one writes the page during this read.
+        let seen = unsafe { std::slice::from_raw_parts(pin.addresses()[1] as *const u8, PAGE) };
+        assert_eq!(seen, &data[2 * PAGE..3 * PAGE]);
         assert!(pin.addresses().iter().all(|a| a % PAGE as u64 == 0));
         assert_ne!(pin.addresses()[0], pin.addresses()[1]);
         assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Host));
@@ -301,6 +306,79 @@ fn pinned_pages_stay_put_and_report_addresses() {
     assert!(z.iter().all(|&x| x == 0));
 }
 
+/// Moves hold a second slot until they commit; they must not take the
+/// slot a reserved, never-written page is owed.
+#[test]
+fn moves_never_starve_a_reserved_first_write() {
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(2 * PAGE as u64)
+        .cxl({
+            let mut c = CxlConfig::new(CxlMode::Emulated, 2 * PAGE as u64, PAGE);
+            c.bandwidth = Some(50e9);
+            c.latency_ns = 0;
+            c
+        })
+        .build()
+        .unwrap();
+    for _ in 0..50 {
+        let x = Arc::new(rt.alloc(3 * PAGE as u64).unwrap());
+        x.write(0, &pattern(1, 1, 3 * PAGE)).unwrap();
+        let y = rt.alloc(PAGE as u64).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mover = {
+            let (x, stop) = (x.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Refusals are fine; they must be refusals.
+                    for r in [
+                        x.evict(0..PAGE as u64, Tier::Cxl),
+                        x.prefetch(0..PAGE as u64, Tier::Host).wait(),
+                    ] {
+                        if let Err(e) = r {
+                            assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
+                        }
+                    }
+                }
+            })
+        };
+        y.write(0, &[7; 100]).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        mover.join().unwrap();
+        let mut out = vec![0; 3 * PAGE];
+        x.read(0, &mut out).unwrap();
+        assert_eq!(out, pattern(1, 1, 3 * PAGE));
+    }
+}
+
+/// `stats()` while a full NVMe tier is rewritten (its reserve slot in use).
+#[test]
+fn stats_during_writes_to_a_full_nvme_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(PAGE as u64)
+        .nvme(NvmeConfig::new(dir.path(), 4 * PAGE as u64, PAGE))
+        .build()
+        .unwrap();
+    let b = Arc::new(rt.alloc(4 * PAGE as u64).unwrap());
+    b.write(0, &pattern(2, 2, 4 * PAGE)).unwrap();
+    let writer = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            for i in 0..200 {
+                b.write(PAGE as u64, &pattern(3, i, PAGE)).unwrap();
+            }
+        })
+    };
+    for _ in 0..2000 {
+        for t in rt.stats().tiers {
+            assert!(t.used_pages + t.free_pages <= 4, "{t:?}");
+        }
+    }
+    writer.join().unwrap();
+}
+
 /// Four threads, each writing and reading its own buffer against its own
 /// oracle, while all of them move pages of every buffer between tiers at
 /// random; every tier holds 4 pages, so pages move all the time.
@@ -322,6 +400,7 @@ fn model_based_random_operations_from_four_threads() {
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let bufs = bufs.clone();
+                let rt = rt.clone();
                 std::thread::spawn(move || {
                     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ t as u64);
                     let mine = &bufs[t];
@@ -331,7 +410,7 @@ fn model_based_random_operations_from_four_threads() {
                     for step in 0..400 {
                         let off = rng.random_range(0..len);
                         let n = rng.random_range(1..=(len - off).min(3 * PAGE));
-                        match rng.random_range(0..11) {
+                        match rng.random_range(0..12) {
                             0..=3 => {
                                 let data = pattern(t as u32 * 1000 + step, off as u32, n);
                                 mine.write(off as u64, &data).unwrap();
@@ -345,6 +424,24 @@ fn model_based_random_operations_from_four_threads() {
                                     oracle[off..off + n],
                                     "thread {t} step {step} (seed {seed})"
                                 );
+                            }
+                            11 => {
+                                // A short-lived buffer of our own: written,
+                                // read back, freed (or refused when every
+                                // page is promised).
+                                match rt.alloc((n as u64).max(1)) {
+                                    Ok(tmp) => {
+                                        let data = pattern(t as u32, step, n);
+                                        tmp.write(0, &data).unwrap();
+                                        let mut out = vec![0; n];
+                                        tmp.read(0, &mut out).unwrap();
+                                        assert_eq!(
+                                            out, data,
+                                            "thread {t} step {step} (seed {seed})"
+                                        );
+                                    }
+                                    Err(e) => assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}"),
+                                }
                             }
                             10 => {
                                 // Pin a few of someone's pages for a moment;

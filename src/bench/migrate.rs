@@ -118,24 +118,37 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         } else {
             (rate(bytes, wall_up), rate(bytes, wall_down))
         };
-        let raw_device = if sim {
-            crate::device::sim::PCIE_GEN4_X16.bandwidth
+        // The raw link: on the simulated device, the model's bandwidth; on a
+        // GPU, the backend's own copies inside these moves, per direction
+        // (pageable memory, one page per copy — not the pinned-memory
+        // `cudaMemcpyAsync` peer the GPU target names, which needs host
+        // registration that does not exist yet).
+        let (raw_up, raw_down) = if sim {
+            let b = crate::device::sim::PCIE_GEN4_X16.bandwidth;
+            (b, b)
         } else {
-            // The backend's own page copies, one call per page (what a
-            // migration must do at least), measured as the link.
-            rate(
-                mid.0.bytes - before.0.bytes,
-                (mid.0.wall_seconds - before.0.wall_seconds).max(1e-12),
+            (
+                rate(
+                    mid.0.bytes - before.0.bytes,
+                    mid.0.wall_seconds - before.0.wall_seconds,
+                ),
+                rate(
+                    after.1.bytes - mid.1.bytes,
+                    after.1.wall_seconds - mid.1.wall_seconds,
+                ),
             )
         };
         let time = if sim { "modelled" } else { "wall" };
-        for (link, r) in [("host->device", up), ("device->host", down)] {
+        for (link, r, raw) in [
+            ("host->device", up, raw_up),
+            ("device->host", down, raw_down),
+        ] {
             cases.push(MigrateCase {
                 link: link.into(),
                 page_size: page,
                 bytes_per_sec: r,
-                raw_bytes_per_sec: raw_device,
-                ratio: r / raw_device,
+                raw_bytes_per_sec: raw,
+                ratio: r / raw,
                 time,
             });
         }

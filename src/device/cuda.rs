@@ -175,8 +175,11 @@ impl DeviceMemory for CudaMemory {
             result::memcpy_htod_async(self.ptr + offset as u64, src, self.h2d_stream.cu_stream())
         }
         .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
-        self.h2d_stream
-            .synchronize()
+        // Wait on the stream directly: cudarc's `CudaStream::synchronize`
+        // first reports errors recorded earlier, and could return before
+        // this copy finished, with the caller's memory still in use.
+        // SAFETY: the stream belongs to this context, which is current.
+        unsafe { result::stream::synchronize(self.h2d_stream.cu_stream()) }
             .map_err(|e| driver("cuStreamSynchronize", e))?;
         self.h2d.record(src.len(), t.elapsed(), Duration::ZERO);
         Ok(())
@@ -193,8 +196,11 @@ impl DeviceMemory for CudaMemory {
             result::memcpy_dtoh_async(dst, self.ptr + offset as u64, self.d2h_stream.cu_stream())
         }
         .map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
-        self.d2h_stream
-            .synchronize()
+        // Wait on the stream directly: cudarc's `CudaStream::synchronize`
+        // first reports errors recorded earlier, and could return before
+        // this copy finished, with the caller's memory still in use.
+        // SAFETY: the stream belongs to this context, which is current.
+        unsafe { result::stream::synchronize(self.d2h_stream.cu_stream()) }
             .map_err(|e| driver("cuStreamSynchronize", e))?;
         self.d2h.record(dst.len(), t.elapsed(), Duration::ZERO);
         Ok(())
@@ -203,9 +209,11 @@ impl DeviceMemory for CudaMemory {
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
-        // Errors here cannot be returned; the context's teardown frees the
-        // memory in any case.
-        if self.ctx.bind_to_thread().is_ok() {
+        // Errors here cannot be returned. Make the context current directly
+        // (cudarc's `bind_to_thread` may fail on an unrelated recorded
+        // error, which would leak the allocation).
+        // SAFETY: the context outlives this allocation (we hold an Arc).
+        if unsafe { result::ctx::set_current(self.ctx.cu_ctx()) }.is_ok() {
             // SAFETY: `ptr` came from malloc_sync in this context and no copy
             // is in flight (every copy synchronizes before returning).
             let _ = unsafe { result::free_sync(self.ptr) };

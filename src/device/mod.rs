@@ -183,3 +183,9 @@ fn open_cuda(capacity_cap: u64) -> Result<Arc<dyn DeviceBackend>> {
         ))
     }
 }
+
+impl std::fmt::Debug for dyn DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceMemory({} bytes)", self.len())
+    }
+}

@@ -27,6 +27,8 @@ pub struct SimBackend {
     model: LinkModel,
     h2d: Arc<LinkCounter>,
     d2h: Arc<LinkCounter>,
+    /// Bytes of live allocations (the budget holds for all of them).
+    allocated: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl SimBackend {
@@ -41,6 +43,7 @@ impl SimBackend {
             model,
             h2d: Arc::new(LinkCounter::default()),
             d2h: Arc::new(LinkCounter::default()),
+            allocated: Arc::default(),
         })
     }
 }
@@ -63,17 +66,29 @@ impl DeviceBackend for SimBackend {
     }
 
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceMemory>> {
-        if bytes as u64 > self.capacity {
+        use std::sync::atomic::Ordering;
+        let taken = self
+            .allocated
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                let total = used.checked_add(bytes as u64)?;
+                (total <= self.capacity).then_some(total)
+            });
+        if taken.is_err() {
             return Err(Error::new(
                 ErrorKind::OutOfCapacity,
                 format!(
-                    "simulated device holds {} bytes; {bytes} requested",
-                    self.capacity
+                    "simulated device holds {} bytes, {} of them allocated; {bytes} requested",
+                    self.capacity,
+                    self.allocated.load(Ordering::Acquire)
                 ),
             ));
         }
+        let arena = Arena::new(bytes, true, None).inspect_err(|_| {
+            self.allocated.fetch_sub(bytes as u64, Ordering::AcqRel);
+        })?;
         Ok(Box::new(SimMemory {
-            arena: Arena::new(bytes, true, None)?,
+            arena,
+            allocated: self.allocated.clone(),
             len: bytes,
             model: self.model,
             h2d: self.h2d.clone(),
@@ -88,10 +103,18 @@ impl DeviceBackend for SimBackend {
 
 struct SimMemory {
     arena: Arena,
+    allocated: Arc<std::sync::atomic::AtomicU64>,
     len: usize,
     model: LinkModel,
     h2d: Arc<LinkCounter>,
     d2h: Arc<LinkCounter>,
+}
+
+impl Drop for SimMemory {
+    fn drop(&mut self) {
+        self.allocated
+            .fetch_sub(self.len as u64, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl DeviceMemory for SimMemory {

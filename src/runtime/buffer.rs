@@ -275,10 +275,17 @@ impl Buffer {
     /// Moves page `p` into `dst` (copy, then commit). `Ok(false)` when
     /// there was nothing to move, or the page is pinned (pinned pages never
     /// move).
-    fn move_page(&self, p: usize, dst: Tier) -> Result<bool> {
+    fn move_page(&self, p: usize, dst: Tier, only_from_faster_than: Option<Tier>) -> Result<bool> {
         let mut entry = self.pages[p].lock();
         if entry.pins > 0 {
             return Ok(false);
+        }
+        // Checked under the lock: another thread may have moved the page
+        // since the caller looked.
+        if let (Some(limit), Resident { tier, .. }) = (only_from_faster_than, &entry.loc) {
+            if *tier >= limit {
+                return Ok(false);
+            }
         }
         self.move_locked(p, &mut entry, dst)
     }
@@ -297,10 +304,13 @@ impl Buffer {
             .store(dst)
             .ok_or_else(|| Error::invalid(format!("the {dst} tier is not configured")))?;
         let started = std::time::Instant::now();
+        // The page holds two slots until the move commits: account the
+        // second against the runtime's capacity.
+        self.rt.reserve_move()?;
         let moved = (|| {
             let mut fresh = to.alloc()?;
             // One copy, straight from the source's bytes where it has them.
-            match from.with_page(slot, &mut |bytes| to.write_page(&mut fresh, bytes)) {
+            match from.with_page(slot, &mut |bytes| to.write_new(&mut fresh, bytes)) {
                 Ok(()) => Ok(fresh),
                 Err(e) => {
                     to.free(fresh)?;
@@ -308,6 +318,7 @@ impl Buffer {
                 }
             }
         })();
+        self.rt.release(1);
         match moved {
             Ok(fresh) => {
                 let Resident { slot: old, .. } = std::mem::replace(
@@ -344,6 +355,10 @@ impl Buffer {
     /// device tier, a host address on the host and CXL tiers (NVMe pages are
     /// not addressable and cannot be pinned). A pin larger than the tier, or
     /// one that cannot be satisfied, is an error and pins nothing.
+    ///
+    /// Writes through the runtime still reach pinned pages, in place, while
+    /// whoever holds the addresses (a kernel, a C caller) may be using them:
+    /// ordering the two is the caller's job, as for any shared buffer.
     pub fn pin(&self, range: Range<u64>, tier: Tier) -> Result<Pin<'_>> {
         let pages = self.page_range(&range)?;
         let store = self
@@ -431,7 +446,7 @@ impl Buffer {
             }
             let mut last = None;
             for &t in &targets {
-                match self.move_page(p, t) {
+                match self.move_page(p, t, Some(tier)) {
                     Ok(_) => {
                         last = None;
                         break;
@@ -457,7 +472,7 @@ impl Buffer {
                 return Err(Error::invalid(format!("the {tier} tier is not configured")));
             }
             for p in pages {
-                self.move_page(p, tier)?;
+                self.move_page(p, tier, None)?;
             }
             Ok(())
         })();

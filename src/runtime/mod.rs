@@ -132,7 +132,7 @@ impl RuntimeBuilder {
             DeviceChoice::Cuda => u64::MAX,
             // Auto: a GPU where present (its limit applies), else the
             // default simulated size.
-            DeviceChoice::Auto => match device::open(DeviceChoice::Cuda, u64::MAX) {
+            DeviceChoice::Auto => match device::probe_gpus() {
                 Ok(_) => u64::MAX,
                 Err(_) => crate::config::DEFAULT_SIM_DEVICE_CAPACITY,
             },
@@ -254,8 +254,26 @@ impl Inner {
             .join(", ")
     }
 
-    fn release(&self, pages: u64) {
+    pub(crate) fn release(&self, pages: u64) {
         *self.reserved_pages.lock() -= pages;
+    }
+
+    /// Reserves one page of capacity for the second slot a move holds until
+    /// it commits, so that moves can never take a slot that a reserved,
+    /// not yet written page is owed.
+    pub(crate) fn reserve_move(&self) -> Result<()> {
+        let mut reserved = self.reserved_pages.lock();
+        if *reserved >= self.total_pages {
+            return Err(Error::new(
+                ErrorKind::OutOfCapacity,
+                format!(
+                    "no capacity to spare for a move: every page is promised ({})",
+                    self.capacity_report()
+                ),
+            ));
+        }
+        *reserved += 1;
+        Ok(())
     }
 }
 
@@ -414,7 +432,7 @@ impl Runtime {
                 .map(|s| TierStats {
                     tier: s.tier(),
                     used_pages: s.used_pages(),
-                    free_pages: s.capacity_pages() - s.used_pages(),
+                    free_pages: s.capacity_pages().saturating_sub(s.used_pages()),
                     pinned_pages: inner.pinned[s.tier() as usize].load(Ordering::Relaxed),
                     emulated: s.emulated(),
                 })

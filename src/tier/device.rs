@@ -45,6 +45,14 @@ impl DeviceStore {
         let bytes = usize::try_from(pages as u64 * page_size as u64)
             .map_err(|_| Error::invalid("device capacity does not fit the address space"))?;
         let memory = backend.alloc(bytes)?;
+        // Every copy below relies on this (DeviceMemory's safety contract).
+        if memory.len() < bytes {
+            return Err(Error::invalid(format!(
+                "{} returned {} bytes for a {bytes}-byte allocation",
+                backend.description(),
+                memory.len()
+            )));
+        }
         Ok(Self {
             backend,
             memory,

@@ -99,6 +99,12 @@ pub trait PageStore: Send + Sync {
     /// stale data); `NvmeStore::replace` writes to a fresh slot first and
     /// keeps the previous copy until the new one is durable.
     fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()>;
+    /// Writes a whole page into a slot that holds no data yet (fresh from
+    /// `alloc`). There is no previous copy to keep, so NVMe writes it in
+    /// place instead of copy-then-commit; other stores as `write_page`.
+    fn write_new(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
+        self.write_page(slot, data)
+    }
     /// Reads a whole page (`out.len() == page_size`).
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()>;
     /// Calls `f` with the page's bytes. The default reads the page into a

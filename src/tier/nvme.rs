@@ -580,7 +580,8 @@ impl PageStore for NvmeStore {
         self.slots.capacity()
     }
     fn used_pages(&self) -> u32 {
-        self.slots.used()
+        // Reserve slots in use mid-write are not part of the capacity.
+        self.slots.used().min(self.slots.capacity())
     }
     fn alloc(&self) -> Result<Slot> {
         let slot = self
@@ -597,6 +598,13 @@ impl PageStore for NvmeStore {
     /// change; a failure leaves the previous copy in place.
     fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
         self.replace(slot, data)
+    }
+    /// In place: the slot holds nothing to lose (a failure leaves it torn).
+    fn write_new(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
+        check_page_len("source", data.len(), self.page_size)?;
+        let mut buf = self.buffer()?;
+        buf.copy_from_slice(data);
+        self.sync_op(IoOp::Write, slot, buf)?.1
     }
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()> {
         check_page_len("destination", out.len(), self.page_size)?;
