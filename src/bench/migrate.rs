@@ -139,10 +139,7 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
             )
         };
         let time = if sim { "modelled" } else { "wall" };
-        for (link, r, raw) in [
-            ("host->device", up, raw_up),
-            ("device->host", down, raw_down),
-        ] {
+        let mut push = |link: &str, r: f64, raw: f64, time: &'static str| {
             cases.push(MigrateCase {
                 link: link.into(),
                 page_size: page,
@@ -150,8 +147,10 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
                 raw_bytes_per_sec: raw,
                 ratio: r / raw,
                 time,
-            });
-        }
+            })
+        };
+        push("host->device", up, raw_up, time);
+        push("device->host", down, raw_down, time);
 
         // host <-> cxl (emulated: the cap is the link's limit).
         let cap = crate::tier::cxl::local_memcpy_bandwidth()
@@ -162,16 +161,8 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         let t = Instant::now();
         buf.prefetch(all.clone(), Tier::Host).wait()?;
         let up = rate(bytes, t.elapsed().as_secs_f64());
-        for (link, r) in [("host->cxl", down), ("cxl->host", up)] {
-            cases.push(MigrateCase {
-                link: link.into(),
-                page_size: page,
-                bytes_per_sec: r,
-                raw_bytes_per_sec: cap,
-                ratio: r / cap,
-                time: "wall",
-            });
-        }
+        push("host->cxl", down, cap, "wall");
+        push("cxl->host", up, cap, "wall");
 
         // host <-> nvme, against the io engine at depth 32 on a store of the
         // same geometry.

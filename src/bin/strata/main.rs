@@ -192,14 +192,40 @@ fn write_json<T: Serialize>(out: Option<(PathBuf, std::fs::File)>, v: &T) -> Res
     Ok(())
 }
 
-fn progress_bar() -> ProgressBar {
+/// Runs `work` with a progress bar on the terminal (none when stderr is not
+/// one), cleared when it ends.
+fn with_progress<T>(work: impl FnOnce(&mut dyn FnMut(&str, f64)) -> T) -> T {
     let bar = ProgressBar::new(1000);
     bar.set_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {percent:>3}% {elapsed}")
             .expect("valid template")
             .progress_chars("=> "),
     );
-    bar
+    let result = work(&mut |phase, fraction| {
+        bar.set_message(phase.to_string());
+        bar.set_position((fraction * 1000.0) as u64);
+    });
+    bar.finish_and_clear();
+    result
+}
+
+/// `--page-sizes` (comma-separated) and `--size`, which must hold the
+/// largest page.
+fn page_sizes_and_size(page_sizes: &str, size: &str) -> Result<(Vec<usize>, u64), Error> {
+    let page_sizes = page_sizes
+        .split(',')
+        .map(|p| page_size_arg("--page-sizes", p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let size = size_arg("--size", size)?;
+    let largest = page_sizes.iter().copied().max().unwrap_or(4096) as u64;
+    if size < largest {
+        return Err(Error::invalid(format!(
+            "--size {} is smaller than the largest page size {}",
+            format_size(size),
+            format_size(largest)
+        )));
+    }
+    Ok((page_sizes, size))
 }
 
 fn size_arg(flag: &str, text: &str) -> Result<u64, Error> {
@@ -241,13 +267,7 @@ fn bench_io(a: IoArgs) -> Result<(), Error> {
         )));
     }
     let json = open_json(&a.json)?;
-    let bar = progress_bar();
-    let r = bench::io::run(&params, &mut |phase, f| {
-        bar.set_message(phase.to_string());
-        bar.set_position((f * 1000.0) as u64);
-    });
-    bar.finish_and_clear();
-    let r = r?;
+    let r = with_progress(|progress| bench::io::run(&params, progress))?;
     println!(
         "{:<9} {:>5} {:>4} {:>7} {:>12} {:>12} {:>10}",
         "pattern", "bs", "qd", "engine", "iops", "bandwidth", "lat (µs)"
@@ -266,20 +286,7 @@ fn bench_io(a: IoArgs) -> Result<(), Error> {
 }
 
 fn bench_copy(a: CopyArgs) -> Result<(), Error> {
-    let page_sizes = a
-        .page_sizes
-        .split(',')
-        .map(|p| page_size_arg("--page-sizes", p))
-        .collect::<Result<Vec<_>, _>>()?;
-    let size = size_arg("--size", &a.size)?;
-    let largest = page_sizes.iter().copied().max().unwrap_or(4096) as u64;
-    if size < largest {
-        return Err(Error::invalid(format!(
-            "--size {} is smaller than the largest page size {}",
-            format_size(size),
-            format_size(largest)
-        )));
-    }
+    let (page_sizes, size) = page_sizes_and_size(&a.page_sizes, &a.size)?;
     let params = bench::copy::CopyParams {
         size,
         page_sizes,
@@ -302,13 +309,7 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
         cxl_latency_ns: a.cxl_latency_ns,
     };
     let json = open_json(&a.json)?;
-    let bar = progress_bar();
-    let r = bench::copy::run(&params, &mut |phase, f| {
-        bar.set_message(phase.to_string());
-        bar.set_position((f * 1000.0) as u64);
-    });
-    bar.finish_and_clear();
-    let r = r?;
+    let r = with_progress(|progress| bench::copy::run(&params, progress))?;
     println!(
         "cxl: {}",
         match &r.cxl_emulation {
@@ -339,20 +340,7 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
 }
 
 fn bench_migrate(a: MigrateArgs) -> Result<(), Error> {
-    let page_sizes = a
-        .page_sizes
-        .split(',')
-        .map(|p| page_size_arg("--page-sizes", p))
-        .collect::<Result<Vec<_>, _>>()?;
-    let size = size_arg("--size", &a.size)?;
-    let largest = page_sizes.iter().copied().max().unwrap_or(4096) as u64;
-    if size < largest {
-        return Err(Error::invalid(format!(
-            "--size {} is smaller than the largest page size {}",
-            format_size(size),
-            format_size(largest)
-        )));
-    }
+    let (page_sizes, size) = page_sizes_and_size(&a.page_sizes, &a.size)?;
     if size > 4 << 30 {
         return Err(Error::invalid(
             "--size above 4G would need that much of every tier",
@@ -365,13 +353,7 @@ fn bench_migrate(a: MigrateArgs) -> Result<(), Error> {
         path: a.path,
     };
     let json = open_json(&a.json)?;
-    let bar = progress_bar();
-    let r = bench::migrate::run(&params, &mut |phase, f| {
-        bar.set_message(phase.to_string());
-        bar.set_position((f * 1000.0) as u64);
-    });
-    bar.finish_and_clear();
-    let r = r?;
+    let r = with_progress(|progress| bench::migrate::run(&params, progress))?;
     println!("backend: {} (cxl emulated)", r.backend);
     println!(
         "{:<13} {:>6} {:>12} {:>12} {:>6}  time",
