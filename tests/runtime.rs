@@ -506,3 +506,47 @@ fn model_based_random_operations_from_four_threads() {
         assert!(rt.stats().moves > 0, "{name}: pages moved");
     }
 }
+
+/// More pages than one batch, to and from NVMe, with the data checked and
+/// every move counted on its link.
+#[test]
+fn batched_moves_to_and_from_nvme_keep_every_byte() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = Runtime::builder()
+            .page_size(PAGE)
+            .host(80 * PAGE as u64)
+            .nvme(NvmeConfig::new(dir.path(), 96 * PAGE as u64, PAGE))
+            .nvme_engine(engine)
+            .build()
+            .unwrap();
+        let b = rt.alloc(70 * PAGE as u64).unwrap();
+        let data = pattern(4, 4, 70 * PAGE);
+        b.write(0, &data).unwrap();
+        b.evict(0..b.len(), Tier::Nvme).unwrap();
+        assert!(
+            (0..70).all(|p| b.tier_of(p).unwrap() == Some(Tier::Nvme)),
+            "{name}"
+        );
+        let mut out = vec![0; data.len()];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(out, data, "{name}");
+        b.prefetch(0..b.len(), Tier::Host).wait().unwrap();
+        assert!(
+            (0..70).all(|p| b.tier_of(p).unwrap() == Some(Tier::Host)),
+            "{name}"
+        );
+        b.read(0, &mut out).unwrap();
+        assert_eq!(out, data, "{name}");
+        let s = rt.stats();
+        let ops = |from, to| {
+            s.links
+                .iter()
+                .find(|l| l.from == from && l.to == to)
+                .map(|l| l.stats.ops)
+        };
+        assert_eq!(ops(Tier::Host, Tier::Nvme), Some(70), "{name}");
+        assert_eq!(ops(Tier::Nvme, Tier::Host), Some(70), "{name}");
+        assert_eq!(s.failed_moves, 0, "{name}");
+    }
+}

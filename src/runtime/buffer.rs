@@ -9,7 +9,23 @@ use parking_lot::Mutex;
 
 use super::{Inner, Placement};
 use crate::error::{Error, ErrorKind, Result};
-use crate::tier::{PageStore, Slot, Tier};
+use crate::io::AlignedBuf;
+use crate::tier::{NvmeStore, PageStore, Slot, Tier};
+
+/// Pages moved together: their NVMe I/O is in flight at once.
+const BATCH: usize = 32;
+
+/// Move reservations (see `Inner::reserve_move`), given back on drop.
+struct Reserved<'a> {
+    rt: &'a super::Inner,
+    pages: u64,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.rt.release(self.pages);
+    }
+}
 
 /// Where a page is.
 #[derive(Debug)]
@@ -18,6 +34,10 @@ enum Loc {
     Zero,
     /// In a slot of a tier.
     Resident { tier: Tier, slot: Slot },
+    /// Its slot is in an NVMe read of a batched move. Only seen under the
+    /// page lock — unless the I/O engine failed with the read in flight,
+    /// when the page stays this way and reads say so (never zeros).
+    Lost,
 }
 
 /// One page-table entry.
@@ -28,7 +48,14 @@ struct Entry {
     pins: u32,
 }
 
-use Loc::{Resident, Zero};
+use Loc::{Lost, Resident, Zero};
+
+fn lost(p: usize) -> Error {
+    Error::new(
+        ErrorKind::Io,
+        format!("page {p} was lost: the i/o engine failed while the page was moving"),
+    )
+}
 
 /// An allocation whose pages may live in any tier. Dropping it returns
 /// every slot and its reservation.
@@ -117,10 +144,11 @@ impl Buffer {
                 ))
             })?
             .lock();
-        Ok(match &entry.loc {
-            Zero => None,
-            Resident { tier, .. } => Some(*tier),
-        })
+        match &entry.loc {
+            Zero => Ok(None),
+            Resident { tier, .. } => Ok(Some(*tier)),
+            Lost => Err(lost(page)),
+        }
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<()> {
@@ -166,6 +194,7 @@ impl Buffer {
             let entry = self.pages[p].lock();
             match &entry.loc {
                 Zero => dst.fill(0),
+                Lost => return Err(lost(p)),
                 Resident { tier, slot } => {
                     let store = self.store(*tier);
                     if n == page {
@@ -201,6 +230,7 @@ impl Buffer {
                         store.write_range(slot, within, src)?;
                     }
                 }
+                Lost => return Err(lost(p)),
                 Zero => {
                     let bytes: &[u8] = if full {
                         src
@@ -399,6 +429,7 @@ impl Buffer {
                 Resident { .. } => {
                     self.move_locked(p, &mut entry, tier)?;
                 }
+                Lost => return Err(lost(p)),
                 Zero => {
                     entry.loc = self.first_write(&zeros, Some(tier))?;
                     self.rt
@@ -431,19 +462,19 @@ impl Buffer {
         if self.rt.store(tier).is_none() {
             return Err(Error::invalid(format!("the {tier} tier is not configured")));
         }
+        // First everything that fits into `tier` itself, in batches; then
+        // page by page down the slower tiers for what did not fit.
+        let full = self.move_batched(pages.clone(), tier, &|t| t < tier)?;
+        if full.is_empty() {
+            return Ok(());
+        }
         let targets: Vec<Tier> = self
             .rt
             .stores()
             .map(|s| s.tier())
-            .filter(|&t| t >= tier)
+            .filter(|&t| t > tier)
             .collect();
-        for p in pages {
-            let Some(current) = self.tier_of(p)? else {
-                continue;
-            };
-            if current >= tier {
-                continue;
-            }
+        for p in full {
             let mut last = None;
             for &t in &targets {
                 match self.move_page(p, t, Some(tier)) {
@@ -471,12 +502,281 @@ impl Buffer {
             if self.rt.store(tier).is_none() {
                 return Err(Error::invalid(format!("the {tier} tier is not configured")));
             }
-            for p in pages {
-                self.move_page(p, tier, None)?;
+            match self.move_batched(pages, tier, &|_| true)?.first() {
+                None => Ok(()),
+                Some(&p) => Err(Error::new(
+                    ErrorKind::OutOfCapacity,
+                    format!(
+                        "page {p} cannot move to the {tier} tier: it is full ({})",
+                        self.rt.capacity_report()
+                    ),
+                )),
             }
-            Ok(())
         })();
         Ticket::done(result)
+    }
+
+    /// Moves the pages of `pages` whose tier satisfies `wanted` into `dst`,
+    /// [`BATCH`] at a time, with the NVMe reads or writes of a batch in
+    /// flight together. Returns the pages that found `dst` full; any other
+    /// failure is returned as an error after the batch (its pages stay
+    /// where they were).
+    fn move_batched(
+        &self,
+        pages: Range<usize>,
+        dst: Tier,
+        wanted: &dyn Fn(Tier) -> bool,
+    ) -> Result<Vec<usize>> {
+        let mut full = Vec::new();
+        let all: Vec<usize> = pages.collect();
+        for chunk in all.chunks(BATCH) {
+            self.move_chunk(chunk, dst, wanted, &mut full)?;
+        }
+        Ok(full)
+    }
+
+    fn move_chunk(
+        &self,
+        chunk: &[usize],
+        dst: Tier,
+        wanted: &dyn Fn(Tier) -> bool,
+        full: &mut Vec<usize>,
+    ) -> Result<()> {
+        // Ascending page order, the only order in which more than one page
+        // lock is ever held, so two batches cannot deadlock.
+        let mut guards: Vec<(usize, parking_lot::MutexGuard<'_, Entry>)> = Vec::new();
+        for &p in chunk {
+            let entry = self.pages[p].lock();
+            let movable = entry.pins == 0
+                && matches!(&entry.loc, Resident { tier, .. } if *tier != dst && wanted(*tier));
+            if movable {
+                guards.push((p, entry));
+            }
+        }
+        let nvme = self
+            .rt
+            .store(Tier::Nvme)
+            .and_then(|s| s.as_any().downcast_ref::<NvmeStore>());
+        let src_of = |e: &Entry| match &e.loc {
+            Resident { tier, .. } => *tier,
+            // Only resident pages are batched; a page whose slot is in a
+            // read counts as NVMe-sourced.
+            Zero | Lost => Tier::Nvme,
+        };
+        let Some(nvme) = nvme
+            .filter(|_| dst == Tier::Nvme || guards.iter().any(|(_, e)| src_of(e) == Tier::Nvme))
+        else {
+            // No NVMe I/O to overlap: page by page, under the locks held.
+            let mut first_err = None;
+            for (p, entry) in guards.iter_mut() {
+                match self.move_locked(*p, entry, dst) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            return first_err.map_or(Ok(()), Err);
+        };
+        let to = self
+            .rt
+            .store(dst)
+            .ok_or_else(|| Error::invalid(format!("the {dst} tier is not configured")))?;
+        let started = std::time::Instant::now();
+        let mut first_err: Option<Error> = None;
+
+        // Reserve the second slot of each move (see `move_locked`); the
+        // guard gives the reservations back on every way out.
+        let mut reserved = Reserved {
+            rt: &self.rt,
+            pages: 0,
+        };
+        for (p, _) in &guards {
+            match self.rt.reserve_move() {
+                Ok(()) => reserved.pages += 1,
+                Err(_) => full.push(*p),
+            }
+        }
+        guards.truncate(reserved.pages as usize);
+
+        // From here on nothing returns early: a slot taken out of its entry
+        // for a read must be put back (or the page marked lost).
+
+        // 1. Source bytes into buffers: NVMe pages read together.
+        let mut data: Vec<Option<AlignedBuf>> = (0..guards.len()).map(|_| None).collect();
+        match nvme.session() {
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+            Ok(mut session) => {
+                for (i, (_, entry)) in guards.iter_mut().enumerate() {
+                    if src_of(entry) == Tier::Nvme {
+                        // The slot travels with its read and comes back in the
+                        // completion; the page lock keeps everyone else out.
+                        let buf = match nvme.buffer() {
+                            Ok(b) => b,
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                                continue;
+                            }
+                        };
+                        let Resident { slot, .. } = std::mem::replace(&mut entry.loc, Lost) else {
+                            unreachable!("checked resident")
+                        };
+                        if let Err(r) = session.submit_read(slot, buf, i as u64) {
+                            entry.loc = Resident {
+                                tier: Tier::Nvme,
+                                slot: r.slot,
+                            };
+                            first_err.get_or_insert(r.error);
+                        }
+                    } else {
+                        let from = self.store(src_of(entry));
+                        let Resident { slot, .. } = &entry.loc else {
+                            unreachable!()
+                        };
+                        let mut buf = match nvme.buffer() {
+                            Ok(b) => b,
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                                continue;
+                            }
+                        };
+                        match from.with_page(slot, &mut |b| {
+                            buf.copy_from_slice(b);
+                            Ok(())
+                        }) {
+                            Ok(()) => data[i] = Some(buf),
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                            }
+                        }
+                    }
+                }
+                let mut done = Vec::new();
+                let reaped = session.reap(session.in_flight(), &mut done);
+                for c in done {
+                    let i = c.tag as usize;
+                    guards[i].1.loc = Resident {
+                        tier: Tier::Nvme,
+                        slot: c.slot,
+                    };
+                    match c.result {
+                        Ok(()) => data[i] = Some(c.buf),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                if let Err(e) = reaped {
+                    // Reads still in flight keep their pages marked lost.
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+
+        // 2. Destination slots written: NVMe writes together.
+        let mut fresh: Vec<Option<Slot>> = (0..guards.len()).map(|_| None).collect();
+        if dst == Tier::Nvme {
+            let mut session = match nvme.session() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    None
+                }
+            };
+            for (i, buf) in data.iter_mut().enumerate() {
+                let Some(session) = session.as_mut() else {
+                    break;
+                };
+                let Some(buf) = buf.take() else { continue };
+                match nvme.alloc() {
+                    Ok(slot) => {
+                        if let Err(r) = session.submit_write(slot, buf, i as u64) {
+                            let _ = nvme.free(r.slot);
+                            first_err.get_or_insert(r.error);
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(guards[i].0),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(session) = session.as_mut() {
+                let mut done = Vec::new();
+                let reaped = session.reap(session.in_flight(), &mut done);
+                for c in done {
+                    match c.result {
+                        Ok(()) => fresh[c.tag as usize] = Some(c.slot),
+                        Err(e) => {
+                            let _ = nvme.free(c.slot);
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                if let Err(e) = reaped {
+                    // Writes still in flight: their fresh slots stay
+                    // allocated (leaked); the pages keep their old copies.
+                    first_err.get_or_insert(e);
+                }
+            }
+        } else {
+            for (i, buf) in data.iter().enumerate() {
+                let Some(buf) = buf else { continue };
+                match to.alloc() {
+                    Ok(mut slot) => match to.write_new(&mut slot, buf) {
+                        Ok(()) => fresh[i] = Some(slot),
+                        Err(e) => {
+                            let _ = to.free(slot);
+                            first_err.get_or_insert(e);
+                        }
+                    },
+                    Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(guards[i].0),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+
+        // 3. Commit: each page switches to its new slot; the old is freed.
+        let mut moved = 0u64;
+        let mut failed = 0u64;
+        for (i, (p, entry)) in guards.iter_mut().enumerate() {
+            let Some(slot) = fresh[i].take() else {
+                if !full.contains(p) {
+                    failed += 1;
+                }
+                continue;
+            };
+            let src = src_of(entry);
+            let Resident { slot: old, .. } =
+                std::mem::replace(&mut entry.loc, Resident { tier: dst, slot })
+            else {
+                unreachable!("checked resident")
+            };
+            // Freeing fails only for a slot of another store, which the
+            // page table never holds.
+            let _ = self.store(src).free(old);
+            self.rt.link(src, dst).record(
+                self.rt.page_size(),
+                started.elapsed(),
+                std::time::Duration::ZERO,
+            );
+            moved += 1;
+        }
+        self.rt.counters.moves.fetch_add(moved, Ordering::Relaxed);
+        self.rt
+            .counters
+            .failed_moves
+            .fetch_add(failed, Ordering::Relaxed);
+        drop(reserved);
+        match first_err {
+            Some(e) => Err(e.context(format!("moving pages to the {dst} tier"))),
+            None => Ok(()),
+        }
     }
 
     /// Frees the buffer now (the same as dropping it).
