@@ -550,3 +550,40 @@ fn batched_moves_to_and_from_nvme_keep_every_byte() {
         assert_eq!(s.failed_moves, 0, "{name}");
     }
 }
+
+#[test]
+fn batches_respect_a_shallow_queue_and_a_full_slowest_tier_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nvme = NvmeConfig::new(dir.path(), 10 * PAGE as u64, PAGE);
+    nvme.queue_depth = 4;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(16 * PAGE as u64)
+        .nvme(nvme)
+        .build()
+        .unwrap();
+    let b = rt.alloc(12 * PAGE as u64).unwrap();
+    let data = pattern(6, 1, 12 * PAGE);
+    b.write(0, &data).unwrap();
+    // 8 pages through a queue of 4.
+    b.evict(0..8 * PAGE as u64, Tier::Nvme).unwrap();
+    assert!((0..8).all(|p| b.tier_of(p).unwrap() == Some(Tier::Nvme)));
+    b.prefetch(0..8 * PAGE as u64, Tier::Host).wait().unwrap();
+    assert!((0..8).all(|p| b.tier_of(p).unwrap() == Some(Tier::Host)));
+    // NVMe holds 9 usable pages (one is its reserve): the 10th and later
+    // cannot go, and evict says so.
+    let e = b.evict(0..b.len(), Tier::Nvme).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
+    let on_nvme = (0..12)
+        .filter(|&p| b.tier_of(p).unwrap() == Some(Tier::Nvme))
+        .count();
+    assert_eq!(on_nvme, 9);
+    let mut out = vec![0; data.len()];
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, data);
+    assert_eq!(
+        rt.stats().failed_moves,
+        0,
+        "a full tier is a refusal, not a failure"
+    );
+}

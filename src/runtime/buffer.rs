@@ -370,10 +370,14 @@ impl Buffer {
                 Ok(true)
             }
             Err(e) => {
-                self.rt
-                    .counters
-                    .failed_moves
-                    .fetch_add(1, Ordering::Relaxed);
+                // A full destination is a refusal, not a failed move (as in
+                // the batched path).
+                if e.kind() != ErrorKind::OutOfCapacity {
+                    self.rt
+                        .counters
+                        .failed_moves
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 Err(e.context(format!("moving page {p} from {src} to {dst}")))
             }
         }
@@ -456,7 +460,8 @@ impl Buffer {
 
     /// Moves the pages of `range` that live in tiers faster than `tier`
     /// down to `tier`, or — where it is full — to the next slower tier with
-    /// room. Pages never written stay unmaterialized.
+    /// room; `OutOfCapacity` when none has. Pages never written stay
+    /// unmaterialized, and pinned pages stay where they are pinned.
     pub fn evict(&self, range: Range<u64>, tier: Tier) -> Result<()> {
         let pages = self.page_range(&range)?;
         if self.rt.store(tier).is_none() {
@@ -475,7 +480,14 @@ impl Buffer {
             .filter(|&t| t > tier)
             .collect();
         for p in full {
-            let mut last = None;
+            // Stays an error unless a slower tier takes the page.
+            let mut last = Some(Error::new(
+                ErrorKind::OutOfCapacity,
+                format!(
+                    "page {p} cannot be evicted to the {tier} tier or below: all full ({})",
+                    self.rt.capacity_report()
+                ),
+            ));
             for &t in &targets {
                 match self.move_page(p, t, Some(tier)) {
                     Ok(_) => {
@@ -495,7 +507,8 @@ impl Buffer {
 
     /// Moves the pages of `range` into `tier` (up or down). The ticket
     /// carries the first error; pages that could not move stay readable
-    /// where they were.
+    /// where they were. Pinned pages stay where they are pinned, and pages
+    /// never written stay unmaterialized (neither is an error).
     pub fn prefetch(&self, range: Range<u64>, tier: Tier) -> Ticket {
         let result = (|| {
             let pages = self.page_range(&range)?;
@@ -529,7 +542,14 @@ impl Buffer {
     ) -> Result<Vec<usize>> {
         let mut full = Vec::new();
         let all: Vec<usize> = pages.collect();
-        for chunk in all.chunks(BATCH) {
+        // A batch never exceeds what one NVMe session keeps in flight.
+        let batch = self
+            .rt
+            .store(Tier::Nvme)
+            .and_then(|s| s.as_any().downcast_ref::<NvmeStore>())
+            .map_or(BATCH, |n| n.queue_depth().min(BATCH))
+            .max(1);
+        for chunk in all.chunks(batch) {
             self.move_chunk(chunk, dst, wanted, &mut full)?;
         }
         Ok(full)
@@ -545,8 +565,12 @@ impl Buffer {
         // Ascending page order, the only order in which more than one page
         // lock is ever held, so two batches cannot deadlock.
         let mut guards: Vec<(usize, parking_lot::MutexGuard<'_, Entry>)> = Vec::new();
+        let mut lost_page = None;
         for &p in chunk {
             let entry = self.pages[p].lock();
+            if matches!(entry.loc, Lost) {
+                lost_page.get_or_insert(p);
+            }
             let movable = entry.pins == 0
                 && matches!(&entry.loc, Resident { tier, .. } if *tier != dst && wanted(*tier));
             if movable {
@@ -567,7 +591,7 @@ impl Buffer {
             .filter(|_| dst == Tier::Nvme || guards.iter().any(|(_, e)| src_of(e) == Tier::Nvme))
         else {
             // No NVMe I/O to overlap: page by page, under the locks held.
-            let mut first_err = None;
+            let mut first_err = lost_page.map(lost);
             for (p, entry) in guards.iter_mut() {
                 match self.move_locked(*p, entry, dst) {
                     Ok(_) => {}
@@ -584,7 +608,7 @@ impl Buffer {
             .store(dst)
             .ok_or_else(|| Error::invalid(format!("the {dst} tier is not configured")))?;
         let started = std::time::Instant::now();
-        let mut first_err: Option<Error> = None;
+        let mut first_err: Option<Error> = lost_page.map(lost);
 
         // Reserve the second slot of each move (see `move_locked`); the
         // guard gives the reservations back on every way out.
@@ -592,13 +616,16 @@ impl Buffer {
             rt: &self.rt,
             pages: 0,
         };
-        for (p, _) in &guards {
-            match self.rt.reserve_move() {
-                Ok(()) => reserved.pages += 1,
-                Err(_) => full.push(*p),
+        guards.retain(|(p, _)| match self.rt.reserve_move() {
+            Ok(()) => {
+                reserved.pages += 1;
+                true
             }
-        }
-        guards.truncate(reserved.pages as usize);
+            Err(_) => {
+                full.push(*p);
+                false
+            }
+        });
 
         // From here on nothing returns early: a slot taken out of its entry
         // for a read must be put back (or the page marked lost).
@@ -655,23 +682,30 @@ impl Buffer {
                     }
                 }
                 let mut done = Vec::new();
-                let reaped = session.reap(session.in_flight(), &mut done);
-                for c in done {
-                    let i = c.tag as usize;
-                    guards[i].1.loc = Resident {
-                        tier: Tier::Nvme,
-                        slot: c.slot,
-                    };
-                    match c.result {
-                        Ok(()) => data[i] = Some(c.buf),
-                        Err(e) => {
-                            first_err.get_or_insert(e);
+                // Every slot in a read must come back to its page: after an
+                // engine error, keep reaping (a few times) what is in flight.
+                for _ in 0..4 {
+                    if session.in_flight() == 0 {
+                        break;
+                    }
+                    let reaped = session.reap(session.in_flight(), &mut done);
+                    for c in done.drain(..) {
+                        let i = c.tag as usize;
+                        guards[i].1.loc = Resident {
+                            tier: Tier::Nvme,
+                            slot: c.slot,
+                        };
+                        match c.result {
+                            Ok(()) => data[i] = Some(c.buf),
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                            }
                         }
                     }
-                }
-                if let Err(e) = reaped {
-                    // Reads still in flight keep their pages marked lost.
-                    first_err.get_or_insert(e);
+                    if let Err(e) = reaped {
+                        // Reads never reaped keep their pages marked lost.
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
         }
@@ -742,7 +776,7 @@ impl Buffer {
         }
 
         // 3. Commit: each page switches to its new slot; the old is freed.
-        let mut moved = 0u64;
+        let mut committed: Vec<Tier> = Vec::new();
         let mut failed = 0u64;
         for (i, (p, entry)) in guards.iter_mut().enumerate() {
             let Some(slot) = fresh[i].take() else {
@@ -760,14 +794,23 @@ impl Buffer {
             // Freeing fails only for a slot of another store, which the
             // page table never holds.
             let _ = self.store(src).free(old);
-            self.rt.link(src, dst).record(
-                self.rt.page_size(),
-                started.elapsed(),
-                std::time::Duration::ZERO,
-            );
-            moved += 1;
+            committed.push(src);
         }
-        self.rt.counters.moves.fetch_add(moved, Ordering::Relaxed);
+        // The batch's time is shared by the pages it moved.
+        if !committed.is_empty() {
+            let per_page = started.elapsed() / committed.len() as u32;
+            for &src in &committed {
+                self.rt.link(src, dst).record(
+                    self.rt.page_size(),
+                    per_page,
+                    std::time::Duration::ZERO,
+                );
+            }
+        }
+        self.rt
+            .counters
+            .moves
+            .fetch_add(committed.len() as u64, Ordering::Relaxed);
         self.rt
             .counters
             .failed_moves

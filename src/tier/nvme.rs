@@ -189,6 +189,11 @@ impl NvmeStore {
         })
     }
 
+    /// Operations a session keeps in flight.
+    pub fn queue_depth(&self) -> usize {
+        self.queue_depth
+    }
+
     /// The engine in use.
     pub fn engine(&self) -> EngineKind {
         self.engine.kind()
