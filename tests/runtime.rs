@@ -407,7 +407,7 @@ fn model_based_random_operations_from_four_threads() {
                     let len = mine.len() as usize;
                     let mut oracle = vec![0u8; len];
                     let tiers = [Tier::Device, Tier::Host, Tier::Cxl, Tier::Nvme];
-                    for step in 0..400 {
+                    for step in 0..1000 {
                         let off = rng.random_range(0..len);
                         let n = rng.random_range(1..=(len - off).min(3 * PAGE));
                         match rng.random_range(0..12) {
