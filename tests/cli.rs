@@ -18,6 +18,16 @@ fn strata_env(args: &[&str], key: &str, value: &str) -> Output {
         .expect("strata runs")
 }
 
+/// A successful run's JSON report.
+fn report(out: &Output, json: &std::path::Path) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
 /// Exit status 2 and a single stderr line containing `needle`.
 fn assert_bad_input(out: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -121,13 +131,7 @@ fn bench_io_reports_fio_style_json() {
             "--json",
             json.to_str().unwrap(),
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let v = report(&out, &json);
         assert_eq!(v["pattern"], pattern);
         assert_eq!(v["bs"], 4096);
         assert_eq!(v["qd"], 4);
@@ -157,13 +161,7 @@ fn bench_copy_reports_cases_beside_memcpy() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = report(&out, &json);
     assert_eq!(v["cxl"], "emulated");
     let cases = v["cases"].as_array().unwrap();
     let links: Vec<&str> = cases.iter().map(|c| c["link"].as_str().unwrap()).collect();
@@ -316,13 +314,7 @@ fn bench_io_rejects_absurd_durations_and_depths_before_running() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = report(&out, &json);
     // 4 blocks, one of which the store keeps in reserve for
     // copy-then-commit writes.
     assert_eq!(v["qd"], 3);
@@ -352,13 +344,7 @@ fn bench_migrate_reports_every_link() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = report(&out, &json);
     assert_eq!(v["backend"], "simulated");
     let cases = v["cases"].as_array().unwrap();
     let links: Vec<&str> = cases.iter().map(|c| c["link"].as_str().unwrap()).collect();

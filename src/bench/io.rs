@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::io::{AlignedBuf, EngineChoice};
+use crate::io::{AlignedBuf, EngineChoice, IoOp};
 use crate::tier::nvme::NvmeCompletion;
 use crate::tier::{NvmeConfig, NvmeStore, PageStore, Slot};
 
@@ -193,30 +193,18 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
     let layout_depth = params.qd.max(64).min(pages);
     let mut bufs = new_buffers(layout_depth, &mut rng)?;
     let mut session = store.session_with_depth(layout_depth)?;
-    let mut done: Vec<NvmeCompletion> = Vec::with_capacity(layout_depth);
-    let mut next = 0usize;
-    let mut laid = 0usize;
-    while laid < pages {
-        while next < pages && session.in_flight() < session.depth() {
-            let slot = slots[next].take().expect("slot present");
-            let mut buf = bufs.pop().expect("a buffer per queue slot");
-            scramble(&mut buf);
-            session
-                .submit_write(slot, buf, next as u64)
-                .map_err(|r| r.error)?;
-            next += 1;
-        }
-        session.reap(1, &mut done)?;
-        for c in done.drain(..) {
-            c.result?;
-            slots[c.tag as usize] = Some(c.slot);
-            bufs.push(c.buf);
-            laid += 1;
-        }
-        if laid % 256 == 0 {
-            progress("layout", laid as f64 / pages as f64);
-        }
-    }
+    super::sequential_pass(
+        &mut session,
+        &mut slots,
+        &mut bufs,
+        IoOp::Write,
+        &mut scramble,
+        &mut |laid| {
+            if laid % 256 == 0 {
+                progress("layout", laid as f64 / pages as f64);
+            }
+        },
+    )?;
     drop(session);
     // Fresh buffers for the timed phase, taken while the layout's are
     // returned to the pool, so they are the pool's (registered) buffers.
@@ -225,6 +213,7 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
 
     // The timed phase.
     let mut session = store.session_with_depth(depth)?;
+    let mut done: Vec<NvmeCompletion> = Vec::with_capacity(depth);
     let mut order: Vec<u32> = (0..pages as u32).collect();
     let mut cursor = 0usize;
     let mut next_index =

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::device::DeviceChoice;
 use crate::error::{Error, Result};
-use crate::io::AlignedBuf;
+use crate::io::{AlignedBuf, IoOp};
 use crate::runtime::{Placement, Runtime};
 use crate::tier::{CxlConfig, CxlMode, NvmeConfig, NvmeStore, PageStore, Slot, Tier};
 
@@ -155,39 +155,27 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         // host <-> cxl (emulated: the cap is the link's limit).
         let cap = crate::tier::cxl::local_memcpy_bandwidth()
             * crate::tier::cxl::CXL_DEFAULT_BANDWIDTH_FRACTION;
-        let t = Instant::now();
-        buf.evict(all.clone(), Tier::Cxl)?;
-        let down = rate(bytes, t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        buf.prefetch(all.clone(), Tier::Host).wait()?;
-        let up = rate(bytes, t.elapsed().as_secs_f64());
+        // Down to `tier` and back up to host, each timed.
+        let round_trip = |tier: Tier| -> Result<(f64, f64)> {
+            let t = Instant::now();
+            buf.evict(all.clone(), tier)?;
+            let down = rate(bytes, t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            buf.prefetch(all.clone(), Tier::Host).wait()?;
+            Ok((down, rate(bytes, t.elapsed().as_secs_f64())))
+        };
+        let (down, up) = round_trip(Tier::Cxl)?;
         push("host->cxl", down, cap, "wall");
         push("cxl->host", up, cap, "wall");
 
         // host <-> nvme, against the io engine at depth 32 on a store of the
         // same geometry.
-        let t = Instant::now();
-        buf.evict(all.clone(), Tier::Nvme)?;
-        let down = rate(bytes, t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        buf.prefetch(all.clone(), Tier::Host).wait()?;
-        let up = rate(bytes, t.elapsed().as_secs_f64());
+        let (down, up) = round_trip(Tier::Nvme)?;
         drop(buf);
         drop(rt);
         let (raw_write, raw_read) = raw_nvme(&params.path, pages as u32, page)?;
-        for (link, r, raw) in [
-            ("host->nvme", down, raw_write),
-            ("nvme->host", up, raw_read),
-        ] {
-            cases.push(MigrateCase {
-                link: link.into(),
-                page_size: page,
-                bytes_per_sec: r,
-                raw_bytes_per_sec: raw,
-                ratio: r / raw,
-                time: "wall",
-            });
-        }
+        push("host->nvme", down, raw_write, "wall");
+        push("nvme->host", up, raw_read, "wall");
     }
     progress("migrate", 1.0);
     Ok(MigrateReport {
@@ -211,32 +199,20 @@ fn raw_nvme(path: &std::path::Path, pages: u32, page: usize) -> Result<(f64, f64
     // A write pass untimed first: a fresh file's first writes convert
     // unwritten extents, which the runtime's warmed-up tier does not pay.
     let mut timings = [0f64; 3];
-    for (k, write) in [true, true, false].into_iter().enumerate() {
+    for (k, op) in [IoOp::Write, IoOp::Write, IoOp::Read]
+        .into_iter()
+        .enumerate()
+    {
         let mut session = store.session()?;
-        let mut done = Vec::new();
-        let mut next = 0usize;
-        let mut finished = 0usize;
         let t = Instant::now();
-        while finished < pages as usize {
-            while next < pages as usize && session.in_flight() < session.depth() {
-                let slot = slots[next].take().expect("slot present");
-                let buf = bufs.pop().expect("a buffer per queue slot");
-                let r = if write {
-                    session.submit_write(slot, buf, next as u64)
-                } else {
-                    session.submit_read(slot, buf, next as u64)
-                };
-                r.map_err(|r| r.error)?;
-                next += 1;
-            }
-            session.reap(1, &mut done)?;
-            for c in done.drain(..) {
-                c.result?;
-                slots[c.tag as usize] = Some(c.slot);
-                bufs.push(c.buf);
-                finished += 1;
-            }
-        }
+        super::sequential_pass(
+            &mut session,
+            &mut slots,
+            &mut bufs,
+            op,
+            &mut |_| {},
+            &mut |_| {},
+        )?;
         timings[k] = t.elapsed().as_secs_f64();
     }
     for slot in slots.into_iter().flatten() {
