@@ -76,6 +76,8 @@ struct FileConfig {
     page_size: Option<Size>,
     device: Option<DeviceChoice>,
     device_capacity: Option<Size>,
+    watermark_low: Option<f64>,
+    watermark_high: Option<f64>,
     #[serde(default)]
     host: FileHost,
     #[serde(default)]
@@ -130,6 +132,9 @@ pub struct Config {
     pub cxl: Option<CxlConfig>,
     /// NVMe tier.
     pub nvme: NvmeConfig,
+    /// Background eviction keeps each tier but the slowest between these
+    /// fractions of its capacity.
+    pub watermarks: crate::runtime::Watermarks,
 }
 
 impl Config {
@@ -240,6 +245,25 @@ impl Config {
         };
         let device_capacity =
             env_size("STRATA_DEVICE_CAPACITY")?.or(file.device_capacity.map(|s| s.0));
+        let env_fraction = |key: &str| -> Result<Option<f64>> {
+            env(key)
+                .map(|v| {
+                    v.trim()
+                        .parse::<f64>()
+                        .map_err(|_| Error::invalid(format!("{key} {v:?} is not a number")))
+                })
+                .transpose()
+        };
+        let defaults = crate::runtime::Watermarks::default();
+        let watermarks = crate::runtime::Watermarks {
+            low: env_fraction("STRATA_WATERMARK_LOW")?
+                .or(file.watermark_low)
+                .unwrap_or(defaults.low),
+            high: env_fraction("STRATA_WATERMARK_HIGH")?
+                .or(file.watermark_high)
+                .unwrap_or(defaults.high),
+        };
+        watermarks.check()?;
         let config = Self {
             page_size,
             device,
@@ -247,6 +271,7 @@ impl Config {
             host,
             cxl,
             nvme,
+            watermarks,
         };
         config.validate()?;
         Ok(config)
@@ -361,5 +386,15 @@ mod tests {
         let env = |k: &str| (k == "STRATA_NVME_CAPACITY").then(|| "lots".to_string());
         let e = Config::resolve(None, &env, &Topology::default()).unwrap_err();
         assert!(e.message().contains("STRATA_NVME_CAPACITY"), "{e}");
+        let e = Config::resolve(
+            Some("watermark_low = 0.9\nwatermark_high = 0.5"),
+            &no_env,
+            &Topology::default(),
+        )
+        .unwrap_err();
+        assert!(e.message().contains("watermarks"), "{e}");
+        let env = |k: &str| (k == "STRATA_WATERMARK_HIGH").then(|| "high".to_string());
+        let e = Config::resolve(None, &env, &Topology::default()).unwrap_err();
+        assert!(e.message().contains("STRATA_WATERMARK_HIGH"), "{e}");
     }
 }

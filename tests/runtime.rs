@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use strata::device::DeviceChoice;
 use strata::io::fault::{Fault, FaultEngine, FaultPlan};
 use strata::io::{IoEngine, IoOp};
-use strata::runtime::Placement;
+use strata::runtime::{Access, Placement};
 use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
 use strata::{ErrorKind, Runtime, Tier};
 
@@ -17,8 +17,18 @@ use common::{engines, pattern};
 
 const PAGE: usize = 16 << 10;
 
-/// device 4 pages (simulated), host 4, emulated CXL 4, NVMe `nvme_pages`.
+/// device 4 pages (simulated), host 4, emulated CXL 4, NVMe `nvme_pages`;
+/// no background eviction, so pages stay where the test puts them.
 fn tiny(dir: &std::path::Path, engine: Arc<dyn IoEngine>, nvme_pages: u64) -> Runtime {
+    tiny_with(dir, engine, nvme_pages, false)
+}
+
+fn tiny_with(
+    dir: &std::path::Path,
+    engine: Arc<dyn IoEngine>,
+    nvme_pages: u64,
+    background_eviction: bool,
+) -> Runtime {
     let mut cxl = CxlConfig::new(CxlMode::Emulated, 4 * PAGE as u64, PAGE);
     cxl.bandwidth = Some(20e9);
     Runtime::builder()
@@ -28,6 +38,7 @@ fn tiny(dir: &std::path::Path, engine: Arc<dyn IoEngine>, nvme_pages: u64) -> Ru
         .cxl(cxl)
         .nvme(NvmeConfig::new(dir, nvme_pages * PAGE as u64, PAGE))
         .nvme_engine(engine)
+        .background_eviction(background_eviction)
         .build()
         .unwrap()
 }
@@ -78,7 +89,7 @@ fn reads_and_writes_cross_page_boundaries() {
 fn builds_from_the_config_file_form() {
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
-        "page_size = \"16k\"\ndevice = \"sim\"\ndevice_capacity = \"64k\"\n[host]\ncapacity = \"64k\"\n[nvme]\npath = {:?}\ncapacity = \"1M\"\n",
+        "page_size = \"16k\"\ndevice = \"sim\"\ndevice_capacity = \"64k\"\nwatermark_low = 1.0\nwatermark_high = 1.0\n[host]\ncapacity = \"64k\"\n[nvme]\npath = {:?}\ncapacity = \"1M\"\n",
         dir.path()
     );
     let config =
@@ -147,6 +158,46 @@ fn oversubscribes_the_device_eightfold_and_reads_everything_back() {
             let mut out = vec![0; b.len() as usize];
             b.read(0, &mut out).unwrap();
             assert_eq!(out, pattern(i as u32, 0, out.len()), "{name}: buffer {i}");
+        }
+        // Through pins: each page brought into the device and read there.
+        for (i, b) in bufs.iter().enumerate() {
+            let want = pattern(i as u32, 0, b.len() as usize);
+            for p in 0..b.page_count() {
+                let range = (p * PAGE) as u64..((p + 1) * PAGE) as u64;
+                let pin = b.pin(range.clone(), Tier::Device).unwrap();
+                assert_eq!(b.tier_of(p).unwrap(), Some(Tier::Device));
+                assert_ne!(pin.addresses()[0], 0);
+                let mut out = vec![0; PAGE];
+                b.read(range.start, &mut out).unwrap();
+                assert_eq!(
+                    out,
+                    want[p * PAGE..(p + 1) * PAGE],
+                    "{name}: buffer {i} page {p}"
+                );
+            }
+        }
+        // Through device maps: a launch per buffer stages its pages into
+        // memory (moving other buffers' pages to NVMe) and a simulated
+        // kernel reads every byte through the map.
+        for (i, b) in bufs.iter().enumerate() {
+            let want = pattern(i as u32, 0, b.len() as usize);
+            let map = b.device_map().unwrap();
+            let launch = map.prepare(Access::ReadOnly).unwrap();
+            for p in 0..b.page_count() {
+                assert_ne!(b.tier_of(p).unwrap(), Some(Tier::Nvme));
+            }
+            let words = b.len() / 8;
+            for w in 0..words {
+                let v: u64 = launch.load(w);
+                let at = w as usize * 8;
+                assert_eq!(
+                    v.to_ne_bytes(),
+                    want[at..at + 8],
+                    "{name}: buffer {i} word {w}"
+                );
+            }
+            drop(launch);
+            assert_eq!(map.counts().iter().map(|&c| c as u64).sum::<u64>(), words);
         }
         drop(bufs);
         assert!(
@@ -351,6 +402,122 @@ fn moves_never_starve_a_reserved_first_write() {
     }
 }
 
+/// Device maps: `prepare` stages NVMe pages into memory and counts the
+/// faults; under a read-only launch writes are refused, demotions wait and a
+/// promotion swaps the map entry while the old copy stays valid until the
+/// launch ends; under a read-write launch nothing in memory moves.
+#[test]
+fn device_maps_stage_pages_and_swap_entries_under_a_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 32);
+    let b = rt.alloc(6 * PAGE as u64).unwrap();
+    let data = pattern(8, 8, 6 * PAGE);
+    b.write(0, &data).unwrap();
+    b.evict(0..b.len(), Tier::Nvme).unwrap();
+    let faults = rt.stats().faults;
+    let map = b.device_map().unwrap();
+    assert_eq!(map.pages(), 6);
+    let launch = map.prepare(Access::ReadOnly).unwrap();
+    assert_eq!(rt.stats().faults - faults, 6, "every page was staged");
+    for p in 0..6 {
+        assert!(matches!(
+            b.tier_of(p).unwrap(),
+            Some(Tier::Host | Tier::Cxl | Tier::Device)
+        ));
+        assert_ne!(launch.entry(p), 0);
+    }
+    assert_ne!(launch.map_address(), 0);
+    let check = |launch: &strata::runtime::Launch<'_>| {
+        for (i, &byte) in data.iter().enumerate().step_by(97) {
+            assert_eq!(launch.load::<u8>(i as u64), byte, "byte {i}");
+        }
+    };
+    check(&launch);
+    assert_eq!(
+        b.write(0, &[1]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument,
+        "a read-only launch refuses writes"
+    );
+    b.evict(0..b.len(), Tier::Nvme).unwrap();
+    assert!(
+        (0..6).all(|p| b.tier_of(p).unwrap() != Some(Tier::Nvme)),
+        "no demotion"
+    );
+    let p = (0..6)
+        .find(|&p| b.tier_of(p).unwrap() == Some(Tier::Host))
+        .unwrap();
+    let before = launch.entry(p);
+    let host_used = |rt: &Runtime| rt.stats().tiers[1].used_pages;
+    let used = host_used(&rt);
+    b.prefetch((p * PAGE) as u64..(p * PAGE + 1) as u64, Tier::Device)
+        .wait()
+        .unwrap();
+    assert_eq!(b.tier_of(p).unwrap(), Some(Tier::Device));
+    assert_ne!(launch.entry(p), before, "the entry was swapped");
+    assert_eq!(host_used(&rt), used, "the old copy is kept for the launch");
+    check(&launch);
+    drop(launch);
+    assert_eq!(host_used(&rt), used - 1, "and freed when it ends");
+
+    let rw = map.prepare(Access::ReadWrite).unwrap();
+    let q = (0..6)
+        .find(|&p| b.tier_of(p).unwrap() == Some(Tier::Host))
+        .unwrap();
+    b.prefetch(0..b.len(), Tier::Device).wait().unwrap();
+    assert_eq!(b.tier_of(q).unwrap(), Some(Tier::Host), "nothing moves");
+    b.write(0, &[9]).unwrap();
+    drop(rw);
+    let mut out = vec![0; data.len()];
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out[0], 9);
+    assert_eq!(out[1..], data[1..]);
+}
+
+/// The reclaimer brings tiers above their high watermark down to the low
+/// one, cascading, without losing a byte.
+#[test]
+fn background_eviction_keeps_tiers_between_watermarks() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 20 * PAGE as u64)
+        .host(20 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
+        .watermarks(strata::runtime::Watermarks {
+            low: 0.5,
+            high: 0.75,
+        })
+        .build()
+        .unwrap();
+    let b = rt.alloc(36 * PAGE as u64).unwrap();
+    let data = pattern(4, 4, 36 * PAGE);
+    b.write(0, &data).unwrap();
+    let used = |t: usize| rt.stats().tiers[t].used_pages;
+    // The reclaimer works in the background: wait for it (bounded).
+    for _ in 0..500 {
+        if used(0) <= 15 && used(1) <= 15 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(used(0) <= 15 && used(1) <= 15, "{:?}", rt.stats().tiers);
+    assert!(rt.stats().reclaimed_pages >= 6);
+    let mut out = vec![0; data.len()];
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, data);
+    assert_eq!(
+        Runtime::builder()
+            .watermarks(strata::runtime::Watermarks {
+                low: 0.9,
+                high: 0.5
+            })
+            .build()
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+}
+
 /// `stats()` while a full NVMe tier is rewritten (its reserve slot in use).
 #[test]
 fn stats_during_writes_to_a_full_nvme_tier() {
@@ -391,7 +558,9 @@ fn model_based_random_operations_from_four_threads() {
     eprintln!("model-based test seed: {seed} (rerun with STRATA_SEED={seed})");
     for (name, engine) in engines() {
         let dir = tempfile::tempdir().unwrap();
-        let rt = tiny(dir.path(), engine, 24);
+        // Background eviction on: the reclaimer moves pages too.
+        let rt = tiny_with(dir.path(), engine, 24, true);
+        let launches = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let bufs: Arc<Vec<_>> = Arc::new(
             (0..4)
                 .map(|_| rt.alloc(5 * PAGE as u64 + 777).unwrap())
@@ -401,6 +570,7 @@ fn model_based_random_operations_from_four_threads() {
             .map(|t| {
                 let bufs = bufs.clone();
                 let rt = rt.clone();
+                let launches = launches.clone();
                 std::thread::spawn(move || {
                     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ t as u64);
                     let mine = &bufs[t];
@@ -410,7 +580,7 @@ fn model_based_random_operations_from_four_threads() {
                     for step in 0..1000 {
                         let off = rng.random_range(0..len);
                         let n = rng.random_range(1..=(len - off).min(3 * PAGE));
-                        match rng.random_range(0..12) {
+                        match rng.random_range(0..14) {
                             0..=3 => {
                                 let data = pattern(t as u32 * 1000 + step, off as u32, n);
                                 mine.write(off as u64, &data).unwrap();
@@ -424,6 +594,31 @@ fn model_based_random_operations_from_four_threads() {
                                     oracle[off..off + n],
                                     "thread {t} step {step} (seed {seed})"
                                 );
+                            }
+                            12 | 13 => {
+                                // A kernel launch over our own buffer reads
+                                // it through the device map while others
+                                // move its pages.
+                                let map = mine.device_map().unwrap();
+                                match map.prepare(Access::ReadOnly) {
+                                    Ok(launch) => {
+                                        launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                        for (i, &want) in
+                                            oracle.iter().enumerate().skip(off).take(n.min(512))
+                                        {
+                                            assert_eq!(
+                                                launch.load::<u8>(i as u64),
+                                                want,
+                                                "thread {t} step {step} byte {i} (seed {seed})"
+                                            );
+                                        }
+                                    }
+                                    Err(e) => assert_eq!(
+                                        e.kind(),
+                                        ErrorKind::OutOfCapacity,
+                                        "{e} (seed {seed})"
+                                    ),
+                                };
                             }
                             11 => {
                                 // A short-lived buffer of our own: written,
@@ -479,8 +674,13 @@ fn model_based_random_operations_from_four_threads() {
                                 let other = &bufs[rng.random_range(0..4)];
                                 let tier = tiers[rng.random_range(0..4)];
                                 let end = rng.random_range(1..=other.len());
-                                let r = if rng.random_bool(0.5) {
+                                let r = if rng.random_bool(0.3) {
                                     other.prefetch(0..end, tier).wait()
+                                } else if rng.random_bool(0.5) {
+                                    // Not waited for: the moves race the
+                                    // writes that follow.
+                                    let _ = other.prefetch(0..end, tier);
+                                    Ok(())
                                 } else {
                                     other.evict(0..end, tier)
                                 };
@@ -503,7 +703,21 @@ fn model_based_random_operations_from_four_threads() {
         for t in threads {
             t.join().unwrap();
         }
-        assert!(rt.stats().moves > 0, "{name}: pages moved");
+        let stats = rt.stats();
+        eprintln!(
+            "{name}: {} moves, {} abandoned, {} background evictions, {} faults, {} launches",
+            stats.moves,
+            stats.abandoned_moves,
+            stats.reclaimed_pages,
+            stats.faults,
+            launches.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        assert!(stats.moves > 0, "{name}: pages moved");
+        assert!(stats.reclaimed_pages > 0, "{name}: the reclaimer ran");
+        assert!(
+            launches.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "{name}: kernels read through device maps"
+        );
     }
 }
 

@@ -1,11 +1,12 @@
 //! The CUDA side of device discovery, through cudarc's driver API.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
-use super::{no_device, BackendKind, DeviceBackend, DeviceMemory, GpuInfo};
+use super::{no_device, BackendKind, DeviceBackend, DeviceMemory, GpuInfo, HostRegistration};
 use crate::error::{Error, ErrorKind, Result};
 use crate::link::{LinkCounter, LinkStats};
 
@@ -141,6 +142,54 @@ impl DeviceBackend for CudaBackend {
 
     fn link_stats(&self) -> (LinkStats, LinkStats) {
         (self.h2d.stats(), self.d2h.stats())
+    }
+
+    unsafe fn register_host(
+        &self,
+        base: NonNull<u8>,
+        len: usize,
+    ) -> Result<Option<HostRegistration>> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: the caller guarantees the range stays mapped while the
+        // registration lives; the driver pins it and maps it for the GPU.
+        unsafe { sys::cuMemHostRegister_v2(base.as_ptr().cast(), len, flags) }
+            .result()
+            .map_err(|e| driver("cuMemHostRegister", e))?;
+        let guard = Registered {
+            ctx: self.ctx.clone(),
+            base: base.as_ptr() as usize,
+        };
+        let mut device_base: sys::CUdeviceptr = 0;
+        // SAFETY: `base` was registered with DEVICEMAP just above; the out
+        // pointer is a local.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_base, base.as_ptr().cast(), 0) }
+            .result()
+            .map_err(|e| driver("cuMemHostGetDevicePointer", e))?;
+        Ok(Some(HostRegistration {
+            device_base,
+            guard: Box::new(guard),
+        }))
+    }
+}
+
+/// A `cuMemHostRegister`ed range, unregistered on drop.
+struct Registered {
+    ctx: Arc<CudaContext>,
+    base: usize,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // SAFETY: the context outlives the registration (we hold an Arc);
+        // `base` is the pointer registered in it, still mapped (the arena
+        // drops its registrations before unmapping).
+        if unsafe { result::ctx::set_current(self.ctx.cu_ctx()) }.is_ok() {
+            // SAFETY: as above.
+            let _ = unsafe { sys::cuMemHostUnregister(self.base as *mut std::ffi::c_void) };
+        }
     }
 }
 

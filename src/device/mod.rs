@@ -13,6 +13,7 @@
 mod cuda;
 pub mod sim;
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -123,6 +124,33 @@ pub trait DeviceBackend: Send + Sync {
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceMemory>>;
     /// What crossed the host→device and device→host links so far.
     fn link_stats(&self) -> (LinkStats, LinkStats);
+    /// Makes `len` bytes of host memory at `base` addressable by kernels
+    /// (zero-copy) and a valid source or target of asynchronous copies:
+    /// `cuMemHostRegister` on cuda. `None` where kernels read host memory
+    /// as it is (the simulated device).
+    ///
+    /// # Safety
+    /// `base..base+len` is mapped for as long as the returned registration
+    /// lives (the guard unregisters on drop).
+    unsafe fn register_host(
+        &self,
+        base: NonNull<u8>,
+        len: usize,
+    ) -> Result<Option<HostRegistration>>;
+}
+
+/// Host memory registered with a device backend; unregistered on drop.
+pub struct HostRegistration {
+    /// The device address of the registered range's first byte.
+    pub device_base: u64,
+    /// Unregisters on drop.
+    pub guard: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for HostRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostRegistration({:#x})", self.device_base)
+    }
 }
 
 /// One allocation of device memory.
@@ -181,6 +209,70 @@ fn open_cuda(capacity_cap: u64) -> Result<Arc<dyn DeviceBackend>> {
             ErrorKind::NoDevice,
             "strata was built without the cuda feature",
         ))
+    }
+}
+
+/// An array of 64-bit words in device memory that the host updates one
+/// word at a time while kernels may read it (a device map on a GPU).
+/// Host-side writes are serialized; kernels' reads are outside Rust's view.
+pub struct DeviceWords {
+    memory: parking_lot::Mutex<Box<dyn DeviceMemory>>,
+    len: usize,
+    address: u64,
+}
+
+impl std::fmt::Debug for DeviceWords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceWords({} at {:#x})", self.len, self.address)
+    }
+}
+
+impl DeviceWords {
+    /// `len` words of `backend`'s memory.
+    pub fn new(backend: &dyn DeviceBackend, len: usize) -> Result<Self> {
+        let bytes = len
+            .checked_mul(8)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::invalid(format!("a device array of {len} words")))?;
+        let memory = backend.alloc(bytes)?;
+        if memory.len() < bytes {
+            return Err(Error::invalid("device allocation shorter than asked"));
+        }
+        let address = memory.device_address(0);
+        Ok(Self {
+            memory: parking_lot::Mutex::new(memory),
+            len,
+            address,
+        })
+    }
+
+    /// The device address of word 0.
+    pub fn address(&self) -> u64 {
+        self.address
+    }
+
+    /// Writes word `i`.
+    pub fn set(&self, i: usize, value: u64) -> Result<()> {
+        self.upload(i, &[value])
+    }
+
+    /// Writes `values` from word `at` on.
+    pub fn upload(&self, at: usize, values: &[u64]) -> Result<()> {
+        if at
+            .checked_add(values.len())
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(Error::invalid(format!(
+                "words {at}+{} exceed the array's {}",
+                values.len(),
+                self.len
+            )));
+        }
+        let memory = self.memory.lock();
+        // SAFETY: the range is inside the allocation (checked above, and the
+        // allocation is at least `len * 8` bytes); host-side writers are
+        // serialized by the lock, and nothing on the host reads the range.
+        unsafe { memory.copy_in(at * 8, bytemuck::cast_slice(values)) }
     }
 }
 

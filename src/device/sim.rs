@@ -61,6 +61,16 @@ impl DeviceBackend for SimBackend {
         )
     }
 
+    unsafe fn register_host(
+        &self,
+        _base: std::ptr::NonNull<u8>,
+        _len: usize,
+    ) -> Result<Option<crate::device::HostRegistration>> {
+        // The simulated device's "kernels" run on the CPU and read host
+        // memory where it is.
+        Ok(None)
+    }
+
     fn capacity(&self) -> u64 {
         self.capacity
     }

@@ -1,9 +1,13 @@
 //! The tiered runtime: buffers larger than any one tier, a page table that
 //! says where each page lives, and moves between tiers.
 //!
-//! This first version moves pages synchronously on the caller's thread
-//! (`evict`, `prefetch`); the asynchronous mover, pins, device maps and the
-//! background balancer build on the same page table.
+//! | file | what |
+//! |------|------|
+//! | `table.rs` | the page table and copy-then-commit moves (batched NVMe I/O, per-page versions) |
+//! | `buffer.rs` | [`Buffer`]: read/write at any offset, pins, prefetch, evict |
+//! | `mover.rs` | the asynchronous mover: a lane per link, a bounded window, [`Ticket`]s |
+//! | `reclaim.rs` | background eviction between [`Watermarks`], cascading down |
+//! | `map.rs` | [`DeviceMap`]s and kernel [`Launch`]es |
 //!
 //! Every page of a [`Buffer`] is, in its page-table entry, either *zero*
 //! (never written: reads return zeros, no slot is used) or resident in one
@@ -25,12 +29,17 @@
 //! assert_eq!(&out, b"spans a page boundary");
 //! # Ok::<(), strata::Error>(())
 //! ```
-#![forbid(unsafe_code)]
+// Only `map.rs` (a simulated kernel's load through the map) needs unsafe.
+#![deny(unsafe_code)]
 
 mod buffer;
+mod map;
+mod mover;
+mod reclaim;
+mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -45,7 +54,14 @@ use crate::tier::{
     CxlConfig, CxlStore, DeviceStore, HostConfig, HostStore, NvmeConfig, NvmeStore, PageStore, Tier,
 };
 
-pub use buffer::{Buffer, Pin, Ticket};
+pub use buffer::{Buffer, Pin};
+pub use map::{Access, DeviceMap, Launch};
+pub use mover::Ticket;
+pub use reclaim::Watermarks;
+
+use mover::Mover;
+use reclaim::Reclaimer;
+use table::Table;
 
 /// How to build a [`Runtime`]: per-tier capacities in bytes; a tier with
 /// none configured is absent (the host tier is always present).
@@ -58,6 +74,8 @@ pub struct RuntimeBuilder {
     cxl: Option<CxlConfig>,
     nvme: Option<NvmeConfig>,
     nvme_engine: Option<Arc<dyn IoEngine>>,
+    watermarks: Watermarks,
+    background_eviction: bool,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -69,6 +87,8 @@ impl std::fmt::Debug for RuntimeBuilder {
             .field("host_capacity", &self.host_capacity)
             .field("cxl", &self.cxl)
             .field("nvme", &self.nvme)
+            .field("watermarks", &self.watermarks)
+            .field("background_eviction", &self.background_eviction)
             .finish()
     }
 }
@@ -83,6 +103,8 @@ impl Default for RuntimeBuilder {
             cxl: None,
             nvme: None,
             nvme_engine: None,
+            watermarks: Watermarks::default(),
+            background_eviction: true,
         }
     }
 }
@@ -124,6 +146,20 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Background eviction keeps every tier but the slowest between these
+    /// fractions of its capacity (default 0.85 and 0.95).
+    pub fn watermarks(mut self, watermarks: Watermarks) -> Self {
+        self.watermarks = watermarks;
+        self
+    }
+
+    /// Turns background eviction on (the default) or off. Off, tiers fill
+    /// to the last slot and pages move only when asked to.
+    pub fn background_eviction(mut self, on: bool) -> Self {
+        self.background_eviction = on;
+        self
+    }
+
     /// Builds the runtime from a resolved [`Config`](crate::config::Config).
     pub fn from_config(config: &crate::config::Config) -> Self {
         let device_capacity = config.device_capacity.unwrap_or(match config.device {
@@ -145,12 +181,15 @@ impl RuntimeBuilder {
             cxl: config.cxl.clone(),
             nvme: Some(config.nvme.clone()),
             nvme_engine: None,
+            watermarks: config.watermarks,
+            background_eviction: true,
         }
     }
 
     /// Opens every configured tier.
     pub fn build(self) -> Result<Runtime> {
         check_page_size(self.page_size)?;
+        self.watermarks.check()?;
         let page = self.page_size;
         let device = if self.device_capacity > 0 {
             let backend = device::open(self.device, self.device_capacity)?;
@@ -159,10 +198,19 @@ impl RuntimeBuilder {
             None
         };
         let host = HostStore::new(&HostConfig::new(self.host_capacity, page))?;
+        // Kernels reach host and CXL pages in place, and copies to and from
+        // them run asynchronously, once the arenas are registered.
+        if let Some(d) = &device {
+            host.register_with_device(d.backend_handle())?;
+        }
         let cxl = match self.cxl {
             Some(mut c) => {
                 c.page_size = page;
-                Some(CxlStore::new(&c, &Topology::detect())?)
+                let cxl = CxlStore::new(&c, &Topology::detect())?;
+                if let Some(d) = &device {
+                    cxl.as_host().register_with_device(d.backend_handle())?;
+                }
+                Some(cxl)
             }
             None => None,
         };
@@ -188,17 +236,25 @@ impl RuntimeBuilder {
             stores.push(Box::new(n));
         }
         let total = stores.iter().map(|s| s.capacity_pages() as u64).sum();
-        Ok(Runtime {
-            inner: Arc::new(Inner {
-                page_size: page,
-                stores,
-                total_pages: total,
-                reserved_pages: Mutex::new(0),
-                counters: Counters::default(),
-                pinned: Default::default(),
-                links: Default::default(),
-            }),
-        })
+        let tiers: Vec<Tier> = stores.iter().map(|s| s.tier()).collect();
+        let inner = Arc::new(Inner {
+            page_size: page,
+            stores,
+            total_pages: total,
+            reserved_pages: Mutex::new(0),
+            counters: Counters::default(),
+            pinned: Default::default(),
+            links: Default::default(),
+            mover: Mover::start(&tiers)?,
+            tables: Mutex::new(Vec::new()),
+            watermarks: self.watermarks,
+            reclaimer: OnceLock::new(),
+        });
+        if self.background_eviction && tiers.len() > 1 {
+            let r = Reclaimer::start(Arc::downgrade(&inner))?;
+            let _ = inner.reclaimer.set(r);
+        }
+        Ok(Runtime { inner })
     }
 }
 
@@ -207,6 +263,12 @@ struct Counters {
     moves: AtomicU64,
     failed_moves: AtomicU64,
     first_writes: AtomicU64,
+    /// Moves dropped because a write changed the page meanwhile.
+    abandoned: AtomicU64,
+    /// Pages an access had to move first (pins, launches).
+    faults: AtomicU64,
+    /// Pages demoted to make room (background eviction, pins, launches).
+    reclaimed_pages: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -220,6 +282,11 @@ pub(crate) struct Inner {
     pinned: [AtomicU64; 4],
     /// Page moves per link, indexed by `from * 4 + to`.
     links: [LinkCounter; 16],
+    mover: Mover,
+    /// Every live buffer's page table, for the reclaimer.
+    tables: Mutex<Vec<Weak<Table>>>,
+    watermarks: Watermarks,
+    reclaimer: OnceLock<Reclaimer>,
 }
 
 impl Inner {
@@ -239,7 +306,7 @@ impl Inner {
         &self.links[from as usize * 4 + to as usize]
     }
 
-    fn capacity_report(&self) -> String {
+    pub(crate) fn capacity_report(&self) -> String {
         self.stores
             .iter()
             .map(|s| {
@@ -252,6 +319,16 @@ impl Inner {
             })
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// A page landed in `tier`: wakes the reclaimer if it is above its
+    /// high watermark.
+    pub(crate) fn filled(&self, tier: Tier) {
+        if let Some(r) = self.reclaimer.get() {
+            if reclaim::above_high(self, tier) {
+                r.wake();
+            }
+        }
     }
 
     pub(crate) fn release(&self, pages: u64) {
@@ -334,6 +411,17 @@ pub struct Stats {
     pub failed_moves: u64,
     /// Pages materialized by their first write.
     pub first_writes: u64,
+    /// Moves abandoned because a write changed the page while it moved
+    /// (the write wins; the page stays where it was).
+    pub abandoned_moves: u64,
+    /// Pages an access had to move before it could proceed (pins, kernel
+    /// launches staging NVMe pages).
+    pub faults: u64,
+    /// Pages demoted to make room: by background eviction, or for a pin or
+    /// a kernel launch that needed a slot.
+    pub reclaimed_pages: u64,
+    /// Pages queued or moving in the mover.
+    pub in_flight_moves: u64,
     /// Host→device and device→host link traffic, if there is a device tier
     /// (as the backend counts it: every copy, moves and accesses alike).
     pub device_links: Option<(LinkStats, LinkStats)>,
@@ -406,7 +494,9 @@ impl Runtime {
             }
             *reserved += pages;
         }
-        Ok(Buffer::new(self.inner.clone(), bytes, pages, placement))
+        let table = Arc::new(Table::new(self.inner.clone(), bytes, pages, placement));
+        self.inner.tables.lock().push(Arc::downgrade(&table));
+        Ok(Buffer::new(table))
     }
 
     /// Allocates room for `n` values of `T`.
@@ -441,6 +531,10 @@ impl Runtime {
             moves: inner.counters.moves.load(Ordering::Relaxed),
             failed_moves: inner.counters.failed_moves.load(Ordering::Relaxed),
             first_writes: inner.counters.first_writes.load(Ordering::Relaxed),
+            abandoned_moves: inner.counters.abandoned.load(Ordering::Relaxed),
+            faults: inner.counters.faults.load(Ordering::Relaxed),
+            reclaimed_pages: inner.counters.reclaimed_pages.load(Ordering::Relaxed),
+            in_flight_moves: inner.mover.in_flight.load(Ordering::Relaxed),
             device_links: device.map(|d| d.link_stats()),
             links: Tier::ALL
                 .iter()
@@ -451,6 +545,11 @@ impl Runtime {
                 })
                 .collect(),
         }
+    }
+
+    /// [`stats`](Self::stats) as JSON.
+    pub fn stats_json(&self) -> String {
+        serde_json::to_string(&self.stats()).expect("stats serialize")
     }
 
     /// Which backend the device tier runs on, if there is one.

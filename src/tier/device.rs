@@ -66,6 +66,11 @@ impl DeviceStore {
         self.backend.kind()
     }
 
+    /// The backend itself (for allocations beside the slots: device maps).
+    pub fn backend_handle(&self) -> &dyn DeviceBackend {
+        &*self.backend
+    }
+
     /// Host→device and device→host link traffic so far.
     pub fn link_stats(&self) -> (crate::link::LinkStats, crate::link::LinkStats) {
         self.backend.link_stats()

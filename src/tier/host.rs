@@ -57,6 +57,8 @@ pub struct HostStore {
     slots: SlotAllocator,
     // Declared before `arena`: registrations are released before the unmap.
     registrations: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
+    /// Where a device sees the arena once registered with it (cuda).
+    device_base: std::sync::OnceLock<u64>,
     arena: Arena,
 }
 
@@ -103,6 +105,7 @@ impl HostStore {
             page_size: config.page_size,
             slots: SlotAllocator::new(pages),
             registrations: Mutex::new(Vec::new()),
+            device_base: std::sync::OnceLock::new(),
             arena,
         })
     }
@@ -149,6 +152,35 @@ impl HostStore {
         Ok(())
     }
 
+    /// Registers the arena with a device backend for zero-copy kernel
+    /// access and asynchronous copies (a no-op on the simulated device).
+    pub fn register_with_device(&self, backend: &dyn crate::device::DeviceBackend) -> Result<()> {
+        if self.device_base.get().is_some() {
+            return Ok(());
+        }
+        // SAFETY: the arena stays mapped while the store lives, and the
+        // registration is kept in `registrations`, which drops before the
+        // arena unmaps.
+        let registration = unsafe { backend.register_host(self.arena.base(), self.arena.len()) }
+            .map_err(|e| e.context(format!("registering the {} arena", self.tier)))?;
+        if let Some(r) = registration {
+            self.registrations.lock().push(r.guard);
+            let _ = self.device_base.set(r.device_base);
+        }
+        Ok(())
+    }
+
+    /// The address through which a kernel reaches a slot: the device
+    /// mapping of the registered arena, or the host address where the arena
+    /// is not registered (the simulated device reads host memory directly).
+    pub fn kernel_address(&self, slot: &Slot) -> Result<u64> {
+        let host = self.slot_ptr(slot)?.as_ptr() as u64;
+        Ok(match self.device_base.get() {
+            Some(base) => base + (host - self.arena.base().as_ptr() as u64),
+            None => host,
+        })
+    }
+
     /// Start and length of the arena.
     pub fn arena_range(&self) -> (NonNull<u8>, usize) {
         (self.arena.base(), self.arena.len())
@@ -176,6 +208,9 @@ impl PageStore for HostStore {
     }
     fn address(&self, slot: &Slot) -> Option<u64> {
         self.slot_ptr(slot).ok().map(|p| p.as_ptr() as u64)
+    }
+    fn kernel_address(&self, slot: &Slot) -> u64 {
+        HostStore::kernel_address(self, slot).unwrap_or(0)
     }
     fn tier(&self) -> Tier {
         self.tier

@@ -145,6 +145,13 @@ pub trait PageStore: Send + Sync {
     fn address(&self, _slot: &Slot) -> Option<u64> {
         None
     }
+    /// The address through which a kernel reaches the slot (device maps):
+    /// device memory's own address, or the device mapping of a registered
+    /// host arena; on the simulated device the same as [`address`](Self::address).
+    /// 0 where the medium is not addressable (NVMe).
+    fn kernel_address(&self, slot: &Slot) -> u64 {
+        self.address(slot).unwrap_or(0)
+    }
     /// The store as `Any`, to reach store-specific features.
     fn as_any(&self) -> &dyn std::any::Any;
 }

@@ -1,0 +1,271 @@
+//! Background eviction: a thread that keeps each tier (but the slowest)
+//! between its low and high watermarks, so first writes and promotions find
+//! free slots without waiting for an eviction. When a tier rises above its
+//! high watermark it demotes pages, cascading down (device → host → CXL →
+//! NVMe), until the tier is back at its low watermark.
+//!
+//! Victims are chosen by a CLOCK hand per buffer: a page touched since the
+//! hand last passed gets a second chance. Pages that are pinned, covered by
+//! a kernel launch, or busy (their lock taken) are skipped. The placement
+//! policies of the balancer refine this choice; the reclaimer only
+//! guarantees headroom.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use serde::Serialize;
+
+use super::table::Table;
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::tier::Tier;
+
+/// How often the reclaimer looks even when nobody woke it.
+const PERIOD: Duration = Duration::from_millis(50);
+
+/// Fractions of a tier's capacity: above `high` the reclaimer demotes pages
+/// until use is at `low`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Watermarks {
+    /// Where reclaim stops.
+    pub low: f64,
+    /// Where reclaim starts.
+    pub high: f64,
+}
+
+impl Default for Watermarks {
+    fn default() -> Self {
+        Self {
+            low: 0.85,
+            high: 0.95,
+        }
+    }
+}
+
+impl Watermarks {
+    /// `0 < low <= high <= 1`, or an error naming the values.
+    pub fn check(&self) -> Result<()> {
+        if self.low > 0.0 && self.low <= self.high && self.high <= 1.0 {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "watermarks low {} and high {} must satisfy 0 < low <= high <= 1",
+                self.low, self.high
+            )))
+        }
+    }
+
+    fn pages(fraction: f64, capacity: u32) -> u32 {
+        (fraction * capacity as f64).floor() as u32
+    }
+}
+
+/// The running reclaimer; stops when dropped.
+pub(crate) struct Reclaimer {
+    wake: Arc<(Mutex<bool>, Condvar)>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Reclaimer {
+    pub(crate) fn start(rt: Weak<Inner>) -> Result<Self> {
+        let wake = Arc::new((Mutex::new(false), Condvar::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (w, s) = (wake.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("strata-reclaim".into())
+            .spawn(move || loop {
+                {
+                    let mut woken = w.0.lock();
+                    if !*woken {
+                        w.1.wait_for(&mut woken, PERIOD);
+                    }
+                    *woken = false;
+                }
+                if s.load(Ordering::Acquire) {
+                    return;
+                }
+                // None while the runtime is still being built.
+                if let Some(rt) = rt.upgrade() {
+                    pass(&rt);
+                }
+            })
+            .map_err(|e| Error::io("starting the reclaim thread", e))?;
+        Ok(Self { wake, stop })
+    }
+
+    pub(crate) fn wake(&self) {
+        *self.wake.0.lock() = true;
+        self.wake.1.notify_one();
+    }
+}
+
+impl Drop for Reclaimer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake();
+    }
+}
+
+/// Whether `tier` is above its high watermark.
+pub(crate) fn above_high(rt: &Inner, tier: Tier) -> bool {
+    rt.store(tier)
+        .is_some_and(|s| s.used_pages() > Watermarks::pages(rt.watermarks.high, s.capacity_pages()))
+}
+
+/// One round over every tier but the slowest, fastest first (so a cascade
+/// completes in one round).
+fn pass(rt: &Inner) {
+    let tiers: Vec<Tier> = rt.stores().map(|s| s.tier()).collect();
+    let Some((_, upper)) = tiers.split_last() else {
+        return;
+    };
+    for &tier in upper {
+        if !above_high(rt, tier) {
+            continue;
+        }
+        let store = rt.store(tier).expect("configured");
+        let low = Watermarks::pages(rt.watermarks.low, store.capacity_pages());
+        let need = store.used_pages().saturating_sub(low) as usize;
+        let slower: Vec<Tier> = rt
+            .stores()
+            .map(|s| s.tier())
+            .filter(|&t| t > tier)
+            .collect();
+        let moved = reclaim(rt, tier, need, &slower);
+        rt.counters
+            .reclaimed_pages
+            .fetch_add(moved as u64, Ordering::Relaxed);
+    }
+}
+
+/// Frees `pages` slots in the memory tiers for a kernel launch by moving
+/// pages of buffers not in a launch to NVMe, slowest memory tier first.
+/// Returns how many moved.
+pub(crate) fn make_room(rt: &Inner, pages: usize) -> usize {
+    if rt.store(Tier::Nvme).is_none() {
+        return 0;
+    }
+    let mut moved = 0;
+    let memory: Vec<Tier> = rt
+        .stores()
+        .map(|s| s.tier())
+        .filter(|&t| t != Tier::Nvme)
+        .collect();
+    for &tier in memory.iter().rev() {
+        if moved >= pages {
+            break;
+        }
+        moved += reclaim(rt, tier, pages - moved, &[Tier::Nvme]);
+    }
+    rt.counters
+        .reclaimed_pages
+        .fetch_add(moved as u64, Ordering::Relaxed);
+    moved
+}
+
+/// Frees `pages` slots in `tier` by demoting unpinned pages of buffers not
+/// in a launch to slower tiers. Returns how many moved.
+pub(crate) fn make_room_in(rt: &Inner, tier: Tier, pages: usize) -> usize {
+    let slower: Vec<Tier> = rt
+        .stores()
+        .map(|s| s.tier())
+        .filter(|&t| t > tier)
+        .collect();
+    let moved = reclaim(rt, tier, pages, &slower);
+    rt.counters
+        .reclaimed_pages
+        .fetch_add(moved as u64, Ordering::Relaxed);
+    moved
+}
+
+/// Demotes up to `need` pages out of `tier` into the first of `slower`
+/// with room; returns how many moved.
+fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier]) -> usize {
+    let tables: Vec<Arc<Table>> = {
+        let mut list = rt.tables.lock();
+        list.retain(|t| t.strong_count() > 0);
+        list.iter().filter_map(Weak::upgrade).collect()
+    };
+    let mut moved = 0;
+    // The first pass gives referenced pages a second chance; the second
+    // takes them too.
+    for second_chance in [true, false] {
+        for table in &tables {
+            while moved < need {
+                let victims = pick(
+                    table,
+                    tier,
+                    (need - moved).min(table.batch()),
+                    second_chance,
+                );
+                if victims.is_empty() {
+                    break;
+                }
+                let m = demote(table, &victims, tier, slower);
+                if m == 0 {
+                    break;
+                }
+                moved += m;
+            }
+        }
+        if moved >= need {
+            break;
+        }
+    }
+    moved
+}
+
+/// Up to `n` pages of `table` resident in `tier`, from the clock hand on
+/// (at most one turn of it).
+fn pick(table: &Table, tier: Tier, n: usize, second_chance: bool) -> Vec<usize> {
+    let len = table.pages.len();
+    let launched = {
+        let l = table.launches.lock();
+        l.read_only + l.read_write > 0
+    };
+    // Kernels may be reading any page of a launched buffer.
+    if len == 0 || launched {
+        return Vec::new();
+    }
+    let start = table.hand.load(Ordering::Relaxed) % len;
+    let mut victims = Vec::new();
+    let mut at = start;
+    for _ in 0..len {
+        if let Some(mut entry) = table.pages[at].try_lock() {
+            if entry.pins == 0 && entry.tier() == Some(tier) {
+                if second_chance && entry.referenced {
+                    entry.referenced = false;
+                } else {
+                    victims.push(at);
+                }
+            }
+        }
+        at = (at + 1) % len;
+        if victims.len() == n {
+            break;
+        }
+    }
+    table.hand.store(at, Ordering::Relaxed);
+    victims
+}
+
+/// Moves `victims` out of `tier` to the first slower tier with room.
+fn demote(table: &Table, victims: &[usize], tier: Tier, slower: &[Tier]) -> usize {
+    let mut left = victims.to_vec();
+    let mut moved = 0;
+    for &dst in slower {
+        if left.is_empty() {
+            break;
+        }
+        // Errors are counted in the stats; the pages stay readable.
+        let Ok(full) = table.move_batched(&left, dst, &|t| t == tier) else {
+            break;
+        };
+        moved += left.len() - full.len();
+        left = full;
+    }
+    moved
+}

@@ -1,0 +1,746 @@
+//! A buffer's page table and the moves that change it.
+//!
+//! One lock per page, held for one page's read, write or move. Several
+//! page locks are only ever held together by a batched move, which takes
+//! them in ascending page order, so batches cannot deadlock.
+//!
+//! Every change to a page's bytes or place bumps its `version`. A move to
+//! NVMe copies the page out under its lock, then releases the lock for the
+//! write, and commits only if the version is unchanged: a write that races
+//! the move wins, and the move is abandoned (its fresh slot freed). Moves
+//! into memory tiers copy under the lock (a memcpy, or the page's NVMe read,
+//! which an access would have to wait for anyway).
+#![forbid(unsafe_code)]
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::map::MapShared;
+use super::{Inner, Placement};
+use crate::error::{Error, ErrorKind, Result};
+use crate::io::AlignedBuf;
+use crate::tier::{NvmeStore, PageStore, Slot, Tier};
+
+/// Pages moved together: their NVMe I/O is in flight at once.
+pub(crate) const BATCH: usize = 32;
+
+/// Move reservations (see `Inner::reserve_move`), given back on drop.
+struct Reserved<'a> {
+    rt: &'a Inner,
+    pages: u64,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.rt.release(self.pages);
+    }
+}
+
+/// Where a page is.
+#[derive(Debug)]
+pub(crate) enum Loc {
+    /// Never written: reads as zeros, holds no slot.
+    Zero,
+    /// In a slot of a tier.
+    Resident { tier: Tier, slot: Slot },
+    /// Its slot is in an NVMe read of a batched move. Only seen under the
+    /// page lock — unless the I/O engine failed with the read in flight,
+    /// when the page stays this way and reads say so (never zeros).
+    Lost,
+}
+
+pub(crate) use Loc::{Lost, Resident, Zero};
+
+/// One page-table entry.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) loc: Loc,
+    /// Live pins covering the page: while non-zero it never moves.
+    pub(crate) pins: u32,
+    /// Bumped by every write and every committed move.
+    pub(crate) version: u32,
+    /// Set by accesses, cleared by the reclaimer's clock hand.
+    pub(crate) referenced: bool,
+}
+
+impl Entry {
+    pub(crate) fn tier(&self) -> Option<Tier> {
+        match &self.loc {
+            Resident { tier, .. } => Some(*tier),
+            Zero | Lost => None,
+        }
+    }
+}
+
+pub(crate) fn lost(p: usize) -> Error {
+    Error::new(
+        ErrorKind::Io,
+        format!("page {p} was lost: the i/o engine failed while the page was moving"),
+    )
+}
+
+/// Kernel launches over the buffer's device map (see `map.rs`).
+#[derive(Debug, Default)]
+pub(crate) struct Launches {
+    /// Live read-only launches: pages may be promoted (the old copy is
+    /// retired until the launches end), never demoted or written.
+    pub(crate) read_only: u32,
+    /// Live read-write launches: no page in a memory tier moves.
+    pub(crate) read_write: u32,
+    /// Slots replaced by promotions during read-only launches: kernels may
+    /// still read them through map entries they loaded earlier.
+    pub(crate) retired: Vec<(Tier, Slot)>,
+}
+
+impl Launches {
+    fn any(&self) -> bool {
+        self.read_only + self.read_write > 0
+    }
+}
+
+/// The shared part of a buffer: its page table. Moves in the background
+/// hold it while they run, so it outlives a dropped `Buffer` until they end.
+pub(crate) struct Table {
+    pub(crate) rt: Arc<Inner>,
+    pub(crate) len: u64,
+    placement: Placement,
+    pub(crate) pages: Box<[Mutex<Entry>]>,
+    pub(crate) launches: Mutex<Launches>,
+    pub(crate) map: Mutex<Option<Arc<MapShared>>>,
+    /// The reclaimer's clock hand.
+    pub(crate) hand: AtomicUsize,
+}
+
+impl Table {
+    pub(crate) fn new(rt: Arc<Inner>, len: u64, pages: u64, placement: Placement) -> Self {
+        Self {
+            rt,
+            len,
+            placement,
+            pages: (0..pages)
+                .map(|_| {
+                    Mutex::new(Entry {
+                        loc: Zero,
+                        pins: 0,
+                        version: 0,
+                        referenced: false,
+                    })
+                })
+                .collect(),
+            launches: Mutex::new(Launches::default()),
+            map: Mutex::new(None),
+            hand: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn store(&self, tier: Tier) -> &dyn PageStore {
+        self.rt
+            .store(tier)
+            .expect("entries only name configured tiers")
+    }
+
+    fn nvme(&self) -> Option<&NvmeStore> {
+        self.rt
+            .store(Tier::Nvme)
+            .and_then(|s| s.as_any().downcast_ref::<NvmeStore>())
+    }
+
+    /// Whether a page of a memory tier may leave `src` for `dst` now.
+    fn may_move(&self, src: Tier, dst: Tier) -> bool {
+        if src == Tier::Nvme {
+            // Kernels never address NVMe pages.
+            return true;
+        }
+        let l = self.launches.lock();
+        l.read_write == 0 && (l.read_only == 0 || dst < src)
+    }
+
+    /// Frees a page's old slot after a move, or retires it while kernels
+    /// may still read it; true when retired. A retired slot keeps the move's
+    /// reservation (see `Inner::reserve_move`) until it is freed, so
+    /// promised pages still find room.
+    fn free_old(&self, tier: Tier, slot: Slot) -> bool {
+        if tier != Tier::Nvme {
+            let mut l = self.launches.lock();
+            if l.any() {
+                l.retired.push((tier, slot));
+                return true;
+            }
+        }
+        // Freeing fails only for a slot of another store, which the page
+        // table never holds.
+        let _ = self.store(tier).free(slot);
+        false
+    }
+
+    /// Frees retired slots and their reservations.
+    pub(crate) fn free_retired(&self, retired: Vec<(Tier, Slot)>) {
+        let n = retired.len() as u64;
+        for (tier, slot) in retired {
+            let _ = self.store(tier).free(slot);
+        }
+        self.rt.release(n);
+    }
+
+    /// Points the device map (if any) at page `p`'s new home.
+    fn remap(&self, p: usize, entry: &Entry) {
+        if let Some(map) = &*self.map.lock() {
+            if let Resident { tier, slot } = &entry.loc {
+                map.set(p, self.store(*tier).kernel_address(slot));
+            }
+        }
+    }
+
+    /// Tiers in the order a first write tries them.
+    fn placement_order(&self) -> Vec<Tier> {
+        let mut order: Vec<Tier> = self.rt.stores().map(|s| s.tier()).collect();
+        if let Placement::Prefer(t) = self.placement {
+            order.retain(|&x| x != t);
+            order.insert(0, t);
+        }
+        order
+    }
+
+    /// Puts a never-written page in a slot: of the first tier of `order`
+    /// with room (placement order when `None`).
+    pub(crate) fn first_write(&self, page: &[u8], order: Option<&[Tier]>) -> Result<Loc> {
+        let default;
+        let order = match order {
+            Some(o) => o,
+            None => {
+                default = self.placement_order();
+                &default
+            }
+        };
+        for &tier in order {
+            let store = self.store(tier);
+            let Ok(mut slot) = store.alloc() else {
+                continue;
+            };
+            return match store.write_page(&mut slot, page) {
+                Ok(()) => {
+                    self.rt
+                        .counters
+                        .first_writes
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.rt.filled(tier);
+                    Ok(Resident { tier, slot })
+                }
+                Err(e) => {
+                    store.free(slot)?;
+                    Err(e)
+                }
+            };
+        }
+        Err(Error::new(
+            ErrorKind::OutOfCapacity,
+            format!(
+                "no tier has a free slot for a first write ({})",
+                self.rt.capacity_report()
+            ),
+        ))
+    }
+
+    /// Moves the page under `entry` into `dst` (copy, then commit), the
+    /// lock held throughout. `Ok(false)` when there was nothing to move.
+    pub(crate) fn move_locked(&self, p: usize, entry: &mut Entry, dst: Tier) -> Result<bool> {
+        let Resident { tier: src, slot } = &mut entry.loc else {
+            return Ok(false);
+        };
+        if *src == dst || !self.may_move(*src, dst) {
+            return Ok(false);
+        }
+        let src = *src;
+        let from = self.store(src);
+        let to = self
+            .rt
+            .store(dst)
+            .ok_or_else(|| Error::invalid(format!("the {dst} tier is not configured")))?;
+        let started = Instant::now();
+        // The page holds two slots until the move commits: account the
+        // second against the runtime's capacity.
+        self.rt.reserve_move()?;
+        let moved = (|| {
+            let mut fresh = to.alloc()?;
+            // One copy, straight from the source's bytes where it has them.
+            match from.with_page(slot, &mut |bytes| to.write_new(&mut fresh, bytes)) {
+                Ok(()) => Ok(fresh),
+                Err(e) => {
+                    to.free(fresh)?;
+                    Err(e)
+                }
+            }
+        })();
+        match moved {
+            Ok(fresh) => {
+                let Resident { slot: old, .. } = std::mem::replace(
+                    &mut entry.loc,
+                    Resident {
+                        tier: dst,
+                        slot: fresh,
+                    },
+                ) else {
+                    unreachable!("the entry was resident")
+                };
+                entry.version = entry.version.wrapping_add(1);
+                if !self.free_old(src, old) {
+                    self.rt.release(1);
+                }
+                self.remap(p, entry);
+                self.rt.counters.moves.fetch_add(1, Ordering::Relaxed);
+                self.rt.filled(dst);
+                self.rt.link(src, dst).record(
+                    self.rt.page_size(),
+                    started.elapsed(),
+                    Duration::ZERO,
+                );
+                Ok(true)
+            }
+            Err(e) => {
+                self.rt.release(1);
+                // A full destination is a refusal, not a failed move (as in
+                // the batched path).
+                if e.kind() != ErrorKind::OutOfCapacity {
+                    self.rt
+                        .counters
+                        .failed_moves
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e.context(format!("moving page {p} from {src} to {dst}")))
+            }
+        }
+    }
+
+    /// Moves page `p` to `dst` if it is resident in a tier `wanted`
+    /// accepts and not pinned (checked under its lock).
+    pub(crate) fn move_page(
+        &self,
+        p: usize,
+        dst: Tier,
+        wanted: &dyn Fn(Tier) -> bool,
+    ) -> Result<bool> {
+        let mut entry = self.pages[p].lock();
+        if entry.pins > 0 || !entry.tier().is_some_and(wanted) {
+            return Ok(false);
+        }
+        self.move_locked(p, &mut entry, dst)
+    }
+
+    /// Moves the pages of `pages` whose tier satisfies `wanted` into `dst`,
+    /// [`BATCH`] at a time, with the NVMe reads or writes of a batch in
+    /// flight together. Returns the pages that found `dst` full; any other
+    /// failure is returned as an error after the batch (its pages stay
+    /// where they were).
+    pub(crate) fn move_batched(
+        &self,
+        pages: &[usize],
+        dst: Tier,
+        wanted: &dyn Fn(Tier) -> bool,
+    ) -> Result<Vec<usize>> {
+        let mut full = Vec::new();
+        let mut first_err = None;
+        for chunk in pages.chunks(self.batch()) {
+            if let Err(e) = self.move_chunk(chunk, dst, wanted, &mut full) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(full), Err)
+    }
+
+    /// Pages per batch: never more than one NVMe session keeps in flight.
+    pub(crate) fn batch(&self) -> usize {
+        self.nvme()
+            .map_or(BATCH, |n| n.queue_depth().min(BATCH))
+            .max(1)
+    }
+
+    fn move_chunk(
+        &self,
+        chunk: &[usize],
+        dst: Tier,
+        wanted: &dyn Fn(Tier) -> bool,
+        full: &mut Vec<usize>,
+    ) -> Result<()> {
+        if self.rt.store(dst).is_none() {
+            return Err(Error::invalid(format!("the {dst} tier is not configured")));
+        }
+        let mut sorted = chunk.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        // Ascending page order, the only order in which more than one page
+        // lock is ever held, so two batches cannot deadlock.
+        let mut guards: Vec<(usize, MutexGuard<'_, Entry>)> = Vec::new();
+        let mut first_err = None;
+        for &p in &sorted {
+            let entry = self.pages[p].lock();
+            if matches!(entry.loc, Lost) {
+                first_err.get_or_insert(lost(p));
+            }
+            let movable = entry.pins == 0
+                && entry
+                    .tier()
+                    .is_some_and(|t| t != dst && wanted(t) && self.may_move(t, dst));
+            if movable {
+                guards.push((p, entry));
+            }
+        }
+        let res = if dst == Tier::Nvme {
+            self.demote_to_nvme(guards, full)
+        } else {
+            self.move_into_memory(guards, dst, full)
+        };
+        match (first_err, res) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(())) => Ok(()),
+        }
+    }
+
+    /// Moves locked pages into a memory tier: NVMe-sourced pages are read
+    /// together, then every page is copied and committed under its lock.
+    fn move_into_memory(
+        &self,
+        mut guards: Vec<(usize, MutexGuard<'_, Entry>)>,
+        dst: Tier,
+        full: &mut Vec<usize>,
+    ) -> Result<()> {
+        let mut first_err: Option<Error> = None;
+        let from_nvme = |e: &Entry| {
+            matches!(
+                e.loc,
+                Resident {
+                    tier: Tier::Nvme,
+                    ..
+                }
+            )
+        };
+        let nvme = match self.nvme() {
+            Some(n) if guards.iter().any(|(_, e)| from_nvme(e)) => n,
+            _ => {
+                // No NVMe I/O to overlap: page by page, under the locks held.
+                for (p, entry) in guards.iter_mut() {
+                    match self.move_locked(*p, entry, dst) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                return first_err.map_or(Ok(()), Err);
+            }
+        };
+        let to = self.store(dst);
+        let started = Instant::now();
+        let mut reserved = self.reserve(&mut guards, full);
+
+        // From here on nothing returns early: a slot taken out of its entry
+        // for a read must be put back (or the page marked lost).
+
+        // 1. NVMe-sourced pages read together; the others move in place.
+        let mut data: Vec<Option<AlignedBuf>> = (0..guards.len()).map(|_| None).collect();
+        let mut committed: Vec<Tier> = Vec::new();
+        let mut failed = 0u64;
+        match nvme.session() {
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+            Ok(mut session) => {
+                for (i, (p, entry)) in guards.iter_mut().enumerate() {
+                    if !from_nvme(entry) {
+                        // Its reservation is taken again by move_locked.
+                        reserved.pages -= 1;
+                        self.rt.release(1);
+                        match self.move_locked(*p, entry, dst) {
+                            Ok(_) => {}
+                            Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                            }
+                        }
+                        continue;
+                    }
+                    // The slot travels with its read and comes back in the
+                    // completion; the page lock keeps everyone else out.
+                    let buf = match nvme.buffer() {
+                        Ok(b) => b,
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                            continue;
+                        }
+                    };
+                    let Resident { slot, .. } = std::mem::replace(&mut entry.loc, Lost) else {
+                        unreachable!("checked resident")
+                    };
+                    if let Err(r) = session.submit_read(slot, buf, i as u64) {
+                        entry.loc = Resident {
+                            tier: Tier::Nvme,
+                            slot: r.slot,
+                        };
+                        first_err.get_or_insert(r.error);
+                    }
+                }
+                let mut done = Vec::new();
+                // Every slot in a read must come back to its page: after an
+                // engine error, keep reaping (a few times) what is in flight.
+                for _ in 0..4 {
+                    if session.in_flight() == 0 {
+                        break;
+                    }
+                    let reaped = session.reap(session.in_flight(), &mut done);
+                    for c in done.drain(..) {
+                        let i = c.tag as usize;
+                        guards[i].1.loc = Resident {
+                            tier: Tier::Nvme,
+                            slot: c.slot,
+                        };
+                        match c.result {
+                            Ok(()) => data[i] = Some(c.buf),
+                            Err(e) => {
+                                failed += 1;
+                                first_err.get_or_insert(e);
+                            }
+                        }
+                    }
+                    if let Err(e) = reaped {
+                        // Reads never reaped keep their pages marked lost.
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+
+        // 2. Read pages written into their new slots and committed.
+        for (i, (p, entry)) in guards.iter_mut().enumerate() {
+            let Some(buf) = data[i].take() else { continue };
+            let mut slot = match to.alloc() {
+                Ok(s) => s,
+                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
+                    full.push(*p);
+                    continue;
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            };
+            if let Err(e) = to.write_new(&mut slot, &buf) {
+                let _ = to.free(slot);
+                failed += 1;
+                first_err.get_or_insert(e);
+                continue;
+            }
+            let Resident { slot: old, .. } =
+                std::mem::replace(&mut entry.loc, Resident { tier: dst, slot })
+            else {
+                unreachable!("put back after its read")
+            };
+            entry.version = entry.version.wrapping_add(1);
+            // From NVMe: freed, never retired.
+            self.free_old(Tier::Nvme, old);
+            self.remap(*p, entry);
+            committed.push(Tier::Nvme);
+        }
+        self.account(&committed, dst, started, failed);
+        drop(reserved);
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Moves locked memory-tier pages to NVMe: each page is copied out under
+    /// its lock, the locks are released for the writes, and a page commits
+    /// only if no one changed it meanwhile.
+    fn demote_to_nvme(
+        &self,
+        mut guards: Vec<(usize, MutexGuard<'_, Entry>)>,
+        full: &mut Vec<usize>,
+    ) -> Result<()> {
+        let nvme = self.nvme().expect("the destination tier is configured");
+        let started = Instant::now();
+        let mut first_err: Option<Error> = None;
+        let mut reserved = self.reserve(&mut guards, full);
+
+        // 1. Copy out under the locks; then let accesses in again.
+        let mut staged: Vec<(usize, Tier, u32, AlignedBuf)> = Vec::new();
+        for (p, entry) in guards.iter() {
+            let Resident { tier, slot } = &entry.loc else {
+                unreachable!("checked resident")
+            };
+            let mut buf = match nvme.buffer() {
+                Ok(b) => b,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            };
+            match self.store(*tier).with_page(slot, &mut |b| {
+                buf.copy_from_slice(b);
+                Ok(())
+            }) {
+                Ok(()) => staged.push((*p, *tier, entry.version, buf)),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        drop(guards);
+
+        // 2. The writes, in flight together, no page lock held.
+        let mut written: Vec<(usize, Tier, u32, Slot)> = Vec::new();
+        let mut failed = 0u64;
+        match nvme.session() {
+            Err(e) => {
+                failed += staged.len() as u64;
+                first_err.get_or_insert(e);
+            }
+            Ok(mut session) => {
+                let mut meta = Vec::with_capacity(staged.len());
+                for (i, (p, src, version, buf)) in staged.into_iter().enumerate() {
+                    meta.push((p, src, version));
+                    match nvme.alloc() {
+                        Ok(slot) => {
+                            if let Err(r) = session.submit_write(slot, buf, i as u64) {
+                                let _ = nvme.free(r.slot);
+                                failed += 1;
+                                first_err.get_or_insert(r.error);
+                            }
+                        }
+                        Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(p),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                let mut done = Vec::new();
+                let reaped = session.reap(session.in_flight(), &mut done);
+                for c in done {
+                    let (p, src, version) = meta[c.tag as usize];
+                    match c.result {
+                        Ok(()) => written.push((p, src, version, c.slot)),
+                        Err(e) => {
+                            let _ = nvme.free(c.slot);
+                            failed += 1;
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                if let Err(e) = reaped {
+                    // Writes still in flight: their fresh slots stay
+                    // allocated (leaked); the pages keep their old copies.
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+
+        // 3. Commit, in ascending order, what no one touched meanwhile.
+        written.sort_unstable_by_key(|w| w.0);
+        let mut committed = Vec::new();
+        for (p, src, version, slot) in written {
+            let mut entry = self.pages[p].lock();
+            let unchanged = entry.version == version
+                && entry.pins == 0
+                && entry.tier() == Some(src)
+                && self.may_move(src, Tier::Nvme);
+            if !unchanged {
+                let _ = nvme.free(slot);
+                self.rt.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let Resident { slot: old, .. } = std::mem::replace(
+                &mut entry.loc,
+                Resident {
+                    tier: Tier::Nvme,
+                    slot,
+                },
+            ) else {
+                unreachable!("checked resident")
+            };
+            entry.version = entry.version.wrapping_add(1);
+            // A launch that began since `may_move` keeps the old slot, and
+            // with it this move's reservation.
+            if self.free_old(src, old) {
+                reserved.pages -= 1;
+            }
+            self.remap(p, &entry);
+            committed.push(src);
+        }
+        self.account(&committed, Tier::Nvme, started, failed);
+        drop(reserved);
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Reserves the second slot of each move (see `move_locked`); pages for
+    /// which there is no capacity left go to `full`. The guard gives the
+    /// reservations back on every way out.
+    fn reserve<'a>(
+        &'a self,
+        guards: &mut Vec<(usize, MutexGuard<'_, Entry>)>,
+        full: &mut Vec<usize>,
+    ) -> Reserved<'a> {
+        let mut reserved = Reserved {
+            rt: &self.rt,
+            pages: 0,
+        };
+        guards.retain(|(p, _)| match self.rt.reserve_move() {
+            Ok(()) => {
+                reserved.pages += 1;
+                true
+            }
+            Err(_) => {
+                full.push(*p);
+                false
+            }
+        });
+        reserved
+    }
+
+    /// Stats of a batch: its time is shared by the pages it moved.
+    fn account(&self, committed: &[Tier], dst: Tier, started: Instant, failed: u64) {
+        if !committed.is_empty() {
+            let per_page = started.elapsed() / committed.len() as u32;
+            for &src in committed {
+                self.rt
+                    .link(src, dst)
+                    .record(self.rt.page_size(), per_page, Duration::ZERO);
+            }
+            self.rt.filled(dst);
+        }
+        self.rt
+            .counters
+            .moves
+            .fetch_add(committed.len() as u64, Ordering::Relaxed);
+        self.rt
+            .counters
+            .failed_moves
+            .fetch_add(failed, Ordering::Relaxed);
+    }
+
+    /// Pages of a byte range.
+    pub(crate) fn page_range(&self, range: &Range<u64>) -> Result<Range<usize>> {
+        if range.start > range.end || range.end > self.len {
+            return Err(Error::invalid(format!(
+                "range {}..{} is outside the buffer's {} bytes",
+                range.start, range.end, self.len
+            )));
+        }
+        let page = self.rt.page_size() as u64;
+        Ok((range.start / page) as usize..range.end.div_ceil(page) as usize)
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        let retired = std::mem::take(&mut self.launches.get_mut().retired);
+        self.free_retired(retired);
+        for entry in self.pages.iter_mut() {
+            if let Resident { tier, slot } = std::mem::replace(&mut entry.get_mut().loc, Zero) {
+                // A store refuses only slots that are not its own, which the
+                // page table never holds.
+                let _ = self.rt.store(tier).map(|s| s.free(slot));
+            }
+        }
+        self.rt.release(self.pages.len() as u64);
+    }
+}
