@@ -84,6 +84,8 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
                 (bytes + 128 * page as u64).next_multiple_of(page as u64),
                 page,
             ))
+            // Only the measured moves: the reclaimer would move pages too.
+            .background_eviction(false)
             .build()?;
         backend = rt.device_backend().map_or("none", |b| b.label());
         let buf = rt.alloc_with(bytes, Placement::Prefer(Tier::Host))?;
@@ -120,9 +122,8 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         };
         // The raw link: on the simulated device, the model's bandwidth; on a
         // GPU, the backend's own copies inside these moves, per direction
-        // (pageable memory, one page per copy — not the pinned-memory
-        // `cudaMemcpyAsync` peer the GPU target names, which needs host
-        // registration that does not exist yet).
+        // (from the registered host arena, one page per synchronized copy;
+        // not yet a separate whole-buffer `cudaMemcpyAsync` peer).
         let (raw_up, raw_down) = if sim {
             let b = crate::device::sim::PCIE_GEN4_X16.bandwidth;
             (b, b)

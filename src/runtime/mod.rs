@@ -241,7 +241,8 @@ impl RuntimeBuilder {
             page_size: page,
             stores,
             total_pages: total,
-            reserved_pages: Mutex::new(0),
+            reserved: Mutex::new(Reservations::default()),
+            slot_freed: parking_lot::Condvar::new(),
             counters: Counters::default(),
             pinned: Default::default(),
             links: Default::default(),
@@ -256,6 +257,16 @@ impl RuntimeBuilder {
         }
         Ok(Runtime { inner })
     }
+}
+
+/// Capacity spoken for, in pages.
+#[derive(Debug, Default)]
+struct Reservations {
+    /// Promised to live buffers (every page of every allocation).
+    promised: u64,
+    /// Second slots held by moves until they commit (and by old copies
+    /// kept for kernel launches).
+    moving: u64,
 }
 
 #[derive(Debug, Default)]
@@ -276,7 +287,9 @@ pub(crate) struct Inner {
     /// Fastest first; only configured tiers.
     stores: Vec<Box<dyn PageStore>>,
     total_pages: u64,
-    reserved_pages: Mutex<u64>,
+    reserved: Mutex<Reservations>,
+    /// Signalled when a move gives back its second slot.
+    slot_freed: parking_lot::Condvar,
     counters: Counters,
     /// Pinned pages per tier (indexed by `Tier as usize`).
     pinned: [AtomicU64; 4],
@@ -331,16 +344,26 @@ impl Inner {
         }
     }
 
+    /// Gives back a dropped buffer's promise.
     pub(crate) fn release(&self, pages: u64) {
-        *self.reserved_pages.lock() -= pages;
+        self.reserved.lock().promised -= pages;
+    }
+
+    /// Gives back move reservations.
+    pub(crate) fn release_moves(&self, pages: u64) {
+        self.reserved.lock().moving -= pages;
+        self.slot_freed.notify_all();
     }
 
     /// Reserves one page of capacity for the second slot a move holds until
-    /// it commits, so that moves can never take a slot that a reserved,
-    /// not yet written page is owed.
+    /// it commits, so that moves can never take a slot that a promised,
+    /// not yet written page is owed. Allocations do not count these (a
+    /// move in the background never makes an allocation fail); a first
+    /// write that finds every tier full while moves hold slots waits for
+    /// them (see [`Inner::wait_for_moves`]).
     pub(crate) fn reserve_move(&self) -> Result<()> {
-        let mut reserved = self.reserved_pages.lock();
-        if *reserved >= self.total_pages {
+        let mut r = self.reserved.lock();
+        if r.promised + r.moving >= self.total_pages {
             return Err(Error::new(
                 ErrorKind::OutOfCapacity,
                 format!(
@@ -349,8 +372,25 @@ impl Inner {
                 ),
             ));
         }
-        *reserved += 1;
+        r.moving += 1;
         Ok(())
+    }
+
+    /// Waits (at most `timeout`) until a move gives back its second slot;
+    /// false at once if no move holds one.
+    pub(crate) fn wait_for_moves(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut r = self.reserved.lock();
+        let held = r.moving;
+        if held == 0 {
+            return false;
+        }
+        while r.moving >= held {
+            if self.slot_freed.wait_until(&mut r, deadline).timed_out() {
+                break;
+            }
+        }
+        true
     }
 }
 
@@ -479,20 +519,21 @@ impl Runtime {
         let page = self.inner.page_size as u64;
         let pages = bytes.div_ceil(page);
         {
-            let mut reserved = self.inner.reserved_pages.lock();
-            if *reserved + pages > self.inner.total_pages {
+            let mut r = self.inner.reserved.lock();
+            let reserved = r.promised;
+            if reserved + pages > self.inner.total_pages {
                 return Err(Error::new(
                     ErrorKind::OutOfCapacity,
                     format!(
                         "cannot allocate {}: {} of {} promised across the tiers ({})",
                         format_size(bytes),
-                        format_size(*reserved * page),
+                        format_size(reserved * page),
                         format_size(self.inner.total_pages * page),
                         self.inner.capacity_report()
                     ),
                 ));
             }
-            *reserved += pages;
+            r.promised += pages;
         }
         let table = Arc::new(Table::new(self.inner.clone(), bytes, pages, placement));
         self.inner.tables.lock().push(Arc::downgrade(&table));
@@ -527,7 +568,7 @@ impl Runtime {
                     emulated: s.emulated(),
                 })
                 .collect(),
-            reserved_pages: *inner.reserved_pages.lock(),
+            reserved_pages: inner.reserved.lock().promised,
             moves: inner.counters.moves.load(Ordering::Relaxed),
             failed_moves: inner.counters.failed_moves.load(Ordering::Relaxed),
             first_writes: inner.counters.first_writes.load(Ordering::Relaxed),

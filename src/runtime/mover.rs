@@ -128,16 +128,21 @@ impl Mover {
         for (i, &a) in tiers.iter().enumerate() {
             for &b in &tiers[i + 1..] {
                 let (tx, rx) = bounded::<Job>(WINDOW);
-                let in_flight = in_flight.clone();
-                std::thread::Builder::new()
-                    .name(format!("strata-mover-{a}-{b}"))
-                    .spawn(move || {
-                        // Ends when the runtime drops its senders.
-                        for job in rx {
-                            run(job, &in_flight);
-                        }
-                    })
-                    .map_err(|e| Error::io("starting a mover thread", e))?;
+                // Two workers on NVMe links, so one batch's I/O is in flight
+                // while the other's completes and commits.
+                let workers = if b == Tier::Nvme { 2 } else { 1 };
+                for w in 0..workers {
+                    let (rx, in_flight) = (rx.clone(), in_flight.clone());
+                    std::thread::Builder::new()
+                        .name(format!("strata-mover-{a}-{b}-{w}"))
+                        .spawn(move || {
+                            // Ends when the runtime drops its senders.
+                            for job in rx {
+                                run(job, &in_flight);
+                            }
+                        })
+                        .map_err(|e| Error::io("starting a mover thread", e))?;
+                }
                 lanes[lane(a, b)] = Some(tx);
             }
         }
@@ -204,6 +209,9 @@ fn run(job: Job, in_flight: &AtomicU64) {
                 ),
             )),
         });
+    // The table goes before the ticket completes: a waiter that then drops
+    // the buffer gets its slots and reservation back at once.
+    drop(table);
     in_flight.fetch_sub(pages.len() as u64, Ordering::Relaxed);
     ticket.finish(result);
 }

@@ -22,7 +22,6 @@ use parking_lot::{Mutex, MutexGuard};
 use super::map::MapShared;
 use super::{Inner, Placement};
 use crate::error::{Error, ErrorKind, Result};
-use crate::io::AlignedBuf;
 use crate::tier::{NvmeStore, PageStore, Slot, Tier};
 
 /// Pages moved together: their NVMe I/O is in flight at once.
@@ -36,7 +35,7 @@ struct Reserved<'a> {
 
 impl Drop for Reserved<'_> {
     fn drop(&mut self) {
-        self.rt.release(self.pages);
+        self.rt.release_moves(self.pages);
     }
 }
 
@@ -183,7 +182,7 @@ impl Table {
         for (tier, slot) in retired {
             let _ = self.store(tier).free(slot);
         }
-        self.rt.release(n);
+        self.rt.release_moves(n);
     }
 
     /// Points the device map (if any) at page `p`'s new home.
@@ -208,6 +207,21 @@ impl Table {
     /// Puts a never-written page in a slot: of the first tier of `order`
     /// with room (placement order when `None`).
     pub(crate) fn first_write(&self, page: &[u8], order: Option<&[Tier]>) -> Result<Loc> {
+        // Every page is promised a slot; one may be held for a moment by a
+        // move's second copy: wait for moves then (a few times), never fail
+        // for that.
+        for _ in 0..64 {
+            match self.first_write_once(page, order) {
+                Err(e)
+                    if e.kind() == ErrorKind::OutOfCapacity
+                        && self.rt.wait_for_moves(Duration::from_millis(50)) => {}
+                other => return other,
+            }
+        }
+        self.first_write_once(page, order)
+    }
+
+    fn first_write_once(&self, page: &[u8], order: Option<&[Tier]>) -> Result<Loc> {
         let default;
         let order = match order {
             Some(o) => o,
@@ -288,7 +302,7 @@ impl Table {
                 };
                 entry.version = entry.version.wrapping_add(1);
                 if !self.free_old(src, old) {
-                    self.rt.release(1);
+                    self.rt.release_moves(1);
                 }
                 self.remap(p, entry);
                 self.rt.counters.moves.fetch_add(1, Ordering::Relaxed);
@@ -301,7 +315,7 @@ impl Table {
                 Ok(true)
             }
             Err(e) => {
-                self.rt.release(1);
+                self.rt.release_moves(1);
                 // A full destination is a refusal, not a failed move (as in
                 // the batched path).
                 if e.kind() != ErrorKind::OutOfCapacity {
@@ -441,7 +455,6 @@ impl Table {
         // for a read must be put back (or the page marked lost).
 
         // 1. NVMe-sourced pages read together; the others move in place.
-        let mut data: Vec<Option<AlignedBuf>> = (0..guards.len()).map(|_| None).collect();
         let mut committed: Vec<Tier> = Vec::new();
         let mut failed = 0u64;
         match nvme.session() {
@@ -453,7 +466,7 @@ impl Table {
                     if !from_nvme(entry) {
                         // Its reservation is taken again by move_locked.
                         reserved.pages -= 1;
-                        self.rt.release(1);
+                        self.rt.release_moves(1);
                         match self.move_locked(*p, entry, dst) {
                             Ok(_) => {}
                             Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
@@ -483,22 +496,27 @@ impl Table {
                         first_err.get_or_insert(r.error);
                     }
                 }
+                // Each page is installed as its read completes, while the
+                // others are still in flight. Every slot in a read must come
+                // back to its page: after an engine error, keep reaping (a
+                // few times) what is in flight.
                 let mut done = Vec::new();
-                // Every slot in a read must come back to its page: after an
-                // engine error, keep reaping (a few times) what is in flight.
-                for _ in 0..4 {
-                    if session.in_flight() == 0 {
-                        break;
-                    }
-                    let reaped = session.reap(session.in_flight(), &mut done);
+                let mut engine_errors = 0;
+                while session.in_flight() > 0 && engine_errors < 4 {
+                    let reaped = session.reap(1, &mut done);
                     for c in done.drain(..) {
                         let i = c.tag as usize;
-                        guards[i].1.loc = Resident {
+                        let (p, entry) = &mut guards[i];
+                        entry.loc = Resident {
                             tier: Tier::Nvme,
                             slot: c.slot,
                         };
-                        match c.result {
-                            Ok(()) => data[i] = Some(c.buf),
+                        let installed = c
+                            .result
+                            .and_then(|()| self.install(*p, entry, dst, to, &c.buf));
+                        match installed {
+                            Ok(()) => committed.push(Tier::Nvme),
+                            Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
                             Err(e) => {
                                 failed += 1;
                                 first_err.get_or_insert(e);
@@ -507,46 +525,42 @@ impl Table {
                     }
                     if let Err(e) = reaped {
                         // Reads never reaped keep their pages marked lost.
+                        engine_errors += 1;
                         first_err.get_or_insert(e);
                     }
                 }
             }
         }
-
-        // 2. Read pages written into their new slots and committed.
-        for (i, (p, entry)) in guards.iter_mut().enumerate() {
-            let Some(buf) = data[i].take() else { continue };
-            let mut slot = match to.alloc() {
-                Ok(s) => s,
-                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
-                    full.push(*p);
-                    continue;
-                }
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                    continue;
-                }
-            };
-            if let Err(e) = to.write_new(&mut slot, &buf) {
-                let _ = to.free(slot);
-                failed += 1;
-                first_err.get_or_insert(e);
-                continue;
-            }
-            let Resident { slot: old, .. } =
-                std::mem::replace(&mut entry.loc, Resident { tier: dst, slot })
-            else {
-                unreachable!("put back after its read")
-            };
-            entry.version = entry.version.wrapping_add(1);
-            // From NVMe: freed, never retired.
-            self.free_old(Tier::Nvme, old);
-            self.remap(*p, entry);
-            committed.push(Tier::Nvme);
-        }
         self.account(&committed, dst, started, failed);
         drop(reserved);
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Writes a page just read from NVMe into a fresh slot of `dst` and
+    /// commits it there (the page's lock is held by the caller).
+    fn install(
+        &self,
+        p: usize,
+        entry: &mut Entry,
+        dst: Tier,
+        to: &dyn PageStore,
+        bytes: &[u8],
+    ) -> Result<()> {
+        let mut slot = to.alloc()?;
+        if let Err(e) = to.write_new(&mut slot, bytes) {
+            let _ = to.free(slot);
+            return Err(e);
+        }
+        let Resident { slot: old, .. } =
+            std::mem::replace(&mut entry.loc, Resident { tier: dst, slot })
+        else {
+            unreachable!("put back after its read")
+        };
+        entry.version = entry.version.wrapping_add(1);
+        // From NVMe: freed, never retired.
+        self.free_old(Tier::Nvme, old);
+        self.remap(p, entry);
+        Ok(())
     }
 
     /// Moves locked memory-tier pages to NVMe: each page is copied out under
@@ -562,83 +576,91 @@ impl Table {
         let mut first_err: Option<Error> = None;
         let mut reserved = self.reserve(&mut guards, full);
 
-        // 1. Copy out under the locks; then let accesses in again.
-        let mut staged: Vec<(usize, Tier, u32, AlignedBuf)> = Vec::new();
+        // 1. Each page copied out under its lock and its write submitted at
+        // once; the locks go when all are submitted, before the writes end.
+        let mut failed = 0u64;
+        let mut session = match nvme.session() {
+            Ok(s) => s,
+            Err(e) => {
+                self.account(&[], Tier::Nvme, started, guards.len() as u64);
+                return Err(e);
+            }
+        };
+        let mut meta: Vec<(usize, Tier, u32)> = Vec::with_capacity(guards.len());
         for (p, entry) in guards.iter() {
             let Resident { tier, slot } = &entry.loc else {
                 unreachable!("checked resident")
             };
-            let mut buf = match nvme.buffer() {
-                Ok(b) => b,
+            let fresh = match nvme.alloc() {
+                Ok(s) => s,
+                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
+                    full.push(*p);
+                    continue;
+                }
                 Err(e) => {
                     first_err.get_or_insert(e);
                     continue;
                 }
             };
-            match self.store(*tier).with_page(slot, &mut |b| {
-                buf.copy_from_slice(b);
-                Ok(())
-            }) {
-                Ok(()) => staged.push((*p, *tier, entry.version, buf)),
+            let copied = nvme.buffer().and_then(|mut buf| {
+                self.store(*tier)
+                    .with_page(slot, &mut |b| {
+                        buf.copy_from_slice(b);
+                        Ok(())
+                    })
+                    .map(|()| buf)
+            });
+            let buf = match copied {
+                Ok(buf) => buf,
                 Err(e) => {
+                    let _ = nvme.free(fresh);
                     first_err.get_or_insert(e);
+                    continue;
                 }
+            };
+            let tag = meta.len() as u64;
+            meta.push((*p, *tier, entry.version));
+            if let Err(r) = session.submit_write(fresh, buf, tag) {
+                let _ = nvme.free(r.slot);
+                failed += 1;
+                first_err.get_or_insert(r.error);
             }
         }
         drop(guards);
 
-        // 2. The writes, in flight together, no page lock held.
+        // 2. The writes complete with no page lock held.
         let mut written: Vec<(usize, Tier, u32, Slot)> = Vec::new();
-        let mut failed = 0u64;
-        match nvme.session() {
-            Err(e) => {
-                failed += staged.len() as u64;
-                first_err.get_or_insert(e);
-            }
-            Ok(mut session) => {
-                let mut meta = Vec::with_capacity(staged.len());
-                for (i, (p, src, version, buf)) in staged.into_iter().enumerate() {
-                    meta.push((p, src, version));
-                    match nvme.alloc() {
-                        Ok(slot) => {
-                            if let Err(r) = session.submit_write(slot, buf, i as u64) {
-                                let _ = nvme.free(r.slot);
-                                failed += 1;
-                                first_err.get_or_insert(r.error);
-                            }
-                        }
-                        Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(p),
-                        Err(e) => {
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                }
-                let mut done = Vec::new();
-                let reaped = session.reap(session.in_flight(), &mut done);
-                for c in done {
-                    let (p, src, version) = meta[c.tag as usize];
-                    match c.result {
-                        Ok(()) => written.push((p, src, version, c.slot)),
-                        Err(e) => {
-                            let _ = nvme.free(c.slot);
-                            failed += 1;
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                }
-                if let Err(e) = reaped {
-                    // Writes still in flight: their fresh slots stay
-                    // allocated (leaked); the pages keep their old copies.
+        let mut done = Vec::new();
+        let reaped = session.reap(session.in_flight(), &mut done);
+        for c in done {
+            let (p, src, version) = meta[c.tag as usize];
+            match c.result {
+                Ok(()) => written.push((p, src, version, c.slot)),
+                Err(e) => {
+                    let _ = nvme.free(c.slot);
+                    failed += 1;
                     first_err.get_or_insert(e);
                 }
             }
         }
+        if let Err(e) = reaped {
+            // Writes still in flight: their fresh slots stay allocated
+            // (leaked); the pages keep their old copies.
+            first_err.get_or_insert(e);
+        }
+        drop(session);
 
         // 3. Commit, in ascending order, what no one touched meanwhile.
         written.sort_unstable_by_key(|w| w.0);
         let mut committed = Vec::new();
         for (p, src, version, slot) in written {
-            let mut entry = self.pages[p].lock();
+            // Never wait long for a page lock while holding reservations: a
+            // first write holding it may be waiting for a slot to free up.
+            let Some(mut entry) = self.pages[p].try_lock_for(Duration::from_millis(2)) else {
+                let _ = nvme.free(slot);
+                self.rt.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
             let unchanged = entry.version == version
                 && entry.pins == 0
                 && entry.tier() == Some(src)
