@@ -254,6 +254,71 @@ impl DeviceMemory for CudaMemory {
         self.d2h.record(dst.len(), t.elapsed(), Duration::ZERO);
         Ok(())
     }
+
+    unsafe fn copy_in_many(&self, copies: &[(usize, &[u8])]) -> Result<()> {
+        let t = Instant::now();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
+        let mut bytes = 0;
+        let mut issued = Ok(());
+        for &(offset, src) in copies {
+            // SAFETY: as in `copy_in`, per copy; every source outlives the
+            // copies because we wait for the stream below, also when a later
+            // copy fails to queue.
+            issued = unsafe {
+                result::memcpy_htod_async(
+                    self.ptr + offset as u64,
+                    src,
+                    self.h2d_stream.cu_stream(),
+                )
+            }
+            .map_err(|e| driver("cuMemcpyHtoDAsync", e));
+            if issued.is_err() {
+                break;
+            }
+            bytes += src.len();
+        }
+        // SAFETY: the stream belongs to this context, which is current.
+        let synced = unsafe { result::stream::synchronize(self.h2d_stream.cu_stream()) }
+            .map_err(|e| driver("cuStreamSynchronize", e));
+        issued?;
+        synced?;
+        self.h2d.record(bytes, t.elapsed(), Duration::ZERO);
+        Ok(())
+    }
+
+    unsafe fn copy_out_many(&self, copies: &mut [(usize, &mut [u8])]) -> Result<()> {
+        let t = Instant::now();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
+        let mut bytes = 0;
+        let mut issued = Ok(());
+        for (offset, dst) in copies.iter_mut() {
+            // SAFETY: as in `copy_out`, per copy; every destination is
+            // written only until the stream synchronizes below.
+            issued = unsafe {
+                result::memcpy_dtoh_async(
+                    &mut **dst,
+                    self.ptr + *offset as u64,
+                    self.d2h_stream.cu_stream(),
+                )
+            }
+            .map_err(|e| driver("cuMemcpyDtoHAsync", e));
+            if issued.is_err() {
+                break;
+            }
+            bytes += dst.len();
+        }
+        // SAFETY: the stream belongs to this context, which is current.
+        let synced = unsafe { result::stream::synchronize(self.d2h_stream.cu_stream()) }
+            .map_err(|e| driver("cuStreamSynchronize", e));
+        issued?;
+        synced?;
+        self.d2h.record(bytes, t.elapsed(), Duration::ZERO);
+        Ok(())
+    }
 }
 
 impl Drop for CudaMemory {

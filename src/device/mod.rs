@@ -175,6 +175,31 @@ pub trait DeviceMemory: Send + Sync {
     /// `offset + dst.len() <= self.len()`, and no one writes that range for
     /// the duration of the call.
     unsafe fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// Several host→device copies issued together and waited for once (on
+    /// a GPU: queued on the copy stream back to back, so the per-copy
+    /// launch latency overlaps the transfers); complete on return.
+    ///
+    /// # Safety
+    /// As [`copy_in`](Self::copy_in), for every `(offset, src)`; the ranges
+    /// do not overlap.
+    unsafe fn copy_in_many(&self, copies: &[(usize, &[u8])]) -> Result<()> {
+        for &(offset, src) in copies {
+            // SAFETY: the caller's contract, per copy.
+            unsafe { self.copy_in(offset, src)? };
+        }
+        Ok(())
+    }
+    /// Several device→host copies issued together and waited for once.
+    ///
+    /// # Safety
+    /// As [`copy_out`](Self::copy_out), for every `(offset, dst)`.
+    unsafe fn copy_out_many(&self, copies: &mut [(usize, &mut [u8])]) -> Result<()> {
+        for (offset, dst) in copies.iter_mut() {
+            // SAFETY: the caller's contract, per copy.
+            unsafe { self.copy_out(*offset, dst)? };
+        }
+        Ok(())
+    }
 }
 
 /// Opens the backend `choice` asks for. `sim_capacity` sizes the simulated

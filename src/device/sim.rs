@@ -167,4 +167,41 @@ impl DeviceMemory for SimMemory {
             .record(dst.len(), t.elapsed(), self.model.time(dst.len()));
         Ok(())
     }
+
+    unsafe fn copy_in_many(&self, copies: &[(usize, &[u8])]) -> Result<()> {
+        let t = Instant::now();
+        let mut bytes = 0;
+        for &(offset, src) in copies {
+            // SAFETY: as in `copy_in`, per copy (the caller's contract).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr(),
+                    self.arena.base().as_ptr().add(offset),
+                    src.len(),
+                )
+            };
+            bytes += src.len();
+        }
+        // Queued back to back, the copies pay the link's latency once.
+        self.h2d.record(bytes, t.elapsed(), self.model.time(bytes));
+        Ok(())
+    }
+
+    unsafe fn copy_out_many(&self, copies: &mut [(usize, &mut [u8])]) -> Result<()> {
+        let t = Instant::now();
+        let mut bytes = 0;
+        for (offset, dst) in copies.iter_mut() {
+            // SAFETY: as in `copy_out`, per copy (the caller's contract).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.arena.base().as_ptr().add(*offset),
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                )
+            };
+            bytes += dst.len();
+        }
+        self.d2h.record(bytes, t.elapsed(), self.model.time(bytes));
+        Ok(())
+    }
 }

@@ -22,7 +22,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::map::MapShared;
 use super::{Inner, Placement};
 use crate::error::{Error, ErrorKind, Result};
-use crate::tier::{NvmeStore, PageStore, Slot, Tier};
+use crate::tier::{DeviceStore, HostStore, NvmeStore, PageStore, Slot, Tier};
 
 /// Pages moved together: their NVMe I/O is in flight at once.
 pub(crate) const BATCH: usize = 32;
@@ -434,8 +434,18 @@ impl Table {
         let nvme = match self.nvme() {
             Some(n) if guards.iter().any(|(_, e)| from_nvme(e)) => n,
             _ => {
-                // No NVMe I/O to overlap: page by page, under the locks held.
-                for (p, entry) in guards.iter_mut() {
+                // Host↔device pages move with their copies queued together.
+                let (pairs, mut rest): (Vec<_>, Vec<_>) = guards.into_iter().partition(|(_, e)| {
+                    matches!(
+                        (e.tier(), dst),
+                        (Some(Tier::Host), Tier::Device) | (Some(Tier::Device), Tier::Host)
+                    )
+                });
+                if let Err(e) = self.move_host_device(pairs, dst, full) {
+                    first_err.get_or_insert(e);
+                }
+                // The rest page by page, under the locks held.
+                for (p, entry) in rest.iter_mut() {
                     match self.move_locked(*p, entry, dst) {
                         Ok(_) => {}
                         Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
@@ -530,6 +540,99 @@ impl Table {
                     }
                 }
             }
+        }
+        self.account(&committed, dst, started, failed);
+        drop(reserved);
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Moves locked pages between host and device (all one way) with one
+    /// batched transfer, then commits them.
+    fn move_host_device(
+        &self,
+        mut guards: Vec<(usize, MutexGuard<'_, Entry>)>,
+        dst: Tier,
+        full: &mut Vec<usize>,
+    ) -> Result<()> {
+        if guards.is_empty() {
+            return Ok(());
+        }
+        let (Some(device), Some(host)) = (
+            self.rt
+                .store(Tier::Device)
+                .and_then(|s| s.as_any().downcast_ref::<DeviceStore>()),
+            self.rt
+                .store(Tier::Host)
+                .and_then(|s| s.as_any().downcast_ref::<HostStore>()),
+        ) else {
+            unreachable!("both tiers hold pages")
+        };
+        let started = Instant::now();
+        let mut reserved = self.reserve(&mut guards, full);
+        let to = self.store(dst);
+        let mut fresh: Vec<(usize, Slot)> = Vec::with_capacity(guards.len());
+        let mut first_err = None;
+        for (i, (p, _)) in guards.iter().enumerate() {
+            match to.alloc() {
+                Ok(s) => fresh.push((i, s)),
+                Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let copied = (|| -> Result<()> {
+            if dst == Tier::Device {
+                let sources: Vec<&[u8]> = fresh
+                    .iter()
+                    .map(|(i, _)| {
+                        let Resident { slot, .. } = &guards[*i].1.loc else {
+                            unreachable!("checked resident")
+                        };
+                        host.bytes(slot)
+                    })
+                    .collect::<Result<_>>()?;
+                let mut items: Vec<(&mut Slot, &[u8])> = fresh
+                    .iter_mut()
+                    .zip(sources)
+                    .map(|((_, s), b)| (s, b))
+                    .collect();
+                device.write_many(&mut items)
+            } else {
+                let mut items: Vec<(&Slot, &mut [u8])> = Vec::with_capacity(fresh.len());
+                for (i, s) in fresh.iter_mut() {
+                    let Resident { slot, .. } = &guards[*i].1.loc else {
+                        unreachable!("checked resident")
+                    };
+                    items.push((slot, host.bytes_mut(s)?));
+                }
+                device.read_many(&mut items)
+            }
+        })();
+        let mut committed = Vec::new();
+        let failed = if let Err(e) = copied {
+            for (_, s) in fresh.drain(..) {
+                let _ = to.free(s);
+            }
+            first_err.get_or_insert(e);
+            guards.len() as u64
+        } else {
+            0
+        };
+        for (i, slot) in fresh {
+            let (p, entry) = &mut guards[i];
+            let src = entry.tier().expect("checked resident");
+            let Resident { slot: old, .. } =
+                std::mem::replace(&mut entry.loc, Resident { tier: dst, slot })
+            else {
+                unreachable!("checked resident")
+            };
+            entry.version = entry.version.wrapping_add(1);
+            if self.free_old(src, old) {
+                reserved.pages -= 1;
+            }
+            self.remap(*p, entry);
+            committed.push(src);
         }
         self.account(&committed, dst, started, failed);
         drop(reserved);

@@ -82,6 +82,34 @@ impl DeviceStore {
         Ok(self.memory.device_address(self.offset(slot)))
     }
 
+    /// Writes whole pages into slots with the copies queued together and
+    /// waited for once (the link's latency paid once, not per page).
+    pub fn write_many(&self, items: &mut [(&mut Slot, &[u8])]) -> Result<()> {
+        let mut copies = Vec::with_capacity(items.len());
+        for (slot, data) in items.iter() {
+            check_page_len("source", data.len(), self.page_size)?;
+            self.slots.check(slot)?;
+            copies.push((self.offset(slot), *data));
+        }
+        // SAFETY: every slot is ours (checked), so each page lies inside the
+        // allocation; each `&mut Slot` is the unique token for its bytes, so
+        // the ranges are distinct and no one else uses them.
+        unsafe { self.memory.copy_in_many(&copies) }
+    }
+
+    /// Reads whole pages out of slots, the copies queued together.
+    pub fn read_many(&self, items: &mut [(&Slot, &mut [u8])]) -> Result<()> {
+        let mut copies = Vec::with_capacity(items.len());
+        for (slot, out) in items.iter_mut() {
+            check_page_len("destination", out.len(), self.page_size)?;
+            self.slots.check(slot)?;
+            copies.push((self.offset(slot), &mut **out));
+        }
+        // SAFETY: as in `write_many`; writing a slot needs `&mut Slot`, which
+        // cannot coexist with the `&Slot`s held here.
+        unsafe { self.memory.copy_out_many(&mut copies) }
+    }
+
     fn offset(&self, slot: &Slot) -> usize {
         slot.index() as usize * self.page_size
     }
