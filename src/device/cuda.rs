@@ -300,7 +300,7 @@ impl DeviceMemory for CudaMemory {
             // written only until the stream synchronizes below.
             issued = unsafe {
                 result::memcpy_dtoh_async(
-                    &mut **dst,
+                    dst,
                     self.ptr + *offset as u64,
                     self.d2h_stream.cu_stream(),
                 )
