@@ -25,7 +25,7 @@
 //! Environment (overrides the file): `STRATA_CONFIG` (the file),
 //! `STRATA_DEVICE`, `STRATA_DEVICE_CAPACITY`, `STRATA_PAGE_SIZE`, `STRATA_HOST_CAPACITY`, `STRATA_CXL_MODE`,
 //! `STRATA_CXL_CAPACITY`, `STRATA_NVME_PATH`, `STRATA_NVME_CAPACITY`,
-//! `STRATA_IO_ENGINE`.
+//! `STRATA_IO_ENGINE`, `STRATA_WATERMARK_LOW`, `STRATA_WATERMARK_HIGH`.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
