@@ -273,6 +273,9 @@ impl Buffer {
             pin.addresses
                 .push(store.address(slot).expect("memory tiers are addressable"));
             entry.pins += 1;
+            // Whoever holds the address may write through it: a move that
+            // copied the page before this pin must not commit.
+            entry.version = entry.version.wrapping_add(1);
             if entry.pins == 1 {
                 self.rt().pinned[tier as usize].fetch_add(1, Ordering::Relaxed);
             }
@@ -370,6 +373,12 @@ impl Buffer {
 
     /// Frees the buffer now (the same as dropping it).
     pub fn free(self) {}
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        self.table.clear();
+    }
 }
 
 /// Pages held resident in one tier; see [`Buffer::pin`].

@@ -117,6 +117,12 @@ impl DeviceMap {
         let table = &self.table;
         {
             let mut l = table.launches.lock();
+            if table.is_released() {
+                return Err(Error::new(
+                    ErrorKind::Closed,
+                    "the buffer of this device map was freed",
+                ));
+            }
             match access {
                 Access::ReadOnly => l.read_only += 1,
                 Access::ReadWrite => l.read_write += 1,
@@ -192,6 +198,9 @@ impl DeviceMap {
             if matches!(entry.loc, Zero) {
                 entry.loc = table.first_write(&zeros, Some(&memory))?;
             }
+            // Kernels may write through the map: a move that copied the
+            // page before this launch must not commit.
+            entry.version = entry.version.wrapping_add(1);
             let address = match &entry.loc {
                 Resident { tier, slot } if *tier != Tier::Nvme => {
                     table.store(*tier).kernel_address(slot)
@@ -212,6 +221,14 @@ impl DeviceMap {
         }
         if let Some(d) = &self.shared.device {
             d.upload(0, &values)?;
+            // A promotion under another launch may have swapped an entry
+            // while the bulk upload was on its way: send those again.
+            for (p, &v) in values.iter().enumerate() {
+                let now = self.shared.entries[p].load(Ordering::Acquire);
+                if now != v {
+                    d.set(p, now)?;
+                }
+            }
         }
         Ok(launch)
     }
@@ -226,7 +243,9 @@ impl DeviceMap {
     }
 }
 
-/// A prepared map while kernels run; see [`DeviceMap::prepare`].
+/// A prepared map while kernels run; see [`DeviceMap::prepare`]. Drop it
+/// only once the launch's kernels have finished: dropping it frees the
+/// old copies of pages promoted meanwhile, which a kernel may still read.
 #[must_use = "the launch ends when the guard drops"]
 pub struct Launch<'a> {
     map: &'a DeviceMap,
@@ -280,7 +299,10 @@ impl Launch<'_> {
         );
         let offset = index
             .checked_mul(size as u64)
-            .filter(|&o| o + size as u64 <= self.map.table.len)
+            .filter(|&o| {
+                o.checked_add(size as u64)
+                    .is_some_and(|end| end <= self.map.table.len)
+            })
             .unwrap_or_else(|| panic!("index {index} is beyond the buffer"));
         let page = (offset / shared.page_size as u64) as usize;
         let within = (offset % shared.page_size as u64) as usize;

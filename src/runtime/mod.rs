@@ -346,12 +346,18 @@ impl Inner {
 
     /// Gives back a dropped buffer's promise.
     pub(crate) fn release(&self, pages: u64) {
-        self.reserved.lock().promised -= pages;
+        let mut r = self.reserved.lock();
+        debug_assert!(r.promised >= pages, "releasing more than was promised");
+        r.promised = r.promised.saturating_sub(pages);
     }
 
     /// Gives back move reservations.
     pub(crate) fn release_moves(&self, pages: u64) {
-        self.reserved.lock().moving -= pages;
+        {
+            let mut r = self.reserved.lock();
+            debug_assert!(r.moving >= pages, "releasing more than moves hold");
+            r.moving = r.moving.saturating_sub(pages);
+        }
         self.slot_freed.notify_all();
     }
 
@@ -536,7 +542,14 @@ impl Runtime {
             r.promised += pages;
         }
         let table = Arc::new(Table::new(self.inner.clone(), bytes, pages, placement));
-        self.inner.tables.lock().push(Arc::downgrade(&table));
+        {
+            let mut tables = self.inner.tables.lock();
+            // Amortized pruning of dropped buffers' entries.
+            if tables.len() >= 64 && tables.len().is_power_of_two() {
+                tables.retain(|t| t.strong_count() > 0);
+            }
+            tables.push(Arc::downgrade(&table));
+        }
         Ok(Buffer::new(table))
     }
 

@@ -80,8 +80,14 @@ impl Ticket {
 
     /// Waits at most `timeout`: the result, or `None` if still running.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<()>> {
-        let deadline = Instant::now() + timeout;
         let mut s = self.state.inner.lock();
+        // A timeout beyond any representable instant waits for good.
+        let Some(deadline) = Instant::now().checked_add(timeout) else {
+            while s.0 > 0 {
+                self.state.done.wait(&mut s);
+            }
+            return Some(Self::result(&s));
+        };
         while s.0 > 0 {
             if self.state.done.wait_until(&mut s, deadline).timed_out() && s.0 > 0 {
                 return None;
@@ -138,7 +144,20 @@ impl Mover {
                         .spawn(move || {
                             // Ends when the runtime drops its senders.
                             for job in rx {
-                                run(job, &in_flight);
+                                let (ticket, pages) = (job.ticket.clone(), job.pages.len());
+                                // A bug (or a panicking engine) must not leave
+                                // the ticket waiting forever or kill the lane.
+                                let ran =
+                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                        run(job, &in_flight)
+                                    }));
+                                if ran.is_err() {
+                                    in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
+                                    ticket.finish(Err(Error::new(
+                                        ErrorKind::Io,
+                                        "a page move panicked; its pages stay where they were",
+                                    )));
+                                }
                             }
                         })
                         .map_err(|e| Error::io("starting a mover thread", e))?;

@@ -184,19 +184,24 @@ pub(crate) fn make_room_in(rt: &Inner, tier: Tier, pages: usize) -> usize {
 /// Demotes up to `need` pages out of `tier` into the first of `slower`
 /// with room; returns how many moved.
 fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier]) -> usize {
-    let tables: Vec<Arc<Table>> = {
+    // Weak references, upgraded one at a time: a buffer dropped meanwhile
+    // gives its capacity back at once, not after this pass.
+    let tables: Vec<Weak<Table>> = {
         let mut list = rt.tables.lock();
         list.retain(|t| t.strong_count() > 0);
-        list.iter().filter_map(Weak::upgrade).collect()
+        list.clone()
     };
     let mut moved = 0;
     // The first pass gives referenced pages a second chance; the second
     // takes them too.
     for second_chance in [true, false] {
         for table in &tables {
+            let Some(table) = table.upgrade() else {
+                continue;
+            };
             while moved < need {
                 let victims = pick(
-                    table,
+                    &table,
                     tier,
                     (need - moved).min(table.batch()),
                     second_chance,
@@ -204,7 +209,7 @@ fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier]) -> usize {
                 if victims.is_empty() {
                     break;
                 }
-                let m = demote(table, &victims, tier, slower);
+                let m = demote(&table, &victims, tier, slower);
                 if m == 0 {
                     break;
                 }

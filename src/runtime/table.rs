@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -112,6 +112,8 @@ pub(crate) struct Table {
     pub(crate) map: Mutex<Option<Arc<MapShared>>>,
     /// The reclaimer's clock hand.
     pub(crate) hand: AtomicUsize,
+    /// Whether the pages' promise was given back (by `clear`).
+    released: AtomicBool,
 }
 
 impl Table {
@@ -133,6 +135,7 @@ impl Table {
             launches: Mutex::new(Launches::default()),
             map: Mutex::new(None),
             hand: AtomicUsize::new(0),
+            released: AtomicBool::new(false),
         }
     }
 
@@ -748,7 +751,9 @@ impl Table {
         }
         if let Err(e) = reaped {
             // Writes still in flight: their fresh slots stay allocated
-            // (leaked); the pages keep their old copies.
+            // (leaked) and keep their reservations, so promised pages still
+            // find room; the pages keep their old copies.
+            reserved.pages -= session.in_flight() as u64;
             first_err.get_or_insert(e);
         }
         drop(session);
@@ -855,17 +860,53 @@ impl Table {
     }
 }
 
+impl Table {
+    /// Frees every page now, when the buffer is dropped, rather than when
+    /// the last background move holding the table ends: the capacity is
+    /// back before `drop` returns. Moves still in flight find the pages
+    /// gone (and their versions changed) and give up. Stops at the first
+    /// page a kernel launch may be reading; `Drop` frees the rest later.
+    pub(crate) fn clear(&self) {
+        for page in self.pages.iter() {
+            let mut entry = page.lock();
+            if self.launches.lock().any() {
+                return;
+            }
+            entry.version = entry.version.wrapping_add(1);
+            if let Resident { tier, slot } = std::mem::replace(&mut entry.loc, Zero) {
+                // A store refuses only slots that are not its own, which the
+                // page table never holds.
+                let _ = self.store(tier).free(slot);
+            }
+        }
+        {
+            // Under the launches lock, so a `prepare` either sees the buffer
+            // freed or keeps it alive (see `DeviceMap::prepare`).
+            let launches = self.launches.lock();
+            if launches.any() || self.released.swap(true, Ordering::AcqRel) {
+                return;
+            }
+        }
+        self.rt.release(self.pages.len() as u64);
+    }
+
+    /// Whether the buffer was dropped and its pages freed.
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+}
+
 impl Drop for Table {
     fn drop(&mut self) {
         let retired = std::mem::take(&mut self.launches.get_mut().retired);
         self.free_retired(retired);
         for entry in self.pages.iter_mut() {
             if let Resident { tier, slot } = std::mem::replace(&mut entry.get_mut().loc, Zero) {
-                // A store refuses only slots that are not its own, which the
-                // page table never holds.
                 let _ = self.rt.store(tier).map(|s| s.free(slot));
             }
         }
-        self.rt.release(self.pages.len() as u64);
+        if !*self.released.get_mut() {
+            self.rt.release(self.pages.len() as u64);
+        }
     }
 }

@@ -269,9 +269,9 @@ impl NvmeStore {
     pub fn replace(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
         self.slots.check(slot)?;
         check_page_len("source", data.len(), self.page_size)?;
-        let mut fresh = self.fresh_slot()?;
         let mut buf = self.buffer()?;
         buf.copy_from_slice(data);
+        let mut fresh = self.fresh_slot()?;
         let written = match self.sync_op(IoOp::Write, &fresh, buf) {
             Ok((_buf, result)) => result,
             Err(e) => Err(e),
@@ -279,10 +279,10 @@ impl NvmeStore {
         match written {
             Ok(()) => {
                 std::mem::swap(slot, &mut fresh);
-                self.free(fresh)
+                self.slots.end_borrow(fresh).map_err(|(e, _)| e)
             }
             Err(e) => {
-                self.free(fresh)?;
+                self.slots.end_borrow(fresh).map_err(|(e, _)| e)?;
                 Err(e)
             }
         }
@@ -586,7 +586,7 @@ impl PageStore for NvmeStore {
     }
     fn used_pages(&self) -> u32 {
         // Reserve slots in use mid-write are not part of the capacity.
-        self.slots.used().min(self.slots.capacity())
+        self.slots.used_ordinary()
     }
     fn alloc(&self) -> Result<Slot> {
         let slot = self

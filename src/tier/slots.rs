@@ -52,6 +52,10 @@ struct FreeList {
     never_used: u32,
     free: Vec<u32>,
     in_use: u32,
+    /// Reserve slots taken by copy-then-commit writes still in progress:
+    /// until the write ends one of the `in_use` slots is about to be given
+    /// back, so `alloc` does not count it.
+    borrowed: u32,
 }
 
 /// An O(1) allocator of `capacity` slot indices.
@@ -89,25 +93,51 @@ impl SlotAllocator {
                 never_used: 0,
                 free: Vec::new(),
                 in_use: 0,
+                borrowed: 0,
             }),
         }
     }
 
     /// Takes a free slot, or `None` when all but the reserve are in use.
     pub fn alloc(&self) -> Option<Slot> {
-        self.take(self.capacity - self.reserve)
-    }
-
-    /// Takes a free slot, the reserve included.
-    pub fn alloc_reserve(&self) -> Option<Slot> {
-        self.take(self.capacity)
-    }
-
-    fn take(&self, limit: u32) -> Option<Slot> {
         let mut list = self.list.lock();
-        if list.in_use >= limit {
+        if list.in_use - list.borrowed >= self.capacity - self.reserve {
             return None;
         }
+        Some(self.take(&mut list))
+    }
+
+    /// Takes a free slot, the reserve included, for a copy-then-commit
+    /// write (`None` while `reserve` such writes are in progress, or with no
+    /// free slot at all): the write ends with [`SlotAllocator::end_borrow`], which frees
+    /// either the new slot (the write failed) or the old one (it committed).
+    /// Meanwhile `alloc` does not count the extra slot, so the write never
+    /// makes an allocation fail.
+    pub fn alloc_reserve(&self) -> Option<Slot> {
+        let mut list = self.list.lock();
+        // At most `reserve` writes borrow at once, so ordinary slots plus
+        // borrowed ones never exceed the capacity.
+        if list.borrowed >= self.reserve || list.in_use >= self.capacity {
+            return None;
+        }
+        list.borrowed += 1;
+        Some(self.take(&mut list))
+    }
+
+    /// Ends a copy-then-commit write begun with `alloc_reserve`, freeing
+    /// `slot` (the old copy or the failed new one) in the same step.
+    pub fn end_borrow(&self, slot: Slot) -> Result<(), (Error, Slot)> {
+        if let Err(e) = self.check(&slot) {
+            return Err((e, slot));
+        }
+        let mut list = self.list.lock();
+        list.free.push(slot.index);
+        list.in_use -= 1;
+        list.borrowed -= 1;
+        Ok(())
+    }
+
+    fn take(&self, list: &mut FreeList) -> Slot {
         let index = match list.free.pop() {
             Some(i) => i,
             None => {
@@ -116,10 +146,10 @@ impl SlotAllocator {
             }
         };
         list.in_use += 1;
-        Some(Slot {
+        Slot {
             store: self.store,
             index,
-        })
+        }
     }
 
     /// Returns a slot. A slot of another store is refused and handed back.
@@ -165,6 +195,13 @@ impl SlotAllocator {
     /// Slots currently allocated.
     pub fn used(&self) -> u32 {
         self.list.lock().in_use
+    }
+
+    /// Slots allocated, less those held by copy-then-commit writes in
+    /// progress (see [`SlotAllocator::alloc_reserve`]).
+    pub fn used_ordinary(&self) -> u32 {
+        let list = self.list.lock();
+        list.in_use - list.borrowed
     }
 
     /// The store id slots of this allocator carry.
@@ -216,13 +253,26 @@ mod tests {
         assert!(a.alloc().is_none());
         let s3 = a.alloc_reserve().unwrap();
         assert!(a.alloc_reserve().is_none());
-        a.free(s1).unwrap();
-        // The freed slot goes to whoever asks first; the count is what holds.
-        assert!(a.alloc().is_none(), "two in use plus the reserve's one");
+        // A copy-then-commit write of s1's page into s3 commits: s1 goes
+        // back and the reserve is whole again.
+        a.end_borrow(s1).unwrap();
+        assert_eq!(a.used(), 2);
+        assert!(a.alloc().is_none(), "two in use, one held in reserve");
+        assert!(a.alloc_reserve().is_some_and(|s| a.end_borrow(s).is_ok()));
         for s in [s2, s3] {
             a.free(s).unwrap();
         }
         assert_eq!(a.used(), 0);
+        // While a write holds a reserve slot, an allocation still finds the
+        // slot its page will give back.
+        let b = SlotAllocator::with_reserve(3, 1);
+        let old = b.alloc().unwrap();
+        let new = b.alloc_reserve().unwrap();
+        let other = b.alloc().expect("the write does not take an ordinary slot");
+        b.end_borrow(old).unwrap();
+        for s in [new, other] {
+            b.free(s).unwrap();
+        }
     }
 
     #[test]

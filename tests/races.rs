@@ -1,0 +1,241 @@
+//! Races between moves and everything else, made deterministic: an engine
+//! that holds NVMe writes at a gate, so a demotion is caught between its
+//! copy and its commit. Also capacity coming back at once when a buffer is
+//! dropped while background work still holds its page table.
+
+mod common;
+
+use std::fs::File;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata::device::DeviceChoice;
+use strata::io::{BufPool, EngineChoice, IoEngine, IoOp, RawOp, RawQueue};
+use strata::runtime::{Access, Watermarks};
+use strata::tier::NvmeConfig;
+use strata::{ErrorKind, Runtime, Tier};
+
+use common::pattern;
+
+const PAGE: usize = 16 << 10;
+
+/// While `closed`, queues that were handed a write hold it in `wait`
+/// (the write has not completed), and say so through `entered`.
+#[derive(Default)]
+struct Gate {
+    closed: AtomicBool,
+    entered: AtomicBool,
+}
+
+struct GateEngine {
+    inner: Arc<dyn IoEngine>,
+    gate: Arc<Gate>,
+}
+
+struct GateQueue {
+    inner: Box<dyn RawQueue>,
+    gate: Arc<Gate>,
+    writes: bool,
+}
+
+impl IoEngine for GateEngine {
+    fn kind(&self) -> strata::io::EngineKind {
+        self.inner.kind()
+    }
+    fn open_raw(
+        &self,
+        file: &Arc<File>,
+        depth: usize,
+        pool: Option<&Arc<BufPool>>,
+    ) -> strata::Result<Box<dyn RawQueue>> {
+        Ok(Box::new(GateQueue {
+            inner: self.inner.open_raw(file, depth, pool)?,
+            gate: self.gate.clone(),
+            writes: false,
+        }))
+    }
+}
+
+// SAFETY: every operation goes to the inner queue unchanged, which upholds
+// the contract; the gate only delays `wait`.
+unsafe impl RawQueue for GateQueue {
+    unsafe fn push(&mut self, op: RawOp) {
+        self.writes |= op.op == IoOp::Write;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.push(op) }
+    }
+    fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
+        if self.writes && self.gate.closed.load(Ordering::SeqCst) {
+            self.gate.entered.store(true, Ordering::SeqCst);
+            while self.gate.closed.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.writes = false;
+        self.inner.wait(min, out)
+    }
+}
+
+fn gated(dir: &std::path::Path) -> (Runtime, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    let engine = Arc::new(GateEngine {
+        inner: strata::io::engine(EngineChoice::Psync).unwrap(),
+        gate: gate.clone(),
+    });
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(4 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir, 16 * PAGE as u64, PAGE))
+        .nvme_engine(engine)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    (rt, gate)
+}
+
+/// Runs `meanwhile` while an eviction of `b`'s page to NVMe is between its
+/// copy and its commit, then lets the eviction finish.
+fn during_demotion(gate: &Gate, b: &strata::Buffer, meanwhile: impl FnOnce()) {
+    gate.closed.store(true, Ordering::SeqCst);
+    std::thread::scope(|s| {
+        let evict = s.spawn(|| b.evict(0..b.len(), Tier::Nvme));
+        while !gate.entered.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        meanwhile();
+        gate.closed.store(false, Ordering::SeqCst);
+        evict.join().unwrap().unwrap();
+    });
+}
+
+fn first_byte(b: &strata::Buffer) -> u8 {
+    let mut out = [0u8; 1];
+    b.read(0, &mut out).unwrap();
+    out[0]
+}
+
+#[test]
+fn a_write_racing_a_demotion_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, gate) = gated(dir.path());
+    let b = rt.alloc(PAGE as u64).unwrap();
+    b.write(0, &[0xAA; PAGE]).unwrap();
+    during_demotion(&gate, &b, || b.write(0, &[0xBB; 100]).unwrap());
+    assert_eq!(first_byte(&b), 0xBB);
+    assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Host), "the move gave up");
+    assert_eq!(rt.stats().abandoned_moves, 1);
+}
+
+/// What a kernel or a C caller does: write through a pinned page's address.
+#[test]
+fn a_write_through_a_pin_racing_a_demotion_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, gate) = gated(dir.path());
+    let b = rt.alloc(PAGE as u64).unwrap();
+    b.write(0, &[0xAA; PAGE]).unwrap();
+    during_demotion(&gate, &b, || {
+        let pin = b.pin(0..PAGE as u64, Tier::Host).unwrap();
+        let ptr = pin.addresses()[0] as *mut u8;
+        // SAFETY: the pin keeps the page's host slot allocated and in place
+        // until it drops; nothing else touches the page meanwhile (the
+        // demotion copied it already and waits at the gate).
+        unsafe { std::ptr::write_bytes(ptr, 0xBB, PAGE) };
+    });
+    assert_eq!(first_byte(&b), 0xBB);
+    assert_eq!(rt.stats().abandoned_moves, 1);
+}
+
+/// A (simulated) kernel writing through the device map under a read-write
+/// launch.
+#[test]
+fn a_kernel_write_racing_a_demotion_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, gate) = gated(dir.path());
+    let b = rt.alloc(PAGE as u64).unwrap();
+    b.write(0, &[0xAA; PAGE]).unwrap();
+    let map = b.device_map().unwrap();
+    during_demotion(&gate, &b, || {
+        let launch = map.prepare(Access::ReadWrite).unwrap();
+        let ptr = launch.entry(0) as *mut u8;
+        // SAFETY: a read-write launch keeps every mapped page in place and
+        // allocated until it drops; on the simulated device the entry is a
+        // host address.
+        unsafe { std::ptr::write_bytes(ptr, 0xCC, PAGE) };
+    });
+    assert_eq!(first_byte(&b), 0xCC);
+    assert_eq!(rt.stats().abandoned_moves, 1);
+}
+
+#[test]
+fn tickets_wait_with_any_timeout() {
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(4 * PAGE as u64)
+        .build()
+        .unwrap();
+    let b = rt.alloc(PAGE as u64).unwrap();
+    let t = b.prefetch(0..1, Tier::Device);
+    let e = t.wait_timeout(Duration::MAX).unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "no device tier: {e}");
+    assert!(t.poll().unwrap().is_err());
+}
+
+/// Capacity comes back when `drop` returns, even while the reclaimer or the
+/// mover is working on the buffer's pages.
+#[test]
+fn a_dropped_buffer_gives_its_capacity_back_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 8 * PAGE as u64)
+        .host(8 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir.path(), 32 * PAGE as u64, PAGE))
+        .watermarks(Watermarks {
+            low: 0.1,
+            high: 0.2,
+        })
+        .build()
+        .unwrap();
+    let total: u64 = rt.stats().tiers.iter().map(|t| t.free_pages as u64).sum();
+    for round in 0..200 {
+        let b = rt
+            .alloc(total * PAGE as u64)
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        b.write(0, &pattern(round, 0, 16 * PAGE)).unwrap();
+        // Not waited for: the move may still be running at the drop.
+        let _ = b.prefetch(0..b.len(), Tier::Nvme);
+        drop(b);
+    }
+    // Every slot comes back once the background work has ended.
+    for _ in 0..500 {
+        if rt.stats().tiers.iter().all(|t| t.used_pages == 0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        rt.stats().tiers.iter().all(|t| t.used_pages == 0),
+        "{:?}",
+        rt.stats().tiers
+    );
+}
+
+/// A device map outliving its buffer refuses new launches.
+#[test]
+fn a_map_of_a_freed_buffer_refuses_launches() {
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(4 * PAGE as u64)
+        .build()
+        .unwrap();
+    let b = rt.alloc(PAGE as u64).unwrap();
+    let map = b.device_map().unwrap();
+    drop(b);
+    assert_eq!(
+        map.prepare(Access::ReadOnly).unwrap_err().kind(),
+        ErrorKind::Closed
+    );
+    assert_eq!(rt.stats().reserved_pages, 0);
+}
