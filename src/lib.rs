@@ -35,6 +35,7 @@ pub mod bench;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod hotness;
 pub mod info;
 pub mod io;
 pub mod link;

@@ -10,6 +10,7 @@ use super::mover::Ticket;
 use super::table::{lost, Lost, Resident, Table, Zero};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
+use crate::hotness::{Harvest, HarvestParams};
 use crate::tier::{PageStore, Tier};
 
 /// An allocation whose pages may live in any tier. Dropping it returns
@@ -117,6 +118,7 @@ impl Buffer {
             let dst = &mut out[done..done + n];
             let mut entry = self.table.pages[p].lock();
             entry.referenced = true;
+            crate::hotness::touch(&self.table.counters, p, self.rt().sample_shift);
             match &entry.loc {
                 Zero => dst.fill(0),
                 Lost => return Err(lost(p)),
@@ -151,6 +153,7 @@ impl Buffer {
             }
             let entry = &mut *entry;
             entry.referenced = true;
+            crate::hotness::touch(&self.table.counters, p, self.rt().sample_shift);
             let full = n == page;
             match &mut entry.loc {
                 Resident { tier, slot } => {
@@ -180,6 +183,15 @@ impl Buffer {
             done += n;
         }
         Ok(())
+    }
+
+    /// Folds the pages' access counts into their decayed scores and returns
+    /// the hottest pages not in device memory and the coldest in it (see
+    /// [`crate::hotness`]).
+    pub fn harvest(&self, params: HarvestParams) -> Harvest {
+        let mut scores = self.table.scores.lock();
+        let resident = |p: usize| self.table.pages[p].lock().tier() == Some(Tier::Device);
+        crate::hotness::harvest(&self.table.counters, &mut scores, &resident, params)
     }
 
     /// The buffer's device map (made on first use); see [`DeviceMap`].

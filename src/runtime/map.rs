@@ -18,7 +18,7 @@
 //! device memory ([`Launch::map_address`]) for CUDA kernels.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::table::{lost, Lost, Resident, Table, Zero};
@@ -40,8 +40,6 @@ pub enum Access {
 pub(crate) struct MapShared {
     /// The map as the host (and the simulated device) sees it.
     entries: Box<[AtomicU64]>,
-    /// Per-page access counts bumped by simulated kernels.
-    counters: Box<[AtomicU32]>,
     /// Its copy in device memory, on cuda.
     device: Option<DeviceWords>,
     page_size: usize,
@@ -90,7 +88,6 @@ impl DeviceMap {
                     .transpose()?;
                 let s = Arc::new(MapShared {
                     entries: (0..n).map(|_| AtomicU64::new(0)).collect(),
-                    counters: (0..n).map(|_| AtomicU32::new(0)).collect(),
                     device,
                     page_size: table.rt.page_size(),
                 });
@@ -233,9 +230,10 @@ impl DeviceMap {
         Ok(launch)
     }
 
-    /// Each page's access count so far (simulated kernels bump them).
+    /// Each page's access count since the last harvest (kernels and the
+    /// runtime's reads and writes bump them, sampled as configured).
     pub fn counts(&self) -> Vec<u32> {
-        self.shared
+        self.table
             .counters
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
@@ -306,7 +304,7 @@ impl Launch<'_> {
             .unwrap_or_else(|| panic!("index {index} is beyond the buffer"));
         let page = (offset / shared.page_size as u64) as usize;
         let within = (offset % shared.page_size as u64) as usize;
-        shared.counters[page].fetch_add(1, Ordering::Relaxed);
+        crate::hotness::touch(&self.map.table.counters, page, self.map.table.rt.sample_shift);
         let base = shared.entries[page].load(Ordering::Acquire);
         // SAFETY: `prepare` stored in every entry the host address of a slot
         // of a memory tier (on the simulated device, device memory is host

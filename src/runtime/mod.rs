@@ -76,6 +76,7 @@ pub struct RuntimeBuilder {
     nvme_engine: Option<Arc<dyn IoEngine>>,
     watermarks: Watermarks,
     background_eviction: bool,
+    sample_shift: Option<u32>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -89,6 +90,7 @@ impl std::fmt::Debug for RuntimeBuilder {
             .field("nvme", &self.nvme)
             .field("watermarks", &self.watermarks)
             .field("background_eviction", &self.background_eviction)
+            .field("sample_shift", &self.sample_shift)
             .finish()
     }
 }
@@ -105,6 +107,7 @@ impl Default for RuntimeBuilder {
             nvme_engine: None,
             watermarks: Watermarks::default(),
             background_eviction: true,
+            sample_shift: Some(0),
         }
     }
 }
@@ -160,6 +163,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Access counting: every access (`Some(0)`, the default), one in
+    /// 2^k (`Some(k)`, k ≤ 16), or none.
+    pub fn sampling(mut self, shift: Option<u32>) -> Self {
+        self.sample_shift = shift;
+        self
+    }
+
     /// Builds the runtime from a resolved [`Config`](crate::config::Config).
     pub fn from_config(config: &crate::config::Config) -> Self {
         let device_capacity = config.device_capacity.unwrap_or(match config.device {
@@ -183,6 +193,7 @@ impl RuntimeBuilder {
             nvme_engine: None,
             watermarks: config.watermarks,
             background_eviction: true,
+            sample_shift: Some(0),
         }
     }
 
@@ -190,6 +201,12 @@ impl RuntimeBuilder {
     pub fn build(self) -> Result<Runtime> {
         check_page_size(self.page_size)?;
         self.watermarks.check()?;
+        if self.sample_shift.is_some_and(|k| k > 16) {
+            return Err(Error::invalid(format!(
+                "sampling 1 in 2^{} accesses: at most 2^16",
+                self.sample_shift.unwrap_or(0)
+            )));
+        }
         let page = self.page_size;
         let device = if self.device_capacity > 0 {
             let backend = device::open(self.device, self.device_capacity)?;
@@ -250,6 +267,7 @@ impl RuntimeBuilder {
             tables: Mutex::new(Vec::new()),
             watermarks: self.watermarks,
             reclaimer: OnceLock::new(),
+            sample_shift: self.sample_shift,
         });
         if self.background_eviction && tiers.len() > 1 {
             let r = Reclaimer::start(Arc::downgrade(&inner))?;
@@ -300,6 +318,8 @@ pub(crate) struct Inner {
     tables: Mutex<Vec<Weak<Table>>>,
     watermarks: Watermarks,
     reclaimer: OnceLock<Reclaimer>,
+    /// Access counting: 1 in 2^k, or off.
+    pub(crate) sample_shift: Option<u32>,
 }
 
 impl Inner {

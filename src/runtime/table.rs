@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,6 +114,10 @@ pub(crate) struct Table {
     pub(crate) hand: AtomicUsize,
     /// Whether the pages' promise was given back (by `clear`).
     released: AtomicBool,
+    /// Per-page access counts since the last harvest (see `hotness`).
+    pub(crate) counters: Box<[AtomicU32]>,
+    /// Per-page decayed scores, updated by harvests.
+    pub(crate) scores: Mutex<Vec<f32>>,
 }
 
 impl Table {
@@ -136,6 +140,8 @@ impl Table {
             map: Mutex::new(None),
             hand: AtomicUsize::new(0),
             released: AtomicBool::new(false),
+            counters: (0..pages).map(|_| AtomicU32::new(0)).collect(),
+            scores: Mutex::new(vec![0.0; pages as usize]),
         }
     }
 

@@ -1,0 +1,190 @@
+//! Page hotness: per-page access counters, folded at each harvest into
+//! decayed scores, and the two short lists the balancer needs — the K
+//! hottest pages *not* in device memory and the K coldest pages *in* it.
+//!
+//! These are the reference semantics. The CUDA side
+//! (`include/strata_device.cuh`, `kernels/hotness.cu`) computes the same
+//! thing on the GPU so that only the lists cross PCIe; the simulated device
+//! runs this code. Both follow these rules exactly, so shared test vectors
+//! give identical lists:
+//!
+//! - **Sampling.** An access to `page` by an accessor whose running access
+//!   number is `seq` counts iff `mix(page ^ seq·φ) & (2^shift − 1) == 0`
+//!   ([`sampled`]): one access in 2^shift, picked by a hash so the sample
+//!   is unbiased across pages. A counted access adds 1; the harvest scales
+//!   by 2^shift.
+//! - **Fold.** `score ← fma(score, decay, count · 2^shift)` in `f32` (one
+//!   rounding, as CUDA's `fmaf`), then `count ← 0`.
+//! - **Lists.** Hot: pages not resident with score > 0, by score
+//!   descending, ties by page ascending, the first K. Cold: resident pages
+//!   by score ascending, ties by page ascending, the first K.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The golden-ratio increment that spreads access numbers over the hash.
+pub const PHI: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// A 64-bit finalizer (splitmix64's): every input bit affects every output
+/// bit, so low bits are a fair sample.
+#[inline]
+pub fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Whether access number `seq` to `page` is one of the sampled 1 in
+/// 2^`shift`.
+#[inline]
+pub fn sampled(page: u64, seq: u64, shift: u32) -> bool {
+    shift == 0 || mix(page ^ seq.wrapping_mul(PHI)) & ((1u64 << shift) - 1) == 0
+}
+
+thread_local! {
+    /// This thread's running access number (the sampling's `seq`).
+    static SEQ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Records an access to `page`: bumps its counter if the access is sampled
+/// (see [`sampled`]); `shift` `None` counts nothing.
+#[inline]
+pub fn touch(counters: &[AtomicU32], page: usize, shift: Option<u32>) {
+    let Some(shift) = shift else { return };
+    let seq = SEQ.with(|s| {
+        let v = s.get();
+        s.set(v.wrapping_add(1));
+        v
+    });
+    if sampled(page as u64, seq, shift) {
+        counters[page].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Harvest parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HarvestParams {
+    /// Scores are multiplied by this at every harvest (0 < decay ≤ 1).
+    pub decay: f32,
+    /// Pages per list.
+    pub k: usize,
+    /// Counts were sampled 1 in 2^shift.
+    pub shift: u32,
+}
+
+impl Default for HarvestParams {
+    fn default() -> Self {
+        Self {
+            decay: 0.5,
+            k: 256,
+            shift: 0,
+        }
+    }
+}
+
+/// What a harvest returns: `(page, score)` pairs in list order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Harvest {
+    /// The hottest pages not in device memory.
+    pub hot: Vec<(u64, f32)>,
+    /// The coldest pages in device memory.
+    pub cold: Vec<(u64, f32)>,
+}
+
+/// Folds `counts` into `scores` (clearing the counts) and selects the
+/// lists; `resident(page)` says whether a page is in device memory.
+pub fn harvest(
+    counts: &[AtomicU32],
+    scores: &mut [f32],
+    resident: &dyn Fn(usize) -> bool,
+    params: HarvestParams,
+) -> Harvest {
+    assert_eq!(counts.len(), scores.len(), "one score per counter");
+    let scale = (1u64 << params.shift) as f32;
+    let mut hot: Vec<(u64, f32)> = Vec::new();
+    let mut cold: Vec<(u64, f32)> = Vec::new();
+    for (p, (count, score)) in counts.iter().zip(scores.iter_mut()).enumerate() {
+        let c = count.swap(0, Ordering::Relaxed);
+        *score = score.mul_add(params.decay, c as f32 * scale);
+        if resident(p) {
+            cold.push((p as u64, *score));
+        } else if *score > 0.0 {
+            hot.push((p as u64, *score));
+        }
+    }
+    let hot_order = |a: &(u64, f32), b: &(u64, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let cold_order = |a: &(u64, f32), b: &(u64, f32)| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0));
+    Harvest {
+        hot: first_k(hot, params.k, hot_order),
+        cold: first_k(cold, params.k, cold_order),
+    }
+}
+
+/// The first `k` of `v` in `order`, sorted: O(n + k log k).
+fn first_k(
+    mut v: Vec<(u64, f32)>,
+    k: usize,
+    order: impl Fn(&(u64, f32), &(u64, f32)) -> std::cmp::Ordering,
+) -> Vec<(u64, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
+    if v.len() > k {
+        v.select_nth_unstable_by(k - 1, &order);
+        v.truncate(k);
+    }
+    v.sort_unstable_by(order);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(v: &[u32]) -> Vec<AtomicU32> {
+        v.iter().map(|&c| AtomicU32::new(c)).collect()
+    }
+
+    #[test]
+    fn folds_decays_and_selects_both_lists() {
+        let c = counts(&[5, 0, 9, 9, 1, 0, 3, 7]);
+        let mut s = vec![0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0];
+        let resident = |p: usize| p >= 4;
+        let p = HarvestParams {
+            decay: 0.5,
+            k: 2,
+            shift: 0,
+        };
+        let h = harvest(&c, &mut s, &resident, p);
+        assert_eq!(s, vec![5.0, 2.0, 9.0, 9.0, 1.0, 0.0, 4.0, 7.0]);
+        assert!(c.iter().all(|x| x.load(Ordering::Relaxed) == 0));
+        // Ties (9, 9) by page ascending.
+        assert_eq!(h.hot, vec![(2, 9.0), (3, 9.0)]);
+        assert_eq!(h.cold, vec![(5, 0.0), (4, 1.0)]);
+        // Next round: nothing counted, scores halve.
+        let h = harvest(&c, &mut s, &resident, p);
+        assert_eq!(h.hot, vec![(2, 4.5), (3, 4.5)]);
+    }
+
+    #[test]
+    fn sampling_keeps_about_one_in_two_to_the_k_for_every_page() {
+        let shift = 4;
+        for page in [0u64, 1, 77, 1 << 40] {
+            let kept = (0..64_000u64).filter(|&s| sampled(page, s, shift)).count();
+            // 4000 expected; a fair hash stays well within ±10%.
+            assert!((3600..4400).contains(&kept), "page {page}: {kept}");
+        }
+        assert!((0..100).all(|s| sampled(3, s, 0)));
+    }
+
+    #[test]
+    fn only_pages_with_a_score_are_hot() {
+        let c = counts(&[0, 0, 1]);
+        let mut s = vec![0.0; 3];
+        let h = harvest(&c, &mut s, &|_| false, HarvestParams::default());
+        assert_eq!(h.hot, vec![(2, 1.0)]);
+        assert!(h.cold.is_empty());
+    }
+}

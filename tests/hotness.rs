@@ -1,0 +1,123 @@
+//! Hotness: the shared harvest test vectors (the same file the CUDA kernel
+//! is checked against where a GPU is present), and counters bumped by the
+//! runtime's accesses and by kernels reading through device maps.
+
+use std::sync::atomic::AtomicU32;
+
+use serde::Deserialize;
+use strata::device::DeviceChoice;
+use strata::hotness::{harvest, HarvestParams};
+use strata::runtime::Access;
+use strata::{Runtime, Tier};
+
+#[derive(Deserialize)]
+struct Vectors {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    decay: f32,
+    k: usize,
+    shift: u32,
+    counts: Vec<u32>,
+    scores: Vec<f32>,
+    resident: Vec<bool>,
+    expect_scores: Vec<f32>,
+    expect_hot: Vec<(u64, f32)>,
+    expect_cold: Vec<(u64, f32)>,
+}
+
+pub fn vectors() -> Vec<(HarvestParams, Case)> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/vectors/hotness.json"
+    ))
+    .unwrap();
+    let v: Vectors = serde_json::from_str(&text).unwrap();
+    v.cases
+        .into_iter()
+        .map(|c| {
+            (
+                HarvestParams {
+                    decay: c.decay,
+                    k: c.k,
+                    shift: c.shift,
+                },
+                c,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_reference_harvest_matches_the_shared_vectors() {
+    for (params, case) in vectors() {
+        let counts: Vec<AtomicU32> = case.counts.iter().map(|&c| AtomicU32::new(c)).collect();
+        let mut scores = case.scores.clone();
+        let h = harvest(&counts, &mut scores, &|p| case.resident[p], params);
+        assert_eq!(scores, case.expect_scores);
+        assert_eq!(h.hot, case.expect_hot, "{params:?}");
+        assert_eq!(h.cold, case.expect_cold, "{params:?}");
+    }
+}
+
+#[test]
+fn accesses_and_kernel_loads_make_pages_hot() {
+    const PAGE: usize = 16 << 10;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 2 * PAGE as u64)
+        .host(16 * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let b = rt.alloc(8 * PAGE as u64).unwrap();
+    b.write(0, &vec![1; 8 * PAGE]).unwrap();
+    // Pages 0 and 1 landed on the device; the rest in host memory.
+    assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Device));
+    let params = HarvestParams {
+        decay: 0.5,
+        k: 2,
+        shift: 0,
+    };
+    let _ = b.harvest(params); // the writes, folded
+    let mut out = vec![0; 100];
+    for _ in 0..10 {
+        b.read(5 * PAGE as u64, &mut out).unwrap();
+    }
+    let map = b.device_map().unwrap();
+    {
+        let launch = map.prepare(Access::ReadOnly).unwrap();
+        for i in 0..20u64 {
+            let _: u8 = launch.load(7 * PAGE as u64 + i);
+        }
+        let _: u8 = launch.load(0);
+    }
+    let h = b.harvest(params);
+    let hot: Vec<u64> = h.hot.iter().map(|x| x.0).collect();
+    assert_eq!(hot, vec![7, 5], "{h:?}");
+    // Device pages: page 1 was not touched since the first harvest.
+    assert_eq!(h.cold[0].0, 1, "{h:?}");
+}
+
+#[test]
+fn sampling_counts_a_fraction_and_off_counts_nothing() {
+    const PAGE: usize = 4096;
+    for (shift, lo, hi) in [(Some(3), 1000, 1500), (None, 0, 0)] {
+        let rt = Runtime::builder()
+            .page_size(PAGE)
+            .host(4 * PAGE as u64)
+            .sampling(shift)
+            .build()
+            .unwrap();
+        let b = rt.alloc(PAGE as u64).unwrap();
+        let mut out = [0u8; 8];
+        for _ in 0..10_000 {
+            b.read(0, &mut out).unwrap();
+        }
+        let n = b.device_map().unwrap().counts()[0];
+        assert!((lo..=hi).contains(&n), "{shift:?}: {n}");
+    }
+    assert!(Runtime::builder().sampling(Some(17)).build().is_err());
+}
