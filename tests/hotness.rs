@@ -121,3 +121,38 @@ fn sampling_counts_a_fraction_and_off_counts_nothing() {
     }
     assert!(Runtime::builder().sampling(Some(17)).build().is_err());
 }
+
+/// The same vectors through `kernels/hotness.cu` on a GPU; skipped with a
+/// printed reason where there is none, a failure with STRATA_REQUIRE_GPU=1.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_cuda_harvest_matches_the_shared_vectors() {
+    use strata::device::cuda_hotness::CudaHotness;
+    use strata::device::CudaBackend;
+    let backend = match CudaBackend::new(0, 1 << 30) {
+        Ok(b) => b,
+        Err(e) => {
+            assert!(
+                std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
+                "STRATA_REQUIRE_GPU is set but no GPU opened: {e}"
+            );
+            eprintln!("skipping the cuda harvest: {e}");
+            return;
+        }
+    };
+    let h = CudaHotness::for_context(backend.context()).unwrap();
+    let s = h.stream().clone();
+    for (params, case) in vectors() {
+        let mut counts = s.clone_htod(&case.counts).unwrap();
+        let mut scores = s.clone_htod(&case.scores).unwrap();
+        let resident: Vec<u8> = case.resident.iter().map(|&r| r as u8).collect();
+        let resident = s.clone_htod(&resident).unwrap();
+        let got = h
+            .harvest(&mut counts, &mut scores, &resident, params)
+            .unwrap();
+        assert_eq!(s.clone_dtoh(&scores).unwrap(), case.expect_scores);
+        assert!(s.clone_dtoh(&counts).unwrap().iter().all(|&c| c == 0));
+        assert_eq!(got.hot, case.expect_hot, "{params:?}");
+        assert_eq!(got.cold, case.expect_cold, "{params:?}");
+    }
+}

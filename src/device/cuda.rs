@@ -92,6 +92,13 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The CUDA context (for kernels: see `cuda_hotness`).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
 fn driver(call: &str, e: DriverError) -> Error {
     Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
 }

@@ -11,6 +11,8 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda_hotness;
 pub mod sim;
 
 use std::ptr::NonNull;

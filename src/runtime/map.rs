@@ -304,7 +304,11 @@ impl Launch<'_> {
             .unwrap_or_else(|| panic!("index {index} is beyond the buffer"));
         let page = (offset / shared.page_size as u64) as usize;
         let within = (offset % shared.page_size as u64) as usize;
-        crate::hotness::touch(&self.map.table.counters, page, self.map.table.rt.sample_shift);
+        crate::hotness::touch(
+            &self.map.table.counters,
+            page,
+            self.map.table.rt.sample_shift,
+        );
         let base = shared.entries[page].load(Ordering::Acquire);
         // SAFETY: `prepare` stored in every entry the host address of a slot
         // of a memory tier (on the simulated device, device memory is host

@@ -1,0 +1,208 @@
+//! The access-counter harvest on a GPU: `kernels/hotness.cu`, compiled
+//! with NVRTC on first use and cached per context. Semantics (and the
+//! shared test vectors) are those of [`crate::hotness`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+
+use super::no_device;
+use crate::error::{Error, ErrorKind, Result};
+use crate::hotness::{Harvest, HarvestParams};
+
+const SOURCE: &str = include_str!("../../kernels/hotness.cu");
+
+fn driver(call: &str, e: impl std::fmt::Debug) -> Error {
+    Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
+}
+
+/// The compiled harvest kernels of one context.
+pub struct CudaHotness {
+    stream: Arc<CudaStream>,
+    fold: CudaFunction,
+    histogram: CudaFunction,
+    collect: CudaFunction,
+}
+
+/// Compiled modules, one per context (keyed by the context's address).
+fn cache() -> &'static Mutex<HashMap<usize, Arc<CudaHotness>>> {
+    static CACHE: OnceLock<Mutex<HashMap<usize, Arc<CudaHotness>>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+impl CudaHotness {
+    /// The harvest kernels for `ctx`, compiled the first time.
+    pub fn for_context(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
+        let key = Arc::as_ptr(ctx) as usize;
+        if let Some(h) = cache().lock().expect("cache lock").get(&key) {
+            return Ok(h.clone());
+        }
+        // SAFETY: only tries to load the NVRTC library; calls nothing in it.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(no_device("the NVRTC library (libnvrtc.so) is not present"));
+        }
+        let ptx = cudarc::nvrtc::compile_ptx(SOURCE)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("compiling hotness.cu: {e:?}")))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| driver("cuModuleLoadData", e))?;
+        let get = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| driver("cuModuleGetFunction", e))
+        };
+        let h = Arc::new(Self {
+            stream: ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?,
+            fold: get("strata_fold")?,
+            histogram: get("strata_histogram")?,
+            collect: get("strata_collect")?,
+        });
+        cache().lock().expect("cache lock").insert(key, h.clone());
+        Ok(h)
+    }
+
+    /// The stream the kernels run on (for uploads in tests and callers).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Folds `counts` into `scores` (clearing the counts) and returns the
+    /// lists; `resident[p]` is nonzero for pages in device memory.
+    pub fn harvest(
+        &self,
+        counts: &mut CudaSlice<u32>,
+        scores: &mut CudaSlice<f32>,
+        resident: &CudaSlice<u8>,
+        params: HarvestParams,
+    ) -> Result<Harvest> {
+        let n = counts.len();
+        if n == 0 {
+            return Ok(Harvest::default());
+        }
+        if scores.len() != n || resident.len() != n {
+            return Err(Error::invalid(
+                "counts, scores and residency differ in length",
+            ));
+        }
+        if n as u64 > u32::MAX as u64 {
+            return Err(Error::invalid("a harvest covers at most 2^32 pages"));
+        }
+        let s = &self.stream;
+        let mut hot = s
+            .alloc_zeros::<u64>(n)
+            .map_err(|e| driver("cuMemAlloc", e))?;
+        let mut cold = s
+            .alloc_zeros::<u64>(n)
+            .map_err(|e| driver("cuMemAlloc", e))?;
+        let n64 = n as u64;
+        let scale = (1u64 << params.shift) as f32;
+        let cfg = LaunchConfig::for_num_elems(n as u32);
+        let mut fold = s.launch_builder(&self.fold);
+        fold.arg(counts)
+            .arg(scores)
+            .arg(resident)
+            .arg(&n64)
+            .arg(&params.decay)
+            .arg(&scale)
+            .arg(&mut hot)
+            .arg(&mut cold);
+        // SAFETY: the argument list matches strata_fold's signature; every
+        // buffer holds `n` elements and the grid covers `n` threads.
+        unsafe { fold.launch(cfg) }.map_err(|e| driver("strata_fold", e))?;
+        Ok(Harvest {
+            hot: self
+                .select(&hot, params.k)?
+                .into_iter()
+                .map(|k| (page_of(k), f32::from_bits((k >> 32) as u32)))
+                .collect(),
+            cold: self
+                .select(&cold, params.k)?
+                .into_iter()
+                .map(|k| (page_of(k), f32::from_bits(!(k >> 32) as u32)))
+                .collect(),
+        })
+    }
+
+    /// The `k` largest nonzero keys, largest first.
+    fn select(&self, keys: &CudaSlice<u64>, k: usize) -> Result<Vec<u64>> {
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let s = &self.stream;
+        let n = keys.len() as u64;
+        let (mut prefix, mut mask, mut remaining) = (0u64, 0u64, k as u64);
+        let mut threshold = 1u64; // fewer than k candidates: all of them
+        let mut hist = s
+            .alloc_zeros::<u32>(256)
+            .map_err(|e| driver("cuMemAlloc", e))?;
+        for digit in (0..8u32).rev() {
+            let shift = digit * 8;
+            s.memset_zeros(&mut hist)
+                .map_err(|e| driver("cuMemsetD8", e))?;
+            let mut b = s.launch_builder(&self.histogram);
+            b.arg(keys)
+                .arg(&n)
+                .arg(&prefix)
+                .arg(&mask)
+                .arg(&shift)
+                .arg(&mut hist);
+            let cfg = LaunchConfig {
+                grid_dim: (((n as u32).div_ceil(256)).clamp(1, 1024), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches strata_histogram's signature; `hist` has 256
+            // entries, the kernel strides over all `n` keys.
+            unsafe { b.launch(cfg) }.map_err(|e| driver("strata_histogram", e))?;
+            let h: Vec<u32> = s.clone_dtoh(&hist).map_err(|e| driver("cuMemcpyDtoH", e))?;
+            if digit == 7 && h.iter().map(|&c| c as u64).sum::<u64>() <= remaining {
+                break;
+            }
+            let mut above = 0u64;
+            let mut chosen = 0u64;
+            for d in (0..256usize).rev() {
+                if above + h[d] as u64 >= remaining {
+                    chosen = d as u64;
+                    break;
+                }
+                above += h[d] as u64;
+            }
+            remaining -= above;
+            prefix |= chosen << shift;
+            mask |= 0xFFu64 << shift;
+            threshold = prefix;
+        }
+        let capacity = k as u32;
+        let mut out = s
+            .alloc_zeros::<u64>(k)
+            .map_err(|e| driver("cuMemAlloc", e))?;
+        let mut count = s
+            .alloc_zeros::<u32>(1)
+            .map_err(|e| driver("cuMemAlloc", e))?;
+        let mut b = s.launch_builder(&self.collect);
+        b.arg(keys)
+            .arg(&n)
+            .arg(&threshold)
+            .arg(&mut out)
+            .arg(&capacity)
+            .arg(&mut count);
+        // SAFETY: matches strata_collect's signature; `out` holds `capacity`
+        // keys and the kernel writes no more.
+        unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }
+            .map_err(|e| driver("strata_collect", e))?;
+        let found = s
+            .clone_dtoh(&count)
+            .map_err(|e| driver("cuMemcpyDtoH", e))?[0];
+        let mut keys = s.clone_dtoh(&out).map_err(|e| driver("cuMemcpyDtoH", e))?;
+        keys.truncate((found as usize).min(k));
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(keys)
+    }
+}
+
+fn page_of(key: u64) -> u64 {
+    0xFFFF_FFFF - (key & 0xFFFF_FFFF)
+}
