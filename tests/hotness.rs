@@ -28,7 +28,7 @@ struct Case {
     expect_cold: Vec<(u64, f32)>,
 }
 
-pub fn vectors() -> Vec<(HarvestParams, Case)> {
+fn vectors() -> Vec<(HarvestParams, Case)> {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/vectors/hotness.json"
