@@ -156,3 +156,40 @@ fn the_cuda_harvest_matches_the_shared_vectors() {
         assert_eq!(got.cold, case.expect_cold, "{params:?}");
     }
 }
+
+#[test]
+fn the_access_stream_is_recorded_to_a_trace_file() {
+    const PAGE: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(16 * PAGE as u64)
+        .build()
+        .unwrap();
+    let a = rt.alloc(4 * PAGE as u64).unwrap();
+    let b = rt.alloc(4 * PAGE as u64).unwrap();
+    let path = dir.path().join("t.trace");
+    let rec = rt.record_trace(&path, 0).unwrap();
+    assert_eq!(
+        rt.record_trace(&dir.path().join("u"), 0)
+            .unwrap_err()
+            .kind(),
+        strata::ErrorKind::InvalidArgument,
+        "one recording at a time"
+    );
+    a.write(PAGE as u64 - 1, &[1, 2]).unwrap(); // pages 0 and 1 of buffer 0
+    b.read(3 * PAGE as u64, &mut [0; 8]).unwrap(); // page 3 of buffer 1
+    assert_eq!(rec.finish().unwrap(), 3);
+    a.read(0, &mut [0; 1]).unwrap(); // after the recording: not in it
+    let text = std::fs::read_to_string(&path).unwrap();
+    let ids: Vec<u64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(ids, vec![0, 1, (1 << 32) | 3]);
+    let e = rt
+        .record_trace(std::path::Path::new("/nonexistent-dir/t"), 0)
+        .unwrap_err();
+    assert_eq!(e.kind(), strata::ErrorKind::NotFound, "{e}");
+}

@@ -118,7 +118,7 @@ impl Buffer {
             let dst = &mut out[done..done + n];
             let mut entry = self.table.pages[p].lock();
             entry.referenced = true;
-            crate::hotness::touch(&self.table.counters, p, self.rt().sample_shift);
+            self.table.touch(p);
             match &entry.loc {
                 Zero => dst.fill(0),
                 Lost => return Err(lost(p)),
@@ -153,7 +153,7 @@ impl Buffer {
             }
             let entry = &mut *entry;
             entry.referenced = true;
-            crate::hotness::touch(&self.table.counters, p, self.rt().sample_shift);
+            self.table.touch(p);
             let full = n == page;
             match &mut entry.loc {
                 Resident { tier, slot } => {

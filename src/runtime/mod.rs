@@ -36,6 +36,7 @@ mod buffer;
 mod map;
 mod mover;
 mod reclaim;
+mod record;
 mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +59,7 @@ pub use buffer::{Buffer, Pin};
 pub use map::{Access, DeviceMap, Launch};
 pub use mover::Ticket;
 pub use reclaim::Watermarks;
+pub use record::TraceRecorder;
 
 use mover::Mover;
 use reclaim::Reclaimer;
@@ -268,6 +270,8 @@ impl RuntimeBuilder {
             watermarks: self.watermarks,
             reclaimer: OnceLock::new(),
             sample_shift: self.sample_shift,
+            trace: Default::default(),
+            next_buffer: Default::default(),
         });
         if self.background_eviction && tiers.len() > 1 {
             let r = Reclaimer::start(Arc::downgrade(&inner))?;
@@ -320,6 +324,10 @@ pub(crate) struct Inner {
     reclaimer: OnceLock<Reclaimer>,
     /// Access counting: 1 in 2^k, or off.
     pub(crate) sample_shift: Option<u32>,
+    /// Trace recording (off unless a recorder runs).
+    pub(crate) trace: record::TraceSink,
+    /// Numbers buffers for trace page ids.
+    next_buffer: std::sync::atomic::AtomicU32,
 }
 
 impl Inner {
@@ -561,7 +569,8 @@ impl Runtime {
             }
             r.promised += pages;
         }
-        let table = Arc::new(Table::new(self.inner.clone(), bytes, pages, placement));
+        let id = self.inner.next_buffer.fetch_add(1, Ordering::Relaxed);
+        let table = Arc::new(Table::new(self.inner.clone(), id, bytes, pages, placement));
         {
             let mut tables = self.inner.tables.lock();
             // Amortized pruning of dropped buffers' entries.
@@ -619,6 +628,13 @@ impl Runtime {
                 })
                 .collect(),
         }
+    }
+
+    /// Records every page access (one in 2^`shift` when sampled) to a
+    /// trace file at `path` (created or truncated) until the returned
+    /// recorder finishes or drops. One recording at a time.
+    pub fn record_trace(&self, path: &std::path::Path, shift: u32) -> Result<TraceRecorder> {
+        TraceRecorder::start(self.inner.clone(), path, shift)
     }
 
     /// [`stats`](Self::stats) as JSON.

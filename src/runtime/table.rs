@@ -105,6 +105,8 @@ impl Launches {
 /// hold it while they run, so it outlives a dropped `Buffer` until they end.
 pub(crate) struct Table {
     pub(crate) rt: Arc<Inner>,
+    /// The buffer's number in this runtime (trace page ids).
+    pub(crate) id: u32,
     pub(crate) len: u64,
     placement: Placement,
     pub(crate) pages: Box<[Mutex<Entry>]>,
@@ -121,9 +123,10 @@ pub(crate) struct Table {
 }
 
 impl Table {
-    pub(crate) fn new(rt: Arc<Inner>, len: u64, pages: u64, placement: Placement) -> Self {
+    pub(crate) fn new(rt: Arc<Inner>, id: u32, len: u64, pages: u64, placement: Placement) -> Self {
         Self {
             rt,
+            id,
             len,
             placement,
             pages: (0..pages)
@@ -867,6 +870,14 @@ impl Table {
 }
 
 impl Table {
+    /// Records an access to page `p`: its counter, and the trace if one is
+    /// being recorded.
+    #[inline]
+    pub(crate) fn touch(&self, p: usize) {
+        crate::hotness::touch(&self.counters, p, self.rt.sample_shift);
+        self.rt.trace.record(self.id, p);
+    }
+
     /// Frees every page now, when the buffer is dropped, rather than when
     /// the last background move holding the table ends: the capacity is
     /// back before `drop` returns. Moves still in flight find the pages
