@@ -3,9 +3,10 @@
  * accesses. No includes, so it compiles under NVRTC as well as nvcc.
  *
  * The rules are the ones in src/hotness.rs (the simulated device runs that
- * code): a sampled access counts 1; an access numbered `seq` (the caller's
- * running count, e.g. per thread) to `page` is sampled iff
- * strata_mix(page ^ seq * STRATA_PHI) has its low `shift` bits zero.
+ * code): each kernel thread keeps a strata_sampler in registers; it counts
+ * one access in 2^shift on average, skipping a random number of accesses
+ * (uniform in 0..2^(shift+1)-2) after each counted one, so every page is
+ * sampled at the same rate and an uncounted access costs a decrement.
  *
  * Device maps (strata_device_map / DeviceMap::prepare in Rust) hold one
  * 64-bit address per page: device memory for pages in HBM, the mapped
@@ -17,10 +18,9 @@
 #ifndef STRATA_DEVICE_CUH
 #define STRATA_DEVICE_CUH
 
-#define STRATA_PHI 0x9E3779B97F4A7C15ull
-
-/* splitmix64's finalizer. */
+/* A splitmix64 step (src/hotness.rs: mix). */
 __device__ __forceinline__ unsigned long long strata_mix(unsigned long long x) {
+    x += 0x9E3779B97F4A7C15ull;
     x ^= x >> 30;
     x *= 0xBF58476D1CE4E5B9ull;
     x ^= x >> 27;
@@ -28,16 +28,38 @@ __device__ __forceinline__ unsigned long long strata_mix(unsigned long long x) {
     return x ^ (x >> 31);
 }
 
-/* Whether access number `seq` to `page` is one of the sampled 1 in 2^shift. */
-__device__ __forceinline__ bool strata_sampled(unsigned long long page, unsigned long long seq,
-                                               unsigned int shift) {
-    return shift == 0 || (strata_mix(page ^ (seq * STRATA_PHI)) & ((1ull << shift) - 1ull)) == 0;
+/* One kernel thread's sampling state (src/hotness.rs: Sampler). */
+struct strata_sampler {
+    unsigned int left;
+    unsigned long long state;
+};
+
+/* A sampler seeded with `seed` (e.g. the global thread index). */
+__device__ __forceinline__ strata_sampler strata_sampler_new(unsigned long long seed) {
+    strata_sampler s;
+    s.left = 1;
+    s.state = strata_mix(seed);
+    return s;
 }
 
-/* Records an access to `page` in the buffer's counters (one u32 per page). */
+/* Whether this access counts, sampling 1 in 2^shift. */
+__device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int shift) {
+    if (shift == 0) {
+        return true;
+    }
+    if (--s->left != 0) {
+        return false;
+    }
+    s->state = strata_mix(s->state);
+    s->left = 1u + (unsigned int)(s->state % ((2ull << shift) - 1ull));
+    return true;
+}
+
+/* Records an access to `page` in the buffer's counters (one u32 per page;
+ * null: not counting). */
 __device__ __forceinline__ void strata_touch(unsigned int *counters, unsigned long long page,
-                                             unsigned long long seq, unsigned int shift) {
-    if (counters != 0 && strata_sampled(page, seq, shift)) {
+                                             strata_sampler *s, unsigned int shift) {
+    if (counters != 0 && strata_sample(s, shift)) {
         atomicAdd(&counters[page], 1u);
     }
 }
@@ -48,11 +70,11 @@ __device__ __forceinline__ void strata_touch(unsigned int *counters, unsigned lo
 template <typename T>
 __device__ __forceinline__ T strata_load(const unsigned long long *map, unsigned int *counters,
                                          unsigned long long index, unsigned int page_shift,
-                                         unsigned long long seq, unsigned int shift) {
+                                         strata_sampler *s, unsigned int shift) {
     unsigned long long offset = index * (unsigned long long)sizeof(T);
     unsigned long long page = offset >> page_shift;
     unsigned long long within = offset & ((1ull << page_shift) - 1ull);
-    strata_touch(counters, page, seq, shift);
+    strata_touch(counters, page, s, shift);
     const volatile unsigned long long *entry = map + page;
     return *(const T *)(*entry + within);
 }

@@ -8,11 +8,12 @@
 //! runs this code. Both follow these rules exactly, so shared test vectors
 //! give identical lists:
 //!
-//! - **Sampling.** An access to `page` by an accessor whose running access
-//!   number is `seq` counts iff `mix(page ^ seq·φ) & (2^shift − 1) == 0`
-//!   ([`sampled`]): one access in 2^shift, picked by a hash so the sample
-//!   is unbiased across pages. A counted access adds 1; the harvest scales
-//!   by 2^shift.
+//! - **Sampling.** Each accessor (a kernel thread, a host thread) counts
+//!   one access in 2^shift on average: after each counted access it skips a
+//!   random number of accesses, drawn uniformly from 0..2^(shift+1)−1 by a
+//!   hash-based generator ([`Sampler`]), so the sample is unbiased across
+//!   pages and costs a decrement per access. A counted access adds 1; the
+//!   harvest scales by 2^shift.
 //! - **Fold.** `score ← fma(score, decay, count · 2^shift)` in `f32` (one
 //!   rounding, as CUDA's `fmaf`), then `count ← 0`.
 //! - **Lists.** Hot: pages not resident with score > 0, by score
@@ -22,13 +23,10 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The golden-ratio increment that spreads access numbers over the hash.
-pub const PHI: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// A 64-bit finalizer (splitmix64's): every input bit affects every output
-/// bit, so low bits are a fair sample.
+/// A splitmix64 step: the sampler's random gaps.
 #[inline]
 pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x ^= x >> 30;
     x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x ^= x >> 27;
@@ -36,29 +34,63 @@ pub fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// Whether access number `seq` to `page` is one of the sampled 1 in
-/// 2^`shift`.
-#[inline]
-pub fn sampled(page: u64, seq: u64, shift: u32) -> bool {
-    shift == 0 || mix(page ^ seq.wrapping_mul(PHI)) & ((1u64 << shift) - 1) == 0
+/// One accessor's sampling state (a kernel thread's, in registers on a
+/// GPU): the accesses left until the next counted one. Gaps are drawn
+/// uniformly from 1..2^(shift+1) (mean 2^shift) at random phases, so every
+/// page's accesses are sampled at the same rate whatever the pattern, and
+/// the common case costs a decrement and a branch.
+#[derive(Debug, Clone, Copy)]
+pub struct Sampler {
+    left: u32,
+    state: u64,
+}
+
+impl Sampler {
+    /// A sampler seeded with `seed` (different accessors, different seeds).
+    pub fn new(seed: u64) -> Self {
+        Self {
+            left: 1,
+            state: mix(seed),
+        }
+    }
+
+    /// Whether this access counts, sampling 1 in 2^`shift`.
+    #[inline]
+    pub fn hit(&mut self, shift: u32) -> bool {
+        if shift == 0 {
+            return true;
+        }
+        self.left -= 1;
+        if self.left != 0 {
+            return false;
+        }
+        self.state = mix(self.state);
+        let span = (2u64 << shift) - 1;
+        self.left = 1 + (self.state % span) as u32;
+        true
+    }
 }
 
 thread_local! {
-    /// This thread's running access number (the sampling's `seq`).
-    static SEQ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The sampler of runtime-side accesses on this thread.
+    static SAMPLER: std::cell::Cell<Sampler> = std::cell::Cell::new(Sampler::new({
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }));
 }
 
-/// Records an access to `page`: bumps its counter if the access is sampled
-/// (see [`sampled`]); `shift` `None` counts nothing.
+/// Records an access to `page` on this thread's sampler: bumps its counter
+/// if the access is sampled; `shift` `None` counts nothing.
 #[inline]
 pub fn touch(counters: &[AtomicU32], page: usize, shift: Option<u32>) {
     let Some(shift) = shift else { return };
-    let seq = SEQ.with(|s| {
-        let v = s.get();
-        s.set(v.wrapping_add(1));
-        v
+    let hit = SAMPLER.with(|s| {
+        let mut sampler = s.get();
+        let hit = sampler.hit(shift);
+        s.set(sampler);
+        hit
     });
-    if sampled(page as u64, seq, shift) {
+    if hit {
         counters[page].fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -170,13 +202,20 @@ mod tests {
 
     #[test]
     fn sampling_keeps_about_one_in_two_to_the_k_for_every_page() {
-        let shift = 4;
-        for page in [0u64, 1, 77, 1 << 40] {
-            let kept = (0..64_000u64).filter(|&s| sampled(page, s, shift)).count();
-            // 4000 expected; a fair hash stays well within ±10%.
-            assert!((3600..4400).contains(&kept), "page {page}: {kept}");
+        // Four pages accessed round-robin (a pattern a fixed stride would
+        // alias with): each keeps about 1 in 16 of its accesses.
+        let mut s = Sampler::new(7);
+        let mut kept = [0u32; 4];
+        for i in 0..256_000usize {
+            if s.hit(4) {
+                kept[i % 4] += 1;
+            }
         }
-        assert!((0..100).all(|s| sampled(3, s, 0)));
+        for k in kept {
+            // 4000 expected.
+            assert!((3600..4400).contains(&k), "{kept:?}");
+        }
+        assert!((0..100).all(|_| s.hit(0)));
     }
 
     #[test]

@@ -126,7 +126,18 @@ impl DeviceMap {
             }
         }
         // From here the guard ends the launch on every way out.
-        let launch = Launch { map: self, access };
+        let launch = Launch {
+            map: self,
+            access,
+            entries: &self.shared.entries,
+            counters: &table.counters,
+            shift: table.rt.sample_shift,
+            trace: &table.rt.trace,
+            buffer: table.id,
+            page_shift: self.shared.page_size.trailing_zeros(),
+            len: table.len,
+            host_readable: access == Access::ReadOnly && self.shared.device.is_none(),
+        };
         let memory: Vec<Tier> = table
             .rt
             .stores()
@@ -248,6 +259,15 @@ impl DeviceMap {
 pub struct Launch<'a> {
     map: &'a DeviceMap,
     access: Access,
+    /// What `load` needs, looked up once per launch.
+    entries: &'a [AtomicU64],
+    counters: &'a [std::sync::atomic::AtomicU32],
+    shift: Option<u32>,
+    trace: &'a super::record::TraceSink,
+    buffer: u32,
+    page_shift: u32,
+    len: u64,
+    host_readable: bool,
 }
 
 impl std::fmt::Debug for Launch<'_> {
@@ -271,7 +291,7 @@ impl Launch<'_> {
 
     /// Page `p`'s current entry.
     pub fn entry(&self, p: usize) -> u64 {
-        self.map.shared.entries[p].load(Ordering::Acquire)
+        self.entries[p].load(Ordering::Acquire)
     }
 
     /// Reads element `index` of the buffer seen as an array of `T`, the way
@@ -285,40 +305,79 @@ impl Launch<'_> {
     /// like slice indexing, these are bugs in the calling kernel.
     #[inline]
     pub fn load<T: bytemuck::Pod>(&self, index: u64) -> T {
-        let shared = &*self.map.shared;
+        let (page, address) = self.locate::<T>(index);
+        crate::hotness::touch(self.counters, page, self.shift);
+        self.trace.record(self.buffer, page);
+        // SAFETY: `locate` returned the address of `size_of::<T>()` bytes
+        // inside a mapped page, readable while this launch lives (see there).
+        unsafe { std::ptr::read_unaligned(address as *const T) }
+    }
+
+    /// A kernel thread's view: loads like [`load`](Self::load), counting
+    /// accesses on the thread's own sampler (no thread-local state on the
+    /// access path, as a GPU thread keeps its sampler in registers). Give
+    /// each thread a different `seed`.
+    pub fn reader(&self, seed: u64) -> Reader<'_, '_> {
+        Reader {
+            launch: self,
+            sampler: crate::hotness::Sampler::new(seed),
+        }
+    }
+
+    /// Page and host address of element `index` of the buffer as `[T]`.
+    #[inline]
+    fn locate<T: bytemuck::Pod>(&self, index: u64) -> (usize, usize) {
         let size = std::mem::size_of::<T>();
         assert!(
-            self.access == Access::ReadOnly && shared.device.is_none(),
+            self.host_readable,
             "Launch::load needs a read-only launch on the simulated device"
         );
         assert!(
-            size > 0 && shared.page_size % size == 0,
+            size > 0 && (1usize << self.page_shift) % size == 0,
             "element size must divide the page size"
         );
         let offset = index
             .checked_mul(size as u64)
             .filter(|&o| {
                 o.checked_add(size as u64)
-                    .is_some_and(|end| end <= self.map.table.len)
+                    .is_some_and(|end| end <= self.len)
             })
             .unwrap_or_else(|| panic!("index {index} is beyond the buffer"));
-        let page = (offset / shared.page_size as u64) as usize;
-        let within = (offset % shared.page_size as u64) as usize;
-        crate::hotness::touch(
-            &self.map.table.counters,
-            page,
-            self.map.table.rt.sample_shift,
-        );
-        let base = shared.entries[page].load(Ordering::Acquire);
-        // SAFETY: `prepare` stored in every entry the host address of a slot
-        // of a memory tier (on the simulated device, device memory is host
-        // memory too). While this read-only launch lives: no mapped page
-        // leaves memory; a promotion swaps the entry but retires the old
-        // slot instead of freeing it (freed when the last launch ends); and
-        // writes through the runtime are refused, so no one writes these
-        // bytes. `within + size <= page_size` since `size` divides the page
-        // size and `offset` is a multiple of `size`. The read is unaligned-safe.
-        unsafe { std::ptr::read_unaligned((base as usize + within) as *const T) }
+        let page = (offset >> self.page_shift) as usize;
+        let within = (offset & ((1u64 << self.page_shift) - 1)) as usize;
+        let base = self.entries[page].load(Ordering::Acquire);
+        // `prepare` stored in every entry the host address of a slot of a
+        // memory tier (on the simulated device, device memory is host memory
+        // too). While this read-only launch lives: no mapped page leaves
+        // memory; a promotion swaps the entry but retires the old slot
+        // instead of freeing it (freed when the last launch ends); and writes
+        // through the runtime are refused, so no one writes these bytes.
+        // `within + size <= page_size` since `size` divides the page size and
+        // `offset` is a multiple of `size`.
+        (page, base as usize + within)
+    }
+}
+
+/// One kernel thread's reads through a launch; see [`Launch::reader`].
+pub struct Reader<'l, 'a> {
+    launch: &'l Launch<'a>,
+    sampler: crate::hotness::Sampler,
+}
+
+impl Reader<'_, '_> {
+    /// As [`Launch::load`], counted on this reader's sampler.
+    #[inline]
+    pub fn load<T: bytemuck::Pod>(&mut self, index: u64) -> T {
+        let l = self.launch;
+        let (page, address) = l.locate::<T>(index);
+        if let Some(shift) = l.shift {
+            if self.sampler.hit(shift) {
+                l.counters[page].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        l.trace.record(l.buffer, page);
+        // SAFETY: as in `Launch::load`.
+        unsafe { std::ptr::read_unaligned(address as *const T) }
     }
 }
 

@@ -56,7 +56,7 @@ use crate::tier::{
 };
 
 pub use buffer::{Buffer, Pin};
-pub use map::{Access, DeviceMap, Launch};
+pub use map::{Access, DeviceMap, Launch, Reader};
 pub use mover::Ticket;
 pub use reclaim::Watermarks;
 pub use record::TraceRecorder;

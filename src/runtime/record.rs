@@ -4,8 +4,7 @@
 //! index in the buffer, so every page of the runtime has its own id.
 //!
 //! Recording costs one relaxed atomic load per access while off. While on,
-//! each recorded access (one in 2^k, by the same hash as the counters, when
-//! sampled) takes a lock and formats a line into a buffered file.
+//! each recorded access (one in 2^k when sampled, as the counters sample) takes a lock and formats a line into a buffered file.
 #![forbid(unsafe_code)]
 
 use std::fs::File;
@@ -30,7 +29,7 @@ pub(crate) struct TraceSink {
 struct Recording {
     out: BufWriter<File>,
     shift: u32,
-    seq: u64,
+    sampler: crate::hotness::Sampler,
     accesses: u64,
     error: Option<std::io::Error>,
 }
@@ -45,9 +44,7 @@ impl TraceSink {
         let mut state = self.state.lock();
         let Some(r) = state.as_mut() else { return };
         let id = (buffer as u64) << 32 | page as u64;
-        let seq = r.seq;
-        r.seq += 1;
-        if r.error.is_some() || !crate::hotness::sampled(id, seq, r.shift) {
+        if r.error.is_some() || !r.sampler.hit(r.shift) {
             return;
         }
         match writeln!(r.out, "{id}") {
@@ -94,7 +91,7 @@ impl TraceRecorder {
         *state = Some(Recording {
             out,
             shift,
-            seq: 0,
+            sampler: crate::hotness::Sampler::new(0x5EED),
             accesses: 0,
             error: None,
         });
