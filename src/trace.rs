@@ -300,7 +300,9 @@ pub fn mix(
     let scramble = Scramble::new(pages, &mut rng);
     let scans = (accesses as f64 * scan_fraction / scan_length as f64).round() as usize;
     let hot = accesses.saturating_sub(scans * scan_length as usize);
-    let mut starts: Vec<usize> = (0..scans).map(|_| rng.below(hot as u64 + 1) as usize).collect();
+    let mut starts: Vec<usize> = (0..scans)
+        .map(|_| rng.below(hot as u64 + 1) as usize)
+        .collect();
     starts.sort_unstable();
     let mut out = Vec::with_capacity(accesses);
     let mut next_scan_page = pages;
@@ -355,7 +357,9 @@ impl Csr {
     /// A graph of `2^scale` vertices and `edge_factor · 2^scale` edges.
     pub fn generate(kind: GraphKind, scale: u32, edge_factor: u32, seed: u64) -> Result<Self> {
         if !(1..=28).contains(&scale) {
-            return Err(Error::invalid(format!("graph scale {scale} is not in 1..=28")));
+            return Err(Error::invalid(format!(
+                "graph scale {scale} is not in 1..=28"
+            )));
         }
         if edge_factor == 0 || u64::from(edge_factor) << scale > 1 << 32 {
             return Err(Error::invalid(format!(
@@ -689,8 +693,8 @@ impl Default for GenParams {
             scale: 16,
             edge_factor: 16,
             page_size: 4096,
-            roots: 8,
-            iterations: 4,
+            roots: 2,
+            iterations: 2,
         }
     }
 }
@@ -808,7 +812,10 @@ mod tests {
         for k in [1usize, 2, 10] {
             let expect = samples as f64 / (k as f64 * h);
             let got = f64::from(counts[k]);
-            assert!((got - expect).abs() < 0.05 * expect, "rank {k}: {got} vs {expect}");
+            assert!(
+                (got - expect).abs() < 0.05 * expect,
+                "rank {k}: {got} vs {expect}"
+            );
         }
         assert!(Zipf::new(10, 0.0).is_err() && Zipf::new(0, 1.0).is_err());
     }
@@ -864,6 +871,9 @@ mod tests {
             ..GenParams::default()
         };
         assert_eq!(generate(&p).unwrap(), generate(&p).unwrap());
-        assert_eq!(zipf(0.8, 50, 100, 9).unwrap(), zipf(0.8, 50, 100, 9).unwrap());
+        assert_eq!(
+            zipf(0.8, 50, 100, 9).unwrap(),
+            zipf(0.8, 50, 100, 9).unwrap()
+        );
     }
 }

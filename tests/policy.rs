@@ -216,7 +216,11 @@ fn belady_equals_the_exhaustive_optimum() {
             })
             .collect();
         let opt = brute_force_optimum(cap, &t);
-        assert_eq!(misses(PolicyKind::Belady, cap, &t), opt, "cap {cap} trace {t:?}");
+        assert_eq!(
+            misses(PolicyKind::Belady, cap, &t),
+            opt,
+            "cap {cap} trace {t:?}"
+        );
         // And nothing beats it.
         for kind in PolicyKind::ALL {
             assert!(misses(kind, cap, &t) >= opt, "{kind} cap {cap} trace {t:?}");
@@ -415,6 +419,18 @@ fn extra(seed: u64, size: u64) -> Vec<Case> {
         trace: trace::mix(0.8, size, 20 * size as usize, 0.4, 2 * size, seed).unwrap(),
         beats_lru: true,
     });
+    for (name, alpha, frac, len) in [
+        ("mix-a", 1.0, 0.2, size),
+        ("mix-b", 0.8, 0.1, size / 2),
+        ("mix-c", 1.2, 0.3, size),
+        ("mix-d", 1.0, 0.2, size / 4),
+    ] {
+        v.push(Case {
+            name: name.into(),
+            trace: trace::mix(alpha, size, 20 * size as usize, frac, len, seed).unwrap(),
+            beats_lru: true,
+        });
+    }
     v.push(Case {
         name: "zipf-short".into(),
         trace: trace::zipf(0.9, 4 * size, 8 * size as usize, seed).unwrap(),
@@ -573,10 +589,23 @@ fn window_sweep() {
     let cases = suite(1, size);
     let c = cases.iter().find(|c| c.name == which).unwrap();
     let cap = footprint(&c.trace) / frac;
-    println!("{} cap {cap} lru {} accesses {}", c.name, misses_ref(&mut RefLru::new(cap), &c.trace), c.trace.len());
+    println!(
+        "{} cap {cap} lru {} accesses {}",
+        c.name,
+        misses_ref(&mut RefLru::new(cap), &c.trace),
+        c.trace.len()
+    );
     for w in [0.01, 0.02, 0.04, 0.08, 0.12, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0] {
-        let cfg = policy::default::Config { window: w, tune: false, ..Default::default() };
-        let m = replay(&mut policy::default::DefaultPolicy::with_config(cap, &cfg), &c.trace).misses;
+        let cfg = policy::default::Config {
+            window: w,
+            tune: false,
+            ..Default::default()
+        };
+        let m = replay(
+            &mut policy::default::DefaultPolicy::with_config(cap, &cfg),
+            &c.trace,
+        )
+        .misses;
         println!("window {w:5} misses {m}");
     }
 }
@@ -605,10 +634,20 @@ fn chunks() {
     let mk = |w: f64, tune: bool| {
         policy::default::DefaultPolicy::with_config(
             cap,
-            &policy::default::Config { window: w, tune, ..Default::default() },
+            &policy::default::Config {
+                window: w,
+                tune,
+                ..Default::default()
+            },
         )
     };
-    let mut ps = [mk(0.01, false), mk(1.0, false), mk(0.01, true), mk(0.04, false), mk(0.01, false)];
+    let mut ps = [
+        mk(0.01, false),
+        mk(1.0, false),
+        mk(0.01, true),
+        mk(0.04, false),
+        mk(0.01, false),
+    ];
     let chunk = c.trace.len() / 40;
     for (n, part) in c.trace.chunks(chunk).enumerate() {
         match n {
@@ -619,8 +658,218 @@ fn chunks() {
         }
         let m: Vec<String> = ps
             .iter_mut()
-            .map(|p| part.iter().filter(|&&x| !p.access(x).is_hit()).count().to_string())
+            .map(|p| {
+                part.iter()
+                    .filter(|&&x| !p.access(x).is_hit())
+                    .count()
+                    .to_string()
+            })
             .collect();
         println!("chunk {n:3} {} window {}", m.join(" "), ps[2].window_size());
     }
+}
+
+// ---------------------------------------------------------------------------
+// The command line (`strata trace ...`), as tests/cli.rs runs it.
+
+fn strata(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("strata runs")
+}
+
+/// Exit status 2 and a single stderr line containing `needle`.
+fn assert_bad_input(out: &std::process::Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line, got: {err}");
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+}
+
+#[test]
+fn cli_gen_then_replay_reports_the_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("z.trace");
+    let json = dir.path().join("r.json");
+    let (t_s, json_s) = (t.to_str().unwrap(), json.to_str().unwrap());
+    let out = strata(&[
+        "trace",
+        "gen",
+        "--kind",
+        "zipf",
+        "--out",
+        t_s,
+        "--pages",
+        "500",
+        "--accesses",
+        "5000",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = trace::read(&t).unwrap();
+    assert_eq!(trace.len(), 5000);
+
+    let out = strata(&[
+        "trace",
+        "replay",
+        "--trace",
+        t_s,
+        "--capacity-pages",
+        "50",
+        "--json",
+        json_s,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let keys: BTreeSet<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    let expect: BTreeSet<&str> = [
+        "policy",
+        "accesses",
+        "hits",
+        "misses",
+        "hit_rate",
+        "capacity_pages",
+        "trace",
+        "seconds",
+    ]
+    .into();
+    assert_eq!(keys, expect);
+    assert_eq!(v["policy"], "default");
+    assert_eq!(v["accesses"], 5000);
+    assert_eq!(
+        v["hits"].as_u64().unwrap() + v["misses"].as_u64().unwrap(),
+        5000
+    );
+    assert_eq!(v["misses"], misses(PolicyKind::Default, 50, &trace));
+
+    // Every policy, as a list; Belady has the fewest misses.
+    let out = strata(&[
+        "trace",
+        "replay",
+        "--trace",
+        t_s,
+        "--capacity-pages",
+        "50",
+        "--policy",
+        "all",
+        "--json",
+        json_s,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = v.as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["lru", "lfu", "gmt", "lookahead", "default", "belady"]
+    );
+    let opt = rows[5]["misses"].as_u64().unwrap();
+    assert!(rows.iter().all(|r| r["misses"].as_u64().unwrap() >= opt));
+}
+
+#[test]
+fn cli_every_generator_writes_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("g.trace");
+    let t_s = t.to_str().unwrap();
+    for kind in ["zipf", "loop", "mix", "bfs", "pr"] {
+        let out = strata(&[
+            "trace",
+            "gen",
+            "--kind",
+            kind,
+            "--out",
+            t_s,
+            "--pages",
+            "1000",
+            "--accesses",
+            "4000",
+            "--scan-length",
+            "100",
+            "--scale",
+            "8",
+            "--edge-factor",
+            "4",
+            "--page-size",
+            "256",
+        ]);
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&t).unwrap();
+        assert!(
+            text.starts_with(&format!("# strata trace gen: {kind} ")),
+            "{kind}"
+        );
+        let n = trace::read(&t).unwrap().len();
+        assert!(n > 0 && n <= 4000, "{kind}: {n}");
+    }
+}
+
+#[test]
+fn cli_bad_input_is_one_line_and_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.trace");
+    std::fs::write(&t, "1\n2\n1\n").unwrap();
+    let t_s = t.to_str().unwrap();
+    let missing = dir.path().join("missing.trace");
+    assert_bad_input(
+        &strata(&[
+            "trace",
+            "replay",
+            "--trace",
+            missing.to_str().unwrap(),
+            "--capacity-pages",
+            "4",
+        ]),
+        "missing.trace",
+    );
+    assert_bad_input(
+        &strata(&[
+            "trace",
+            "replay",
+            "--trace",
+            t_s,
+            "--capacity-pages",
+            "4",
+            "--policy",
+            "mru",
+        ]),
+        "unknown policy \"mru\"",
+    );
+    assert_bad_input(
+        &strata(&["trace", "replay", "--trace", t_s, "--capacity-pages", "0"]),
+        "--capacity-pages",
+    );
+    std::fs::write(&t, "1\n# fine\n\nseven\n").unwrap();
+    assert_bad_input(
+        &strata(&["trace", "replay", "--trace", t_s, "--capacity-pages", "4"]),
+        "line 4",
+    );
+    assert_bad_input(
+        &strata(&["trace", "gen", "--kind", "sawtooth", "--out", t_s]),
+        "unknown trace kind",
+    );
+    assert_bad_input(
+        &strata(&[
+            "trace", "gen", "--kind", "zipf", "--alpha", "-1", "--out", t_s,
+        ]),
+        "exponent",
+    );
 }

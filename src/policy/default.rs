@@ -186,7 +186,11 @@ impl Tuner {
             .tune_windows
             .iter()
             .enumerate()
-            .min_by(|a, b| (a.1 - config.window).abs().total_cmp(&(b.1 - config.window).abs()))
+            .min_by(|a, b| {
+                (a.1 - config.window)
+                    .abs()
+                    .total_cmp(&(b.1 - config.window).abs())
+            })
             .map_or(0, |(i, _)| i);
         let half_life = (config.tune_half_life * pages as f64).max(16.0);
         let every = (pages / 8).max(1) as u32;
@@ -254,7 +258,15 @@ impl Tuner {
         let j = best?;
         // One step towards it: a transient advantage of a distant window
         // costs less than a jump there and back.
-        let j = if self.step { if j > cur { cur + 1 } else { cur - 1 } } else { j };
+        let j = if self.step {
+            if j > cur {
+                cur + 1
+            } else {
+                cur - 1
+            }
+        } else {
+            j
+        };
         self.current = j;
         Some(self.copies[j].share)
     }

@@ -75,7 +75,10 @@ impl Gmt {
         let node = self.lru.pop_back(&mut self.arena).expect("a full cache");
         let page = self.arena.get(node).key;
         self.arena.release(node);
-        let h = self.history.get_mut(&page).expect("resident pages have a history");
+        let h = self
+            .history
+            .get_mut(&page)
+            .expect("resident pages have a history");
         h.node = NOT_RESIDENT;
         let age = (self.now - h.last) as f64;
         self.horizon = if self.horizon.is_finite() {

@@ -54,7 +54,10 @@ impl Lfu {
     /// Multiplies scores by `decay` (in `0..=1`) every `interval` accesses
     /// (at least `capacity`).
     pub fn with_decay(capacity: usize, decay: f64, interval: u64) -> Self {
-        assert!((0.0..=1.0).contains(&decay), "decay {decay} is not in 0..=1");
+        assert!(
+            (0.0..=1.0).contains(&decay),
+            "decay {decay} is not in 0..=1"
+        );
         let interval = interval.max(capacity as u64).max(1);
         Self {
             capacity,
@@ -200,11 +203,7 @@ impl Bitmap {
 
     /// The lowest set bit.
     fn first(&self) -> Option<usize> {
-        let (s, sw) = self
-            .summary
-            .iter()
-            .enumerate()
-            .find(|(_, &sw)| sw != 0)?;
+        let (s, sw) = self.summary.iter().enumerate().find(|(_, &sw)| sw != 0)?;
         let w = s * 64 + sw.trailing_zeros() as usize;
         Some(w * 64 + self.words[w].trailing_zeros() as usize)
     }

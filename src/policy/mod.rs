@@ -174,11 +174,9 @@ pub fn build(kind: PolicyKind, capacity: usize, trace: Option<&[u64]>) -> Result
         PolicyKind::Lfu => Box::new(lfu::Lfu::new(capacity)),
         PolicyKind::Gmt => Box::new(gmt::Gmt::new(capacity)),
         PolicyKind::Lookahead => Box::new(match trace {
-            Some(t) => lookahead::Lookahead::with_future(
-                capacity,
-                t,
-                lookahead::default_window(capacity),
-            ),
+            Some(t) => {
+                lookahead::Lookahead::with_future(capacity, t, lookahead::default_window(capacity))
+            }
             None => lookahead::Lookahead::new(capacity),
         }),
         PolicyKind::Belady => Box::new(belady::Belady::new(
