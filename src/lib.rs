@@ -39,10 +39,12 @@ pub mod hotness;
 pub mod info;
 pub mod io;
 pub mod link;
+pub mod policy;
 pub mod runtime;
 pub mod size;
 pub mod sys;
 pub mod tier;
+pub mod trace;
 
 pub use error::{Error, ErrorKind, Result};
 pub use runtime::{Buffer, Runtime};

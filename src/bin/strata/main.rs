@@ -1,7 +1,10 @@
-//! The `strata` command-line tool: `strata info`, `strata bench …`.
+//! The `strata` command-line tool: `strata info`, `strata bench …`,
+//! `strata trace …`.
 //!
 //! Exit status: 0 on success, 2 on bad arguments or input (one line on
 //! stderr saying what is wrong), 1 when the work itself failed.
+
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +45,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Page-access traces: replay against placement policies, generate.
+    #[command(subcommand)]
+    Trace(trace::TraceCommand),
 }
 
 #[derive(Subcommand)]
@@ -164,6 +170,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Bench(BenchCommand::Io(a)) => bench_io(a),
         Command::Bench(BenchCommand::Copy(a)) => bench_copy(a),
         Command::Bench(BenchCommand::Migrate(a)) => bench_migrate(a),
+        Command::Trace(c) => trace::run(c),
     }
 }
 

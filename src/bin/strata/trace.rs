@@ -1,0 +1,226 @@
+//! `strata trace replay` and `strata trace gen`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use strata::policy::{self, lookahead, lru::Lru, Policy, PolicyKind, ReplayReport};
+use strata::size::parse_size;
+use strata::trace::{self, GenKind, GenParams};
+use strata::Error;
+
+use super::{open_json, write_json};
+
+#[derive(Subcommand)]
+pub enum TraceCommand {
+    /// Replay a trace against a placement policy (or all of them).
+    Replay(ReplayArgs),
+    /// Generate a synthetic trace.
+    Gen(GenArgs),
+}
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// Trace file: one decimal page id per line, `#` comments.
+    #[arg(long)]
+    trace: PathBuf,
+    /// Pages the cache holds.
+    #[arg(long)]
+    capacity_pages: usize,
+    /// lru, lfu, gmt, lookahead, belady, default, or all (default: the
+    /// default policy).
+    #[arg(long)]
+    policy: Option<String>,
+    /// lru: pages per group, the unit of residency and eviction (2 MiB /
+    /// page size for the Unified-Memory-like baseline).
+    #[arg(long, default_value_t = 1)]
+    group_pages: u64,
+    /// lookahead: accesses of the future it sees (default: twice the
+    /// capacity).
+    #[arg(long)]
+    window: Option<usize>,
+    /// Also write the report as JSON to this file (a list with --policy all).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct GenArgs {
+    /// zipf, loop, mix, bfs or pr.
+    #[arg(long)]
+    kind: String,
+    /// File to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Pages: of the Zipf distribution, the loop, the hot set of a mix.
+    #[arg(long, default_value_t = GenParams::default().pages)]
+    pages: u64,
+    /// Accesses (default 1000000; for bfs and pr a limit, default none).
+    #[arg(long)]
+    accesses: Option<usize>,
+    /// Zipf exponent (zipf, mix).
+    #[arg(long, default_value_t = GenParams::default().alpha, allow_negative_numbers = true)]
+    alpha: f64,
+    /// Seed of the random choices.
+    #[arg(long, default_value_t = GenParams::default().seed)]
+    seed: u64,
+    /// mix: share of accesses that belong to one-pass scans.
+    #[arg(long, default_value_t = GenParams::default().scan_fraction)]
+    scan_fraction: f64,
+    /// mix: pages per scan.
+    #[arg(long, default_value_t = GenParams::default().scan_length)]
+    scan_length: u64,
+    /// bfs, pr: kron (Graph500 Kronecker) or uniform.
+    #[arg(long, default_value = "kron")]
+    graph: String,
+    /// bfs, pr: log2 of the vertices.
+    #[arg(long, default_value_t = GenParams::default().scale)]
+    scale: u32,
+    /// bfs, pr: edges per vertex.
+    #[arg(long, default_value_t = GenParams::default().edge_factor)]
+    edge_factor: u32,
+    /// bfs, pr: bytes per page (e.g. 4k, 64k).
+    #[arg(long, default_value = "4k")]
+    page_size: String,
+    /// bfs: searches from random roots.
+    #[arg(long, default_value_t = GenParams::default().roots)]
+    roots: usize,
+    /// pr: PageRank sweeps.
+    #[arg(long, default_value_t = GenParams::default().iterations)]
+    iterations: usize,
+}
+
+pub fn run(command: TraceCommand) -> Result<(), Error> {
+    match command {
+        TraceCommand::Replay(a) => replay(a),
+        TraceCommand::Gen(a) => gen(a),
+    }
+}
+
+/// One policy's line of the JSON report.
+#[derive(Serialize)]
+struct ReplayJson<'a> {
+    policy: &'a str,
+    accesses: u64,
+    hits: u64,
+    misses: u64,
+    hit_rate: f64,
+    capacity_pages: usize,
+    trace: String,
+    seconds: f64,
+}
+
+fn replay(a: ReplayArgs) -> Result<(), Error> {
+    let kinds: Vec<PolicyKind> = match a.policy.as_deref() {
+        None => vec![PolicyKind::Default],
+        Some("all") => PolicyKind::ALL.to_vec(),
+        Some(p) => vec![p.parse::<PolicyKind>().map_err(|e| e.context("--policy"))?],
+    };
+    if a.capacity_pages == 0 {
+        return Err(Error::invalid("--capacity-pages must be at least 1"));
+    }
+    if a.group_pages == 0 || a.group_pages > a.capacity_pages as u64 {
+        return Err(Error::invalid(format!(
+            "--group-pages {} must be between 1 and the capacity ({})",
+            a.group_pages, a.capacity_pages
+        )));
+    }
+    let json = open_json(&a.json)?;
+    let t = trace::read(&a.trace)?;
+    let mut reports: Vec<ReplayReport> = Vec::new();
+    for kind in kinds {
+        let mut p: Box<dyn Policy> = match kind {
+            PolicyKind::Lru => Box::new(Lru::with_group(a.capacity_pages, a.group_pages)),
+            PolicyKind::Lookahead => Box::new(lookahead::Lookahead::with_future(
+                a.capacity_pages,
+                &t,
+                a.window
+                    .unwrap_or_else(|| lookahead::default_window(a.capacity_pages)),
+            )),
+            k => policy::build(k, a.capacity_pages, Some(&t))?,
+        };
+        reports.push(policy::replay(p.as_mut(), &t));
+    }
+    println!(
+        "trace: {} ({} accesses), capacity {} pages",
+        a.trace.display(),
+        t.len(),
+        a.capacity_pages
+    );
+    println!(
+        "{:<10} {:>12} {:>12} {:>9} {:>14}",
+        "policy", "hits", "misses", "hit rate", "accesses/s"
+    );
+    for r in &reports {
+        println!(
+            "{:<10} {:>12} {:>12} {:>8.2}% {:>14.0}",
+            r.policy,
+            r.hits,
+            r.misses,
+            100.0 * r.hit_rate,
+            r.accesses as f64 / r.seconds.max(1e-9)
+        );
+    }
+    let rows: Vec<ReplayJson> = reports
+        .iter()
+        .map(|r| ReplayJson {
+            policy: &r.policy,
+            accesses: r.accesses,
+            hits: r.hits,
+            misses: r.misses,
+            hit_rate: r.hit_rate,
+            capacity_pages: a.capacity_pages,
+            trace: a.trace.display().to_string(),
+            seconds: r.seconds,
+        })
+        .collect();
+    if a.policy.as_deref() == Some("all") {
+        write_json(json, &rows)
+    } else {
+        write_json(json, &rows[0])
+    }
+}
+
+fn gen(a: GenArgs) -> Result<(), Error> {
+    let kind: GenKind = a.kind.parse().map_err(|e: Error| e.context("--kind"))?;
+    let page_size = parse_size(&a.page_size).map_err(|e| e.context("--page-size"))?;
+    let graph_kind = matches!(kind, GenKind::Bfs | GenKind::Pr);
+    let params = GenParams {
+        kind,
+        pages: a.pages,
+        accesses: a.accesses.unwrap_or(if graph_kind { 0 } else { 1_000_000 }),
+        alpha: a.alpha,
+        seed: a.seed,
+        scan_fraction: a.scan_fraction,
+        scan_length: a.scan_length,
+        graph: a.graph.parse().map_err(|e: Error| e.context("--graph"))?,
+        scale: a.scale,
+        edge_factor: a.edge_factor,
+        page_size,
+        roots: a.roots,
+        iterations: a.iterations,
+    };
+    if !graph_kind && params.accesses == 0 {
+        return Err(Error::invalid("--accesses must be at least 1"));
+    }
+    if !graph_kind && params.pages == 0 {
+        return Err(Error::invalid("--pages must be at least 1"));
+    }
+    let t = trace::generate(&params)?;
+    trace::write_file(
+        &a.out,
+        &t,
+        &format!("strata trace gen: {}", params.describe()),
+    )?;
+    let mut pages = t.clone();
+    pages.sort_unstable();
+    pages.dedup();
+    println!(
+        "wrote {} accesses to {} distinct pages to {}",
+        t.len(),
+        pages.len(),
+        a.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,503 @@
+//! The default policy: W-TinyLFU whose window is sized by miniature
+//! simulations.
+//!
+//! - A small LRU *window* takes every missing page.
+//! - The *main* cache is a segmented LRU: pages enter its *probation*
+//!   segment and move to *protected* on a hit there; protected overflow is
+//!   demoted back to probation.
+//! - When the window overflows, its least recent page is a candidate for
+//!   main, and TinyLFU admission decides: it replaces main's next victim only
+//!   if it was accessed more often recently. Scans and loops larger than the
+//!   cache stay in the window and leave; frequently used pages stay in main.
+//! - The window's size decides between recency and frequency: a window of
+//!   the whole cache is LRU, a window of 1% is close to LFU with admission.
+//!   A tuner replays a spatially sampled share of the accesses (pages picked
+//!   by hash) through small copies of the policy with fixed window sizes,
+//!   and gives the real cache the window of the copy that hit most over the
+//!   recent past.
+
+#![forbid(unsafe_code)]
+
+use super::list::{Arena, List};
+use super::sketch::{Counts, Sketch};
+use super::{mix64, page_map, Access, PageMap, Policy};
+
+/// Knobs of [`DefaultPolicy`]; [`Config::default`] is what the runtime uses.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Initial window share of the capacity.
+    pub window: f64,
+    /// Protected share of main.
+    pub protected: f64,
+    /// Sketch counters per row, per page of capacity.
+    pub sketch_width: f64,
+    /// Counters saturate here.
+    pub counter_max: u8,
+    /// Counters halve every this many accesses per page of capacity.
+    pub sketch_period: f64,
+    /// Exact counts per page instead of the sketch.
+    pub exact: bool,
+    /// Whether the tuner runs.
+    pub tune: bool,
+    /// Window shares the tuner simulates.
+    pub tune_windows: Vec<f64>,
+    /// Capacity of each simulated copy, in pages (the sampling rate is this
+    /// over the capacity, at most 1).
+    pub tune_pages: usize,
+    /// Scores of the copies decay by half over this many sampled accesses
+    /// where some copy missed, per page of a copy's capacity.
+    pub tune_half_life: f64,
+    /// The tuner switches only to a copy whose (decayed) misses are below
+    /// the current one's by this share ...
+    pub tune_margin: f64,
+    /// ... and by this many standard deviations of the difference.
+    pub tune_z: f64,
+    /// Move one step through the window list at a time.
+    pub tune_step: bool,
+}
+
+impl std::default::Default for Config {
+    fn default() -> Self {
+        Self {
+            window: 0.01,
+            protected: 0.8,
+            sketch_width: 1.0,
+            counter_max: 15,
+            sketch_period: 20.0,
+            exact: true,
+            tune: true,
+            tune_windows: vec![0.01, 0.04, 0.12, 0.3, 0.6, 1.0],
+            tune_pages: 1024,
+            tune_half_life: 8.0,
+            tune_margin: 0.01,
+            tune_z: 3.0,
+            tune_step: true,
+        }
+    }
+}
+
+const WINDOW: u8 = 0;
+const PROBATION: u8 = 1;
+const PROTECTED: u8 = 2;
+
+/// W-TinyLFU with a window sized by miniature simulations.
+pub struct DefaultPolicy {
+    core: Core,
+    tuner: Option<Tuner>,
+}
+
+impl DefaultPolicy {
+    /// A cache of `capacity` pages with the default configuration.
+    pub fn new(capacity: usize) -> Self {
+        Self::with_config(capacity, &Config::default())
+    }
+
+    /// A cache of `capacity` pages tuned by `config`.
+    pub fn with_config(capacity: usize, config: &Config) -> Self {
+        let window = (capacity as f64 * config.window) as usize;
+        Self {
+            core: Core::new(capacity, window, config),
+            tuner: (config.tune && capacity >= 2).then(|| Tuner::new(capacity, config)),
+        }
+    }
+
+    /// The window's current size limit, in pages.
+    pub fn window_size(&self) -> usize {
+        self.core.window_max
+    }
+
+    /// Sets the window's size limit, in pages (the tuner may move it again).
+    pub fn set_window_size(&mut self, pages: usize) {
+        self.core.set_window(pages);
+    }
+}
+
+impl Policy for DefaultPolicy {
+    fn name(&self) -> &'static str {
+        "default"
+    }
+
+    fn capacity(&self) -> usize {
+        self.core.capacity
+    }
+
+    fn len(&self) -> usize {
+        self.core.map.len()
+    }
+
+    fn access(&mut self, page: u64) -> Access {
+        if let Some(t) = &mut self.tuner {
+            if let Some(share) = t.observe(page) {
+                let w = (self.core.capacity as f64 * share).round() as usize;
+                self.core.set_window(w);
+            }
+        }
+        self.core.access(page)
+    }
+}
+
+/// Picks the window share by replaying sampled accesses through copies.
+///
+/// Each copy keeps a decayed count of its misses, and each pair of copies a
+/// decayed count of the accesses where exactly one of the two missed. The
+/// real cache moves to another copy's window only when that copy missed
+/// fewer times than the current one by `z` standard deviations of that
+/// difference (the square root of the pair's disagreements, were they
+/// equally good) and by `margin` of the current one's misses.
+struct Tuner {
+    /// Pages whose hash is at most this are sampled.
+    threshold: u64,
+    copies: Vec<Copy>,
+    /// `disagree[i * k + j]`: decayed accesses where exactly one of copies
+    /// `i` and `j` missed.
+    disagree: Vec<f64>,
+    missed: Vec<bool>,
+    current: usize,
+    decay: f64,
+    z: f64,
+    margin: f64,
+    step: bool,
+    /// Sampled accesses until the next decision.
+    countdown: u32,
+    every: u32,
+}
+
+struct Copy {
+    share: f64,
+    core: Core,
+    misses: f64,
+}
+
+impl Tuner {
+    fn new(capacity: usize, config: &Config) -> Self {
+        let rate = (config.tune_pages as f64 / capacity as f64).min(1.0);
+        let pages = ((capacity as f64 * rate).round() as usize).max(2);
+        let copies: Vec<Copy> = config
+            .tune_windows
+            .iter()
+            .map(|&share| Copy {
+                share,
+                core: Core::new(pages, (pages as f64 * share).round() as usize, config),
+                misses: 0.0,
+            })
+            .collect();
+        let k = copies.len();
+        let current = config
+            .tune_windows
+            .iter()
+            .enumerate()
+            .min_by(|a, b| {
+                (a.1 - config.window)
+                    .abs()
+                    .total_cmp(&(b.1 - config.window).abs())
+            })
+            .map_or(0, |(i, _)| i);
+        let half_life = (config.tune_half_life * pages as f64).max(16.0);
+        let every = (pages / 8).max(1) as u32;
+        Self {
+            threshold: if rate >= 1.0 {
+                u64::MAX
+            } else {
+                (rate * u64::MAX as f64) as u64
+            },
+            copies,
+            disagree: vec![0.0; k * k],
+            missed: vec![false; k],
+            current,
+            decay: 0.5f64.powf(1.0 / half_life),
+            z: config.tune_z,
+            margin: config.tune_margin,
+            step: config.tune_step,
+            countdown: every,
+            every,
+        }
+    }
+
+    /// Feeds one access; returns a new window share when the best changes.
+    fn observe(&mut self, page: u64) -> Option<f64> {
+        if mix64(page ^ 0x2545_f491_4f6c_dd1d) > self.threshold {
+            return None;
+        }
+        let k = self.copies.len();
+        let mut any = false;
+        for (c, missed) in self.copies.iter_mut().zip(&mut self.missed) {
+            *missed = !c.core.access(page).is_hit();
+            any |= *missed;
+        }
+        // Time is counted in accesses where some copy missed: the evidence
+        // of the recent past is then the same at any miss rate.
+        if any {
+            for (c, &missed) in self.copies.iter_mut().zip(&self.missed) {
+                c.misses = c.misses * self.decay + f64::from(u8::from(missed));
+            }
+            for i in 0..k {
+                for j in i + 1..k {
+                    let d = &mut self.disagree[i * k + j];
+                    *d = *d * self.decay + f64::from(u8::from(self.missed[i] != self.missed[j]));
+                }
+            }
+        }
+        self.countdown -= 1;
+        if self.countdown > 0 {
+            return None;
+        }
+        self.countdown = self.every;
+        let cur = self.current;
+        let base = self.copies[cur].misses;
+        let mut best = None;
+        let mut best_gain = 0.0;
+        for (j, c) in self.copies.iter().enumerate() {
+            let gain = base - c.misses;
+            let n = self.disagree[cur.min(j) * k + cur.max(j)];
+            if j != cur && gain > best_gain && gain > self.z * n.sqrt() && gain > self.margin * base
+            {
+                best = Some(j);
+                best_gain = gain;
+            }
+        }
+        let j = best?;
+        // One step towards it: a transient advantage of a distant window
+        // costs less than a jump there and back.
+        let j = if self.step {
+            if j > cur {
+                cur + 1
+            } else {
+                cur - 1
+            }
+        } else {
+            j
+        };
+        self.current = j;
+        Some(self.copies[j].share)
+    }
+}
+
+/// W-TinyLFU with a settable window.
+struct Core {
+    capacity: usize,
+    map: PageMap<u32>,
+    arena: Arena,
+    window: List,
+    probation: List,
+    protected: List,
+    window_max: usize,
+    protected_max: usize,
+    protected_share: f64,
+    freq: Frequency,
+    rng: u64,
+}
+
+impl Core {
+    fn new(capacity: usize, window: usize, config: &Config) -> Self {
+        let cap = capacity as f64;
+        let mut c = Self {
+            capacity,
+            map: page_map(capacity),
+            arena: Arena::with_capacity(capacity + 1),
+            window: List::default(),
+            probation: List::default(),
+            protected: List::default(),
+            window_max: 1,
+            protected_max: 0,
+            protected_share: config.protected,
+            freq: if config.exact {
+                Frequency::Exact(Counts::new(
+                    capacity,
+                    u32::from(config.counter_max),
+                    (cap * config.sketch_period) as u64,
+                ))
+            } else {
+                Frequency::Sketch(Sketch::new(
+                    (cap * config.sketch_width) as usize,
+                    config.counter_max,
+                    (cap * config.sketch_period) as u64,
+                ))
+            },
+            rng: 0x853c_49e6_748f_ea9b,
+        };
+        c.set_window(window);
+        c
+    }
+
+    fn set_window(&mut self, window_max: usize) {
+        self.window_max = window_max.clamp(1, self.capacity.max(1));
+        let main = self.capacity - self.window_max;
+        self.protected_max = (main as f64 * self.protected_share) as usize;
+        // A smaller window hands its oldest pages to main, unjudged; a
+        // larger one fills as pages miss, main shrinking by evictions.
+        while self.window.len() > self.window_max {
+            let i = self.window.pop_back(&mut self.arena).expect("non-empty");
+            self.arena.get_mut(i).tag = PROBATION;
+            self.probation.push_front(&mut self.arena, i);
+        }
+        self.demote();
+    }
+
+    /// Moves protected overflow back to probation.
+    fn demote(&mut self) {
+        while self.protected.len() > self.protected_max {
+            let i = self.protected.pop_back(&mut self.arena).expect("non-empty");
+            self.arena.get_mut(i).tag = PROBATION;
+            self.probation.push_front(&mut self.arena, i);
+        }
+    }
+
+    fn len_total(&self) -> usize {
+        self.window.len() + self.probation.len() + self.protected.len()
+    }
+
+    /// Whether `candidate` should replace `victim` in main.
+    fn admit(&mut self, candidate: u64, victim: u64) -> bool {
+        let c = self.freq.estimate(candidate);
+        let v = self.freq.estimate(victim);
+        if c > v {
+            return true;
+        }
+        // A rare random admission of a warm candidate, so a victim whose
+        // count is inflated by collisions cannot hold its place forever.
+        if c >= 6 && matches!(self.freq, Frequency::Sketch(_)) {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            return self.rng & 127 == 0;
+        }
+        false
+    }
+
+    fn remove(&mut self, i: u32) -> u64 {
+        let n = *self.arena.get(i);
+        match n.tag {
+            WINDOW => self.window.remove(&mut self.arena, i),
+            PROBATION => self.probation.remove(&mut self.arena, i),
+            _ => self.protected.remove(&mut self.arena, i),
+        }
+        self.map.remove(&n.key);
+        self.arena.release(i);
+        n.key
+    }
+
+    /// Makes room after a miss grew the cache past its capacity; returns the
+    /// page that left.
+    fn evict(&mut self, candidate: Option<u32>) -> u64 {
+        // Main's next victim: probation's least recent, else protected's.
+        let victim = match self.probation.back() {
+            Some(v) if Some(v) != candidate => Some(v),
+            _ => self.protected.back(),
+        };
+        match (candidate, victim) {
+            (Some(c), Some(v)) => {
+                let (ck, vk) = (self.arena.get(c).key, self.arena.get(v).key);
+                if self.admit(ck, vk) {
+                    self.remove(v)
+                } else {
+                    self.remove(c)
+                }
+            }
+            (Some(c), None) => self.remove(c),
+            (None, Some(v)) => self.remove(v),
+            (None, None) => {
+                let w = self.window.back().expect("a full cache has a page");
+                self.remove(w)
+            }
+        }
+    }
+
+    fn access(&mut self, page: u64) -> Access {
+        self.freq.record(page);
+        if let Some(&i) = self.map.get(&page) {
+            match self.arena.get(i).tag {
+                WINDOW => self.window.move_to_front(&mut self.arena, i),
+                PROBATION => {
+                    self.probation.remove(&mut self.arena, i);
+                    self.arena.get_mut(i).tag = PROTECTED;
+                    self.protected.push_front(&mut self.arena, i);
+                    self.demote();
+                }
+                _ => self.protected.move_to_front(&mut self.arena, i),
+            }
+            return Access::Hit;
+        }
+        let i = self.arena.alloc(page, WINDOW);
+        self.window.push_front(&mut self.arena, i);
+        self.map.insert(page, i);
+        let candidate = (self.window.len() > self.window_max).then(|| {
+            let c = self.window.pop_back(&mut self.arena).expect("non-empty");
+            self.arena.get_mut(c).tag = PROBATION;
+            self.probation.push_front(&mut self.arena, c);
+            c
+        });
+        let evicted = (self.len_total() > self.capacity).then(|| self.evict(candidate));
+        Access::Miss { evicted }
+    }
+}
+
+enum Frequency {
+    Sketch(Sketch),
+    Exact(Counts),
+}
+
+impl Frequency {
+    fn record(&mut self, page: u64) {
+        match self {
+            Frequency::Sketch(s) => s.record(page),
+            Frequency::Exact(c) => c.record(page),
+        }
+    }
+
+    fn estimate(&self, page: u64) -> u32 {
+        match self {
+            Frequency::Sketch(s) => s.estimate(page),
+            Frequency::Exact(c) => c.estimate(page),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_at_most_its_capacity() {
+        for cap in 1..6 {
+            let mut p = DefaultPolicy::new(cap);
+            for i in 0..500u64 {
+                p.access(i * 7 % 13);
+                assert!(p.len() <= cap);
+            }
+        }
+    }
+
+    #[test]
+    fn frequent_pages_survive_a_scan() {
+        let config = Config {
+            tune: false,
+            ..Config::default()
+        };
+        let mut p = DefaultPolicy::with_config(100, &config);
+        for _ in 0..20 {
+            for page in 0..90 {
+                p.access(page);
+            }
+        }
+        for page in 1000..1400 {
+            p.access(page);
+        }
+        let hits = (0..90).filter(|&page| p.access(page).is_hit()).count();
+        assert!(hits >= 85, "{hits}");
+    }
+
+    #[test]
+    fn a_full_window_is_lru() {
+        let config = Config {
+            window: 1.0,
+            tune: false,
+            ..Config::default()
+        };
+        let mut p = DefaultPolicy::with_config(3, &config);
+        let mut lru = super::super::lru::Lru::new(3);
+        for i in 0..2000u64 {
+            let page = (i * i + i / 3) % 7;
+            assert_eq!(p.access(page), lru.access(page), "access {i}");
+        }
+    }
+}

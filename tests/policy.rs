@@ -1,0 +1,875 @@
+//! Policies against independent reference implementations written here (none
+//! of them reuses code from `src/`), Belady's MIN against exhaustive search,
+//! the default policy against the targets, and the trace format.
+
+use std::collections::{BTreeSet, HashMap};
+
+use strata::policy::{self, replay, Access, Policy, PolicyKind};
+use strata::trace;
+
+/// A reference cache: `access` says whether the page was resident.
+trait Reference {
+    fn access(&mut self, page: u64) -> bool;
+}
+
+/// LRU: a map page → last-use stamp and the stamps in order.
+struct RefLru {
+    cap: usize,
+    now: u64,
+    last: HashMap<u64, u64>,
+    order: BTreeSet<(u64, u64)>,
+}
+
+impl RefLru {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            now: 0,
+            last: HashMap::new(),
+            order: BTreeSet::new(),
+        }
+    }
+}
+
+impl Reference for RefLru {
+    fn access(&mut self, page: u64) -> bool {
+        self.now += 1;
+        let hit = match self.last.insert(page, self.now) {
+            Some(t) => {
+                self.order.remove(&(t, page));
+                true
+            }
+            None => false,
+        };
+        if !hit && self.last.len() > self.cap {
+            let (_, victim) = self.order.pop_first().unwrap();
+            self.last.remove(&victim);
+        }
+        self.order.insert((self.now, page));
+        hit
+    }
+}
+
+/// Perfect LFU: counts of every page ever seen (resident or not), including
+/// the current access; a miss in a full cache evicts the least-counted
+/// resident page, the least recently used among equals. With `admission`, a
+/// newcomer replaces that page only if its count is higher (else bypass).
+struct RefLfu {
+    cap: usize,
+    admission: bool,
+    now: u64,
+    count: HashMap<u64, u64>,
+    /// Resident page → (count, stamp) as filed in `order`.
+    resident: HashMap<u64, (u64, u64)>,
+    order: BTreeSet<(u64, u64, u64)>,
+}
+
+impl RefLfu {
+    fn new(cap: usize, admission: bool) -> Self {
+        Self {
+            cap,
+            admission,
+            now: 0,
+            count: HashMap::new(),
+            resident: HashMap::new(),
+            order: BTreeSet::new(),
+        }
+    }
+}
+
+impl Reference for RefLfu {
+    fn access(&mut self, page: u64) -> bool {
+        self.now += 1;
+        let c = {
+            let c = self.count.entry(page).or_insert(0);
+            *c += 1;
+            *c
+        };
+        if let Some(&(oc, os)) = self.resident.get(&page) {
+            self.order.remove(&(oc, os, page));
+            self.order.insert((c, self.now, page));
+            self.resident.insert(page, (c, self.now));
+            return true;
+        }
+        if self.resident.len() == self.cap {
+            let &(vc, vs, victim) = self.order.first().unwrap();
+            if self.admission && c <= vc {
+                return false;
+            }
+            self.order.remove(&(vc, vs, victim));
+            self.resident.remove(&victim);
+        }
+        self.order.insert((c, self.now, page));
+        self.resident.insert(page, (c, self.now));
+        false
+    }
+}
+
+fn misses_ref(r: &mut dyn Reference, t: &[u64]) -> u64 {
+    t.iter().filter(|&&p| !r.access(p)).count() as u64
+}
+
+fn misses(kind: PolicyKind, cap: usize, t: &[u64]) -> u64 {
+    let mut p = policy::build(kind, cap, Some(t)).unwrap();
+    replay(p.as_mut(), t).misses
+}
+
+/// The default policy's configuration, overridden for experiments by
+/// `STRATA_DEFAULT_CONFIG=key=value,...` (used by `suite_table`).
+fn default_misses(cap: usize, t: &[u64]) -> u64 {
+    let mut c = policy::default::Config::default();
+    if let Ok(s) = std::env::var("STRATA_DEFAULT_CONFIG") {
+        for kv in s.split(',').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap();
+            if k == "tune_windows" {
+                c.tune_windows = v.split(':').map(|x| x.parse().unwrap()).collect();
+                continue;
+            }
+            let f: f64 = v.parse().unwrap();
+            match k {
+                "window" => c.window = f,
+                "protected" => c.protected = f,
+                "sketch_width" => c.sketch_width = f,
+                "counter_max" => c.counter_max = f as u8,
+                "sketch_period" => c.sketch_period = f,
+                "tune" => c.tune = f != 0.0,
+                "tune_pages" => c.tune_pages = f as usize,
+                "tune_half_life" => c.tune_half_life = f,
+                "tune_margin" => c.tune_margin = f,
+                "tune_z" => c.tune_z = f,
+                "tune_step" => c.tune_step = f != 0.0,
+                "exact" => c.exact = f != 0.0,
+                _ => panic!("unknown key {k}"),
+            }
+        }
+    }
+    replay(&mut policy::default::DefaultPolicy::with_config(cap, &c), t).misses
+}
+
+/// The fewest misses any policy can have: exhaustive search over every
+/// choice at every miss (bypass, or admit evicting any resident page, or
+/// admit into a free slot), as a walk over reachable resident sets.
+fn brute_force_optimum(cap: usize, t: &[u64]) -> u64 {
+    let mut ids: Vec<u64> = t.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    assert!(ids.len() <= 32);
+    let bit = |p: u64| 1u32 << ids.binary_search(&p).unwrap();
+    let mut states: HashMap<u32, u64> = HashMap::from([(0, 0)]);
+    for &p in t {
+        let b = bit(p);
+        let mut next: HashMap<u32, u64> = HashMap::new();
+        let mut offer = |s: u32, m: u64| {
+            let e = next.entry(s).or_insert(u64::MAX);
+            *e = (*e).min(m);
+        };
+        for (&s, &m) in &states {
+            if s & b != 0 {
+                offer(s, m);
+                continue;
+            }
+            offer(s, m + 1); // bypass
+            if (s.count_ones() as usize) < cap {
+                offer(s | b, m + 1);
+            }
+            let mut rest = s;
+            while rest != 0 {
+                let v = rest & rest.wrapping_neg();
+                rest &= rest - 1;
+                offer((s & !v) | b, m + 1);
+            }
+        }
+        states = next;
+    }
+    states.into_values().min().unwrap()
+}
+
+/// A small deterministic generator for test traces (not the crate's).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[test]
+fn belady_equals_the_exhaustive_optimum() {
+    let mut rng = Lcg(7);
+    for case in 0..600 {
+        let len = 1 + rng.below(14) as usize;
+        let pages = 1 + rng.below(6);
+        let cap = 1 + rng.below(4) as usize;
+        // Skewed traces as well as uniform ones.
+        let t: Vec<u64> = (0..len)
+            .map(|_| {
+                let a = rng.below(pages);
+                if case % 2 == 0 {
+                    a
+                } else {
+                    a.min(rng.below(pages))
+                }
+            })
+            .collect();
+        let opt = brute_force_optimum(cap, &t);
+        assert_eq!(
+            misses(PolicyKind::Belady, cap, &t),
+            opt,
+            "cap {cap} trace {t:?}"
+        );
+        // And nothing beats it.
+        for kind in PolicyKind::ALL {
+            assert!(misses(kind, cap, &t) >= opt, "{kind} cap {cap} trace {t:?}");
+        }
+    }
+}
+
+#[test]
+fn belady_is_a_lower_bound_on_longer_traces() {
+    let t = trace::zipf(0.9, 2000, 50_000, 3).unwrap();
+    for cap in [10, 100, 1000] {
+        let opt = misses(PolicyKind::Belady, cap, &t);
+        for kind in PolicyKind::ALL {
+            assert!(misses(kind, cap, &t) >= opt, "{kind} at {cap}");
+        }
+        assert!(misses_ref(&mut RefLfu::new(cap, true), &t) >= opt);
+    }
+}
+
+#[test]
+fn lru_equals_the_reference_lru() {
+    let mut rng = Lcg(11);
+    for _ in 0..200 {
+        let pages = 1 + rng.below(40);
+        let cap = 1 + rng.below(12) as usize;
+        let t: Vec<u64> = (0..300).map(|_| rng.below(pages)).collect();
+        let mut p = policy::lru::Lru::new(cap);
+        let mut r = RefLru::new(cap);
+        for (i, &x) in t.iter().enumerate() {
+            assert_eq!(p.access(x).is_hit(), r.access(x), "access {i}");
+        }
+    }
+    let t = trace::zipf(1.0, 20_000, 100_000, 5).unwrap();
+    for cap in [1, 100, 5000] {
+        assert_eq!(
+            misses(PolicyKind::Lru, cap, &t),
+            misses_ref(&mut RefLru::new(cap), &t)
+        );
+    }
+}
+
+#[test]
+fn grouped_lru_is_lru_over_groups() {
+    let mut rng = Lcg(13);
+    let t: Vec<u64> = (0..5000).map(|_| rng.below(400)).collect();
+    let groups: Vec<u64> = t.iter().map(|p| p / 8).collect();
+    let mut p = policy::lru::Lru::with_group(64, 8);
+    let mut r = RefLru::new(8);
+    for (&x, &g) in t.iter().zip(&groups) {
+        assert_eq!(p.access(x).is_hit(), r.access(g));
+    }
+}
+
+#[test]
+fn every_policy_keeps_its_capacity_and_reports_evictions() {
+    let t = trace::mix(1.0, 300, 20_000, 0.3, 100, 2).unwrap();
+    for kind in PolicyKind::ALL {
+        let mut p = policy::build(kind, 64, Some(&t)).unwrap();
+        let mut resident = std::collections::HashSet::new();
+        for &x in &t {
+            let hit_expected = resident.contains(&x);
+            match p.access(x) {
+                Access::Hit => assert!(hit_expected, "{kind}: hit on a page not resident"),
+                Access::Miss { evicted } => {
+                    assert!(!hit_expected, "{kind}: miss on a resident page");
+                    if let Some(e) = evicted {
+                        assert!(resident.remove(&e), "{kind}: evicted {e}, not resident");
+                    }
+                    resident.insert(x);
+                }
+                Access::Bypass => assert!(!hit_expected, "{kind}: bypass of a resident page"),
+            }
+            assert!(resident.len() <= 64 && p.len() == resident.len(), "{kind}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The targets on small traces of each kind.
+
+struct Case {
+    name: String,
+    trace: Vec<u64>,
+    /// Whether "default ≤ 0.6 × LRU" applies (looping and scan-polluted).
+    beats_lru: bool,
+}
+
+fn footprint(t: &[u64]) -> usize {
+    let mut v = t.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v.len()
+}
+
+fn graph_trace(kind: trace::GenKind, scale: u32, seed: u64) -> Vec<u64> {
+    trace::generate(&trace::GenParams {
+        kind,
+        scale,
+        edge_factor: 8,
+        page_size: 512,
+        roots: 2,
+        iterations: 2,
+        accesses: 0,
+        seed,
+        ..trace::GenParams::default()
+    })
+    .unwrap()
+}
+
+fn suite(seed: u64, size: u64) -> Vec<Case> {
+    let mut v = Vec::new();
+    for alpha in [0.8, 1.0, 1.2] {
+        v.push(Case {
+            name: format!("zipf {alpha}"),
+            trace: trace::zipf(alpha, 2 * size, 20 * size as usize, seed).unwrap(),
+            beats_lru: false,
+        });
+    }
+    v.push(Case {
+        name: "loop".into(),
+        trace: trace::looping(size, 10 * size as usize).unwrap(),
+        beats_lru: true,
+    });
+    v.push(Case {
+        name: "mix".into(),
+        trace: trace::mix(1.0, size, 20 * size as usize, 0.2, size / 2, seed).unwrap(),
+        beats_lru: true,
+    });
+    let scale = 63 - size.leading_zeros() + 1;
+    v.push(Case {
+        name: "bfs".into(),
+        trace: graph_trace(trace::GenKind::Bfs, scale, seed),
+        beats_lru: false,
+    });
+    v.push(Case {
+        name: "pr".into(),
+        trace: graph_trace(trace::GenKind::Pr, scale, seed),
+        beats_lru: false,
+    });
+    if std::env::var_os("SUITE_EXTRA").is_some() {
+        v.extend(extra(seed, size));
+    }
+    if let Ok(only) = std::env::var("SUITE_ONLY") {
+        v.retain(|c| only.split(',').any(|o| c.name == o));
+    }
+    v
+}
+
+/// More kinds for experiments: a drifting hot set (recency wins), graph
+/// traces of other shapes, long scans, short Zipf traces.
+fn extra(seed: u64, size: u64) -> Vec<Case> {
+    let mut v = Vec::new();
+    // A Zipf hot set of `size` pages whose ids drift by one page every 4
+    // accesses.
+    let z = trace::zipf(1.0, size, 20 * size as usize, seed).unwrap();
+    v.push(Case {
+        name: "drift".into(),
+        trace: z
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| (p + i as u64 / 4) % (64 * size))
+            .collect(),
+        beats_lru: false,
+    });
+    let scale = 63 - size.leading_zeros() + 1;
+    for (name, graph, page, roots, ef) in [
+        ("bfs-u", "uniform", 512, 3, 8),
+        ("pr-u", "uniform", 512, 2, 8),
+        ("bfs-4k", "kron", 4096, 4, 16),
+        ("pr-4k", "kron", 4096, 2, 16),
+    ] {
+        v.push(Case {
+            name: name.into(),
+            trace: trace::generate(&trace::GenParams {
+                kind: if name.starts_with("bfs") {
+                    trace::GenKind::Bfs
+                } else {
+                    trace::GenKind::Pr
+                },
+                graph: graph.parse().unwrap(),
+                scale: if page == 4096 { scale + 1 } else { scale },
+                edge_factor: ef,
+                page_size: page,
+                roots,
+                iterations: roots,
+                accesses: 0,
+                seed,
+                ..trace::GenParams::default()
+            })
+            .unwrap(),
+            beats_lru: false,
+        });
+    }
+    v.push(Case {
+        name: "mix-long".into(),
+        trace: trace::mix(0.8, size, 20 * size as usize, 0.4, 2 * size, seed).unwrap(),
+        beats_lru: true,
+    });
+    for (name, alpha, frac, len) in [
+        ("mix-a", 1.0, 0.2, size),
+        ("mix-b", 0.8, 0.1, size / 2),
+        ("mix-c", 1.2, 0.3, size),
+        ("mix-d", 1.0, 0.2, size / 4),
+    ] {
+        v.push(Case {
+            name: name.into(),
+            trace: trace::mix(alpha, size, 20 * size as usize, frac, len, seed).unwrap(),
+            beats_lru: true,
+        });
+    }
+    v.push(Case {
+        name: "zipf-short".into(),
+        trace: trace::zipf(0.9, 4 * size, 8 * size as usize, seed).unwrap(),
+        beats_lru: false,
+    });
+    v
+}
+
+struct Row {
+    case: String,
+    fraction: usize,
+    cap: usize,
+    default: u64,
+    lru: u64,
+    lfu: u64,
+    lfu_adm: u64,
+    belady: u64,
+}
+
+fn measure(cases: &[Case]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for c in cases {
+        let f = footprint(&c.trace);
+        for fraction in [2, 4, 8] {
+            let cap = f / fraction;
+            rows.push(Row {
+                case: c.name.clone(),
+                fraction,
+                cap,
+                default: default_misses(cap, &c.trace),
+                lru: misses_ref(&mut RefLru::new(cap), &c.trace),
+                lfu: misses_ref(&mut RefLfu::new(cap, false), &c.trace),
+                lfu_adm: misses_ref(&mut RefLfu::new(cap, true), &c.trace),
+                belady: misses(PolicyKind::Belady, cap, &c.trace),
+            });
+        }
+    }
+    rows
+}
+
+fn print(rows: &[Row]) {
+    println!(
+        "{:<9} {:>4} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6}",
+        "trace", "cap", "pages", "default", "lru", "lfu", "lfu+adm", "belady", "/best", "/lru"
+    );
+    for r in rows {
+        let best = r.lru.min(r.lfu).min(r.lfu_adm);
+        println!(
+            "{:<9} 1/{:<2} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6.3} {:>6.3}",
+            r.case,
+            r.fraction,
+            r.cap,
+            r.default,
+            r.lru,
+            r.lfu,
+            r.lfu_adm,
+            r.belady,
+            r.default as f64 / best as f64,
+            r.default as f64 / r.lru as f64
+        );
+    }
+}
+
+/// Default's misses ≤ 1.05 × the best of LRU, perfect LFU and perfect LFU
+/// with admission everywhere, and ≤ 0.6 × LRU's on looping and
+/// scan-polluted traces wherever that is possible at all (where Belady's
+/// optimum itself is at most 0.6 × LRU; a loop of P pages through a cache of
+/// P/4 or P/8 misses at least 3/4 resp. 7/8 of the time under any policy,
+/// while LRU misses always).
+#[test]
+fn default_meets_the_targets_on_small_traces() {
+    let size = if cfg!(debug_assertions) { 4096 } else { 16_384 };
+    let cases = suite(1, size);
+    let rows = measure(&cases);
+    print(&rows);
+    let mut failures = Vec::new();
+    for r in &rows {
+        let best = r.lru.min(r.lfu).min(r.lfu_adm);
+        if r.default as f64 > 1.05 * best as f64 {
+            failures.push(format!(
+                "{} at 1/{}: default {} > 1.05 × best {}",
+                r.case, r.fraction, r.default, best
+            ));
+        }
+        let c = cases.iter().find(|c| c.name == r.case).unwrap();
+        if c.beats_lru
+            && r.belady as f64 <= 0.6 * r.lru as f64
+            && r.default as f64 > 0.6 * r.lru as f64
+        {
+            failures.push(format!(
+                "{} at 1/{}: default {} > 0.6 × lru {}",
+                r.case, r.fraction, r.default, r.lru
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The suite over several seeds and sizes, printed (release only: run with
+/// `cargo test --release --test policy -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn suite_table() {
+    let sizes: Vec<u64> = std::env::var("SUITE_SIZES")
+        .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
+        .unwrap_or_else(|_| vec![8192, 32_768]);
+    let seeds: Vec<u64> = std::env::var("SUITE_SEEDS")
+        .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
+        .unwrap_or_else(|_| vec![1, 2]);
+    let mut worst: f64 = 0.0;
+    for &size in &sizes {
+        for &seed in &seeds {
+            println!("== size {size} seed {seed}");
+            let rows = measure(&suite(seed, size));
+            print(&rows);
+            for r in &rows {
+                let best = r.lru.min(r.lfu).min(r.lfu_adm);
+                worst = worst.max(r.default as f64 / best as f64);
+            }
+        }
+    }
+    println!("worst default / best: {worst:.3}");
+}
+
+// ---------------------------------------------------------------------------
+// The trace format.
+
+#[test]
+fn trace_files_skip_comments_and_blank_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.trace");
+    std::fs::write(&path, "# header\n\n1\n  2  \n#x\n3\n\n").unwrap();
+    assert_eq!(trace::read(&path).unwrap(), [1, 2, 3]);
+    trace::write_file(&path, &[9, 8, 9], "written").unwrap();
+    assert_eq!(trace::read(&path).unwrap(), [9, 8, 9]);
+}
+
+#[test]
+fn a_malformed_line_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.trace");
+    std::fs::write(&path, "1\n2\n# ok\n3.5\n").unwrap();
+    let e = trace::read(&path).unwrap_err();
+    assert_eq!(e.kind(), strata::ErrorKind::InvalidArgument);
+    assert!(e.message().contains("line 4"), "{}", e.message());
+    let e = trace::read(&dir.path().join("missing")).unwrap_err();
+    assert_eq!(e.kind(), strata::ErrorKind::NotFound);
+}
+
+#[test]
+#[ignore]
+fn window_sweep() {
+    let size: u64 = std::env::var("SWEEP_SIZE").map_or(8192, |s| s.parse().unwrap());
+    let which = std::env::var("SWEEP_CASE").unwrap_or_else(|_| "pr".into());
+    let frac: usize = std::env::var("SWEEP_FRACTION").map_or(8, |s| s.parse().unwrap());
+    let cases = suite(1, size);
+    let c = cases.iter().find(|c| c.name == which).unwrap();
+    let cap = footprint(&c.trace) / frac;
+    println!(
+        "{} cap {cap} lru {} accesses {}",
+        c.name,
+        misses_ref(&mut RefLru::new(cap), &c.trace),
+        c.trace.len()
+    );
+    for w in [0.01, 0.02, 0.04, 0.08, 0.12, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0] {
+        let cfg = policy::default::Config {
+            window: w,
+            tune: false,
+            ..Default::default()
+        };
+        let m = replay(
+            &mut policy::default::DefaultPolicy::with_config(cap, &cfg),
+            &c.trace,
+        )
+        .misses;
+        println!("window {w:5} misses {m}");
+    }
+}
+
+#[test]
+#[ignore]
+fn one_case() {
+    let size: u64 = std::env::var("SWEEP_SIZE").map_or(8192, |s| s.parse().unwrap());
+    let which = std::env::var("SWEEP_CASE").unwrap_or_else(|_| "pr".into());
+    let frac: usize = std::env::var("SWEEP_FRACTION").map_or(8, |s| s.parse().unwrap());
+    let cases = suite(1, size);
+    let c = cases.iter().find(|c| c.name == which).unwrap();
+    let cap = footprint(&c.trace) / frac;
+    println!("default {}", default_misses(cap, &c.trace));
+}
+
+#[test]
+#[ignore]
+fn chunks() {
+    let size: u64 = std::env::var("SWEEP_SIZE").map_or(8192, |s| s.parse().unwrap());
+    let which = std::env::var("SWEEP_CASE").unwrap_or_else(|_| "pr".into());
+    let frac: usize = std::env::var("SWEEP_FRACTION").map_or(8, |s| s.parse().unwrap());
+    let cases = suite(1, size);
+    let c = cases.iter().find(|c| c.name == which).unwrap();
+    let cap = footprint(&c.trace) / frac;
+    let mk = |w: f64, tune: bool| {
+        policy::default::DefaultPolicy::with_config(
+            cap,
+            &policy::default::Config {
+                window: w,
+                tune,
+                ..Default::default()
+            },
+        )
+    };
+    let mut ps = [
+        mk(0.01, false),
+        mk(1.0, false),
+        mk(0.01, true),
+        mk(0.04, false),
+        mk(0.01, false),
+    ];
+    let chunk = c.trace.len() / 40;
+    for (n, part) in c.trace.chunks(chunk).enumerate() {
+        match n {
+            15 => ps[4].set_window_size(cap),
+            26 => ps[4].set_window_size(cap * 12 / 100),
+            30 => ps[4].set_window_size(cap * 4 / 100),
+            _ => {}
+        }
+        let m: Vec<String> = ps
+            .iter_mut()
+            .map(|p| {
+                part.iter()
+                    .filter(|&&x| !p.access(x).is_hit())
+                    .count()
+                    .to_string()
+            })
+            .collect();
+        println!("chunk {n:3} {} window {}", m.join(" "), ps[2].window_size());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The command line (`strata trace ...`), as tests/cli.rs runs it.
+
+fn strata(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("strata runs")
+}
+
+/// Exit status 2 and a single stderr line containing `needle`.
+fn assert_bad_input(out: &std::process::Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line, got: {err}");
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+}
+
+#[test]
+fn cli_gen_then_replay_reports_the_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("z.trace");
+    let json = dir.path().join("r.json");
+    let (t_s, json_s) = (t.to_str().unwrap(), json.to_str().unwrap());
+    let out = strata(&[
+        "trace",
+        "gen",
+        "--kind",
+        "zipf",
+        "--out",
+        t_s,
+        "--pages",
+        "500",
+        "--accesses",
+        "5000",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = trace::read(&t).unwrap();
+    assert_eq!(trace.len(), 5000);
+
+    let out = strata(&[
+        "trace",
+        "replay",
+        "--trace",
+        t_s,
+        "--capacity-pages",
+        "50",
+        "--json",
+        json_s,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let keys: BTreeSet<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    let expect: BTreeSet<&str> = [
+        "policy",
+        "accesses",
+        "hits",
+        "misses",
+        "hit_rate",
+        "capacity_pages",
+        "trace",
+        "seconds",
+    ]
+    .into();
+    assert_eq!(keys, expect);
+    assert_eq!(v["policy"], "default");
+    assert_eq!(v["accesses"], 5000);
+    assert_eq!(
+        v["hits"].as_u64().unwrap() + v["misses"].as_u64().unwrap(),
+        5000
+    );
+    assert_eq!(v["misses"], misses(PolicyKind::Default, 50, &trace));
+
+    // Every policy, as a list; Belady has the fewest misses.
+    let out = strata(&[
+        "trace",
+        "replay",
+        "--trace",
+        t_s,
+        "--capacity-pages",
+        "50",
+        "--policy",
+        "all",
+        "--json",
+        json_s,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = v.as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["lru", "lfu", "gmt", "lookahead", "default", "belady"]
+    );
+    let opt = rows[5]["misses"].as_u64().unwrap();
+    assert!(rows.iter().all(|r| r["misses"].as_u64().unwrap() >= opt));
+}
+
+#[test]
+fn cli_every_generator_writes_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("g.trace");
+    let t_s = t.to_str().unwrap();
+    for kind in ["zipf", "loop", "mix", "bfs", "pr"] {
+        let out = strata(&[
+            "trace",
+            "gen",
+            "--kind",
+            kind,
+            "--out",
+            t_s,
+            "--pages",
+            "1000",
+            "--accesses",
+            "4000",
+            "--scan-length",
+            "100",
+            "--scale",
+            "8",
+            "--edge-factor",
+            "4",
+            "--page-size",
+            "256",
+        ]);
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&t).unwrap();
+        assert!(
+            text.starts_with(&format!("# strata trace gen: {kind} ")),
+            "{kind}"
+        );
+        let n = trace::read(&t).unwrap().len();
+        assert!(n > 0 && n <= 4000, "{kind}: {n}");
+    }
+}
+
+#[test]
+fn cli_bad_input_is_one_line_and_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.trace");
+    std::fs::write(&t, "1\n2\n1\n").unwrap();
+    let t_s = t.to_str().unwrap();
+    let missing = dir.path().join("missing.trace");
+    assert_bad_input(
+        &strata(&[
+            "trace",
+            "replay",
+            "--trace",
+            missing.to_str().unwrap(),
+            "--capacity-pages",
+            "4",
+        ]),
+        "missing.trace",
+    );
+    assert_bad_input(
+        &strata(&[
+            "trace",
+            "replay",
+            "--trace",
+            t_s,
+            "--capacity-pages",
+            "4",
+            "--policy",
+            "mru",
+        ]),
+        "unknown policy \"mru\"",
+    );
+    assert_bad_input(
+        &strata(&["trace", "replay", "--trace", t_s, "--capacity-pages", "0"]),
+        "--capacity-pages",
+    );
+    std::fs::write(&t, "1\n# fine\n\nseven\n").unwrap();
+    assert_bad_input(
+        &strata(&["trace", "replay", "--trace", t_s, "--capacity-pages", "4"]),
+        "line 4",
+    );
+    assert_bad_input(
+        &strata(&["trace", "gen", "--kind", "sawtooth", "--out", t_s]),
+        "unknown trace kind",
+    );
+    assert_bad_input(
+        &strata(&[
+            "trace", "gen", "--kind", "zipf", "--alpha", "-1", "--out", t_s,
+        ]),
+        "exponent",
+    );
+}
