@@ -133,12 +133,31 @@ pub fn harvest(
     resident: &dyn Fn(usize) -> bool,
     params: HarvestParams,
 ) -> Harvest {
+    harvest_touched(counts, scores, resident, params, &mut |_, _| {})
+}
+
+/// [`harvest`], also reporting every page counted since the last harvest
+/// with its (unscaled) count, in page order.
+pub fn harvest_touched(
+    counts: &[AtomicU32],
+    scores: &mut [f32],
+    resident: &dyn Fn(usize) -> bool,
+    params: HarvestParams,
+    touched: &mut dyn FnMut(u64, u32),
+) -> Harvest {
     assert_eq!(counts.len(), scores.len(), "one score per counter");
     let scale = (1u64 << params.shift) as f32;
     let mut hot: Vec<(u64, f32)> = Vec::new();
     let mut cold: Vec<(u64, f32)> = Vec::new();
     for (p, (count, score)) in counts.iter().zip(scores.iter_mut()).enumerate() {
-        let c = count.swap(0, Ordering::Relaxed);
+        // Untouched pages cost a load, not a store.
+        let c = match count.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => count.swap(0, Ordering::Relaxed),
+        };
+        if c > 0 {
+            touched(p as u64, c);
+        }
         *score = score.mul_add(params.decay, c as f32 * scale);
         if resident(p) {
             cold.push((p as u64, *score));

@@ -32,6 +32,7 @@
 // Only `map.rs` (a simulated kernel's load through the map) needs unsafe.
 #![deny(unsafe_code)]
 
+mod balancer;
 mod buffer;
 mod map;
 mod mover;
@@ -55,6 +56,7 @@ use crate::tier::{
     CxlConfig, CxlStore, DeviceStore, HostConfig, HostStore, NvmeConfig, NvmeStore, PageStore, Tier,
 };
 
+pub use balancer::{BalanceReport, BalancerConfig};
 pub use buffer::{Buffer, Pin};
 pub use map::{Access, DeviceMap, Launch, Reader};
 pub use mover::Ticket;
@@ -272,6 +274,8 @@ impl RuntimeBuilder {
             sample_shift: self.sample_shift,
             trace: Default::default(),
             next_buffer: Default::default(),
+            balancer: Mutex::new(None),
+            balancer_thread: Mutex::new(None),
         });
         if self.background_eviction && tiers.len() > 1 {
             let r = Reclaimer::start(Arc::downgrade(&inner))?;
@@ -302,6 +306,10 @@ struct Counters {
     faults: AtomicU64,
     /// Pages demoted to make room (background eviction, pins, launches).
     reclaimed_pages: AtomicU64,
+    /// Balancer decisions carried out.
+    promotions: AtomicU64,
+    demotions: AtomicU64,
+    bypasses: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -328,6 +336,9 @@ pub(crate) struct Inner {
     pub(crate) trace: record::TraceSink,
     /// Numbers buffers for trace page ids.
     next_buffer: std::sync::atomic::AtomicU32,
+    /// The balancer's policy state, when one was started.
+    pub(crate) balancer: balancer::BalancerSlot,
+    balancer_thread: Mutex<Option<balancer::BalancerThread>>,
 }
 
 impl Inner {
@@ -496,6 +507,12 @@ pub struct Stats {
     pub reclaimed_pages: u64,
     /// Pages queued or moving in the mover.
     pub in_flight_moves: u64,
+    /// Balancer: pages promoted into device memory.
+    pub promotions: u64,
+    /// Balancer: pages demoted out of device memory.
+    pub demotions: u64,
+    /// Balancer: touched pages left in place (served zero-copy).
+    pub bypasses: u64,
     /// Host→device and device→host link traffic, if there is a device tier
     /// (as the backend counts it: every copy, moves and accesses alike).
     pub device_links: Option<(LinkStats, LinkStats)>,
@@ -618,6 +635,9 @@ impl Runtime {
             faults: inner.counters.faults.load(Ordering::Relaxed),
             reclaimed_pages: inner.counters.reclaimed_pages.load(Ordering::Relaxed),
             in_flight_moves: inner.mover.in_flight.load(Ordering::Relaxed),
+            promotions: inner.counters.promotions.load(Ordering::Relaxed),
+            demotions: inner.counters.demotions.load(Ordering::Relaxed),
+            bypasses: inner.counters.bypasses.load(Ordering::Relaxed),
             device_links: device.map(|d| d.link_stats()),
             links: Tier::ALL
                 .iter()
@@ -635,6 +655,39 @@ impl Runtime {
     /// recorder finishes or drops. One recording at a time.
     pub fn record_trace(&self, path: &std::path::Path, shift: u32) -> Result<TraceRecorder> {
         TraceRecorder::start(self.inner.clone(), path, shift)
+    }
+
+    /// Starts (or restarts, with a fresh policy) the balancer in the
+    /// background: every `config.interval` it harvests the access counters
+    /// and promotes and demotes pages as the policy decides. Needs a device
+    /// tier.
+    pub fn start_balancer(&self, config: BalancerConfig) -> Result<()> {
+        let b = balancer::Balancer::new(&self.inner, config)?;
+        *self.inner.balancer.lock() = Some(b);
+        let thread = balancer::BalancerThread::start(Arc::downgrade(&self.inner), config.interval)?;
+        *self.inner.balancer_thread.lock() = Some(thread);
+        Ok(())
+    }
+
+    /// Stops the background balancer (its policy state is kept for
+    /// [`balance_once`](Self::balance_once)).
+    pub fn stop_balancer(&self) {
+        self.inner.balancer_thread.lock().take();
+    }
+
+    /// Runs one balancer round now, on this thread (a balancer with the
+    /// default configuration is made on first use). Deterministic runs —
+    /// benchmarks, tests — call this between phases instead of running the
+    /// background thread.
+    pub fn balance_once(&self) -> Result<BalanceReport> {
+        let mut slot = self.inner.balancer.lock();
+        if slot.is_none() {
+            *slot = Some(balancer::Balancer::new(
+                &self.inner,
+                BalancerConfig::default(),
+            )?);
+        }
+        Ok(slot.as_mut().expect("made above").step(&self.inner))
     }
 
     /// [`stats`](Self::stats) as JSON.

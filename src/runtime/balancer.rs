@@ -1,0 +1,341 @@
+//! The balancer: every interval it harvests the access counters of every
+//! buffer, replays what was touched into a placement policy that models
+//! the device tier, and executes the policy's decisions — promotions into
+//! device memory and demotions out of it — under a migration rate limit and
+//! the device tier's high watermark.
+//!
+//! The policy sees one access per touched page per interval, repeated up to
+//! [`MAX_REPEAT`] times for pages counted more often, coldest first, so the
+//! hottest pages are also the most recent. Its decisions are kept in a
+//! shadow set of the pages it holds on the device: a page in device memory
+//! that the policy does not hold (placed there by a first write, or by an
+//! explicit prefetch) is the first to leave when room is needed.
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::table::Table;
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::hotness::HarvestParams;
+use crate::policy::{self, Access, Policy, PolicyKind};
+use crate::tier::Tier;
+
+/// Accesses replayed per touched page per interval, at most.
+pub const MAX_REPEAT: u32 = 8;
+
+/// How the balancer runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BalancerConfig {
+    /// Time between rounds (background mode).
+    pub interval: Duration,
+    /// Bytes per second promoted at most (`None`: no limit).
+    pub rate_limit: Option<u64>,
+    /// The placement policy.
+    pub policy: PolicyKind,
+    /// Harvest decay (the scores the lists and the C ABI report).
+    pub decay: f32,
+}
+
+impl Default for BalancerConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(20),
+            rate_limit: None,
+            policy: PolicyKind::Default,
+            decay: 0.5,
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BalanceReport {
+    /// Pages moved into device memory.
+    pub promotions: u64,
+    /// Pages moved out of it.
+    pub demotions: u64,
+    /// Touched pages the policy chose to leave where they are (served in
+    /// place, zero-copy).
+    pub bypasses: u64,
+    /// Promotions put off by the rate limit or a full device tier.
+    pub deferred: u64,
+}
+
+/// The balancer's state: the policy's model of the device tier.
+pub(crate) struct Balancer {
+    config: BalancerConfig,
+    policy: Box<dyn Policy>,
+    /// Pages (buffer << 32 | page) the policy holds on the device.
+    held: HashSet<u64>,
+    /// Rate-limit budget in bytes, and when it was last topped up.
+    budget: f64,
+    topped: Instant,
+}
+
+impl Balancer {
+    pub(crate) fn new(rt: &Inner, config: BalancerConfig) -> Result<Self> {
+        if config.policy.needs_trace() {
+            return Err(Error::invalid(format!(
+                "the {} policy needs the whole trace in advance; the balancer runs online",
+                config.policy
+            )));
+        }
+        if !(config.decay > 0.0 && config.decay <= 1.0) {
+            return Err(Error::invalid(format!(
+                "harvest decay {} is not in (0, 1]",
+                config.decay
+            )));
+        }
+        let device = rt
+            .store(Tier::Device)
+            .ok_or_else(|| Error::invalid("the balancer needs a device tier"))?;
+        let capacity = ((device.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
+        Ok(Self {
+            config,
+            policy: policy::build(config.policy, capacity, None)?,
+            held: HashSet::new(),
+            budget: 0.0,
+            topped: Instant::now(),
+        })
+    }
+
+    /// One round.
+    pub(crate) fn step(&mut self, rt: &Inner) -> BalanceReport {
+        let mut report = BalanceReport::default();
+        let page_size = rt.page_size() as f64;
+        let tables: Vec<Arc<Table>> = {
+            let list = rt.tables.lock();
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        let by_id: HashMap<u32, &Arc<Table>> = tables.iter().map(|t| (t.id, t)).collect();
+
+        // 1. What was touched, with counts.
+        let mut touched: Vec<(u32, u64)> = Vec::new();
+        for t in &tables {
+            let params = HarvestParams {
+                decay: self.config.decay,
+                k: 0,
+                shift: rt.sample_shift.unwrap_or(0),
+            };
+            let mut scores = t.scores.lock();
+            let id = (t.id as u64) << 32;
+            crate::hotness::harvest_touched(
+                &t.counters,
+                &mut scores,
+                &|_| false,
+                params,
+                &mut |p, c| touched.push((c, id | p)),
+            );
+        }
+        touched.sort_unstable();
+
+        // 2. The policy decides; the last decision per page stands.
+        let mut want: BTreeMap<u64, bool> = BTreeMap::new();
+        for &(count, page) in &touched {
+            for _ in 0..count.min(MAX_REPEAT) {
+                match self.policy.access(page) {
+                    Access::Hit => {
+                        want.insert(page, true);
+                    }
+                    Access::Miss { evicted } => {
+                        self.held.insert(page);
+                        want.insert(page, true);
+                        if let Some(e) = evicted {
+                            self.held.remove(&e);
+                            want.insert(e, false);
+                        }
+                    }
+                    Access::Bypass => {
+                        report.bypasses += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        self.held
+            .retain(|p| by_id.contains_key(&((p >> 32) as u32)));
+
+        // 3. Demotions, then promotions within the budget and the room.
+        let demote: Vec<u64> = want.iter().filter(|(_, &w)| !w).map(|(&p, _)| p).collect();
+        report.demotions += demote_pages(rt, &by_id, &demote);
+        if let Some(rate) = self.config.rate_limit {
+            let now = Instant::now();
+            let cap = rate as f64 * self.config.interval.as_secs_f64().max(0.001) * 4.0;
+            self.budget = (self.budget + rate as f64 * (now - self.topped).as_secs_f64()).min(cap);
+            self.topped = now;
+        }
+        let device = rt.store(Tier::Device).expect("checked at start");
+        let high = (device.capacity_pages() as f64 * rt.watermarks.high) as usize;
+        let mut promote: Vec<u64> = Vec::new();
+        for (&p, _) in want.iter().filter(|(_, &w)| w) {
+            let Some(t) = by_id.get(&((p >> 32) as u32)) else {
+                continue;
+            };
+            let idx = (p & 0xFFFF_FFFF) as usize;
+            if idx >= t.pages.len() || t.pages[idx].lock().tier() == Some(Tier::Device) {
+                continue;
+            }
+            if self.config.rate_limit.is_some() {
+                if self.budget < page_size {
+                    report.deferred += 1;
+                    continue;
+                }
+                self.budget -= page_size;
+            }
+            promote.push(p);
+        }
+        // Room below the high watermark: strangers leave first.
+        let used = device.used_pages() as usize;
+        let short = (used + promote.len()).saturating_sub(high);
+        if short > 0 {
+            let strangers = strangers(&tables, &self.held, short);
+            report.demotions += demote_pages(rt, &by_id, &strangers);
+        }
+        let room = high.saturating_sub(device.used_pages() as usize);
+        if promote.len() > room {
+            report.deferred += (promote.len() - room) as u64;
+            promote.truncate(room);
+        }
+        report.promotions += move_pages(&by_id, &promote, Tier::Device, &|t| t != Tier::Device);
+        rt.counters
+            .promotions
+            .fetch_add(report.promotions, Ordering::Relaxed);
+        rt.counters
+            .demotions
+            .fetch_add(report.demotions, Ordering::Relaxed);
+        rt.counters
+            .bypasses
+            .fetch_add(report.bypasses, Ordering::Relaxed);
+        report
+    }
+}
+
+/// Up to `n` device pages the policy does not hold, coldest-scored first.
+fn strangers(tables: &[Arc<Table>], held: &HashSet<u64>, n: usize) -> Vec<u64> {
+    let mut v: Vec<(f32, u64)> = Vec::new();
+    for t in tables {
+        let scores = t.scores.lock();
+        for (p, e) in t.pages.iter().enumerate() {
+            let id = (t.id as u64) << 32 | p as u64;
+            if !held.contains(&id) && e.lock().tier() == Some(Tier::Device) {
+                v.push((scores[p], id));
+            }
+        }
+    }
+    if v.len() > n {
+        v.select_nth_unstable_by(n, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        v.truncate(n);
+    }
+    v.into_iter().map(|x| x.1).collect()
+}
+
+/// Moves `pages` (ids) out of device memory, cascading down; returns how
+/// many moved.
+fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64]) -> u64 {
+    let slower: Vec<Tier> = rt
+        .stores()
+        .map(|s| s.tier())
+        .filter(|&t| t > Tier::Device)
+        .collect();
+    let mut left = pages.to_vec();
+    let mut moved = 0;
+    for &dst in &slower {
+        if left.is_empty() {
+            break;
+        }
+        let before = left.len() as u64;
+        let mut full = Vec::new();
+        for (t, ps) in group(by_id, &left) {
+            if let Ok(f) = t.move_batched(&ps, dst, &|src| src == Tier::Device) {
+                full.extend(f.into_iter().map(|p| (t.id as u64) << 32 | p as u64));
+            }
+        }
+        moved += before - full.len() as u64;
+        left = full;
+    }
+    moved
+}
+
+/// Moves `pages` (ids) into `dst`; returns how many moved (or were there).
+fn move_pages(
+    by_id: &HashMap<u32, &Arc<Table>>,
+    pages: &[u64],
+    dst: Tier,
+    wanted: &dyn Fn(Tier) -> bool,
+) -> u64 {
+    let mut moved = 0;
+    for (t, ps) in group(by_id, pages) {
+        if let Ok(full) = t.move_batched(&ps, dst, wanted) {
+            moved += (ps.len() - full.len()) as u64;
+        }
+    }
+    moved
+}
+
+/// Page ids grouped by buffer, as indices.
+fn group<'a>(
+    by_id: &HashMap<u32, &'a Arc<Table>>,
+    pages: &[u64],
+) -> Vec<(&'a Arc<Table>, Vec<usize>)> {
+    let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for &p in pages {
+        groups
+            .entry((p >> 32) as u32)
+            .or_default()
+            .push((p & 0xFFFF_FFFF) as usize);
+    }
+    groups
+        .into_iter()
+        .filter_map(|(id, ps)| {
+            let t = by_id.get(&id)?;
+            let ps = ps.into_iter().filter(|&p| p < t.pages.len()).collect();
+            Some((*t, ps))
+        })
+        .collect()
+}
+
+/// The background thread; stops when dropped.
+pub(crate) struct BalancerThread {
+    stop: Arc<AtomicBool>,
+}
+
+impl BalancerThread {
+    pub(crate) fn start(rt: Weak<Inner>, interval: Duration) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        std::thread::Builder::new()
+            .name("strata-balancer".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    std::thread::sleep(interval);
+                    let Some(rt) = rt.upgrade() else { return };
+                    if s.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let mut slot = rt.balancer.lock();
+                    if let Some(b) = slot.as_mut() {
+                        b.step(&rt);
+                    }
+                    drop(slot);
+                }
+            })
+            .map_err(|e| Error::io("starting the balancer thread", e))?;
+        Ok(Self { stop })
+    }
+}
+
+impl Drop for BalancerThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Shared by `Runtime`'s balancer methods.
+pub(crate) type BalancerSlot = Mutex<Option<Balancer>>;

@@ -1,0 +1,141 @@
+//! The balancer: hot pages are promoted into device memory, one-pass scans
+//! do not push them out, the rate limit holds, and the background thread
+//! does the same as explicit rounds.
+
+use std::time::Duration;
+
+use strata::device::DeviceChoice;
+use strata::policy::PolicyKind;
+use strata::runtime::{BalancerConfig, Placement};
+use strata::{ErrorKind, Runtime, Tier};
+
+const PAGE: usize = 16 << 10;
+
+fn runtime() -> Runtime {
+    Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 8 * PAGE as u64)
+        .host(64 * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap()
+}
+
+fn touch(b: &strata::Buffer, pages: impl Iterator<Item = usize>, times: usize) {
+    let mut out = [0u8; 8];
+    for p in pages {
+        for _ in 0..times {
+            b.read((p * PAGE) as u64, &mut out).unwrap();
+        }
+    }
+}
+
+fn on_device(b: &strata::Buffer, pages: std::ops::Range<usize>) -> usize {
+    pages
+        .filter(|&p| b.tier_of(p).unwrap() == Some(Tier::Device))
+        .count()
+}
+
+#[test]
+fn hot_pages_are_promoted_and_scans_do_not_evict_them() {
+    let rt = runtime();
+    let b = rt
+        .alloc_with(48 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    b.write(0, &vec![3; 48 * PAGE]).unwrap();
+    assert_eq!(on_device(&b, 0..48), 0);
+    rt.balance_once().unwrap(); // the writes, folded
+    for _ in 0..4 {
+        touch(&b, 0..4, 10);
+        rt.balance_once().unwrap();
+    }
+    assert_eq!(on_device(&b, 0..4), 4, "the hot set is on the device");
+    let promoted = rt.stats().promotions;
+    assert!(promoted >= 4);
+    // One-pass scans over the rest, while the hot set stays hot.
+    for round in 0..5 {
+        touch(&b, 0..4, 10);
+        touch(&b, 8 + round * 8..16 + round * 8, 1);
+        rt.balance_once().unwrap();
+    }
+    assert_eq!(on_device(&b, 0..4), 4, "scans did not push the hot set out");
+    let s = rt.stats();
+    assert!(
+        s.tiers[0].used_pages as f64 <= 8.0 * 0.95,
+        "the high watermark holds: {:?}",
+        s.tiers
+    );
+    // Nothing lost on the way.
+    let mut all = vec![0; 48 * PAGE];
+    b.read(0, &mut all).unwrap();
+    assert!(all.iter().all(|&x| x == 3));
+}
+
+#[test]
+fn the_rate_limit_defers_promotions() {
+    let rt = runtime();
+    let b = rt
+        .alloc_with(16 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    b.write(0, &vec![1; 16 * PAGE]).unwrap();
+    rt.start_balancer(BalancerConfig {
+        interval: Duration::from_secs(3600), // rounds only when asked
+        rate_limit: Some(PAGE as u64),       // one page a second
+        ..Default::default()
+    })
+    .unwrap();
+    touch(&b, 0..6, 10);
+    let r = rt.balance_once().unwrap();
+    assert!(r.promotions <= 1, "{r:?}");
+    assert!(r.deferred >= 5, "{r:?}");
+    rt.stop_balancer();
+}
+
+#[test]
+fn the_background_balancer_promotes_what_is_hot() {
+    let rt = runtime();
+    let b = rt
+        .alloc_with(16 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    b.write(0, &vec![1; 16 * PAGE]).unwrap();
+    rt.start_balancer(BalancerConfig {
+        interval: Duration::from_millis(5),
+        policy: PolicyKind::Lfu,
+        ..Default::default()
+    })
+    .unwrap();
+    // Bounded wait for the background rounds.
+    for _ in 0..400 {
+        touch(&b, 2..5, 5);
+        if on_device(&b, 2..5) == 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rt.stop_balancer();
+    assert_eq!(on_device(&b, 2..5), 3, "{:?}", rt.stats());
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let rt = runtime();
+    let e = rt
+        .start_balancer(BalancerConfig {
+            policy: PolicyKind::Belady,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let e = rt
+        .start_balancer(BalancerConfig {
+            decay: 0.0,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let host_only = Runtime::builder().page_size(PAGE).build().unwrap();
+    assert_eq!(
+        host_only.balance_once().unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+}
