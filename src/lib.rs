@@ -45,6 +45,7 @@ pub mod size;
 pub mod sys;
 pub mod tier;
 pub mod trace;
+pub mod workloads;
 
 pub use error::{Error, ErrorKind, Result};
 pub use runtime::{Buffer, Runtime};

@@ -40,6 +40,8 @@ pub enum Access {
 pub(crate) struct MapShared {
     /// The map as the host (and the simulated device) sees it.
     entries: Box<[AtomicU64]>,
+    /// Whether each entry points into device memory (for accounting).
+    on_device: Box<[std::sync::atomic::AtomicBool]>,
     /// Its copy in device memory, on cuda.
     device: Option<DeviceWords>,
     page_size: usize,
@@ -47,7 +49,8 @@ pub(crate) struct MapShared {
 
 impl MapShared {
     /// Points page `p` at `address` (one 64-bit store on either side).
-    pub(crate) fn set(&self, p: usize, address: u64) {
+    pub(crate) fn set(&self, p: usize, address: u64, on_device: bool) {
+        self.on_device[p].store(on_device, Ordering::Relaxed);
         self.entries[p].store(address, Ordering::Release);
         if let Some(d) = &self.device {
             // An error leaves the device copy stale until the next
@@ -88,6 +91,7 @@ impl DeviceMap {
                     .transpose()?;
                 let s = Arc::new(MapShared {
                     entries: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                    on_device: (0..n).map(|_| Default::default()).collect(),
                     device,
                     page_size: table.rt.page_size(),
                 });
@@ -224,6 +228,7 @@ impl DeviceMap {
                     ))
                 }
             };
+            self.shared.on_device[p].store(entry.tier() == Some(Tier::Device), Ordering::Relaxed);
             self.shared.entries[p].store(address, Ordering::Release);
             values.push(address);
         }
@@ -365,6 +370,28 @@ pub struct Reader<'l, 'a> {
 }
 
 impl Reader<'_, '_> {
+    /// As [`load`](Self::load), also returning the element's page and
+    /// whether that page was in device memory when read (for benchmarks'
+    /// accounting of device hits and zero-copy reads).
+    #[inline]
+    pub fn load_at<T: bytemuck::Pod>(&mut self, index: u64) -> (T, usize, bool) {
+        let l = self.launch;
+        let (page, address) = l.locate::<T>(index);
+        let on_device = l.map.shared.on_device[page].load(Ordering::Relaxed);
+        if let Some(shift) = l.shift {
+            if self.sampler.hit(shift) {
+                l.counters[page].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        l.trace.record(l.buffer, page);
+        // SAFETY: as in `Launch::load`.
+        (
+            unsafe { std::ptr::read_unaligned(address as *const T) },
+            page,
+            on_device,
+        )
+    }
+
     /// As [`Launch::load`], counted on this reader's sampler.
     #[inline]
     pub fn load<T: bytemuck::Pod>(&mut self, index: u64) -> T {

@@ -201,7 +201,11 @@ impl Table {
     fn remap(&self, p: usize, entry: &Entry) {
         if let Some(map) = &*self.map.lock() {
             if let Resident { tier, slot } = &entry.loc {
-                map.set(p, self.store(*tier).kernel_address(slot));
+                map.set(
+                    p,
+                    self.store(*tier).kernel_address(slot),
+                    *tier == Tier::Device,
+                );
             }
         }
     }

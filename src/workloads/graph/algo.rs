@@ -1,0 +1,420 @@
+//! The graph kernels, GAP-style, parallel with rayon, generic over how the
+//! CSR arrays are read ([`Mem`]): straight from host memory, or through the
+//! device maps of tiered buffers on the simulated device. Vertex state
+//! (parents, distances, scores, labels) is working memory of the kernel and
+//! is not tiered.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+/// Vertices per parallel task.
+const GRAIN: usize = 1024;
+
+/// How a kernel reads the graph. Each parallel task takes its own reader.
+pub trait Mem: Sync {
+    /// A task's reader.
+    type Reader<'a>: Read
+    where
+        Self: 'a;
+    /// A reader for task `task`.
+    fn reader(&self, task: u64) -> Self::Reader<'_>;
+    /// Vertex count.
+    fn vertices(&self) -> usize;
+    /// Whether in-neighbours differ from out-neighbours.
+    fn directed(&self) -> bool;
+    /// Called between iterations or levels (the strata configuration runs
+    /// a balancer round there).
+    fn between_steps(&mut self) {}
+}
+
+/// One task's reads of the CSR arrays.
+pub trait Read {
+    /// `offsets[v]`.
+    fn offset(&mut self, v: usize) -> u64;
+    /// `neighbors[i]`.
+    fn neighbor(&mut self, i: u64) -> u32;
+    /// `weights[i]`.
+    fn weight(&mut self, i: u64) -> u32;
+    /// Incoming `offsets[v]` (directed graphs; otherwise the outgoing).
+    fn in_offset(&mut self, v: usize) -> u64;
+    /// Incoming `neighbors[i]`.
+    fn in_neighbor(&mut self, i: u64) -> u32;
+}
+
+/// The CSR arrays read straight from host memory.
+pub struct HostMem<'g>(pub &'g super::Csr);
+
+/// A reader of [`HostMem`].
+pub struct HostRead<'g>(&'g super::Csr);
+
+impl Read for HostRead<'_> {
+    #[inline]
+    fn offset(&mut self, v: usize) -> u64 {
+        self.0.offsets[v]
+    }
+    #[inline]
+    fn neighbor(&mut self, i: u64) -> u32 {
+        self.0.neighbors[i as usize]
+    }
+    #[inline]
+    fn weight(&mut self, i: u64) -> u32 {
+        self.0.weights[i as usize]
+    }
+    #[inline]
+    fn in_offset(&mut self, v: usize) -> u64 {
+        match &self.0.incoming {
+            Some((o, _)) => o[v],
+            None => self.0.offsets[v],
+        }
+    }
+    #[inline]
+    fn in_neighbor(&mut self, i: u64) -> u32 {
+        match &self.0.incoming {
+            Some((_, n)) => n[i as usize],
+            None => self.0.neighbors[i as usize],
+        }
+    }
+}
+
+impl Mem for HostMem<'_> {
+    type Reader<'a>
+        = HostRead<'a>
+    where
+        Self: 'a;
+    fn reader(&self, _task: u64) -> HostRead<'_> {
+        HostRead(self.0)
+    }
+    fn vertices(&self) -> usize {
+        self.0.vertices()
+    }
+    fn directed(&self) -> bool {
+        self.0.directed()
+    }
+}
+
+fn tasks(n: usize) -> impl IndexedParallelIterator<Item = std::ops::Range<usize>> {
+    (0..n.div_ceil(GRAIN))
+        .into_par_iter()
+        .map(move |c| c * GRAIN..((c + 1) * GRAIN).min(n))
+}
+
+/// BFS result: depth per vertex (−1: unreachable) and the parent tree.
+#[derive(Debug, Clone)]
+pub struct BfsResult {
+    /// Depth from the source.
+    pub depth: Vec<i32>,
+    /// Parent in the BFS tree (the source is its own; u32::MAX unreached).
+    pub parent: Vec<u32>,
+    /// Edges examined.
+    pub edges: u64,
+}
+
+/// Direction-optimizing BFS (Beamer et al.; α = 15, β = 18, as GAP).
+pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
+    let n = g.vertices();
+    let parent: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(u32::MAX)).collect();
+    let depth: Vec<AtomicI32> = (0..n).map(|_| AtomicI32::new(-1)).collect();
+    let examined = AtomicU64::new(0);
+    parent[source].store(source as u32, Ordering::Relaxed);
+    depth[source].store(0, Ordering::Relaxed);
+    let mut frontier = vec![source as u32];
+    let mut level = 0i32;
+    let (alpha, beta) = (15u64, 18u64);
+    // Edges still to be checked from unvisited vertices (GAP's m_u).
+    let total_edges: u64 = {
+        let mut r = g.reader(u64::MAX);
+        r.offset(n)
+    };
+    let mut edges_unexplored = total_edges;
+    while !frontier.is_empty() {
+        let frontier_edges: u64 = frontier
+            .par_chunks(GRAIN)
+            .enumerate()
+            .map(|(c, chunk)| {
+                let mut r = g.reader(c as u64);
+                chunk
+                    .iter()
+                    .map(|&u| r.offset(u as usize + 1) - r.offset(u as usize))
+                    .sum::<u64>()
+            })
+            .sum();
+        let next: Vec<u32> = if frontier_edges > edges_unexplored / alpha {
+            // Bottom-up steps while the frontier is large.
+            let mut front: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+            for &u in &frontier {
+                *front[u as usize].get_mut() = true;
+            }
+            let mut awake = frontier.len() as u64;
+            loop {
+                let next_front: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+                let count: u64 = tasks(n)
+                    .enumerate()
+                    .map(|(c, range)| {
+                        let mut r = g.reader(c as u64 + 1_000_000);
+                        let mut found = 0u64;
+                        let mut checked = 0u64;
+                        for v in range {
+                            if depth[v].load(Ordering::Relaxed) >= 0 {
+                                continue;
+                            }
+                            let (a, b) = (r.in_offset(v), r.in_offset(v + 1));
+                            for i in a..b {
+                                checked += 1;
+                                let u = r.in_neighbor(i) as usize;
+                                if front[u].load(Ordering::Relaxed) {
+                                    parent[v].store(u as u32, Ordering::Relaxed);
+                                    depth[v].store(level + 1, Ordering::Relaxed);
+                                    next_front[v].store(true, Ordering::Relaxed);
+                                    found += 1;
+                                    break;
+                                }
+                            }
+                        }
+                        examined.fetch_add(checked, Ordering::Relaxed);
+                        found
+                    })
+                    .sum();
+                level += 1;
+                g.between_steps();
+                front = next_front;
+                let grew = count > awake;
+                awake = count;
+                if count == 0 || (!grew && count < n as u64 / beta) {
+                    break;
+                }
+            }
+            // Back to top-down with the last bottom-up frontier.
+            let f: Vec<u32> = (0..n as u32)
+                .into_par_iter()
+                .filter(|&v| front[v as usize].load(Ordering::Relaxed))
+                .collect();
+            edges_unexplored = edges_unexplored.saturating_sub(frontier_edges);
+            f
+        } else {
+            let next: Vec<u32> = frontier
+                .par_chunks(GRAIN)
+                .enumerate()
+                .flat_map_iter(|(c, chunk)| {
+                    let mut r = g.reader(c as u64 + 2_000_000);
+                    let mut out = Vec::new();
+                    let mut checked = 0u64;
+                    for &u in chunk {
+                        let (a, b) = (r.offset(u as usize), r.offset(u as usize + 1));
+                        for i in a..b {
+                            checked += 1;
+                            let v = r.neighbor(i) as usize;
+                            if depth[v].load(Ordering::Relaxed) < 0
+                                && parent[v]
+                                    .compare_exchange(
+                                        u32::MAX,
+                                        u,
+                                        Ordering::Relaxed,
+                                        Ordering::Relaxed,
+                                    )
+                                    .is_ok()
+                            {
+                                depth[v].store(level + 1, Ordering::Relaxed);
+                                out.push(v as u32);
+                            }
+                        }
+                    }
+                    examined.fetch_add(checked, Ordering::Relaxed);
+                    out
+                })
+                .collect();
+            level += 1;
+            g.between_steps();
+            edges_unexplored = edges_unexplored.saturating_sub(frontier_edges);
+            next
+        };
+        frontier = next;
+    }
+    BfsResult {
+        depth: depth.into_iter().map(AtomicI32::into_inner).collect(),
+        parent: parent.into_iter().map(AtomicU32::into_inner).collect(),
+        edges: examined.into_inner(),
+    }
+}
+
+/// SSSP result: distance per vertex (`u64::MAX`: unreachable).
+#[derive(Debug, Clone)]
+pub struct SsspResult {
+    /// Distance from the source.
+    pub dist: Vec<u64>,
+    /// Edges relaxed.
+    pub edges: u64,
+}
+
+/// Delta-stepping (Meyer and Sanders) with GAP's bucket width for weights
+/// in 1..=255.
+pub fn sssp<M: Mem>(g: &mut M, source: usize, delta: u64) -> SsspResult {
+    let n = g.vertices();
+    let dist: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(u64::MAX)).collect();
+    dist[source].store(0, Ordering::Relaxed);
+    let relaxed = AtomicU64::new(0);
+    let mut buckets: Vec<Vec<u32>> = vec![vec![source as u32]];
+    let mut b = 0usize;
+    while b < buckets.len() {
+        while !buckets[b].is_empty() {
+            let current = std::mem::take(&mut buckets[b]);
+            let found: Vec<(usize, u32)> = current
+                .par_chunks(GRAIN)
+                .enumerate()
+                .flat_map_iter(|(c, chunk)| {
+                    let mut r = g.reader(c as u64 + 3_000_000);
+                    let mut out = Vec::new();
+                    let mut count = 0u64;
+                    for &u in chunk {
+                        let du = dist[u as usize].load(Ordering::Relaxed);
+                        // Stale entries (settled in a lower bucket) skip.
+                        if du / delta < b as u64 {
+                            continue;
+                        }
+                        let (a, e) = (r.offset(u as usize), r.offset(u as usize + 1));
+                        for i in a..e {
+                            count += 1;
+                            let v = r.neighbor(i) as usize;
+                            let nd = du + r.weight(i) as u64;
+                            if dist[v].fetch_min(nd, Ordering::Relaxed) > nd {
+                                out.push(((nd / delta) as usize, v as u32));
+                            }
+                        }
+                    }
+                    relaxed.fetch_add(count, Ordering::Relaxed);
+                    out
+                })
+                .collect();
+            for (bucket, v) in found {
+                if buckets.len() <= bucket {
+                    buckets.resize(bucket + 1, Vec::new());
+                }
+                buckets[bucket].push(v);
+            }
+            g.between_steps();
+        }
+        b += 1;
+    }
+    SsspResult {
+        dist: dist.into_iter().map(AtomicU64::into_inner).collect(),
+        edges: relaxed.into_inner(),
+    }
+}
+
+/// PageRank result.
+#[derive(Debug, Clone)]
+pub struct PrResult {
+    /// Score per vertex.
+    pub scores: Vec<f64>,
+    /// Iterations run.
+    pub iterations: u32,
+}
+
+/// PageRank, pull direction, as GAP defines it: damping 0.85, no
+/// redistribution of dangling mass, until the L1 change is below
+/// `tolerance` or `max_iterations`.
+pub fn pagerank<M: Mem>(g: &mut M, tolerance: f64, max_iterations: u32) -> PrResult {
+    let n = g.vertices();
+    let d = 0.85;
+    let base = (1.0 - d) / n as f64;
+    let mut scores = vec![1.0 / n as f64; n];
+    let mut contrib = vec![0.0f64; n];
+    let mut iterations = 0;
+    for _ in 0..max_iterations {
+        iterations += 1;
+        contrib
+            .par_chunks_mut(GRAIN)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                let mut r = g.reader(c as u64 + 4_000_000);
+                for (j, x) in chunk.iter_mut().enumerate() {
+                    let v = c * GRAIN + j;
+                    let deg = r.offset(v + 1) - r.offset(v);
+                    *x = if deg > 0 { scores[v] / deg as f64 } else { 0.0 };
+                }
+            });
+        let error: f64 = scores
+            .par_chunks_mut(GRAIN)
+            .enumerate()
+            .map(|(c, chunk)| {
+                let mut r = g.reader(c as u64 + 5_000_000);
+                let mut err = 0.0;
+                for (j, s) in chunk.iter_mut().enumerate() {
+                    let v = c * GRAIN + j;
+                    let (a, b) = (r.in_offset(v), r.in_offset(v + 1));
+                    let mut sum = 0.0;
+                    for i in a..b {
+                        sum += contrib[r.in_neighbor(i) as usize];
+                    }
+                    let new = base + d * sum;
+                    err += (new - *s).abs();
+                    *s = new;
+                }
+                err
+            })
+            .sum();
+        g.between_steps();
+        if error < tolerance {
+            break;
+        }
+    }
+    PrResult { scores, iterations }
+}
+
+/// Connected components (weakly connected for directed graphs):
+/// Shiloach–Vishkin hooking with pointer jumping. Labels are the smallest
+/// vertex of each component.
+pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
+    let n = g.vertices();
+    let comp: Vec<AtomicU32> = (0..n as u32).map(AtomicU32::new).collect();
+    let directed = g.directed();
+    loop {
+        let changed = AtomicBool::new(false);
+        tasks(n).enumerate().for_each(|(c, range)| {
+            let mut r = g.reader(c as u64 + 6_000_000);
+            for u in range {
+                let hook = |v: usize| {
+                    let (cu, cv) = (
+                        comp[u].load(Ordering::Relaxed),
+                        comp[v].load(Ordering::Relaxed),
+                    );
+                    if cu == cv {
+                        return;
+                    }
+                    let (high, low) = if cu > cv { (cu, cv) } else { (cv, cu) };
+                    // Only roots are hooked, onto a smaller label.
+                    if comp[high as usize]
+                        .compare_exchange(high, low, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        changed.store(true, Ordering::Relaxed);
+                    }
+                };
+                let (a, b) = (r.offset(u), r.offset(u + 1));
+                for i in a..b {
+                    hook(r.neighbor(i) as usize);
+                }
+                if directed {
+                    let (a, b) = (r.in_offset(u), r.in_offset(u + 1));
+                    for i in a..b {
+                        hook(r.in_neighbor(i) as usize);
+                    }
+                }
+            }
+        });
+        (0..n).into_par_iter().for_each(|v| loop {
+            let c = comp[v].load(Ordering::Relaxed);
+            let cc = comp[c as usize].load(Ordering::Relaxed);
+            if c == cc {
+                break;
+            }
+            comp[v].store(cc, Ordering::Relaxed);
+        });
+        g.between_steps();
+        if !changed.into_inner() {
+            break;
+        }
+    }
+    comp.into_iter().map(AtomicU32::into_inner).collect()
+}

@@ -1,0 +1,3 @@
+//! Bundled workloads people run: graph analytics over tiered CSR graphs.
+
+pub mod graph;
