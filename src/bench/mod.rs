@@ -2,6 +2,7 @@
 //! or a peer in the same run and reports both.
 
 pub mod copy;
+pub mod graph;
 pub mod io;
 pub mod migrate;
 

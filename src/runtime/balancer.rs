@@ -41,6 +41,13 @@ pub struct BalancerConfig {
     pub policy: PolicyKind,
     /// Harvest decay (the scores the lists and the C ABI report).
     pub decay: f32,
+    /// A page is a candidate for promotion only when it was accessed at
+    /// least this often in the round (scaled for sampling). Moving a page
+    /// costs about as much as reading it once over the link, so a workload
+    /// whose reads are `s` bytes wide can set `page_size / s` to promote
+    /// only pages read through at least once per round. 0: every touched
+    /// page is a candidate.
+    pub min_accesses: u64,
 }
 
 impl Default for BalancerConfig {
@@ -50,6 +57,7 @@ impl Default for BalancerConfig {
             rate_limit: None,
             policy: PolicyKind::Default,
             decay: 0.5,
+            min_accesses: 0,
         }
     }
 }
@@ -134,6 +142,9 @@ impl Balancer {
                 &mut |p, c| touched.push((c, id | p)),
             );
         }
+        let scale = 1u64 << rt.sample_shift.unwrap_or(0);
+        let min = self.config.min_accesses;
+        touched.retain(|&(c, _)| c as u64 * scale >= min);
         touched.sort_unstable();
 
         // 2. The policy decides; the last decision per page stands.

@@ -669,6 +669,15 @@ impl Runtime {
         Ok(())
     }
 
+    /// Sets the balancer's configuration (a fresh policy) without starting
+    /// the background thread: rounds then run when
+    /// [`balance_once`](Self::balance_once) is called.
+    pub fn configure_balancer(&self, config: BalancerConfig) -> Result<()> {
+        let b = balancer::Balancer::new(&self.inner, config)?;
+        *self.inner.balancer.lock() = Some(b);
+        Ok(())
+    }
+
     /// Stops the background balancer (its policy state is kept for
     /// [`balance_once`](Self::balance_once)).
     pub fn stop_balancer(&self) {

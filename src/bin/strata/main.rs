@@ -4,6 +4,7 @@
 //! Exit status: 0 on success, 2 on bad arguments or input (one line on
 //! stderr saying what is wrong), 1 when the work itself failed.
 
+mod graph;
 mod trace;
 
 use std::path::PathBuf;
@@ -58,6 +59,8 @@ enum BenchCommand {
     Copy(CopyArgs),
     /// Page migration through the runtime per link, beside the raw link.
     Migrate(MigrateArgs),
+    /// Graph kernels over a tiered CSR graph beside UVM-like and zero-copy baselines.
+    Graph(graph::GraphArgs),
 }
 
 #[derive(Args)]
@@ -170,6 +173,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Bench(BenchCommand::Io(a)) => bench_io(a),
         Command::Bench(BenchCommand::Copy(a)) => bench_copy(a),
         Command::Bench(BenchCommand::Migrate(a)) => bench_migrate(a),
+        Command::Bench(BenchCommand::Graph(a)) => graph::run(a),
         Command::Trace(c) => trace::run(c),
     }
 }
@@ -201,8 +205,12 @@ fn write_json<T: Serialize>(out: Option<(PathBuf, std::fs::File)>, v: &T) -> Res
 
 /// Runs `work` with a progress bar on the terminal (none when stderr is not
 /// one), cleared when it ends.
-fn with_progress<T>(work: impl FnOnce(&mut dyn FnMut(&str, f64)) -> T) -> T {
-    let bar = ProgressBar::new(1000);
+fn with_progress<T>(quiet: bool, work: impl FnOnce(&mut dyn FnMut(&str, f64)) -> T) -> T {
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(1000)
+    };
     bar.set_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {percent:>3}% {elapsed}")
             .expect("valid template")
@@ -274,7 +282,7 @@ fn bench_io(a: IoArgs) -> Result<(), Error> {
         )));
     }
     let json = open_json(&a.json)?;
-    let r = with_progress(|progress| bench::io::run(&params, progress))?;
+    let r = with_progress(false, |progress| bench::io::run(&params, progress))?;
     println!(
         "{:<9} {:>5} {:>4} {:>7} {:>12} {:>12} {:>10}",
         "pattern", "bs", "qd", "engine", "iops", "bandwidth", "lat (µs)"
@@ -316,7 +324,7 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
         cxl_latency_ns: a.cxl_latency_ns,
     };
     let json = open_json(&a.json)?;
-    let r = with_progress(|progress| bench::copy::run(&params, progress))?;
+    let r = with_progress(false, |progress| bench::copy::run(&params, progress))?;
     println!(
         "cxl: {}",
         match &r.cxl_emulation {
@@ -360,7 +368,7 @@ fn bench_migrate(a: MigrateArgs) -> Result<(), Error> {
         path: a.path,
     };
     let json = open_json(&a.json)?;
-    let r = with_progress(|progress| bench::migrate::run(&params, progress))?;
+    let r = with_progress(false, |progress| bench::migrate::run(&params, progress))?;
     println!("backend: {} (cxl emulated)", r.backend);
     println!(
         "{:<13} {:>6} {:>12} {:>12} {:>6}  time",

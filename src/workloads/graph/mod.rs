@@ -5,6 +5,7 @@
 
 pub mod algo;
 pub mod csr;
+pub mod tiered;
 pub mod verify;
 
 pub use csr::{Csr, GraphSpec};

@@ -64,6 +64,11 @@ pub fn bfs(g: &Csr, source: usize, r: &BfsResult) -> Result<(), String> {
 
 /// Distances equal a serial Dijkstra's.
 pub fn sssp(g: &Csr, source: usize, r: &SsspResult) -> Result<(), String> {
+    sssp_against(&dijkstra(g, source), r)
+}
+
+/// Serial Dijkstra.
+pub fn dijkstra(g: &Csr, source: usize) -> Vec<u64> {
     let n = g.vertices();
     let mut dist = vec![u64::MAX; n];
     dist[source] = 0;
@@ -82,10 +87,15 @@ pub fn sssp(g: &Csr, source: usize, r: &SsspResult) -> Result<(), String> {
             }
         }
     }
-    match (0..n).find(|&v| dist[v] != r.dist[v]) {
+    dist
+}
+
+/// Distances equal `reference`'s.
+pub fn sssp_against(reference: &[u64], r: &SsspResult) -> Result<(), String> {
+    match (0..reference.len()).find(|&v| reference[v] != r.dist[v]) {
         Some(v) => Err(format!(
             "vertex {v}: distance {} where Dijkstra finds {}",
-            r.dist[v], dist[v]
+            r.dist[v], reference[v]
         )),
         None => Ok(()),
     }
@@ -94,6 +104,11 @@ pub fn sssp(g: &Csr, source: usize, r: &SsspResult) -> Result<(), String> {
 /// Scores within 1e-6 (absolute, per vertex) of a serial reference run to
 /// the same tolerance.
 pub fn pagerank(g: &Csr, tolerance: f64, max_iterations: u32, r: &PrResult) -> Result<(), String> {
+    pagerank_against(&pagerank_reference(g, tolerance, max_iterations), r)
+}
+
+/// The serial reference PageRank.
+pub fn pagerank_reference(g: &Csr, tolerance: f64, max_iterations: u32) -> Vec<f64> {
     let n = g.vertices();
     let d = 0.85;
     let base = (1.0 - d) / n as f64;
@@ -120,10 +135,15 @@ pub fn pagerank(g: &Csr, tolerance: f64, max_iterations: u32, r: &PrResult) -> R
             break;
         }
     }
-    match (0..n).find(|&v| (scores[v] - r.scores[v]).abs() > 1e-6) {
+    scores
+}
+
+/// Scores within 1e-6 of `reference`, vertex by vertex.
+pub fn pagerank_against(reference: &[f64], r: &PrResult) -> Result<(), String> {
+    match (0..reference.len()).find(|&v| (reference[v] - r.scores[v]).abs() > 1e-6) {
         Some(v) => Err(format!(
             "vertex {v}: score {} where the reference has {}",
-            r.scores[v], scores[v]
+            r.scores[v], reference[v]
         )),
         None => Ok(()),
     }

@@ -1,0 +1,467 @@
+//! `strata bench graph`: a GAP kernel over a CSR graph in tiered buffers on
+//! the simulated device, under a device budget below the graph's size,
+//! beside the baselines on the same graph, algorithm and budget. Times are
+//! **modelled** GPU time (see [`GpuModel`]); wall time is reported too.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::policy::PolicyKind;
+use crate::runtime::BalancerConfig;
+use crate::workloads::graph::algo::{self, Mem};
+use crate::workloads::graph::tiered::{Accounting, Config, GpuModel, TieredGraph, TieredMem};
+use crate::workloads::graph::{verify, Csr, GraphSpec};
+
+/// The kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algo {
+    /// Direction-optimizing BFS.
+    Bfs,
+    /// Delta-stepping SSSP.
+    Sssp,
+    /// Pull PageRank.
+    Pr,
+    /// Connected components.
+    Cc,
+}
+
+impl std::str::FromStr for Algo {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "bfs" => Ok(Algo::Bfs),
+            "sssp" => Ok(Algo::Sssp),
+            "pr" => Ok(Algo::Pr),
+            "cc" => Ok(Algo::Cc),
+            _ => Err(Error::invalid(format!(
+                "unknown algorithm {s:?} (use bfs, sssp, pr or cc)"
+            ))),
+        }
+    }
+}
+
+/// The device budget: bytes, or a percentage of the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Budget {
+    /// Bytes.
+    Bytes(u64),
+    /// Percent of the graph's footprint.
+    Percent(f64),
+}
+
+impl std::str::FromStr for Budget {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if let Some(p) = s.strip_suffix('%') {
+            let v: f64 = p
+                .parse()
+                .map_err(|_| Error::invalid(format!("device budget {s:?} is not a percentage")))?;
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(Error::invalid(format!(
+                    "device budget {s:?} must be in (0%, 100%]"
+                )));
+            }
+            return Ok(Budget::Percent(v));
+        }
+        Ok(Budget::Bytes(crate::size::parse_size(s)?))
+    }
+}
+
+/// Parameters of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct GraphParams {
+    /// The kernel.
+    pub algo: Algo,
+    /// The graph.
+    pub graph: GraphSpec,
+    /// The device budget.
+    pub device_budget: Budget,
+    /// strata's policy.
+    #[serde(serialize_with = "policy_name")]
+    pub policy: PolicyKind,
+    /// Trials per configuration.
+    pub trials: u32,
+    /// BFS/SSSP source (random per trial otherwise).
+    pub source: Option<usize>,
+    /// Seed of the generator and the sources.
+    pub seed: u64,
+    /// Check every trial's result.
+    pub verify: bool,
+    /// Run the baselines too.
+    pub baselines: bool,
+    /// Page size of the tiered buffers.
+    pub page_size: usize,
+}
+
+/// One trial.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trial {
+    /// Modelled GPU seconds.
+    pub seconds: f64,
+    /// Wall seconds of the simulated kernels on this machine.
+    pub wall_seconds: f64,
+    /// Traversed edges per modelled second (BFS, SSSP).
+    pub teps: Option<f64>,
+    /// Bytes migrated between host and device.
+    pub bytes_moved: u64,
+    /// Share of memory transactions served by device memory.
+    pub hit_rate: f64,
+    /// The source (BFS, SSSP).
+    pub source: Option<usize>,
+    /// Iterations (PageRank).
+    pub iterations: Option<u32>,
+    /// Whether the result verified (with `--verify`).
+    pub verified: Option<bool>,
+}
+
+/// One configuration's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigResult {
+    /// `strata`, `uvm-lru`, `zero-copy` or `all-device`.
+    pub config: &'static str,
+    /// Median modelled seconds.
+    pub seconds: f64,
+    /// Median wall seconds.
+    pub wall_seconds: f64,
+    /// Median TEPS (BFS, SSSP).
+    pub teps: Option<f64>,
+    /// Median bytes moved per trial.
+    pub bytes_moved: u64,
+    /// Median device hit rate.
+    pub hit_rate: f64,
+    /// Every trial.
+    pub trials: Vec<Trial>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct GraphReport {
+    /// Always "simulated" (the CUDA kernels are not built yet).
+    pub backend: &'static str,
+    /// Whether `seconds` are modelled (always, on the simulated device).
+    pub modelled: bool,
+    /// The parameters.
+    pub params: GraphParams,
+    /// Vertices.
+    pub vertices: usize,
+    /// Directed edges (an undirected edge counts twice).
+    pub edges: u64,
+    /// Bytes of the arrays the kernel reads.
+    pub graph_bytes: u64,
+    /// The device budget in bytes.
+    pub budget_bytes: u64,
+    /// The modelled GPU.
+    pub model: GpuModel,
+    /// One entry per configuration.
+    pub results: Vec<ConfigResult>,
+}
+
+/// A per-vertex result, for `--dump`.
+#[derive(Debug, Clone)]
+pub enum Dump {
+    /// BFS depth (−1 unreachable), and the BFS tree's parents.
+    Depth(Vec<i32>, Vec<u32>),
+    /// SSSP distance (`u64::MAX` unreachable).
+    Distance(Vec<u64>),
+    /// PageRank score.
+    Score(Vec<f64>),
+    /// CC label.
+    Label(Vec<u32>),
+}
+
+impl Dump {
+    /// Writes one `vertex value` line per vertex.
+    pub fn write(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        let mut w = std::io::BufWriter::new(out);
+        match self {
+            Dump::Depth(d, _) => d
+                .iter()
+                .enumerate()
+                .try_for_each(|(v, x)| writeln!(w, "{v} {x}")),
+            Dump::Distance(d) => d.iter().enumerate().try_for_each(|(v, &x)| {
+                if x == u64::MAX {
+                    writeln!(w, "{v} inf")
+                } else {
+                    writeln!(w, "{v} {x}")
+                }
+            }),
+            Dump::Score(d) => d
+                .iter()
+                .enumerate()
+                .try_for_each(|(v, x)| writeln!(w, "{v} {x:e}")),
+            Dump::Label(d) => d
+                .iter()
+                .enumerate()
+                .try_for_each(|(v, x)| writeln!(w, "{v} {x}")),
+        }?;
+        w.flush()
+    }
+}
+
+fn policy_name<S: serde::Serializer>(p: &PolicyKind, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+const PR_TOLERANCE: f64 = 1e-4;
+const PR_MAX_ITERATIONS: u32 = 100;
+/// Delta-stepping bucket width for weights in 1..=255 (GAP's default is of
+/// this order for its weight range).
+const SSSP_DELTA: u64 = 32;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs every configuration; `progress(config, done_fraction)`.
+pub fn run(
+    params: &GraphParams,
+    progress: &mut dyn FnMut(&str, f64),
+) -> Result<(GraphReport, Dump)> {
+    if params.trials == 0 {
+        return Err(Error::invalid("--trials must be at least 1"));
+    }
+    crate::size::check_page_size(params.page_size)?;
+    progress("generating the graph", 0.0);
+    let g = Csr::load(&params.graph, params.seed)?;
+    let n = g.vertices();
+    if let Some(s) = params.source {
+        if s >= n {
+            return Err(Error::invalid(format!(
+                "source {s} is not a vertex (the graph has {n})"
+            )));
+        }
+    }
+    let weights = params.algo == Algo::Sssp;
+    let footprint = TieredGraph::footprint(&g, weights);
+    let budget = match params.device_budget {
+        Budget::Bytes(b) => b,
+        Budget::Percent(p) => (footprint as f64 * p / 100.0) as u64,
+    };
+    let model = GpuModel::default();
+    let mut configs = vec![Config::Strata];
+    if params.baselines {
+        configs.extend([Config::UvmLru, Config::ZeroCopy, Config::AllDevice]);
+    }
+    // Sources, the same for every configuration.
+    let sources: Vec<Option<usize>> = (0..params.trials)
+        .map(|t| match params.algo {
+            Algo::Bfs | Algo::Sssp => Some(params.source.unwrap_or_else(|| {
+                let mut s = crate::hotness::mix(params.seed ^ (t as u64 + 1) << 20);
+                loop {
+                    s = crate::hotness::mix(s);
+                    let v = (s % n as u64) as usize;
+                    if g.degree(v) > 0 {
+                        break v;
+                    }
+                }
+            })),
+            _ => None,
+        })
+        .collect();
+    let mut references: HashMap<usize, Vec<u64>> = HashMap::new();
+    let mut pr_reference: Option<Vec<f64>> = None;
+    let mut results = Vec::new();
+    let mut dump = None;
+    let steps = (configs.len() * params.trials as usize) as f64;
+    for (ci, &config) in configs.iter().enumerate() {
+        let tg = TieredGraph::build(&g, config, budget, params.page_size, weights)?;
+        if config == Config::Strata {
+            tg.rt.configure_balancer(BalancerConfig {
+                policy: params.policy,
+                // Promote only pages read through at least once a round
+                // (4-byte neighbours): anything less costs more to move
+                // than to read in place.
+                min_accesses: params.page_size as u64 / 4,
+                ..Default::default()
+            })?;
+        }
+        let mut trials = Vec::new();
+        for (t, &source) in sources.iter().enumerate() {
+            progress(
+                config.name(),
+                (ci * params.trials as usize + t) as f64 / steps,
+            );
+            let before = tg.rt.stats().device_links.unwrap_or_default();
+            let acct = Accounting::default();
+            let maps = tg.maps()?;
+            let mut mem = TieredMem::new(&tg, &maps, &acct, &model, budget)?;
+            let wall = Instant::now();
+            let (result, edges, iterations) = run_kernel(&mut mem, params.algo, source, &g);
+            let wall_seconds = wall.elapsed().as_secs_f64();
+            if let Some(e) = mem.errors.pop() {
+                return Err(e.context(format!("{} trial {t}", config.name())));
+            }
+            drop(mem);
+            drop(maps);
+            let after = tg.rt.stats().device_links.unwrap_or_default();
+            let ld = |f: fn(&crate::link::LinkStats) -> f64| {
+                f(&after.0) - f(&before.0) + f(&after.1) - f(&before.1)
+            };
+            let get =
+                |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+            let (dtx, htx) = (get(&acct.device_tx), get(&acct.host_tx));
+            let line = model.line as f64;
+            let launches = get(&acct.launches) as f64 * model.launch_seconds;
+            let (seconds, bytes_moved, hit_rate) = if config == Config::UvmLru {
+                let (faults, evictions) = (get(&acct.uvm_faults), get(&acct.uvm_evictions));
+                let group = model.uvm_group as f64;
+                let s = launches
+                    + dtx as f64 * line / model.hbm_bandwidth
+                    + faults as f64 * (model.fault_seconds + group / model.pcie_bandwidth)
+                    + evictions as f64 * group / model.pcie_bandwidth;
+                let acc = get(&acct.uvm_accesses).max(1);
+                (
+                    s,
+                    (faults + evictions) * model.uvm_group,
+                    1.0 - faults as f64 / acc as f64,
+                )
+            } else {
+                let moved = (after.0.bytes - before.0.bytes) + (after.1.bytes - before.1.bytes);
+                let s = launches
+                    + dtx as f64 * line / model.hbm_bandwidth
+                    + htx as f64 * line / model.pcie_bandwidth
+                    + ld(|l| l.modelled_seconds);
+                (s, moved, dtx as f64 / (dtx + htx).max(1) as f64)
+            };
+            let verified = params
+                .verify
+                .then(|| check(&g, &result, source, &mut references, &mut pr_reference))
+                .transpose()
+                .map_err(|why| {
+                    Error::new(
+                        crate::error::ErrorKind::Corrupted,
+                        format!(
+                            "{} trial {t}: the {:?} result does not verify: {why}",
+                            config.name(),
+                            params.algo
+                        ),
+                    )
+                })?;
+            trials.push(Trial {
+                seconds,
+                wall_seconds,
+                teps: edges.map(|e| e as f64 / seconds.max(1e-12)),
+                bytes_moved,
+                hit_rate,
+                source,
+                iterations,
+                verified,
+            });
+            if config == Config::Strata {
+                dump = Some(result);
+            }
+        }
+        let med = |f: &dyn Fn(&Trial) -> f64| median(&mut trials.iter().map(f).collect::<Vec<_>>());
+        results.push(ConfigResult {
+            config: config.name(),
+            seconds: med(&|t| t.seconds),
+            wall_seconds: med(&|t| t.wall_seconds),
+            teps: trials[0].teps.map(|_| med(&|t| t.teps.unwrap_or(0.0))),
+            bytes_moved: med(&|t| t.bytes_moved as f64) as u64,
+            hit_rate: med(&|t| t.hit_rate),
+            trials,
+        });
+    }
+    progress("done", 1.0);
+    Ok((
+        GraphReport {
+            backend: "simulated",
+            modelled: true,
+            params: params.clone(),
+            vertices: n,
+            edges: g.edges(),
+            graph_bytes: footprint,
+            budget_bytes: budget,
+            model,
+            results,
+        },
+        dump.expect("strata always runs"),
+    ))
+}
+
+/// Runs the kernel; returns its result, the edges it traversed (BFS, SSSP:
+/// those of the reached vertices, for TEPS) and its iterations (PR).
+fn run_kernel<M: Mem>(
+    mem: &mut M,
+    algo: Algo,
+    source: Option<usize>,
+    g: &Csr,
+) -> (Dump, Option<u64>, Option<u32>) {
+    let reached_edges = |reached: &dyn Fn(usize) -> bool| -> u64 {
+        (0..g.vertices())
+            .filter(|&v| reached(v))
+            .map(|v| g.degree(v))
+            .sum()
+    };
+    match algo {
+        Algo::Bfs => {
+            let r = algo::bfs(mem, source.expect("bfs has a source"));
+            let e = reached_edges(&|v| r.depth[v] >= 0);
+            (Dump::Depth(r.depth, r.parent), Some(e), None)
+        }
+        Algo::Sssp => {
+            let r = algo::sssp(mem, source.expect("sssp has a source"), SSSP_DELTA);
+            let e = reached_edges(&|v| r.dist[v] != u64::MAX);
+            (Dump::Distance(r.dist), Some(e), None)
+        }
+        Algo::Pr => {
+            let r = algo::pagerank(mem, PR_TOLERANCE, PR_MAX_ITERATIONS);
+            let it = r.iterations;
+            (Dump::Score(r.scores), None, Some(it))
+        }
+        Algo::Cc => (Dump::Label(algo::cc(mem)), None, None),
+    }
+}
+
+fn check(
+    g: &Csr,
+    result: &Dump,
+    source: Option<usize>,
+    references: &mut HashMap<usize, Vec<u64>>,
+    pr_reference: &mut Option<Vec<f64>>,
+) -> std::result::Result<bool, String> {
+    match result {
+        Dump::Depth(depth, parent) => {
+            let r = algo::BfsResult {
+                depth: depth.clone(),
+                parent: parent.clone(),
+                edges: 0,
+            };
+            verify::bfs(g, source.expect("bfs has a source"), &r)?;
+        }
+        Dump::Distance(dist) => {
+            let s = source.expect("sssp has a source");
+            let reference = references
+                .entry(s)
+                .or_insert_with(|| verify::dijkstra(g, s));
+            verify::sssp_against(
+                reference,
+                &algo::SsspResult {
+                    dist: dist.clone(),
+                    edges: 0,
+                },
+            )?;
+        }
+        Dump::Score(scores) => {
+            let reference = pr_reference.get_or_insert_with(|| {
+                verify::pagerank_reference(g, PR_TOLERANCE, PR_MAX_ITERATIONS)
+            });
+            verify::pagerank_against(
+                reference,
+                &algo::PrResult {
+                    scores: scores.clone(),
+                    iterations: 0,
+                },
+            )?;
+        }
+        Dump::Label(labels) => verify::cc(g, labels)?,
+    }
+    Ok(true)
+}

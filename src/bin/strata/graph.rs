@@ -1,0 +1,198 @@
+//! `strata bench graph`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use strata::bench::graph::{self, Algo, Budget, GraphParams, GraphReport};
+use strata::policy::PolicyKind;
+use strata::size::{format_size, parse_size};
+use strata::workloads::graph::GraphSpec;
+use strata::Error;
+
+#[derive(Args)]
+pub struct GraphArgs {
+    /// bfs, sssp, pr or cc.
+    #[arg(long, default_value = "bfs")]
+    algo: String,
+    /// kron:SCALE[:EDGEFACTOR], urand:SCALE[:EDGEFACTOR] or file:PATH (.el or .wel).
+    #[arg(long, default_value = "kron:20")]
+    graph: String,
+    /// With file:PATH, add the reverse of every edge.
+    #[arg(long)]
+    undirected: bool,
+    /// Device memory for the graph: bytes (e.g. 64M) or a percentage (25%).
+    #[arg(long, default_value = "25%")]
+    device_budget: String,
+    /// strata's placement policy (default: the default policy).
+    #[arg(long, default_value = "default")]
+    policy: String,
+    /// Trials per configuration (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    trials: u32,
+    /// BFS/SSSP source vertex (otherwise random per trial).
+    #[arg(long)]
+    source: Option<usize>,
+    /// Seed of the generator and of the sources.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Check every trial's result.
+    #[arg(long)]
+    verify: bool,
+    /// Write the last strata trial's per-vertex result here.
+    #[arg(long)]
+    dump: Option<PathBuf>,
+    /// Also run uvm-lru, zero-copy and all-device on the same graph.
+    #[arg(long)]
+    baselines: bool,
+    /// Page size of the tiered buffers.
+    #[arg(long, default_value = "64k")]
+    page_size: String,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw the comparison as SVG to this file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(a: GraphArgs) -> Result<(), Error> {
+    let mut spec: GraphSpec = a.graph.parse()?;
+    if let GraphSpec::File { undirected, .. } = &mut spec {
+        *undirected = a.undirected;
+    } else if a.undirected {
+        return Err(Error::invalid(
+            "--undirected applies to file: graphs (generated graphs are undirected)",
+        ));
+    }
+    let params = GraphParams {
+        algo: a.algo.parse::<Algo>()?,
+        graph: spec,
+        device_budget: a.device_budget.parse::<Budget>()?,
+        policy: a.policy.parse::<PolicyKind>()?,
+        trials: a.trials,
+        source: a.source,
+        seed: a.seed,
+        verify: a.verify,
+        baselines: a.baselines,
+        page_size: parse_size(&a.page_size)
+            .map_err(|e| e.context("--page-size"))?
+            .try_into()
+            .map_err(|_| Error::invalid("--page-size is too large"))?,
+    };
+    // Output files open before the run: a bad path fails at once.
+    let json = crate::open_json(&a.json)?;
+    let dump_file = a
+        .dump
+        .as_ref()
+        .map(|p| {
+            std::fs::File::create(p).map_err(|e| Error::io(format!("--dump {}", p.display()), e))
+        })
+        .transpose()?;
+    let (report, dump) = crate::with_progress(a.quiet, |progress| graph::run(&params, progress))?;
+    print_table(&report);
+    if let (Some(mut f), Some(path)) = (dump_file, &a.dump) {
+        dump.write(&mut f)
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    }
+    crate::write_json(json, &report)?;
+    if let Some(path) = &a.plot {
+        plot(&report, path)?;
+    }
+    Ok(())
+}
+
+fn print_table(r: &GraphReport) {
+    println!(
+        "graph: {} vertices, {} edges, {} read by the kernel; device budget {} ({:.0}%)",
+        r.vertices,
+        r.edges,
+        format_size(r.graph_bytes),
+        format_size(r.budget_bytes),
+        100.0 * r.budget_bytes as f64 / r.graph_bytes.max(1) as f64
+    );
+    println!(
+        "backend: simulated — times are modelled GPU time (HBM {:.0} GB/s, PCIe {:.0} GB/s, UVM fault {:.0} µs); wall is this machine",
+        r.model.hbm_bandwidth / 1e9,
+        r.model.pcie_bandwidth / 1e9,
+        r.model.fault_seconds * 1e6
+    );
+    println!(
+        "{:<11} {:>12} {:>10} {:>12} {:>12} {:>9}",
+        "config", "modelled", "wall", "GTEPS", "moved", "hit rate"
+    );
+    for c in &r.results {
+        println!(
+            "{:<11} {:>10.3}ms {:>9.3}s {:>12} {:>12} {:>8.1}%",
+            c.config,
+            c.seconds * 1e3,
+            c.wall_seconds,
+            c.teps.map_or("-".into(), |t| format!("{:.2}", t / 1e9)),
+            format_size(c.bytes_moved),
+            100.0 * c.hit_rate
+        );
+    }
+    if let Some(v) = r.results[0].trials[0].verified {
+        println!("verified: {}", if v { "every trial" } else { "no" });
+    }
+}
+
+fn plot(r: &GraphReport, path: &std::path::Path) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let err =
+        |e: &dyn std::fmt::Display| Error::invalid(format!("drawing {}: {e}", path.display()));
+    let root = SVGBackend::new(path, (720, 360)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let max = r
+        .results
+        .iter()
+        .map(|c| c.seconds * 1e3)
+        .fold(0.0f64, f64::max)
+        * 1.15;
+    let names: Vec<&str> = r.results.iter().map(|c| c.config).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "{:?} on {} vertices, device budget {} (simulated, modelled time)",
+                r.params.algo,
+                r.vertices,
+                format_size(r.budget_bytes)
+            ),
+            ("sans-serif", 16),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(90)
+        .build_cartesian_2d(0.0..max.max(1e-9), (0..names.len()).into_segmented())
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("modelled milliseconds (lower is better)")
+        .y_label_formatter(&|y| match y {
+            SegmentValue::CenterOf(i) => names.get(*i).copied().unwrap_or("").to_string(),
+            _ => String::new(),
+        })
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(r.results.iter().enumerate().map(|(i, c)| {
+            let color = if i == 0 {
+                BLUE
+            } else {
+                RGBColor(150, 150, 150)
+            };
+            Rectangle::new(
+                [
+                    (0.0, SegmentValue::Exact(i)),
+                    (c.seconds * 1e3, SegmentValue::Exact(i + 1)),
+                ],
+                color.filled(),
+            )
+        }))
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
