@@ -338,7 +338,7 @@ impl TieredRead<'_> {
             .as_mut()
             .expect("the kernel reads only arrays the graph has");
         let (value, page, on_device) = r.load_at::<T>(index);
-        let line = index * std::mem::size_of::<T>() as u64 >> 7;
+        let line = (index * std::mem::size_of::<T>() as u64) >> 7;
         if line != self.last_line[array] {
             self.last_line[array] = line;
             match &self.mem.uvm {
