@@ -369,3 +369,115 @@ fn bench_migrate_reports_every_link() {
         "unknown device",
     );
 }
+
+#[test]
+fn bench_graph_compares_the_configurations_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("g.json");
+    let dump = dir.path().join("g.dump");
+    let svg = dir.path().join("g.svg");
+    let out = strata(&[
+        "bench",
+        "graph",
+        "--algo",
+        "bfs",
+        "--graph",
+        "kron:10",
+        "--baselines",
+        "--verify",
+        "--trials",
+        "2",
+        "--source",
+        "3",
+        "--page-size",
+        "4k",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+        "--dump",
+        dump.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let r = report(&out, &json);
+    assert_eq!(r["backend"], "simulated");
+    let configs: Vec<&str> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["config"].as_str().unwrap())
+        .collect();
+    assert_eq!(configs, ["strata", "uvm-lru", "zero-copy", "all-device"]);
+    for c in r["results"].as_array().unwrap() {
+        for key in ["seconds", "teps", "bytes_moved", "hit_rate"] {
+            assert!(c[key].is_number(), "{key} in {c}");
+        }
+        assert!(c["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["verified"] == true));
+    }
+    assert_eq!(r["params"]["graph"]["kind"], "kron");
+    // One `vertex depth` line per vertex; the source at depth 0.
+    let text = std::fs::read_to_string(&dump).unwrap();
+    assert_eq!(text.lines().count(), 1024);
+    assert!(text.lines().any(|l| l == "3 0"));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
+
+#[test]
+fn bench_graph_reads_edge_lists_and_names_bad_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let el = dir.path().join("g.wel");
+    std::fs::write(&el, "# a comment\n0 1 5\n1 2 7\n2 0 1\n3 2 4\n").unwrap();
+    let json = dir.path().join("g.json");
+    let graph = format!("file:{}", el.display());
+    for algo in ["bfs", "sssp", "pr", "cc"] {
+        let out = strata(&[
+            "bench",
+            "graph",
+            "--algo",
+            algo,
+            "--graph",
+            &graph,
+            "--source",
+            "0",
+            "--device-budget",
+            "50%",
+            "--page-size",
+            "4k",
+            "--trials",
+            "1",
+            "--verify",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        let r = report(&out, &json);
+        assert_eq!(r["vertices"], 4, "{algo}");
+    }
+    std::fs::write(&el, "0 1 5\n1 two 7\n").unwrap();
+    assert_bad_input(
+        &strata(&["bench", "graph", "--graph", &graph, "--quiet"]),
+        "line 2",
+    );
+    assert_bad_input(
+        &strata(&["bench", "graph", "--algo", "dfs", "--quiet"]),
+        "unknown algorithm",
+    );
+    assert_bad_input(
+        &strata(&["bench", "graph", "--device-budget", "150%", "--quiet"]),
+        "device budget",
+    );
+    assert_bad_input(
+        &strata(&[
+            "bench", "graph", "--graph", "kron:8", "--source", "999", "--quiet",
+        ]),
+        "source 999",
+    );
+    assert_bad_input(
+        &strata(&["bench", "graph", "--graph", "grid:4", "--quiet"]),
+        "graph",
+    );
+}

@@ -125,6 +125,8 @@ pub struct Trial {
 pub struct ConfigResult {
     /// `strata`, `uvm-lru`, `zero-copy` or `all-device`.
     pub config: &'static str,
+    /// The kernel.
+    pub algo: Algo,
     /// Median modelled seconds.
     pub seconds: f64,
     /// Median wall seconds.
@@ -230,6 +232,19 @@ pub fn run(
     crate::size::check_page_size(params.page_size)?;
     progress("generating the graph", 0.0);
     let g = Csr::load(&params.graph, params.seed)?;
+    run_on(&g, params, progress)
+}
+
+/// [`run`] on a graph already loaded (several kernels over one graph).
+pub fn run_on(
+    g: &Csr,
+    params: &GraphParams,
+    progress: &mut dyn FnMut(&str, f64),
+) -> Result<(GraphReport, Dump)> {
+    if params.trials == 0 {
+        return Err(Error::invalid("--trials must be at least 1"));
+    }
+    crate::size::check_page_size(params.page_size)?;
     let n = g.vertices();
     if let Some(s) = params.source {
         if s >= n {
@@ -242,7 +257,9 @@ pub fn run(
     let footprint = TieredGraph::footprint(&g, weights);
     let budget = match params.device_budget {
         Budget::Bytes(b) => b,
-        Budget::Percent(p) => (footprint as f64 * p / 100.0) as u64,
+        // At least one page: a percentage of a tiny graph still means some
+        // device memory.
+        Budget::Percent(p) => ((footprint as f64 * p / 100.0) as u64).max(params.page_size as u64),
     };
     let model = GpuModel::default();
     let mut configs = vec![Config::Strata];
@@ -361,6 +378,7 @@ pub fn run(
         let med = |f: &dyn Fn(&Trial) -> f64| median(&mut trials.iter().map(f).collect::<Vec<_>>());
         results.push(ConfigResult {
             config: config.name(),
+            algo: params.algo,
             seconds: med(&|t| t.seconds),
             wall_seconds: med(&|t| t.wall_seconds),
             teps: trials[0].teps.map(|_| med(&|t| t.teps.unwrap_or(0.0))),

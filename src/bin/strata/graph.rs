@@ -12,8 +12,9 @@ use strata::Error;
 
 #[derive(Args)]
 pub struct GraphArgs {
-    /// bfs, sssp, pr or cc.
-    #[arg(long, default_value = "bfs")]
+    /// bfs, sssp, pr or cc; several comma-separated run one after the other
+    /// on the same graph.
+    #[arg(long, default_value = "bfs,pr")]
     algo: String,
     /// kron:SCALE[:EDGEFACTOR], urand:SCALE[:EDGEFACTOR] or file:PATH (.el or .wel).
     #[arg(long, default_value = "kron:20")]
@@ -68,21 +69,33 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
             "--undirected applies to file: graphs (generated graphs are undirected)",
         ));
     }
-    let params = GraphParams {
-        algo: a.algo.parse::<Algo>()?,
-        graph: spec,
-        device_budget: a.device_budget.parse::<Budget>()?,
-        policy: a.policy.parse::<PolicyKind>()?,
+    let algos = a
+        .algo
+        .split(',')
+        .map(|x| x.trim().parse::<Algo>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let page_size: usize = parse_size(&a.page_size)
+        .map_err(|e| e.context("--page-size"))?
+        .try_into()
+        .map_err(|_| Error::invalid("--page-size is too large"))?;
+    let budget: Budget = a.device_budget.parse()?;
+    let policy: PolicyKind = a.policy.parse()?;
+    let params = |algo| GraphParams {
+        algo,
+        graph: spec.clone(),
+        device_budget: budget,
+        policy,
         trials: a.trials,
         source: a.source,
         seed: a.seed,
         verify: a.verify,
         baselines: a.baselines,
-        page_size: parse_size(&a.page_size)
-            .map_err(|e| e.context("--page-size"))?
-            .try_into()
-            .map_err(|_| Error::invalid("--page-size is too large"))?,
+        page_size,
     };
+    if a.trials == 0 {
+        return Err(Error::invalid("--trials must be at least 1"));
+    }
+    strata::size::check_page_size(page_size).map_err(|e| e.context("--page-size"))?;
     // Output files open before the run: a bad path fails at once.
     let json = crate::open_json(&a.json)?;
     let dump_file = a
@@ -92,22 +105,61 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
             std::fs::File::create(p).map_err(|e| Error::io(format!("--dump {}", p.display()), e))
         })
         .transpose()?;
-    let (report, dump) = crate::with_progress(a.quiet, |progress| graph::run(&params, progress))?;
-    print_table(&report);
+    let (reports, dump) = crate::with_progress(a.quiet, |progress| {
+        progress("graph", 0.0);
+        let g = strata::workloads::graph::Csr::load(&spec, a.seed)?;
+        let mut reports = Vec::new();
+        let mut last = None;
+        for (i, &algo) in algos.iter().enumerate() {
+            let share = 1.0 / algos.len() as f64;
+            let (r, d) = graph::run_on(&g, &params(algo), &mut |phase, f| {
+                progress(phase, (i as f64 + f) * share)
+            })?;
+            reports.push(r);
+            last = Some(d);
+        }
+        Ok::<_, Error>((reports, last.expect("at least one algorithm")))
+    })?;
+    for r in &reports {
+        print_table(r);
+    }
     if let (Some(mut f), Some(path)) = (dump_file, &a.dump) {
         dump.write(&mut f)
             .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
     }
-    crate::write_json(json, &report)?;
+    if reports.len() == 1 {
+        crate::write_json(json, &reports[0])?;
+    } else {
+        crate::write_json(
+            json,
+            &Combined {
+                backend: reports[0].backend,
+                modelled: true,
+                results: reports.iter().flat_map(|r| r.results.clone()).collect(),
+                reports: &reports,
+            },
+        )?;
+    }
     if let Some(path) = &a.plot {
-        plot(&report, path)?;
+        plot(&reports, path)?;
     }
     Ok(())
 }
 
+/// The JSON of several kernels over one graph: every configuration's
+/// results in one list (each names its `algo`), and each kernel's report.
+#[derive(serde::Serialize)]
+struct Combined<'a> {
+    backend: &'static str,
+    modelled: bool,
+    results: Vec<graph::ConfigResult>,
+    reports: &'a [GraphReport],
+}
+
 fn print_table(r: &GraphReport) {
     println!(
-        "graph: {} vertices, {} edges, {} read by the kernel; device budget {} ({:.0}%)",
+        "\n{:?}: {} vertices, {} edges, {} read by the kernel; device budget {} ({:.0}%)",
+        r.params.algo,
         r.vertices,
         r.edges,
         format_size(r.graph_bytes),
@@ -140,59 +192,61 @@ fn print_table(r: &GraphReport) {
     }
 }
 
-fn plot(r: &GraphReport, path: &std::path::Path) -> Result<(), Error> {
+fn plot(reports: &[GraphReport], path: &std::path::Path) -> Result<(), Error> {
     use plotters::prelude::*;
     let err =
         |e: &dyn std::fmt::Display| Error::invalid(format!("drawing {}: {e}", path.display()));
-    let root = SVGBackend::new(path, (720, 360)).into_drawing_area();
+    let root = SVGBackend::new(path, (720, 300 * reports.len() as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let max = r
-        .results
-        .iter()
-        .map(|c| c.seconds * 1e3)
-        .fold(0.0f64, f64::max)
-        * 1.15;
-    let names: Vec<&str> = r.results.iter().map(|c| c.config).collect();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "{:?} on {} vertices, device budget {} (simulated, modelled time)",
-                r.params.algo,
-                r.vertices,
-                format_size(r.budget_bytes)
-            ),
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(90)
-        .build_cartesian_2d(0.0..max.max(1e-9), (0..names.len()).into_segmented())
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("modelled milliseconds (lower is better)")
-        .y_label_formatter(&|y| match y {
-            SegmentValue::CenterOf(i) => names.get(*i).copied().unwrap_or("").to_string(),
-            _ => String::new(),
-        })
-        .draw()
-        .map_err(|e| err(&e))?;
-    chart
-        .draw_series(r.results.iter().enumerate().map(|(i, c)| {
-            let color = if i == 0 {
-                BLUE
-            } else {
-                RGBColor(150, 150, 150)
-            };
-            Rectangle::new(
-                [
-                    (0.0, SegmentValue::Exact(i)),
-                    (c.seconds * 1e3, SegmentValue::Exact(i + 1)),
-                ],
-                color.filled(),
+    for (r, area) in reports.iter().zip(root.split_evenly((reports.len(), 1))) {
+        let max = r
+            .results
+            .iter()
+            .map(|c| c.seconds * 1e3)
+            .fold(0.0f64, f64::max)
+            * 1.15;
+        let names: Vec<&str> = r.results.iter().map(|c| c.config).collect();
+        let mut chart = ChartBuilder::on(&area)
+            .caption(
+                format!(
+                    "{:?}, {} vertices, device budget {} (simulated device, modelled time)",
+                    r.params.algo,
+                    r.vertices,
+                    format_size(r.budget_bytes)
+                ),
+                ("sans-serif", 16),
             )
-        }))
-        .map_err(|e| err(&e))?;
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(90)
+            .build_cartesian_2d(0.0..max.max(1e-9), (0..names.len()).into_segmented())
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("modelled milliseconds (lower is better)")
+            .y_label_formatter(&|y| match y {
+                SegmentValue::CenterOf(i) => names.get(*i).copied().unwrap_or("").to_string(),
+                _ => String::new(),
+            })
+            .draw()
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(r.results.iter().enumerate().map(|(i, c)| {
+                let color = if i == 0 {
+                    BLUE
+                } else {
+                    RGBColor(150, 150, 150)
+                };
+                Rectangle::new(
+                    [
+                        (0.0, SegmentValue::Exact(i)),
+                        (c.seconds * 1e3, SegmentValue::Exact(i + 1)),
+                    ],
+                    color.filled(),
+                )
+            }))
+            .map_err(|e| err(&e))?;
+    }
     root.present().map_err(|e| err(&e))?;
     Ok(())
 }
