@@ -254,7 +254,7 @@ pub fn run_on(
         }
     }
     let weights = params.algo == Algo::Sssp;
-    let footprint = TieredGraph::footprint(&g, weights);
+    let footprint = TieredGraph::footprint(g, weights);
     let budget = match params.device_budget {
         Budget::Bytes(b) => b,
         // At least one page: a percentage of a tiny graph still means some
@@ -288,7 +288,7 @@ pub fn run_on(
     let mut dump = None;
     let steps = (configs.len() * params.trials as usize) as f64;
     for (ci, &config) in configs.iter().enumerate() {
-        let tg = TieredGraph::build(&g, config, budget, params.page_size, weights)?;
+        let tg = TieredGraph::build(g, config, budget, params.page_size, weights)?;
         if config == Config::Strata {
             tg.rt.configure_balancer(BalancerConfig {
                 policy: params.policy,
@@ -310,7 +310,7 @@ pub fn run_on(
             let maps = tg.maps()?;
             let mut mem = TieredMem::new(&tg, &maps, &acct, &model, budget)?;
             let wall = Instant::now();
-            let (result, edges, iterations) = run_kernel(&mut mem, params.algo, source, &g);
+            let (result, edges, iterations) = run_kernel(&mut mem, params.algo, source, g);
             let wall_seconds = wall.elapsed().as_secs_f64();
             if let Some(e) = mem.errors.pop() {
                 return Err(e.context(format!("{} trial {t}", config.name())));
@@ -349,7 +349,7 @@ pub fn run_on(
             };
             let verified = params
                 .verify
-                .then(|| check(&g, &result, source, &mut references, &mut pr_reference))
+                .then(|| check(g, &result, source, &mut references, &mut pr_reference))
                 .transpose()
                 .map_err(|why| {
                     Error::new(
