@@ -481,3 +481,75 @@ fn bench_graph_reads_edge_lists_and_names_bad_lines() {
         "graph",
     );
 }
+
+#[test]
+fn bench_recsys_compares_the_configurations() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let out = strata(&[
+        "bench",
+        "recsys",
+        "--tables",
+        "2",
+        "--rows",
+        "4096",
+        "--dim",
+        "16",
+        "--pooling",
+        "4",
+        "--batch",
+        "64",
+        "--batches",
+        "9",
+        "--page-size",
+        "4k",
+        "--baselines",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let r = report(&out, &json);
+    assert_eq!(r["backend"], "simulated");
+    let configs: Vec<&str> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["config"].as_str().unwrap())
+        .collect();
+    assert_eq!(configs, ["strata", "lru-cache", "zero-copy", "all-device"]);
+    for c in r["results"].as_array().unwrap() {
+        for key in ["lookups_per_sec", "hit_rate", "bytes_moved", "seconds"] {
+            assert!(c[key].is_number(), "{key} in {c}");
+        }
+        // Batches 0 and 8 checked against the direct sums.
+        assert_eq!(c["verified_batches"], 2, "{c}");
+    }
+    let idx = dir.path().join("idx");
+    std::fs::write(&idx, "0:1 0:2 1:5\n0:3 1:x\n").unwrap();
+    assert_bad_input(
+        &strata(&[
+            "bench",
+            "recsys",
+            "--tables",
+            "2",
+            "--rows",
+            "16",
+            "--dim",
+            "16",
+            "--page-size",
+            "4k",
+            "--dist",
+            &format!("file:{}", idx.display()),
+            "--quiet",
+        ]),
+        "line 2",
+    );
+    assert_bad_input(
+        &strata(&["bench", "recsys", "--dist", "zipf:x", "--quiet"]),
+        "--dist",
+    );
+    assert_bad_input(
+        &strata(&["bench", "recsys", "--dim", "3", "--quiet"]),
+        "divide the page size",
+    );
+}

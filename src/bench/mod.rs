@@ -5,6 +5,7 @@ pub mod copy;
 pub mod graph;
 pub mod io;
 pub mod migrate;
+pub mod recsys;
 
 use crate::error::Result;
 use crate::io::{AlignedBuf, IoOp};

@@ -5,6 +5,7 @@
 //! stderr saying what is wrong), 1 when the work itself failed.
 
 mod graph;
+mod recsys;
 mod trace;
 
 use std::path::PathBuf;
@@ -61,6 +62,8 @@ enum BenchCommand {
     Migrate(MigrateArgs),
     /// Graph kernels over a tiered CSR graph beside UVM-like and zero-copy baselines.
     Graph(graph::GraphArgs),
+    /// Embedding-bag lookups over tiered tables beside an LRU row cache and zero-copy.
+    Recsys(recsys::RecsysArgs),
 }
 
 #[derive(Args)]
@@ -174,6 +177,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Bench(BenchCommand::Copy(a)) => bench_copy(a),
         Command::Bench(BenchCommand::Migrate(a)) => bench_migrate(a),
         Command::Bench(BenchCommand::Graph(a)) => graph::run(a),
+        Command::Bench(BenchCommand::Recsys(a)) => recsys::run(a),
         Command::Trace(c) => trace::run(c),
     }
 }

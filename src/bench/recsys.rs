@@ -1,0 +1,363 @@
+//! `strata bench recsys`: DLRM-style embedding-bag forward (sum pooling)
+//! over tiered embedding tables on the simulated device, beside an
+//! FBGEMM-style LRU row cache (cache_load_factor 0.2), zero-copy and
+//! everything on the device. Times are **modelled** GPU time (the graph
+//! benchmark's [`GpuModel`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::device::DeviceChoice;
+use crate::error::{Error, ErrorKind, Result};
+use crate::policy::{lru::Lru, Policy, PolicyKind};
+use crate::runtime::{Access, BalancerConfig, Buffer, Placement, Runtime};
+use crate::workloads::graph::tiered::GpuModel;
+use crate::workloads::recsys::{self, Batch, Dist};
+
+use super::graph::Budget;
+
+/// Parameters.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecsysParams {
+    /// Embedding tables.
+    pub tables: usize,
+    /// Rows per table.
+    pub rows: usize,
+    /// f32 elements per row.
+    pub dim: usize,
+    /// Rows summed per bag.
+    pub pooling: usize,
+    /// Bags per table per batch.
+    pub batch: usize,
+    /// Batches.
+    pub batches: usize,
+    /// Index distribution.
+    pub dist: Dist,
+    /// Device memory for the tables.
+    pub device_budget: Budget,
+    /// strata's policy.
+    #[serde(serialize_with = "policy_name")]
+    pub policy: PolicyKind,
+    /// Run the baselines too.
+    pub baselines: bool,
+    /// Seed of the indices.
+    pub seed: u64,
+    /// Page size of the tiered tables.
+    pub page_size: usize,
+}
+
+fn policy_name<S: serde::Serializer>(p: &PolicyKind, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+/// One configuration's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecsysResult {
+    /// `strata`, `lru-cache`, `zero-copy` or `all-device`.
+    pub config: &'static str,
+    /// Row lookups per modelled second.
+    pub lookups_per_sec: f64,
+    /// Share of row lookups served by device memory.
+    pub hit_rate: f64,
+    /// Bytes moved into device memory (migrations, cache fills).
+    pub bytes_moved: u64,
+    /// Modelled seconds of all batches.
+    pub seconds: f64,
+    /// Wall seconds on this machine.
+    pub wall_seconds: f64,
+    /// Batches whose outputs were checked against a direct computation.
+    pub verified_batches: usize,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecsysReport {
+    /// "simulated".
+    pub backend: &'static str,
+    /// Times are modelled.
+    pub modelled: bool,
+    /// Parameters.
+    pub params: RecsysParams,
+    /// Bytes of all tables.
+    pub table_bytes: u64,
+    /// The device budget in bytes.
+    pub budget_bytes: u64,
+    /// Row lookups per configuration run.
+    pub lookups: u64,
+    /// The modelled GPU.
+    pub model: GpuModel,
+    /// One entry per configuration.
+    pub results: Vec<RecsysResult>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Config {
+    Strata,
+    LruCache,
+    ZeroCopy,
+    AllDevice,
+}
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::Strata => "strata",
+            Config::LruCache => "lru-cache",
+            Config::ZeroCopy => "zero-copy",
+            Config::AllDevice => "all-device",
+        }
+    }
+}
+
+/// FBGEMM's default cache size: 20% of the rows.
+pub const CACHE_LOAD_FACTOR: f64 = 0.2;
+/// Every this many batches, one is checked against a direct computation.
+const VERIFY_EVERY: usize = 8;
+
+/// Runs every configuration.
+pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result<RecsysReport> {
+    if params.tables == 0 || params.rows == 0 || params.dim == 0 || params.pooling == 0 {
+        return Err(Error::invalid(
+            "--tables, --rows, --dim and --pooling must be at least 1",
+        ));
+    }
+    if params.batch == 0 || params.batches == 0 {
+        return Err(Error::invalid("--batch and --batches must be at least 1"));
+    }
+    if params.rows > u32::MAX as usize {
+        return Err(Error::invalid("--rows is at most 2^32 − 1"));
+    }
+    crate::size::check_page_size(params.page_size)?;
+    let row_bytes = params.dim * 4;
+    if params.page_size % row_bytes != 0 {
+        return Err(Error::invalid(format!(
+            "a row of {row_bytes} bytes (--dim {}) must divide the page size {}",
+            params.dim, params.page_size
+        )));
+    }
+    let table_bytes = (params.rows * row_bytes) as u64;
+    let total = table_bytes * params.tables as u64;
+    let budget = match params.device_budget {
+        Budget::Bytes(b) => b,
+        Budget::Percent(p) => ((total as f64 * p / 100.0) as u64).max(params.page_size as u64),
+    };
+    progress("indices", 0.0);
+    let batches = recsys::generate(
+        &params.dist,
+        params.tables,
+        params.rows,
+        params.batch,
+        params.pooling,
+        params.batches,
+        params.seed,
+    )?;
+    let lookups = batches
+        .iter()
+        .map(|b| b.iter().map(Vec::len).sum::<usize>() as u64)
+        .sum();
+    let model = GpuModel::default();
+    let mut configs = vec![Config::Strata];
+    if params.baselines {
+        configs.extend([Config::LruCache, Config::ZeroCopy, Config::AllDevice]);
+    }
+    let mut results = Vec::new();
+    for (i, &config) in configs.iter().enumerate() {
+        progress(config.name(), i as f64 / configs.len() as f64);
+        results.push(run_config(params, config, budget, &batches, &model)?);
+    }
+    progress("done", 1.0);
+    Ok(RecsysReport {
+        backend: "simulated",
+        modelled: true,
+        params: params.clone(),
+        table_bytes: total,
+        budget_bytes: budget,
+        lookups,
+        model,
+        results,
+    })
+}
+
+fn run_config(
+    p: &RecsysParams,
+    config: Config,
+    budget: u64,
+    batches: &[Batch],
+    model: &GpuModel,
+) -> Result<RecsysResult> {
+    let row_bytes = p.dim * 4;
+    let table_bytes = (p.rows * row_bytes) as u64;
+    let total = table_bytes * p.tables as u64 + p.tables as u64 * p.page_size as u64;
+    let device = match config {
+        Config::Strata => budget,
+        Config::AllDevice => total,
+        Config::LruCache | Config::ZeroCopy => 0,
+    };
+    let rt = Runtime::builder()
+        .page_size(p.page_size)
+        .device(DeviceChoice::Sim, device)
+        .host(total)
+        .background_eviction(false)
+        .sampling((config == Config::Strata).then_some(2))
+        .build()?;
+    let tables: Vec<Buffer> = (0..p.tables)
+        .map(|t| {
+            // strata starts with the device empty, as the row cache does,
+            // and lets the balancer fill it with what the batches touch.
+            let placement = match config {
+                Config::Strata => Placement::Prefer(crate::tier::Tier::Host),
+                _ => Placement::Fastest,
+            };
+            let b = rt.alloc_with(table_bytes, placement)?;
+            let rows_per_piece = (8 << 20) / row_bytes;
+            for start in (0..p.rows).step_by(rows_per_piece.max(1)) {
+                let end = (start + rows_per_piece).min(p.rows);
+                let data: Vec<f32> = (start..end)
+                    .flat_map(|r| (0..p.dim).map(move |d| recsys::value(t, r, d)))
+                    .collect();
+                b.write((start * row_bytes) as u64, bytemuck::cast_slice(&data))?;
+            }
+            Ok(b)
+        })
+        .collect::<Result<_>>()?;
+    if config == Config::Strata {
+        rt.configure_balancer(BalancerConfig {
+            policy: p.policy,
+            // A page read through once per round (4-byte loads) pays for
+            // its move.
+            min_accesses: (p.page_size / 4 / 16) as u64,
+            ..Default::default()
+        })?;
+        rt.balance_once()?;
+    }
+    let cache = (config == Config::LruCache).then(|| {
+        let rows = ((p.rows * p.tables) as f64 * CACHE_LOAD_FACTOR).max(1.0) as usize;
+        Mutex::new(Lru::new(rows))
+    });
+    let row_tx = row_bytes.div_ceil(model.line as usize) as u64;
+    let (device_rows, host_rows, fills) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let mut seconds = 0.0;
+    let mut moved = 0u64;
+    let mut verified = 0;
+    let wall = Instant::now();
+    for (bi, batch) in batches.iter().enumerate() {
+        let before = rt.stats().device_links.unwrap_or_default();
+        let (d0, h0) = (
+            device_rows.load(Ordering::Relaxed),
+            host_rows.load(Ordering::Relaxed),
+        );
+        let maps: Vec<_> = tables
+            .iter()
+            .map(Buffer::device_map)
+            .collect::<Result<_>>()?;
+        let launches: Vec<_> = maps
+            .iter()
+            .map(|m| m.prepare(Access::ReadOnly))
+            .collect::<Result<_>>()?;
+        // Bags in parallel: (table, bag) → pooled row.
+        let outputs: Vec<Vec<f32>> = (0..p.tables * p.batch)
+            .into_par_iter()
+            .map(|tb| {
+                let (t, bag) = (tb / p.batch, tb % p.batch);
+                let mut r = launches[t].reader(tb as u64);
+                let mut sum = vec![0f32; p.dim];
+                let (mut on_dev, mut off_dev) = (0u64, 0u64);
+                for &row in &batch[t][bag * p.pooling..(bag + 1) * p.pooling] {
+                    let base = row as u64 * p.dim as u64;
+                    let mut device = false;
+                    for (d, s) in sum.iter_mut().enumerate() {
+                        let (v, _, dev) = r.load_at::<f32>(base + d as u64);
+                        device = dev;
+                        *s += v;
+                    }
+                    let hit = match &cache {
+                        Some(c) => {
+                            let id = (t as u64) << 32 | row as u64;
+                            let hit = c.lock().access(id).is_hit();
+                            if !hit {
+                                fills.fetch_add(1, Ordering::Relaxed);
+                            }
+                            hit
+                        }
+                        None => device,
+                    };
+                    if hit {
+                        on_dev += 1;
+                    } else {
+                        off_dev += 1;
+                    }
+                }
+                device_rows.fetch_add(on_dev, Ordering::Relaxed);
+                host_rows.fetch_add(off_dev, Ordering::Relaxed);
+                sum
+            })
+            .collect();
+        drop(launches);
+        drop(maps);
+        if bi % VERIFY_EVERY == 0 {
+            check(p, batch, &outputs).map_err(|why| {
+                Error::new(
+                    ErrorKind::Corrupted,
+                    format!("{} batch {bi}: {why}", config.name()),
+                )
+            })?;
+            verified += 1;
+        }
+        if config == Config::Strata {
+            rt.balance_once()?;
+        }
+        let after = rt.stats().device_links.unwrap_or_default();
+        let (d, h) = (
+            device_rows.load(Ordering::Relaxed) - d0,
+            host_rows.load(Ordering::Relaxed) - h0,
+        );
+        moved += (after.0.bytes - before.0.bytes) + (after.1.bytes - before.1.bytes);
+        let migration = after.0.modelled_seconds - before.0.modelled_seconds
+            + after.1.modelled_seconds
+            - before.1.modelled_seconds;
+        seconds += model.launch_seconds
+            + (d * row_tx * model.line) as f64 / model.hbm_bandwidth
+            + (h * row_tx * model.line) as f64 / model.pcie_bandwidth
+            + migration;
+    }
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    let (d, h) = (device_rows.into_inner(), host_rows.into_inner());
+    let bytes_moved = match config {
+        // Fills of the row cache cross PCIe (already in `seconds`: a miss
+        // is a host read).
+        Config::LruCache => fills.into_inner() * row_bytes as u64,
+        _ => moved,
+    };
+    Ok(RecsysResult {
+        config: config.name(),
+        lookups_per_sec: (d + h) as f64 / seconds.max(1e-12),
+        hit_rate: d as f64 / (d + h).max(1) as f64,
+        bytes_moved,
+        seconds,
+        wall_seconds,
+        verified_batches: verified,
+    })
+}
+
+/// The pooled outputs of `batch` equal sums computed directly from the
+/// tables' defining values, in the same order (so exactly equal).
+fn check(p: &RecsysParams, batch: &Batch, outputs: &[Vec<f32>]) -> std::result::Result<(), String> {
+    for t in 0..p.tables {
+        for bag in 0..p.batch {
+            let mut want = vec![0f32; p.dim];
+            for &row in &batch[t][bag * p.pooling..(bag + 1) * p.pooling] {
+                for (d, w) in want.iter_mut().enumerate() {
+                    *w += recsys::value(t, row as usize, d);
+                }
+            }
+            if outputs[t * p.batch + bag] != want {
+                return Err(format!("table {t} bag {bag} differs from the direct sum"));
+            }
+        }
+    }
+    Ok(())
+}

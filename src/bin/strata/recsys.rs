@@ -1,0 +1,164 @@
+//! `strata bench recsys`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use strata::bench::graph::Budget;
+use strata::bench::recsys::{self, RecsysParams, RecsysReport};
+use strata::policy::PolicyKind;
+use strata::size::{format_size, parse_size};
+use strata::Error;
+
+#[derive(Args)]
+pub struct RecsysArgs {
+    /// Embedding tables.
+    #[arg(long, default_value_t = 8)]
+    tables: usize,
+    /// Rows per table.
+    #[arg(long, default_value_t = 200_000)]
+    rows: usize,
+    /// f32 elements per row.
+    #[arg(long, default_value_t = 64)]
+    dim: usize,
+    /// Rows summed per bag.
+    #[arg(long, default_value_t = 20)]
+    pooling: usize,
+    /// Bags per table per batch.
+    #[arg(long, default_value_t = 1024)]
+    batch: usize,
+    /// Batches.
+    #[arg(long, default_value_t = 24)]
+    batches: usize,
+    /// zipf:ALPHA, uniform or file:PATH (one batch per line, `table:row` items).
+    #[arg(long, default_value = "zipf:1.05")]
+    dist: String,
+    /// Device memory for the tables: bytes or a percentage.
+    #[arg(long, default_value = "20%")]
+    device_budget: String,
+    /// strata's placement policy.
+    #[arg(long, default_value = "default")]
+    policy: String,
+    /// Also run lru-cache, zero-copy and all-device.
+    #[arg(long)]
+    baselines: bool,
+    /// Seed of the indices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Page size of the tiered tables.
+    #[arg(long, default_value = "64k")]
+    page_size: String,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw the comparison as SVG to this file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(a: RecsysArgs) -> Result<(), Error> {
+    let params = RecsysParams {
+        tables: a.tables,
+        rows: a.rows,
+        dim: a.dim,
+        pooling: a.pooling,
+        batch: a.batch,
+        batches: a.batches,
+        dist: a.dist.parse()?,
+        device_budget: a.device_budget.parse::<Budget>()?,
+        policy: a.policy.parse::<PolicyKind>()?,
+        baselines: a.baselines,
+        seed: a.seed,
+        page_size: parse_size(&a.page_size)
+            .map_err(|e| e.context("--page-size"))?
+            .try_into()
+            .map_err(|_| Error::invalid("--page-size is too large"))?,
+    };
+    let json = crate::open_json(&a.json)?;
+    let report = crate::with_progress(a.quiet, |progress| recsys::run(&params, progress))?;
+    println!(
+        "{} tables × {} rows × {} f32 ({}), device budget {}; {} lookups per configuration",
+        params.tables,
+        params.rows,
+        params.dim,
+        format_size(report.table_bytes),
+        format_size(report.budget_bytes),
+        report.lookups
+    );
+    println!("backend: simulated — lookups/s in modelled GPU time; wall is this machine");
+    println!(
+        "{:<11} {:>14} {:>9} {:>10} {:>12} {:>9}",
+        "config", "lookups/s", "hit rate", "moved", "modelled", "wall"
+    );
+    for r in &report.results {
+        println!(
+            "{:<11} {:>14.3e} {:>8.1}% {:>10} {:>10.3}ms {:>8.2}s",
+            r.config,
+            r.lookups_per_sec,
+            100.0 * r.hit_rate,
+            format_size(r.bytes_moved),
+            r.seconds * 1e3,
+            r.wall_seconds
+        );
+    }
+    crate::write_json(json, &report)?;
+    if let Some(path) = &a.plot {
+        plot(&report, path)?;
+    }
+    Ok(())
+}
+
+fn plot(r: &RecsysReport, path: &std::path::Path) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let err =
+        |e: &dyn std::fmt::Display| Error::invalid(format!("drawing {}: {e}", path.display()));
+    let root = SVGBackend::new(path, (720, 300)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let max = r
+        .results
+        .iter()
+        .map(|c| c.lookups_per_sec / 1e6)
+        .fold(0.0f64, f64::max)
+        * 1.15;
+    let names: Vec<&str> = r.results.iter().map(|c| c.config).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "embedding bags (simulated device, modelled time)",
+            ("sans-serif", 16),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(90)
+        .build_cartesian_2d(0.0..max.max(1e-9), (0..names.len()).into_segmented())
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("million lookups per modelled second (higher is better)")
+        .y_label_formatter(&|y| match y {
+            SegmentValue::CenterOf(i) => names.get(*i).copied().unwrap_or("").to_string(),
+            _ => String::new(),
+        })
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(r.results.iter().enumerate().map(|(i, c)| {
+            let color = if i == 0 {
+                BLUE
+            } else {
+                RGBColor(150, 150, 150)
+            };
+            Rectangle::new(
+                [
+                    (0.0, SegmentValue::Exact(i)),
+                    (c.lookups_per_sec / 1e6, SegmentValue::Exact(i + 1)),
+                ],
+                color.filled(),
+            )
+        }))
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}

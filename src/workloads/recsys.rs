@@ -1,0 +1,220 @@
+//! The recommender workload: DLRM-style embedding bags (sum pooling) over
+//! embedding tables in tiered buffers, read through device maps on the
+//! simulated device, beside an FBGEMM-style LRU row cache, zero-copy and
+//! everything on the device (`strata bench recsys`).
+//!
+//! Indices are drawn per table from Zipf(α) over row ids with rank = id (row
+//! 0 the most popular, as the synthetic generators of DLRM and FBGEMM's
+//! benchmarks do), uniformly, or replayed from a file (one batch per line,
+//! `table:row` items separated by spaces; the items of a line are split
+//! into the batch's bags in order).
+#![forbid(unsafe_code)]
+
+use std::io::BufRead;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+
+/// How indices are drawn.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum Dist {
+    /// Zipf(α) over row ids, rank = id.
+    Zipf {
+        /// The exponent.
+        alpha: f64,
+    },
+    /// Uniform over rows.
+    Uniform,
+    /// Batches replayed from a file.
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+}
+
+impl std::str::FromStr for Dist {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "uniform" {
+            return Ok(Dist::Uniform);
+        }
+        if let Some(a) = s.strip_prefix("zipf:") {
+            let alpha: f64 = a
+                .parse()
+                .map_err(|_| Error::invalid(format!("--dist {s:?}: not a number after zipf:")))?;
+            if !(alpha > 0.0 && alpha < 10.0) {
+                return Err(Error::invalid(format!(
+                    "--dist {s:?}: α must be in (0, 10)"
+                )));
+            }
+            return Ok(Dist::Zipf { alpha });
+        }
+        if let Some(p) = s.strip_prefix("file:") {
+            if !p.is_empty() {
+                return Ok(Dist::File { path: p.into() });
+            }
+        }
+        Err(Error::invalid(format!(
+            "--dist {s:?}: use zipf:ALPHA, uniform or file:PATH"
+        )))
+    }
+}
+
+/// One batch: for each table, `batch` bags of `pooling` row ids each,
+/// flattened (`ids[table][bag * pooling + k]`).
+pub type Batch = Vec<Vec<u32>>;
+
+/// A Zipf sampler over `0..n` by inverse transform on the cumulative
+/// weights (exact, O(log n) per draw).
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    /// Zipf(α) over `n` ranks.
+    pub fn new(n: usize, alpha: f64) -> Self {
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = (1..=n)
+            .map(|k| {
+                acc += 1.0 / (k as f64).powf(alpha);
+                acc
+            })
+            .collect();
+        let total = acc;
+        for c in &mut cdf {
+            *c /= total;
+        }
+        Self { cdf }
+    }
+
+    /// The rank for a uniform `u` in [0, 1).
+    pub fn sample(&self, u: f64) -> usize {
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
+    }
+}
+
+/// Generates `batches` batches.
+pub fn generate(
+    dist: &Dist,
+    tables: usize,
+    rows: usize,
+    batch: usize,
+    pooling: usize,
+    batches: usize,
+    seed: u64,
+) -> Result<Vec<Batch>> {
+    let zipf = match dist {
+        Dist::Zipf { alpha } => Some(Zipf::new(rows, *alpha)),
+        Dist::Uniform => None,
+        Dist::File { path } => return read_batches(path, tables, rows, batch, pooling),
+    };
+    Ok((0..batches)
+        .into_par_iter()
+        .map(|b| {
+            (0..tables)
+                .map(|t| {
+                    let mut s = crate::hotness::mix(seed ^ ((b as u64) << 20 | t as u64));
+                    (0..batch * pooling)
+                        .map(|_| {
+                            s = crate::hotness::mix(s);
+                            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+                            match &zipf {
+                                Some(z) => z.sample(u) as u32,
+                                None => (u * rows as f64) as u32,
+                            }
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect())
+}
+
+fn read_batches(
+    path: &Path,
+    tables: usize,
+    rows: usize,
+    batch: usize,
+    pooling: usize,
+) -> Result<Vec<Batch>> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let bad = |why: String| Error::invalid(format!("{} line {}: {why}", path.display(), i + 1));
+        let mut b: Batch = vec![Vec::new(); tables];
+        for item in t.split_whitespace() {
+            let (tab, row) = item
+                .split_once(':')
+                .ok_or_else(|| bad(format!("{item:?} is not table:row")))?;
+            let tab: usize = tab
+                .parse()
+                .map_err(|_| bad(format!("{item:?}: bad table")))?;
+            let row: u32 = row.parse().map_err(|_| bad(format!("{item:?}: bad row")))?;
+            if tab >= tables || row as usize >= rows {
+                return Err(bad(format!(
+                    "{item:?} is outside {tables} tables of {rows} rows"
+                )));
+            }
+            b[tab].push(row);
+        }
+        // Each table's items fill `batch` bags of `pooling`, cycling when
+        // the line has fewer.
+        for ids in &mut b {
+            if ids.is_empty() {
+                return Err(bad("a table has no item on this line".into()));
+            }
+            let src = ids.clone();
+            *ids = (0..batch * pooling).map(|k| src[k % src.len()]).collect();
+        }
+        out.push(b);
+    }
+    if out.is_empty() {
+        return Err(Error::invalid(format!("{} holds no batch", path.display())));
+    }
+    Ok(out)
+}
+
+/// The value of element `d` of row `r` of table `t` (tables are filled
+/// with it, and verification recomputes it).
+#[inline]
+pub fn value(t: usize, r: usize, d: usize) -> f32 {
+    let h = crate::hotness::mix((t as u64) << 40 ^ (r as u64) << 12 ^ d as u64);
+    (h >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_puts_most_mass_on_low_ranks() {
+        let z = Zipf::new(1000, 1.05);
+        let draws: Vec<usize> = (0..10_000)
+            .map(|i| z.sample((i as f64 + 0.5) / 10_000.0))
+            .collect();
+        let top = draws.iter().filter(|&&r| r < 100).count();
+        assert!(top > 6_000, "{top}");
+        assert!(draws.iter().all(|&r| r < 1000));
+    }
+
+    #[test]
+    fn dists_parse() {
+        assert_eq!(
+            "zipf:1.05".parse::<Dist>().unwrap(),
+            Dist::Zipf { alpha: 1.05 }
+        );
+        assert_eq!("uniform".parse::<Dist>().unwrap(), Dist::Uniform);
+        for bad in ["zipf:", "zipf:x", "zipf:-1", "normal", "file:"] {
+            assert!(bad.parse::<Dist>().is_err(), "{bad}");
+        }
+    }
+}
