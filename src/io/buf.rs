@@ -22,6 +22,10 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     home: Option<(Arc<BufPool>, u32)>,
+    /// For memory lent by its owner (see [`AlignedBuf::lent`]): the owner's
+    /// token, handed back by [`AlignedBuf::into_lender`]. Such a buffer
+    /// frees nothing.
+    lender: Option<Option<Box<dyn std::any::Any + Send + Sync>>>,
 }
 
 // SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
@@ -52,7 +56,41 @@ impl AlignedBuf {
             ptr,
             len,
             home: None,
+            lender: None,
         })
+    }
+
+    /// A buffer over memory someone else owns (a host slot a read should
+    /// land in directly), with `token` proving the loan (e.g. the slot).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` is valid for reads and writes, aligned to
+    /// [`IO_ALIGN`] with `len` a non-zero multiple of it, and used by nothing
+    /// else until the buffer is dropped or [`into_lender`](Self::into_lender)
+    /// returns the token.
+    pub unsafe fn lent(
+        ptr: NonNull<u8>,
+        len: usize,
+        token: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
+        debug_assert!(len > 0 && len % IO_ALIGN == 0 && ptr.as_ptr() as usize % IO_ALIGN == 0);
+        Self {
+            ptr,
+            len,
+            home: None,
+            lender: Some(Some(token)),
+        }
+    }
+
+    /// Whether the memory is lent (see [`AlignedBuf::lent`]).
+    pub fn is_lent(&self) -> bool {
+        self.lender.is_some()
+    }
+
+    /// Ends a loan: the lender's token back (`None` for a buffer that was
+    /// not lent).
+    pub fn into_lender(mut self) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        self.lender.as_mut().and_then(Option::take)
     }
 
     /// For a pool buffer: the pool's id and the buffer's index in it.
@@ -98,6 +136,11 @@ impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if let Some((pool, index)) = self.home.take() {
             pool.free.lock().push(index);
+            return;
+        }
+        if self.lender.is_some() {
+            // Lent memory is its owner's; a token not handed back is
+            // dropped (what it stood for stays allocated).
             return;
         }
         // SAFETY: a buffer without a pool was allocated in `new` with
@@ -163,6 +206,7 @@ impl BufPool {
             ptr,
             len: self.buf_len,
             home: Some((self.clone(), index)),
+            lender: None,
         })
     }
 

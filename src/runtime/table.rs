@@ -474,6 +474,10 @@ impl Table {
             }
         };
         let to = self.store(dst);
+        // Reads into host memory land in the page's new slot directly.
+        let direct = (dst == Tier::Host)
+            .then(|| to.as_any().downcast_ref::<HostStore>())
+            .flatten();
         let started = Instant::now();
         let mut reserved = self.reserve(&mut guards, full);
 
@@ -499,6 +503,34 @@ impl Table {
                             Err(e) => {
                                 first_err.get_or_insert(e);
                             }
+                        }
+                        continue;
+                    }
+                    // Into host memory: straight into the page's new slot.
+                    if let Some(host) = direct {
+                        let fresh = match host.alloc() {
+                            Ok(f) => f,
+                            Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
+                                full.push(*p);
+                                continue;
+                            }
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                                continue;
+                            }
+                        };
+                        let Resident { slot, .. } = std::mem::replace(&mut entry.loc, Lost) else {
+                            unreachable!("checked resident")
+                        };
+                        if let Err((e, slot, fresh)) =
+                            session.submit_read_into(slot, host, fresh, i as u64)
+                        {
+                            entry.loc = Resident {
+                                tier: Tier::Nvme,
+                                slot,
+                            };
+                            let _ = host.free(fresh);
+                            first_err.get_or_insert(e);
                         }
                         continue;
                     }
@@ -537,9 +569,24 @@ impl Table {
                             tier: Tier::Nvme,
                             slot: c.slot,
                         };
-                        let installed = c
-                            .result
-                            .and_then(|()| self.install(*p, entry, dst, to, &c.buf));
+                        let installed = if c.buf.is_lent() {
+                            // Read straight into its new host slot.
+                            let fresh = crate::tier::nvme::lent_host_slot(c.buf)
+                                .expect("a lent buffer carries its slot");
+                            match c.result {
+                                Ok(()) => {
+                                    self.commit(*p, entry, Tier::Host, fresh);
+                                    Ok(())
+                                }
+                                Err(e) => {
+                                    let _ = to.free(fresh);
+                                    Err(e)
+                                }
+                            }
+                        } else {
+                            c.result
+                                .and_then(|()| self.install(*p, entry, dst, to, &c.buf))
+                        };
                         match installed {
                             Ok(()) => committed.push(Tier::Nvme),
                             Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
@@ -554,6 +601,12 @@ impl Table {
                         engine_errors += 1;
                         first_err.get_or_insert(e);
                     }
+                }
+                if direct.is_some() {
+                    // Direct reads never reaped hold their new host slots
+                    // (leaked with the request): those keep their
+                    // reservations, so promised pages still find room.
+                    reserved.pages -= session.in_flight() as u64;
                 }
             }
         }
@@ -670,6 +723,12 @@ impl Table {
             let _ = to.free(slot);
             return Err(e);
         }
+        self.commit(p, entry, dst, slot);
+        Ok(())
+    }
+
+    /// Switches a page from its NVMe slot to `slot` of `dst` (its lock held).
+    fn commit(&self, p: usize, entry: &mut Entry, dst: Tier, slot: Slot) {
         let Resident { slot: old, .. } =
             std::mem::replace(&mut entry.loc, Resident { tier: dst, slot })
         else {
@@ -679,7 +738,6 @@ impl Table {
         // From NVMe: freed, never retired.
         self.free_old(Tier::Nvme, old);
         self.remap(p, entry);
-        Ok(())
     }
 
     /// Moves locked memory-tier pages to NVMe: each page is copied out under

@@ -59,7 +59,9 @@ pub struct HostStore {
     registrations: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
     /// Where a device sees the arena once registered with it (cuda).
     device_base: std::sync::OnceLock<u64>,
-    arena: Arena,
+    /// Shared with reads in flight into its slots (see
+    /// `NvmeSession::submit_read_into`), which keep it mapped.
+    arena: std::sync::Arc<Arena>,
 }
 
 impl std::fmt::Debug for HostStore {
@@ -106,7 +108,7 @@ impl HostStore {
             slots: SlotAllocator::new(pages),
             registrations: Mutex::new(Vec::new()),
             device_base: std::sync::OnceLock::new(),
-            arena,
+            arena: std::sync::Arc::new(arena),
         })
     }
 
@@ -179,6 +181,11 @@ impl HostStore {
             Some(base) => base + (host - self.arena.base().as_ptr() as u64),
             None => host,
         })
+    }
+
+    /// The arena, to keep it mapped while I/O lands in it.
+    pub(crate) fn arena_handle(&self) -> std::sync::Arc<Arena> {
+        self.arena.clone()
     }
 
     /// Start and length of the arena.

@@ -445,6 +445,22 @@ pub struct NvmeSession<'a> {
     raw: Vec<IoCompletion>,
 }
 
+/// The host slot a buffer from [`NvmeSession::submit_read_into`] was lent
+/// by (`None` for any other buffer).
+pub fn lent_host_slot(buf: AlignedBuf) -> Option<Slot> {
+    buf.into_lender()
+        .and_then(|t| t.downcast::<(Slot, Arc<crate::sys::Arena>)>().ok())
+        .map(|b| b.0)
+}
+
+impl NvmeCompletion {
+    /// For a read from [`NvmeSession::submit_read_into`]: the host slot it
+    /// read into (holding the page when `result` is `Ok`).
+    pub fn into_host_slot(self) -> Option<Slot> {
+        lent_host_slot(self.buf)
+    }
+}
+
 impl NvmeSession<'_> {
     /// Maximum requests in flight.
     pub fn depth(&self) -> usize {
@@ -469,6 +485,39 @@ impl NvmeSession<'_> {
     /// Starts reading `slot` into `buf`; the completion verifies the checksum.
     pub fn submit_read(&mut self, slot: Slot, buf: AlignedBuf, tag: u64) -> Result<(), Rejected> {
         self.submit(IoOp::Read, slot, buf, tag)
+    }
+
+    /// Starts reading `slot` straight into `dst`, a slot of `host` (no
+    /// bounce buffer); the completion verifies the checksum, and its buffer
+    /// gives `dst` back through [`NvmeCompletion::into_host_slot`]. The
+    /// request holds the host arena, so the read can never land in memory
+    /// that is gone.
+    pub fn submit_read_into(
+        &mut self,
+        slot: Slot,
+        host: &crate::tier::HostStore,
+        dst: Slot,
+        tag: u64,
+    ) -> Result<(), (Error, Slot, Slot)> {
+        if host.page_size() != self.store.page_size {
+            return Err((Error::invalid("host and nvme page sizes differ"), slot, dst));
+        }
+        let ptr = match host.slot_ptr(&dst) {
+            Ok(p) => p,
+            Err(e) => return Err((e, slot, dst)),
+        };
+        // SAFETY: `dst` is a slot of `host` (checked by `slot_ptr`), a
+        // page-aligned, page-sized range of its arena that only the holder of
+        // the `dst` token may touch; the token travels inside the buffer, so
+        // nothing else uses the range until it is handed back. The buffer
+        // also holds the arena, so even a buffer leaked by a queue that
+        // could not wait for its I/O keeps the memory mapped.
+        let token: Box<dyn std::any::Any + Send + Sync> = Box::new((dst, host.arena_handle()));
+        let buf = unsafe { AlignedBuf::lent(ptr, self.store.page_size, token) };
+        self.submit(IoOp::Read, slot, buf, tag).map_err(|r| {
+            let dst = lent_host_slot(r.buf).expect("the buffer lent above");
+            (r.error, r.slot, dst)
+        })
     }
 
     fn submit(&mut self, op: IoOp, slot: Slot, buf: AlignedBuf, tag: u64) -> Result<(), Rejected> {
