@@ -506,13 +506,13 @@ impl NvmeSession<'_> {
             Ok(p) => p,
             Err(e) => return Err((e, slot, dst)),
         };
+        let token: Box<dyn std::any::Any + Send + Sync> = Box::new((dst, host.arena_handle()));
         // SAFETY: `dst` is a slot of `host` (checked by `slot_ptr`), a
         // page-aligned, page-sized range of its arena that only the holder of
         // the `dst` token may touch; the token travels inside the buffer, so
         // nothing else uses the range until it is handed back. The buffer
         // also holds the arena, so even a buffer leaked by a queue that
         // could not wait for its I/O keeps the memory mapped.
-        let token: Box<dyn std::any::Any + Send + Sync> = Box::new((dst, host.arena_handle()));
         let buf = unsafe { AlignedBuf::lent(ptr, self.store.page_size, token) };
         self.submit(IoOp::Read, slot, buf, tag).map_err(|r| {
             let dst = lent_host_slot(r.buf).expect("the buffer lent above");
