@@ -25,7 +25,8 @@
 //! Environment (overrides the file): `STRATA_CONFIG` (the file),
 //! `STRATA_DEVICE`, `STRATA_DEVICE_CAPACITY`, `STRATA_PAGE_SIZE`, `STRATA_HOST_CAPACITY`, `STRATA_CXL_MODE`,
 //! `STRATA_CXL_CAPACITY`, `STRATA_NVME_PATH`, `STRATA_NVME_CAPACITY`,
-//! `STRATA_IO_ENGINE`, `STRATA_WATERMARK_LOW`, `STRATA_WATERMARK_HIGH`.
+//! `STRATA_IO_ENGINE`, `STRATA_WATERMARK_LOW`, `STRATA_WATERMARK_HIGH`,
+//! `STRATA_POLICY`.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -78,6 +79,7 @@ struct FileConfig {
     device_capacity: Option<Size>,
     watermark_low: Option<f64>,
     watermark_high: Option<f64>,
+    policy: Option<String>,
     #[serde(default)]
     host: FileHost,
     #[serde(default)]
@@ -135,6 +137,16 @@ pub struct Config {
     /// Background eviction keeps each tier but the slowest between these
     /// fractions of its capacity.
     pub watermarks: crate::runtime::Watermarks,
+    /// The balancer's placement policy.
+    #[serde(serialize_with = "policy_name")]
+    pub policy: crate::policy::PolicyKind,
+}
+
+fn policy_name<S: serde::Serializer>(
+    p: &crate::policy::PolicyKind,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
 }
 
 impl Config {
@@ -264,6 +276,10 @@ impl Config {
                 .unwrap_or(defaults.high),
         };
         watermarks.check()?;
+        let policy = match env("STRATA_POLICY").or(file.policy) {
+            Some(p) => p.parse().map_err(|e: Error| e.context("policy"))?,
+            None => crate::policy::PolicyKind::Default,
+        };
         let config = Self {
             page_size,
             device,
@@ -272,6 +288,7 @@ impl Config {
             cxl,
             nvme,
             watermarks,
+            policy,
         };
         config.validate()?;
         Ok(config)
@@ -393,6 +410,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message().contains("watermarks"), "{e}");
+        let e = Config::resolve(Some("policy = \"mru\""), &no_env, &Topology::default())
+            .unwrap_err();
+        assert!(e.message().contains("policy"), "{e}");
+        let env = |k: &str| (k == "STRATA_POLICY").then(|| "lfu".to_string());
+        let c = Config::resolve(None, &env, &Topology::default()).unwrap();
+        assert_eq!(c.policy, crate::policy::PolicyKind::Lfu);
         let env = |k: &str| (k == "STRATA_WATERMARK_HIGH").then(|| "high".to_string());
         let e = Config::resolve(None, &env, &Topology::default()).unwrap_err();
         assert!(e.message().contains("STRATA_WATERMARK_HIGH"), "{e}");

@@ -81,6 +81,7 @@ pub struct RuntimeBuilder {
     watermarks: Watermarks,
     background_eviction: bool,
     sample_shift: Option<u32>,
+    policy: crate::policy::PolicyKind,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -112,6 +113,7 @@ impl Default for RuntimeBuilder {
             watermarks: Watermarks::default(),
             background_eviction: true,
             sample_shift: Some(0),
+            policy: crate::policy::PolicyKind::Default,
         }
     }
 }
@@ -174,6 +176,12 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The balancer's placement policy (default: the default policy).
+    pub fn policy(mut self, policy: crate::policy::PolicyKind) -> Self {
+        self.policy = policy;
+        self
+    }
+
     /// Builds the runtime from a resolved [`Config`](crate::config::Config).
     pub fn from_config(config: &crate::config::Config) -> Self {
         let device_capacity = config.device_capacity.unwrap_or(match config.device {
@@ -198,6 +206,7 @@ impl RuntimeBuilder {
             watermarks: config.watermarks,
             background_eviction: true,
             sample_shift: Some(0),
+            policy: config.policy,
         }
     }
 
@@ -272,6 +281,7 @@ impl RuntimeBuilder {
             watermarks: self.watermarks,
             reclaimer: OnceLock::new(),
             sample_shift: self.sample_shift,
+            policy: self.policy,
             trace: Default::default(),
             next_buffer: Default::default(),
             balancer: Mutex::new(None),
@@ -332,6 +342,8 @@ pub(crate) struct Inner {
     reclaimer: OnceLock<Reclaimer>,
     /// Access counting: 1 in 2^k, or off.
     pub(crate) sample_shift: Option<u32>,
+    /// The balancer's policy when none is given.
+    policy: crate::policy::PolicyKind,
     /// Trace recording (off unless a recorder runs).
     pub(crate) trace: record::TraceSink,
     /// Numbers buffers for trace page ids.
@@ -693,7 +705,10 @@ impl Runtime {
         if slot.is_none() {
             *slot = Some(balancer::Balancer::new(
                 &self.inner,
-                BalancerConfig::default(),
+                BalancerConfig {
+                    policy: self.inner.policy,
+                    ..Default::default()
+                },
             )?);
         }
         Ok(slot.as_mut().expect("made above").step(&self.inner))
