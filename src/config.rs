@@ -410,8 +410,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message().contains("watermarks"), "{e}");
-        let e = Config::resolve(Some("policy = \"mru\""), &no_env, &Topology::default())
-            .unwrap_err();
+        let e =
+            Config::resolve(Some("policy = \"mru\""), &no_env, &Topology::default()).unwrap_err();
         assert!(e.message().contains("policy"), "{e}");
         let env = |k: &str| (k == "STRATA_POLICY").then(|| "lfu".to_string());
         let c = Config::resolve(None, &env, &Topology::default()).unwrap();
