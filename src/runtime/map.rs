@@ -216,6 +216,23 @@ impl DeviceMap {
         Ok(launch)
     }
 
+    /// [`prepare`](Self::prepare) for holders that cannot keep a borrow of
+    /// the map alive (the C ABI's handle tables): the guard holds its own
+    /// reference to the map and ends the launch when it drops.
+    pub fn prepare_owned(&self, access: Access) -> Result<OwnedLaunch> {
+        let launch = self.prepare(access)?;
+        // The owned guard ends the launch instead (a `Launch` holds nothing
+        // but the borrow and the access mode).
+        let _ = std::mem::ManuallyDrop::new(launch);
+        Ok(OwnedLaunch {
+            map: DeviceMap {
+                table: self.table.clone(),
+                shared: self.shared.clone(),
+            },
+            access,
+        })
+    }
+
     /// Each page's access count so far (simulated kernels bump them).
     pub fn counts(&self) -> Vec<u32> {
         self.shared
@@ -314,5 +331,58 @@ impl Drop for Launch<'_> {
             }
         };
         table.free_retired(retired);
+    }
+}
+
+/// A [`Launch`] that owns a reference to its map; see
+/// [`DeviceMap::prepare_owned`].
+#[must_use = "the launch ends when the guard drops"]
+pub struct OwnedLaunch {
+    map: DeviceMap,
+    access: Access,
+}
+
+impl std::fmt::Debug for OwnedLaunch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.launch().fmt(f)
+    }
+}
+
+impl OwnedLaunch {
+    /// The borrowed guard's view, which must not end the launch.
+    fn launch(&self) -> std::mem::ManuallyDrop<Launch<'_>> {
+        std::mem::ManuallyDrop::new(Launch {
+            map: &self.map,
+            access: self.access,
+        })
+    }
+
+    /// The launch's access mode.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// Pages mapped.
+    pub fn pages(&self) -> usize {
+        self.map.pages()
+    }
+
+    /// As [`Launch::map_address`].
+    pub fn map_address(&self) -> u64 {
+        self.launch().map_address()
+    }
+
+    /// As [`Launch::entry`].
+    pub fn entry(&self, p: usize) -> u64 {
+        self.launch().entry(p)
+    }
+}
+
+impl Drop for OwnedLaunch {
+    fn drop(&mut self) {
+        drop(Launch {
+            map: &self.map,
+            access: self.access,
+        });
     }
 }

@@ -58,6 +58,9 @@ pub use buffer::{Buffer, Pin};
 pub use map::{Access, DeviceMap, Launch};
 pub use mover::Ticket;
 pub use reclaim::Watermarks;
+// Guards that own their buffer or map, for the C ABI.
+pub use buffer::OwnedPin;
+pub use map::OwnedLaunch;
 
 use mover::Mover;
 use reclaim::Reclaimer;
