@@ -7,10 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata::runtime::Placement;
+use strata::Buffer;
 
 use crate::cast;
 use crate::enums::{strata_tier, tier, tier_code};
-use crate::objects::{self, strata_buffer, strata_runtime, strata_ticket, BufferObj, BUFFERS, TICKETS};
+use crate::objects::{
+    self, strata_buffer, strata_runtime, strata_ticket, BufferObj, BUFFERS, TICKETS,
+};
 use crate::status::{boundary, Fail, R, STRATA_OK, STRATA_PENDING};
 
 /// `offset..offset + len`, refusing a sum that overflows.
@@ -21,7 +24,26 @@ pub(crate) fn range(offset: u64, len: u64) -> R<Range<u64>> {
     Ok(offset..end)
 }
 
-unsafe fn alloc(rt: *const strata_runtime, bytes: u64, placement: Placement, out: *mut *mut strata_buffer) -> R {
+/// Refuses a range beyond the buffer before the caller's pointer is turned
+/// into a slice of that length (a length larger than the caller's memory
+/// must not become a slice at all).
+#[inline]
+fn fits(b: &Buffer, offset: u64, len: usize) -> R<()> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= b.len() => Ok(()),
+        _ => Err(Fail::invalid(format!(
+            "range {offset}+{len} exceeds the buffer's {} bytes",
+            b.len()
+        ))),
+    }
+}
+
+unsafe fn alloc(
+    rt: *const strata_runtime,
+    bytes: u64,
+    placement: Placement,
+    out: *mut *mut strata_buffer,
+) -> R {
     // SAFETY: NULL or writable (the exported functions' contract).
     let out = unsafe { cast::out(out, "out") }?;
     let rt = objects::get(rt)?;
@@ -48,9 +70,15 @@ unsafe fn alloc(rt: *const strata_runtime, bytes: u64, placement: Placement, out
 /// # Safety
 /// `out` is NULL or points to a writable `strata_buffer *`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_alloc(rt: *const strata_runtime, bytes: u64, out: *mut *mut strata_buffer) -> c_int {
+pub unsafe extern "C" fn strata_alloc(
+    rt: *const strata_runtime,
+    bytes: u64,
+    out: *mut *mut strata_buffer,
+) -> c_int {
     // SAFETY: forwarded contract.
-    boundary("strata_alloc", || unsafe { alloc(rt, bytes, Placement::Fastest, out) })
+    boundary("strata_alloc", || unsafe {
+        alloc(rt, bytes, Placement::Fastest, out)
+    })
 }
 
 /// As `strata_alloc`, but pages go to `tier` while it has room (then to the
@@ -103,7 +131,10 @@ pub unsafe extern "C" fn strata_buffer_len(buf: *const strata_buffer, len: *mut 
 /// # Safety
 /// `pages` is NULL or points to a writable `size_t`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_buffer_page_count(buf: *const strata_buffer, pages: *mut usize) -> c_int {
+pub unsafe extern "C" fn strata_buffer_page_count(
+    buf: *const strata_buffer,
+    pages: *mut usize,
+) -> c_int {
     boundary("strata_buffer_page_count", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(pages, "pages") }?;
@@ -141,11 +172,18 @@ pub unsafe extern "C" fn strata_buffer_tier_of(
 /// When `len > 0`, `dst` is NULL or points to `len` writable bytes that no
 /// other thread touches during the call.
 #[no_mangle]
-pub unsafe extern "C" fn strata_read(buf: *const strata_buffer, offset: u64, dst: *mut c_void, len: usize) -> c_int {
+pub unsafe extern "C" fn strata_read(
+    buf: *const strata_buffer,
+    offset: u64,
+    dst: *mut c_void,
+    len: usize,
+) -> c_int {
     boundary("strata_read", || {
+        let b = objects::get(buf)?;
+        fits(&b.buffer, offset, len)?;
         // SAFETY: NULL or `len` writable bytes (this function's contract).
         let dst = unsafe { cast::bytes_mut(dst, len, "dst") }?;
-        objects::get(buf)?.buffer.read(offset, dst)?;
+        b.buffer.read(offset, dst)?;
         Ok(STRATA_OK)
     })
 }
@@ -160,11 +198,18 @@ pub unsafe extern "C" fn strata_read(buf: *const strata_buffer, offset: u64, dst
 /// When `len > 0`, `src` is NULL or points to `len` readable bytes that no
 /// other thread writes during the call.
 #[no_mangle]
-pub unsafe extern "C" fn strata_write(buf: *const strata_buffer, offset: u64, src: *const c_void, len: usize) -> c_int {
+pub unsafe extern "C" fn strata_write(
+    buf: *const strata_buffer,
+    offset: u64,
+    src: *const c_void,
+    len: usize,
+) -> c_int {
     boundary("strata_write", || {
+        let b = objects::get(buf)?;
+        fits(&b.buffer, offset, len)?;
         // SAFETY: NULL or `len` readable bytes (this function's contract).
         let src = unsafe { cast::bytes(src, len, "src") }?;
-        objects::get(buf)?.buffer.write(offset, src)?;
+        b.buffer.write(offset, src)?;
         Ok(STRATA_OK)
     })
 }
@@ -174,7 +219,12 @@ pub unsafe extern "C" fn strata_write(buf: *const strata_buffer, offset: u64, sr
 /// tier with room) and returns when they have moved. Pinned pages stay.
 /// Thread-safe.
 #[no_mangle]
-pub extern "C" fn strata_evict(buf: *const strata_buffer, offset: u64, len: u64, tier_to: strata_tier) -> c_int {
+pub extern "C" fn strata_evict(
+    buf: *const strata_buffer,
+    offset: u64,
+    len: u64,
+    tier_to: strata_tier,
+) -> c_int {
     boundary("strata_evict", || {
         let to = tier(tier_to)?;
         objects::get(buf)?.buffer.evict(range(offset, len)?, to)?;
@@ -241,13 +291,18 @@ pub extern "C" fn strata_ticket_wait(ticket: *const strata_ticket) -> c_int {
 /// Never blocks. Thread-safe.
 #[no_mangle]
 pub extern "C" fn strata_ticket_poll(ticket: *const strata_ticket) -> c_int {
-    boundary("strata_ticket_poll", || settle(objects::get(ticket)?.poll()))
+    boundary("strata_ticket_poll", || {
+        settle(objects::get(ticket)?.poll())
+    })
 }
 
 /// Waits at most `timeout_ns` nanoseconds: `STRATA_PENDING` if the request
 /// is still running then, else as `strata_ticket_wait`. Thread-safe.
 #[no_mangle]
-pub extern "C" fn strata_ticket_wait_timeout(ticket: *const strata_ticket, timeout_ns: u64) -> c_int {
+pub extern "C" fn strata_ticket_wait_timeout(
+    ticket: *const strata_ticket,
+    timeout_ns: u64,
+) -> c_int {
     boundary("strata_ticket_wait_timeout", || {
         let t = objects::get(ticket)?;
         settle(t.wait_timeout(Duration::from_nanos(timeout_ns)))

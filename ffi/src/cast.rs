@@ -168,7 +168,12 @@ pub(crate) unsafe fn copy_c_string(text: &[u8], buf: *mut c_char, cap: usize) ->
 ///
 /// # Safety
 /// `dst` is NULL or points to `cap` writable, aligned `T`s.
-pub(crate) unsafe fn copy_array<T: Copy>(src: &[T], dst: *mut T, cap: usize, count: Out<usize>) -> R<c_int> {
+pub(crate) unsafe fn copy_array<T: Copy>(
+    src: &[T],
+    dst: *mut T,
+    cap: usize,
+    count: Out<usize>,
+) -> R<c_int> {
     let n = src.len().min(cap);
     if n > 0 {
         if dst.is_null() {

@@ -20,7 +20,9 @@ use crate::buffer::range;
 use crate::cast;
 use crate::enums::{strata_tier, tier};
 use crate::objects::{self, strata_buffer};
-use crate::status::{boundary, boundary_void, Fail, R, STRATA_ERR_INVALID_HANDLE, STRATA_ERR_UNSUPPORTED, STRATA_OK};
+use crate::status::{
+    boundary, boundary_void, Fail, R, STRATA_ERR_INVALID_HANDLE, STRATA_ERR_UNSUPPORTED, STRATA_OK,
+};
 
 /// DLPack: the kind of device a tensor's memory is on.
 #[cfg(not(dlpack_h_included))]
@@ -205,7 +207,10 @@ unsafe extern "C" fn deleter(t: *mut DLManagedTensor) {
 
 fn element_bytes(dtype: DLDataType) -> R<u64> {
     if dtype.code > DLDataTypeCode::kDLFloat4_e2m1fn as u8 {
-        return Err(Fail::invalid(format!("unknown DLPack type code {}", dtype.code)));
+        return Err(Fail::invalid(format!(
+            "unknown DLPack type code {}",
+            dtype.code
+        )));
     }
     if dtype.bits == 0 || dtype.bits % 8 != 0 || dtype.lanes == 0 {
         return Err(Fail::new(

@@ -71,7 +71,11 @@ pub(crate) fn tier(t: strata_tier) -> R<Tier> {
         STRATA_TIER_HOST => Ok(Tier::Host),
         STRATA_TIER_CXL => Ok(Tier::Cxl),
         STRATA_TIER_NVME => Ok(Tier::Nvme),
-        _ => Err(unknown("tier", t, "STRATA_TIER_DEVICE, _HOST, _CXL or _NVME")),
+        _ => Err(unknown(
+            "tier",
+            t,
+            "STRATA_TIER_DEVICE, _HOST, _CXL or _NVME",
+        )),
     }
 }
 
@@ -116,7 +120,11 @@ pub(crate) fn access(a: strata_access) -> R<Access> {
     match a {
         STRATA_ACCESS_READ_ONLY => Ok(Access::ReadOnly),
         STRATA_ACCESS_READ_WRITE => Ok(Access::ReadWrite),
-        _ => Err(unknown("access", a, "STRATA_ACCESS_READ_ONLY or _READ_WRITE")),
+        _ => Err(unknown(
+            "access",
+            a,
+            "STRATA_ACCESS_READ_ONLY or _READ_WRITE",
+        )),
     }
 }
 

@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use parking_lot::{const_rwlock, RwLock};
 
-use crate::status::{Fail, R, STRATA_ERR_CLOSED, STRATA_ERR_INVALID_HANDLE, STRATA_ERR_OUT_OF_CAPACITY};
+use crate::status::{
+    Fail, R, STRATA_ERR_CLOSED, STRATA_ERR_INVALID_HANDLE, STRATA_ERR_OUT_OF_CAPACITY,
+};
 
 const INDEX_BITS: u32 = 24;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
@@ -129,7 +131,11 @@ impl<T> Handles<T> {
                 if s.slots.len() as u64 > INDEX_MASK {
                     return Err(Fail::new(
                         STRATA_ERR_OUT_OF_CAPACITY,
-                        format!("{} {} handles are live: free some first", INDEX_MASK + 1, self.name),
+                        format!(
+                            "{} {} handles are live: free some first",
+                            INDEX_MASK + 1,
+                            self.name
+                        ),
                     ));
                 }
                 s.slots.push(Slot {
@@ -168,7 +174,10 @@ impl<T> Handles<T> {
         let (tag, generation, index) = decode(bits);
         if tag == self.tag {
             let mut s = self.slots.write();
-            if s.slots.get(index).is_some_and(|slot| slot.generation == generation) {
+            if s.slots
+                .get(index)
+                .is_some_and(|slot| slot.generation == generation)
+            {
                 if let Some(obj) = Self::vacate(&mut s, index, false) {
                     return Ok(Some(obj));
                 }
@@ -196,7 +205,12 @@ impl<T> Handles<T> {
     /// Live objects (for tests).
     #[cfg(test)]
     pub(crate) fn live(&self) -> usize {
-        self.slots.read().slots.iter().filter(|s| s.live.is_some()).count()
+        self.slots
+            .read()
+            .slots
+            .iter()
+            .filter(|s| s.live.is_some())
+            .count()
     }
 }
 
@@ -209,8 +223,14 @@ mod tests {
         let t: Handles<u32> = Handles::new(7, "thing");
         let a = t.insert(1, 10).unwrap();
         assert_eq!(*t.get(a).unwrap(), 1);
-        assert_eq!(t.get(0).unwrap_err().status, crate::status::STRATA_ERR_NULL_POINTER);
-        assert_eq!(t.get(a ^ 1 << 60).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
+        assert_eq!(
+            t.get(0).unwrap_err().status,
+            crate::status::STRATA_ERR_NULL_POINTER
+        );
+        assert_eq!(
+            t.get(a ^ 1 << 60).unwrap_err().status,
+            STRATA_ERR_INVALID_HANDLE
+        );
         assert_eq!(t.get(a + 1).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
         assert!(t.remove(a).unwrap().is_some());
         let e = t.get(a).unwrap_err();

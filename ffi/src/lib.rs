@@ -42,7 +42,9 @@ mod status;
 pub use buffer::*;
 pub use dlpack::*;
 pub use enums::*;
-pub use objects::{strata_buffer, strata_launch, strata_map, strata_pin, strata_runtime, strata_ticket};
+pub use objects::{
+    strata_buffer, strata_launch, strata_map, strata_pin, strata_runtime, strata_ticket,
+};
 pub use pin::*;
 pub use runtime::*;
 pub use status::*;

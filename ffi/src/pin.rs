@@ -122,7 +122,10 @@ pub extern "C" fn strata_unpin(pin: *mut strata_pin) -> c_int {
 /// # Safety
 /// `map` is NULL or points to a writable `strata_map *`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_device_map(buf: *const strata_buffer, map: *mut *mut strata_map) -> c_int {
+pub unsafe extern "C" fn strata_device_map(
+    buf: *const strata_buffer,
+    map: *mut *mut strata_map,
+) -> c_int {
     boundary("strata_device_map", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(map, "map") }?;
@@ -230,7 +233,10 @@ pub unsafe extern "C" fn strata_map_prepare(
 /// # Safety
 /// `address` is NULL or points to a writable `uint64_t`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_launch_map_address(launch: *const strata_launch, address: *mut u64) -> c_int {
+pub unsafe extern "C" fn strata_launch_map_address(
+    launch: *const strata_launch,
+    address: *mut u64,
+) -> c_int {
     boundary("strata_launch_map_address", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(address, "address") }?;
@@ -245,7 +251,11 @@ pub unsafe extern "C" fn strata_launch_map_address(launch: *const strata_launch,
 /// # Safety
 /// `entry` is NULL or points to a writable `uint64_t`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_launch_entry(launch: *const strata_launch, page: usize, entry: *mut u64) -> c_int {
+pub unsafe extern "C" fn strata_launch_entry(
+    launch: *const strata_launch,
+    page: usize,
+    entry: *mut u64,
+) -> c_int {
     boundary("strata_launch_entry", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(entry, "entry") }?;

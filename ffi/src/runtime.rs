@@ -15,7 +15,9 @@ use strata::Runtime;
 
 use crate::cast;
 use crate::enums::*;
-use crate::objects::{self, strata_runtime, RtObj, BUFFERS, LAUNCHES, MAPS, PINS, RUNTIMES, TICKETS};
+use crate::objects::{
+    self, strata_runtime, RtObj, BUFFERS, LAUNCHES, MAPS, PINS, RUNTIMES, TICKETS,
+};
 use crate::status::{boundary, Fail, R, STRATA_ERR_INVALID_HANDLE, STRATA_OK};
 
 /// The layout version of `strata_config` this library reads.
@@ -83,7 +85,11 @@ fn builder(c: &strata_config) -> R<RuntimeBuilder> {
     let background = match c.background_eviction {
         0 => false,
         1 => true,
-        v => return Err(Fail::invalid(format!("background_eviction {v} is not 0 or 1"))),
+        v => {
+            return Err(Fail::invalid(format!(
+                "background_eviction {v} is not 0 or 1"
+            )))
+        }
     };
     let mut b = Runtime::builder()
         .page_size(page)
@@ -114,7 +120,9 @@ fn builder(c: &strata_config) -> R<RuntimeBuilder> {
     // of `strata_runtime_create`).
     if let Some(path) = unsafe { cast::c_str_bytes(c.nvme_path) } {
         if path.is_empty() {
-            return Err(Fail::invalid("nvme_path is empty (NULL means no NVMe tier)"));
+            return Err(Fail::invalid(
+                "nvme_path is empty (NULL means no NVMe tier)",
+            ));
         }
         if c.nvme_queue_depth == 0 {
             return Err(Fail::invalid("nvme_queue_depth is 0"));
@@ -277,7 +285,10 @@ pub extern "C" fn strata_runtime_destroy(rt: *mut strata_runtime) -> c_int {
 /// # Safety
 /// `out` is NULL or points to a writable `size_t`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_runtime_page_size(rt: *const strata_runtime, out: *mut usize) -> c_int {
+pub unsafe extern "C" fn strata_runtime_page_size(
+    rt: *const strata_runtime,
+    out: *mut usize,
+) -> c_int {
     boundary("strata_runtime_page_size", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(out, "out") }?;
@@ -297,7 +308,11 @@ pub unsafe extern "C" fn strata_runtime_tiers(rt: *const strata_runtime, mask: *
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(mask, "mask") }?;
         let tiers = objects::get(rt)?.rt.tiers();
-        out.set(tiers.into_iter().fold(0, |m, t| m | 1 << tier_code(Some(t))));
+        out.set(
+            tiers
+                .into_iter()
+                .fold(0, |m, t| m | 1 << tier_code(Some(t))),
+        );
         Ok(STRATA_OK)
     })
 }
@@ -330,7 +345,10 @@ pub unsafe extern "C" fn strata_stats_json(
         let n = text.len();
         let s = CString::new(text).map_err(|_| Fail::invalid("stats JSON holds a NUL"))?;
         let p = cast::string_into_raw(s);
-        STRINGS.lock().get_or_insert_with(HashSet::new).insert(p.addr());
+        STRINGS
+            .lock()
+            .get_or_insert_with(HashSet::new)
+            .insert(p.addr());
         out.set(p);
         if let Some(len) = len {
             len.set(n);
@@ -372,7 +390,10 @@ pub unsafe extern "C" fn strata_stats_json_copy(
         if status != STRATA_OK {
             return Err(Fail::new(
                 status,
-                format!("the stats need {} bytes, the buffer has {cap}", text.len() + 1),
+                format!(
+                    "the stats need {} bytes, the buffer has {cap}",
+                    text.len() + 1
+                ),
             ));
         }
         Ok(STRATA_OK)

@@ -199,7 +199,11 @@ pub extern "C" fn strata_last_error() -> *const c_char {
 /// `buf` is NULL or points to `cap` writable bytes; `len` is NULL or points
 /// to a writable `size_t`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_last_error_copy(buf: *mut c_char, cap: usize, len: *mut usize) -> c_int {
+pub unsafe extern "C" fn strata_last_error_copy(
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> c_int {
     let run = || -> R {
         let text = LAST_ERROR
             .try_with(|e| e.borrow().as_bytes().to_vec())
@@ -247,7 +251,10 @@ mod tests {
             assert_eq!(status_of(kind), status);
             assert_eq!(s(strata_status_string(status)), kind.name());
         }
-        assert_eq!(s(strata_status_string(STRATA_ERR_INVALID_HANDLE)), "invalid handle");
+        assert_eq!(
+            s(strata_status_string(STRATA_ERR_INVALID_HANDLE)),
+            "invalid handle"
+        );
         assert_eq!(s(strata_status_string(STRATA_PENDING)), "pending");
         assert_eq!(s(strata_status_string(5)), "unknown status");
         assert_eq!(s(strata_status_string(-11)), "unknown status");
