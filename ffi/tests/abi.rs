@@ -80,10 +80,8 @@ fn pins_give_addresses_that_hold_the_bytes() {
     assert_eq!(s, STRATA_OK, "{}", last_error());
     let (mut t, mut first, mut count) = (-2, 0usize, 0usize);
     // SAFETY: writable out-pointers.
-    assert_eq!(
-        unsafe { strata_pin_info(pin, &mut t, &mut first, &mut count) },
-        STRATA_OK
-    );
+    let s = unsafe { strata_pin_info(pin, &mut t, &mut first, &mut count) };
+    assert_eq!(s, STRATA_OK);
     assert_eq!((t, first, count), (STRATA_TIER_HOST, 1, 2));
     let mut addresses = [0u64; 2];
     let mut n = 0usize;
@@ -130,18 +128,14 @@ fn a_pin_outlives_the_freed_buffer_handle() {
     assert_eq!(write(buf, 0, b"still here"), STRATA_OK);
     let mut pin = null_mut();
     // SAFETY: a writable out-pointer.
-    assert_eq!(
-        unsafe { strata_pin(buf, 0, 10, STRATA_TIER_DEVICE, &mut pin) },
-        STRATA_OK
-    );
+    let s = unsafe { strata_pin(buf, 0, 10, STRATA_TIER_DEVICE, &mut pin) };
+    assert_eq!(s, STRATA_OK);
     assert_eq!(strata_buffer_free(buf), STRATA_OK);
     let mut a = 0u64;
     let mut n = 0usize;
     // SAFETY: one writable u64.
-    assert_eq!(
-        unsafe { strata_pin_addresses(pin, &mut a, 1, &mut n) },
-        STRATA_OK
-    );
+    let s = unsafe { strata_pin_addresses(pin, &mut a, 1, &mut n) };
+    assert_eq!(s, STRATA_OK);
     // SAFETY: the simulated device's memory is host memory; the pin keeps
     // the page (and its buffer) alive.
     let bytes = unsafe { std::slice::from_raw_parts(a as *const u8, 10) };
@@ -227,10 +221,8 @@ fn runtimes_from_toml() {
     assert_eq!(s, STRATA_OK, "{}", last_error());
     let mut page = 0usize;
     // SAFETY: a writable size_t.
-    assert_eq!(
-        unsafe { strata_runtime_page_size(rt, &mut page) },
-        STRATA_OK
-    );
+    let s = unsafe { strata_runtime_page_size(rt, &mut page) };
+    assert_eq!(s, STRATA_OK);
     assert_eq!(page, 64 << 10);
     let st = stats(rt);
     assert_eq!(st["backend"], "simulated");

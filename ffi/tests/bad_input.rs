@@ -423,7 +423,8 @@ fn unknown_enum_values_and_flags() {
 
     let mut c = config(4, 16, 0, &CString::new("/").unwrap());
     let mut out = null_mut();
-    let cases: [(&str, fn(&mut strata_config)); 8] = [
+    type Spoil = fn(&mut strata_config);
+    let cases: [(&str, Spoil); 8] = [
         ("config version", |c| c.version = 2),
         ("unknown device", |c| c.device = 7),
         ("unknown cxl mode", |c| c.cxl_mode = -1),
