@@ -318,7 +318,7 @@ typedef struct strata_launch strata_launch;
 typedef struct strata_map strata_map;
 
 /**
- * Pages held resident in one tier. Opaque; made by `strata_pin`, ended by
+ * Pages held resident in one tier. Opaque; made by `strata_buffer_pin`, ended by
  * `strata_unpin`.
  */
 typedef struct strata_pin strata_pin;
@@ -796,11 +796,11 @@ int strata_dlpack_free(struct DLManagedTensor *tensor);
  * # Safety
  * `pin` is NULL or points to a writable `strata_pin *`.
  */
-int strata_pin(const struct strata_buffer *buf,
-               uint64_t offset,
-               uint64_t len,
-               strata_tier tier_in,
-               struct strata_pin **pin);
+int strata_buffer_pin(const struct strata_buffer *buf,
+                      uint64_t offset,
+                      uint64_t len,
+                      strata_tier tier_in,
+                      struct strata_pin **pin);
 
 /**
  * Describes a pin: its tier, its first page and its number of pages (any

@@ -8,7 +8,7 @@
 //! header emits them only where `dlpack.h` was not included first.
 #![allow(non_camel_case_types)]
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::ffi::{c_int, c_void};
 
 use parking_lot::Mutex;
@@ -177,16 +177,13 @@ struct Managed {
 
 /// Tensors handed out and not yet deleted, by address: a deleter called
 /// twice, or with a stranger's pointer, is refused instead of freeing.
-static TENSORS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+static TENSORS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
 
 fn delete(t: *mut DLManagedTensor) -> R<()> {
     if t.is_null() {
         return Ok(());
     }
-    let known = TENSORS
-        .lock()
-        .as_mut()
-        .is_some_and(|set| set.remove(&t.addr()));
+    let known = TENSORS.lock().remove(&t.addr());
     if !known {
         return Err(Fail::new(
             STRATA_ERR_INVALID_HANDLE,
@@ -320,10 +317,7 @@ pub unsafe extern "C" fn strata_dlpack_export(
         m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
         m.tensor.manager_ctx = p.cast();
         let tensor = p.cast::<DLManagedTensor>();
-        TENSORS
-            .lock()
-            .get_or_insert_with(HashSet::new)
-            .insert(tensor.addr());
+        TENSORS.lock().insert(tensor.addr());
         out.set(tensor);
         Ok(STRATA_OK)
     })

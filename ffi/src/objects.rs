@@ -27,7 +27,7 @@ pub struct strata_buffer {
     _opaque: [u8; 0],
 }
 
-/// Pages held resident in one tier. Opaque; made by `strata_pin`, ended by
+/// Pages held resident in one tier. Opaque; made by `strata_buffer_pin`, ended by
 /// `strata_unpin`.
 pub struct strata_pin {
     _opaque: [u8; 0],

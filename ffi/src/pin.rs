@@ -24,14 +24,14 @@ use crate::status::{boundary, Fail, STRATA_OK};
 /// # Safety
 /// `pin` is NULL or points to a writable `strata_pin *`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_pin(
+pub unsafe extern "C" fn strata_buffer_pin(
     buf: *const strata_buffer,
     offset: u64,
     len: u64,
     tier_in: strata_tier,
     pin: *mut *mut strata_pin,
 ) -> c_int {
-    boundary("strata_pin", || {
+    boundary("strata_buffer_pin", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(pin, "pin") }?;
         let t = tier(tier_in)?;

@@ -1,7 +1,7 @@
 //! Runtimes: made from a config struct or TOML text, destroyed with
 //! everything made through them; stats as JSON.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -71,7 +71,7 @@ pub struct strata_config {
 
 /// Strings handed to C (stats JSON), so that `strata_string_free` can tell
 /// its own from anything else.
-static STRINGS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+static STRINGS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
 
 fn builder(c: &strata_config) -> R<RuntimeBuilder> {
     if c.version != STRATA_CONFIG_VERSION {
@@ -345,10 +345,7 @@ pub unsafe extern "C" fn strata_stats_json(
         let n = text.len();
         let s = CString::new(text).map_err(|_| Fail::invalid("stats JSON holds a NUL"))?;
         let p = cast::string_into_raw(s);
-        STRINGS
-            .lock()
-            .get_or_insert_with(HashSet::new)
-            .insert(p.addr());
+        STRINGS.lock().insert(p.addr());
         out.set(p);
         if let Some(len) = len {
             len.set(n);
@@ -412,10 +409,7 @@ pub extern "C" fn strata_string_free(s: *mut c_char) -> c_int {
         if s.is_null() {
             return Ok(STRATA_OK);
         }
-        let known = STRINGS
-            .lock()
-            .as_mut()
-            .is_some_and(|set| set.remove(&s.addr()));
+        let known = STRINGS.lock().remove(&s.addr());
         if !known {
             return Err(Fail::new(
                 STRATA_ERR_INVALID_HANDLE,

@@ -76,7 +76,7 @@ fn pins_give_addresses_that_hold_the_bytes() {
     assert_eq!(write(buf, 0, &data), STRATA_OK);
     let mut pin = null_mut();
     // SAFETY: a writable out-pointer.
-    let s = unsafe { strata_pin(buf, PAGE + 10, PAGE, STRATA_TIER_HOST, &mut pin) };
+    let s = unsafe { strata_buffer_pin(buf, PAGE + 10, PAGE, STRATA_TIER_HOST, &mut pin) };
     assert_eq!(s, STRATA_OK, "{}", last_error());
     let (mut t, mut first, mut count) = (-2, 0usize, 0usize);
     // SAFETY: writable out-pointers.
@@ -128,7 +128,7 @@ fn a_pin_outlives_the_freed_buffer_handle() {
     assert_eq!(write(buf, 0, b"still here"), STRATA_OK);
     let mut pin = null_mut();
     // SAFETY: a writable out-pointer.
-    let s = unsafe { strata_pin(buf, 0, 10, STRATA_TIER_DEVICE, &mut pin) };
+    let s = unsafe { strata_buffer_pin(buf, 0, 10, STRATA_TIER_DEVICE, &mut pin) };
     assert_eq!(s, STRATA_OK);
     assert_eq!(strata_buffer_free(buf), STRATA_OK);
     let mut a = 0u64;

@@ -87,7 +87,7 @@ fn null_pointers() {
             "ticket is NULL",
         );
         fails(
-            strata_pin(buf, 0, 1, STRATA_TIER_HOST, null_mut()),
+            strata_buffer_pin(buf, 0, 1, STRATA_TIER_HOST, null_mut()),
             STRATA_ERR_NULL_POINTER,
             "pin is NULL",
         );
@@ -251,7 +251,7 @@ fn calls_after_the_runtime_is_destroyed() {
             STRATA_OK
         );
         assert_eq!(
-            strata_pin(buf, PAGE, 1, STRATA_TIER_HOST, &mut pin),
+            strata_buffer_pin(buf, PAGE, 1, STRATA_TIER_HOST, &mut pin),
             STRATA_OK
         );
         assert_eq!(strata_device_map(buf, &mut map), STRATA_OK);
@@ -344,7 +344,7 @@ fn out_of_range_offsets_and_overflowing_lengths() {
         assert!(t.is_null());
         let mut p = null_mut();
         fails(
-            strata_pin(buf, 99, 2, STRATA_TIER_HOST, &mut p),
+            strata_buffer_pin(buf, 99, 2, STRATA_TIER_HOST, &mut p),
             STRATA_ERR_INVALID_ARGUMENT,
             "outside",
         );
