@@ -343,6 +343,22 @@ typedef int32_t strata_tier;
 
 #if !defined(DLPACK_DLPACK_H_)
 /**
+ * DLPack: a device (kind and index).
+ */
+typedef struct DLDevice {
+    /**
+     * The kind of device.
+     */
+    enum DLDeviceType device_type;
+    /**
+     * The device index (0 for CPU memory).
+     */
+    int32_t device_id;
+} DLDevice;
+#endif
+
+#if !defined(DLPACK_DLPACK_H_)
+/**
  * DLPack: an element type (`code` is a `DLDataTypeCode`).
  */
 typedef struct DLDataType {
@@ -359,22 +375,6 @@ typedef struct DLDataType {
      */
     uint16_t lanes;
 } DLDataType;
-#endif
-
-#if !defined(DLPACK_DLPACK_H_)
-/**
- * DLPack: a device (kind and index).
- */
-typedef struct DLDevice {
-    /**
-     * The kind of device.
-     */
-    enum DLDeviceType device_type;
-    /**
-     * The device index (0 for CPU memory).
-     */
-    int32_t device_id;
-} DLDevice;
 #endif
 
 #if !defined(DLPACK_DLPACK_H_)
@@ -749,7 +749,11 @@ int strata_ticket_free(struct strata_ticket *ticket);
 /**
  * Pins `offset..offset + len` of the buffer in `tier` and stores in `*out`
  * a DLPack tensor over it: one dimension of `len / element size` elements
- * of `dtype`, contiguous, `byte_offset` 0. The device is `kDLCUDA` (device
+ * of the type `dtype_code`/`dtype_bits`/`dtype_lanes` (the fields of a
+ * `DLDataType`, e.g. `kDLFloat, 32, 1`), contiguous, `byte_offset` 0.
+ * (The type comes as three integers because `dlpack.h` declares
+ * `DLDataType` as an unnamed struct, which C++ cannot name as
+ * `struct DLDataType`.) The device is `kDLCUDA` (device
  * 0) for the device tier on CUDA, `kDLCPU` for host and CXL — and for the
  * simulated device, whose memory is host memory. The range must hold a
  * whole number of elements, start at a multiple of the element size, and
@@ -771,7 +775,9 @@ int strata_dlpack_export(const struct strata_buffer *buf,
                          uint64_t offset,
                          uint64_t len,
                          strata_tier tier_in,
-                         struct DLDataType dtype,
+                         uint8_t dtype_code,
+                         uint8_t dtype_bits,
+                         uint16_t dtype_lanes,
                          struct DLManagedTensor **out);
 
 /**

@@ -23,7 +23,9 @@ setup(
             include_dirs=[os.path.join(root, "include")],
             library_dirs=[lib_dir],
             libraries=["strata"],
-            extra_compile_args=["-std=c++17", "-O2"],
+            # No -std: BuildExtension picks the standard this torch needs
+            # (C++17 before torch 2.10, C++20 since).
+            extra_compile_args=["-O2"],
             # Find libstrata.so at run time where it was built.
             extra_link_args=[f"-Wl,-rpath,{lib_dir}"],
         )

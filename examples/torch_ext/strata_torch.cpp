@@ -123,7 +123,8 @@ public:
         DLDataType dtype = at::getDLDataType(probe);
         DLManagedTensor *dl = nullptr;
         strata::check(strata_dlpack_export(e->buffer.get(), static_cast<uint64_t>(start * size),
-                                           static_cast<uint64_t>(count * size), parse_tier(tier), dtype, &dl));
+                                           static_cast<uint64_t>(count * size), parse_tier(tier), dtype.code,
+                                           dtype.bits, dtype.lanes, &dl));
         // ATen owns it from here and calls the deleter (ending the pin)
         // when the tensor's storage dies.
         return at::fromDLPack(dl);
@@ -165,7 +166,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         try {
             if (p) std::rethrow_exception(p);
         } catch (const strata::Error &e) {
-            error((std::string(strata_status_string(e.status())) + ": " + e.what()).c_str());
+            std::string message = std::string(strata_status_string(e.status())) + ": " + e.what();
+            PyErr_SetString(error.ptr(), message.c_str());
         }
     });
     pybind11::class_<Ticket>(m, "Ticket")

@@ -223,7 +223,11 @@ fn element_bytes(dtype: DLDataType) -> R<u64> {
 
 /// Pins `offset..offset + len` of the buffer in `tier` and stores in `*out`
 /// a DLPack tensor over it: one dimension of `len / element size` elements
-/// of `dtype`, contiguous, `byte_offset` 0. The device is `kDLCUDA` (device
+/// of the type `dtype_code`/`dtype_bits`/`dtype_lanes` (the fields of a
+/// `DLDataType`, e.g. `kDLFloat, 32, 1`), contiguous, `byte_offset` 0.
+/// (The type comes as three integers because `dlpack.h` declares
+/// `DLDataType` as an unnamed struct, which C++ cannot name as
+/// `struct DLDataType`.) The device is `kDLCUDA` (device
 /// 0) for the device tier on CUDA, `kDLCPU` for host and CXL — and for the
 /// simulated device, whose memory is host memory. The range must hold a
 /// whole number of elements, start at a multiple of the element size, and
@@ -246,9 +250,16 @@ pub unsafe extern "C" fn strata_dlpack_export(
     offset: u64,
     len: u64,
     tier_in: strata_tier,
-    dtype: DLDataType,
+    dtype_code: u8,
+    dtype_bits: u8,
+    dtype_lanes: u16,
     out: *mut *mut DLManagedTensor,
 ) -> c_int {
+    let dtype = DLDataType {
+        code: dtype_code,
+        bits: dtype_bits,
+        lanes: dtype_lanes,
+    };
     boundary("strata_dlpack_export", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(out, "out") }?;

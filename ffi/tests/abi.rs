@@ -259,7 +259,18 @@ fn dlpack_export_of_a_pinned_range() {
     };
     let mut t: *mut DLManagedTensor = null_mut();
     // SAFETY: a writable out-pointer.
-    let s = unsafe { strata_dlpack_export(buf, 400, 4000, STRATA_TIER_HOST, f32_type, &mut t) };
+    let s = unsafe {
+        strata_dlpack_export(
+            buf,
+            400,
+            4000,
+            STRATA_TIER_HOST,
+            f32_type.code,
+            f32_type.bits,
+            f32_type.lanes,
+            &mut t,
+        )
+    };
     assert_eq!(s, STRATA_OK, "{}", last_error());
     // SAFETY: strata returned a live tensor; its shape and data stay valid
     // until its deleter runs.
@@ -291,7 +302,16 @@ fn dlpack_export_of_a_pinned_range() {
             lanes: 1,
         };
         fails(
-            strata_dlpack_export(buf, 0, 12, STRATA_TIER_HOST, odd, &mut t),
+            strata_dlpack_export(
+                buf,
+                0,
+                12,
+                STRATA_TIER_HOST,
+                odd.code,
+                odd.bits,
+                odd.lanes,
+                &mut t,
+            ),
             STRATA_ERR_UNSUPPORTED,
             "whole bytes",
         );
@@ -301,29 +321,76 @@ fn dlpack_export_of_a_pinned_range() {
             lanes: 1,
         };
         fails(
-            strata_dlpack_export(buf, 0, 8, STRATA_TIER_HOST, unknown, &mut t),
+            strata_dlpack_export(
+                buf,
+                0,
+                8,
+                STRATA_TIER_HOST,
+                unknown.code,
+                unknown.bits,
+                unknown.lanes,
+                &mut t,
+            ),
             STRATA_ERR_INVALID_ARGUMENT,
             "type code",
         );
         fails(
-            strata_dlpack_export(buf, 0, 6, STRATA_TIER_HOST, f32_type, &mut t),
+            strata_dlpack_export(
+                buf,
+                0,
+                6,
+                STRATA_TIER_HOST,
+                f32_type.code,
+                f32_type.bits,
+                f32_type.lanes,
+                &mut t,
+            ),
             STRATA_ERR_INVALID_ARGUMENT,
             "elements",
         );
         fails(
-            strata_dlpack_export(buf, 2, 8, STRATA_TIER_HOST, f32_type, &mut t),
+            strata_dlpack_export(
+                buf,
+                2,
+                8,
+                STRATA_TIER_HOST,
+                f32_type.code,
+                f32_type.bits,
+                f32_type.lanes,
+                &mut t,
+            ),
             STRATA_ERR_INVALID_ARGUMENT,
             "aligned",
         );
         fails(
-            strata_dlpack_export(buf, 0, 8, STRATA_TIER_NVME, f32_type, &mut t),
+            strata_dlpack_export(
+                buf,
+                0,
+                8,
+                STRATA_TIER_NVME,
+                f32_type.code,
+                f32_type.bits,
+                f32_type.lanes,
+                &mut t,
+            ),
             STRATA_ERR_INVALID_ARGUMENT,
             "tier",
         );
     }
     // A tensor outlives its runtime: the pin keeps the memory.
     // SAFETY: a writable out-pointer.
-    let s = unsafe { strata_dlpack_export(buf, 0, 16, STRATA_TIER_DEVICE, f32_type, &mut t) };
+    let s = unsafe {
+        strata_dlpack_export(
+            buf,
+            0,
+            16,
+            STRATA_TIER_DEVICE,
+            f32_type.code,
+            f32_type.bits,
+            f32_type.lanes,
+            &mut t,
+        )
+    };
     assert_eq!(s, STRATA_OK, "{}", last_error());
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
     // SAFETY: the tensor is live until freed below.
