@@ -121,7 +121,7 @@ pub unsafe extern "C" fn strata_buffer_len(buf: *const strata_buffer, len: *mut 
     boundary("strata_buffer_len", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(len, "len") }?;
-        out.set(objects::get(buf)?.buffer.len());
+        out.set(objects::with(buf, |b| b.buffer.len())?);
         Ok(STRATA_OK)
     })
 }
@@ -138,7 +138,7 @@ pub unsafe extern "C" fn strata_buffer_page_count(
     boundary("strata_buffer_page_count", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(pages, "pages") }?;
-        out.set(objects::get(buf)?.buffer.page_count());
+        out.set(objects::with(buf, |b| b.buffer.page_count())?);
         Ok(STRATA_OK)
     })
 }

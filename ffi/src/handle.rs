@@ -91,6 +91,29 @@ impl<T> Handles<T> {
         Err(self.not_live(bits))
     }
 
+    /// Runs `f` on the object behind a handle under the table's read lock,
+    /// without taking a reference (two atomic operations fewer than
+    /// [`get`](Self::get)). Only for calls that never block: a writer (an
+    /// alloc or a free of this type) waits until `f` returns.
+    #[inline]
+    pub(crate) fn with<U>(&self, bits: u64, f: impl FnOnce(&T) -> U) -> R<U> {
+        let (tag, generation, index) = decode(bits);
+        if tag == self.tag {
+            let slots = self.slots.read();
+            if let Some(Slot {
+                generation: g,
+                live: Some((obj, _)),
+                ..
+            }) = slots.slots.get(index)
+            {
+                if *g == generation {
+                    return Ok(f(obj));
+                }
+            }
+        }
+        Err(self.not_live(bits))
+    }
+
     #[cold]
     fn not_live(&self, bits: u64) -> Fail {
         let name = self.name;

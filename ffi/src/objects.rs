@@ -134,6 +134,13 @@ pub(crate) fn get<H: Handle>(h: *const H) -> R<Arc<H::Obj>> {
     H::table().get(handle_bits(h))
 }
 
+/// Runs a call that never blocks on the object behind a handle (see
+/// [`Handles::with`]).
+#[inline]
+pub(crate) fn with<H: Handle, U>(h: *const H, f: impl FnOnce(&H::Obj) -> U) -> R<U> {
+    H::table().with(handle_bits(h), f)
+}
+
 /// Removes a handle's object (`None` for NULL). The caller drops it.
 pub(crate) fn remove<H: Handle>(h: *const H) -> R<Option<Arc<H::Obj>>> {
     H::table().remove(handle_bits(h))

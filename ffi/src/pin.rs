@@ -152,7 +152,7 @@ pub unsafe extern "C" fn strata_map_pages(map: *const strata_map, pages: *mut us
     boundary("strata_map_pages", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(pages, "pages") }?;
-        out.set(objects::get(map)?.map.pages());
+        out.set(objects::with(map, |m| m.map.pages())?);
         Ok(STRATA_OK)
     })
 }
@@ -240,7 +240,7 @@ pub unsafe extern "C" fn strata_launch_map_address(
     boundary("strata_launch_map_address", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(address, "address") }?;
-        out.set(objects::get(launch)?.map_address());
+        out.set(objects::with(launch, |l| l.map_address())?);
         Ok(STRATA_OK)
     })
 }
@@ -259,14 +259,14 @@ pub unsafe extern "C" fn strata_launch_entry(
     boundary("strata_launch_entry", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(entry, "entry") }?;
-        let l = objects::get(launch)?;
-        if page >= l.pages() {
-            return Err(Fail::invalid(format!(
-                "page {page} is beyond the map's {} pages",
-                l.pages()
-            )));
-        }
-        out.set(l.entry(page));
+        let (pages, value) = objects::with(launch, |l| {
+            let pages = l.pages();
+            (pages, (page < pages).then(|| l.entry(page)))
+        })?;
+        let value = value.ok_or_else(|| {
+            Fail::invalid(format!("page {page} is beyond the map's {pages} pages"))
+        })?;
+        out.set(value);
         Ok(STRATA_OK)
     })
 }

@@ -292,7 +292,7 @@ pub unsafe extern "C" fn strata_runtime_page_size(
     boundary("strata_runtime_page_size", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(out, "out") }?;
-        out.set(objects::get(rt)?.rt.page_size());
+        out.set(objects::with(rt, |r| r.rt.page_size())?);
         Ok(STRATA_OK)
     })
 }
