@@ -466,11 +466,6 @@ fuzz_target!(|input: Input| {
                 let Some(m) = (!bufs.is_empty()).then(|| &bufs[b as usize % bufs.len()]) else {
                     continue;
                 };
-                let dtype = DLDataType {
-                    code: code % 20,
-                    bits,
-                    lanes: lanes % 4,
-                };
                 let mut d = null_mut();
                 // SAFETY: a writable out-pointer.
                 let s = st(unsafe {
@@ -479,7 +474,9 @@ fuzz_target!(|input: Input| {
                         offset(o, m.len),
                         u64::from(len % 65536),
                         tier(t),
-                        dtype,
+                        code % 20,
+                        bits,
+                        lanes % 4,
                         &mut d,
                     )
                 });
