@@ -211,9 +211,10 @@ fuzz_target!(|input: Input| {
     c.device = STRATA_DEVICE_SIM;
     c.device_capacity = u64::from(input.device_pages % 8) * PAGE;
     c.host_capacity = (1 + u64::from(input.host_pages % 16)) * PAGE;
-    if input.nvme_pages % 32 > 0 {
+    let nvme_pages = u64::from(input.nvme_pages % 32);
+    if nvme_pages > 0 {
         c.nvme_path = path.as_ptr();
-        c.nvme_capacity = u64::from(input.nvme_pages % 32) * PAGE;
+        c.nvme_capacity = nvme_pages * PAGE;
         c.nvme_engine = STRATA_IO_PSYNC;
     }
     let mut rt = null_mut();
