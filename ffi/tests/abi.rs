@@ -236,7 +236,8 @@ fn runtimes_from_toml() {
         unsafe { strata_stats_json_copy(rt, small.as_mut_ptr().cast(), small.len(), &mut need) };
     fails(s, STRATA_ERR_BUFFER_TOO_SMALL, "bytes");
     assert_eq!(small[7], 0, "truncated and NUL-terminated");
-    let mut big = vec![0u8; need + 1];
+    // Room to spare: the stats may grow between the two calls.
+    let mut big = vec![0u8; need + 4096];
     // SAFETY: `big` holds need + 1 writable bytes.
     let s = unsafe { strata_stats_json_copy(rt, big.as_mut_ptr().cast(), big.len(), &mut need) };
     assert_eq!(s, STRATA_OK);

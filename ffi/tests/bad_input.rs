@@ -5,7 +5,7 @@ mod common;
 
 use std::ffi::{c_void, CString};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
@@ -577,16 +577,19 @@ fn destroying_a_runtime_while_threads_use_it() {
             b as u64
         })
         .collect();
-    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = bufs
         .iter()
         .map(|&b| {
-            let stop = stop.clone();
+            let started = started.clone();
             std::thread::spawn(move || {
                 let b = b as *mut strata_buffer;
                 let mut out = [0u8; 100];
-                let mut closed = 0;
-                while !stop.load(Ordering::Relaxed) {
+                let mut first = true;
+                // Until this thread sees its buffer closed (or a generous
+                // deadline on a loaded machine).
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                while std::time::Instant::now() < deadline {
                     let s = read(b, 0, &mut out);
                     assert!(
                         s == STRATA_OK || s == STRATA_ERR_CLOSED,
@@ -594,7 +597,11 @@ fn destroying_a_runtime_while_threads_use_it() {
                         last_error()
                     );
                     if s == STRATA_ERR_CLOSED {
-                        closed += 1;
+                        return true;
+                    }
+                    if first {
+                        started.fetch_add(1, Ordering::SeqCst);
+                        first = false;
                     }
                     let mut t = null_mut();
                     // SAFETY: a writable out-pointer.
@@ -619,15 +626,16 @@ fn destroying_a_runtime_while_threads_use_it() {
                         );
                     }
                 }
-                closed
+                false
             })
         })
         .collect();
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    // Destroy once every thread is busy with its buffer.
+    while started.load(Ordering::SeqCst) < threads.len() {
+        std::thread::yield_now();
+    }
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    stop.store(true, Ordering::Relaxed);
     for t in threads {
-        assert!(t.join().unwrap() > 0, "every thread saw its buffer closed");
+        assert!(t.join().unwrap(), "a thread never saw its buffer closed");
     }
 }
