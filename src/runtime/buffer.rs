@@ -393,6 +393,25 @@ impl Drop for Buffer {
     }
 }
 
+impl Buffer {
+    /// [`pin`](Self::pin) for holders that cannot keep a borrow of the
+    /// buffer alive (the C ABI's handle tables): the guard holds a
+    /// reference to the buffer, which therefore lives until the guard drops.
+    pub fn pin_owned(self: &Arc<Self>, range: Range<u64>, tier: Tier) -> Result<OwnedPin> {
+        let mut pin = self.pin(range, tier)?;
+        // The owned guard takes the pinned pages over; the borrowed one is
+        // left covering none, so its drop unpins nothing.
+        let pages = std::mem::replace(&mut pin.pages, 0..0);
+        let addresses = std::mem::take(&mut pin.addresses);
+        Ok(OwnedPin {
+            buffer: self.clone(),
+            pages,
+            tier,
+            addresses,
+        })
+    }
+}
+
 /// Pages held resident in one tier; see [`Buffer::pin`].
 #[derive(Debug)]
 #[must_use = "the pages are unpinned when the guard drops"]
@@ -431,5 +450,44 @@ impl Drop for Pin<'_> {
                 self.buffer.table.rt.pinned[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// A [`Pin`] that owns a reference to its buffer; see [`Buffer::pin_owned`].
+#[derive(Debug)]
+#[must_use = "the pages are unpinned when the guard drops"]
+pub struct OwnedPin {
+    buffer: Arc<Buffer>,
+    pages: Range<usize>,
+    tier: Tier,
+    addresses: Vec<u64>,
+}
+
+impl OwnedPin {
+    /// The tier the pages are pinned in.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// The pinned pages (indices into the buffer).
+    pub fn pages(&self) -> Range<usize> {
+        self.pages.clone()
+    }
+
+    /// Each pinned page's address, as [`Pin::addresses`].
+    pub fn addresses(&self) -> &[u64] {
+        &self.addresses
+    }
+}
+
+impl Drop for OwnedPin {
+    fn drop(&mut self) {
+        // Unpins exactly as the borrowed guard does.
+        drop(Pin {
+            buffer: &self.buffer,
+            pages: std::mem::replace(&mut self.pages, 0..0),
+            tier: self.tier,
+            addresses: Vec::new(),
+        });
     }
 }

@@ -130,18 +130,7 @@ impl DeviceMap {
             }
         }
         // From here the guard ends the launch on every way out.
-        let launch = Launch {
-            map: self,
-            access,
-            entries: &self.shared.entries,
-            counters: &table.counters,
-            shift: table.rt.sample_shift,
-            trace: &table.rt.trace,
-            buffer: table.id,
-            page_shift: self.shared.page_size.trailing_zeros(),
-            len: table.len,
-            host_readable: access == Access::ReadOnly && self.shared.device.is_none(),
-        };
+        let launch = Launch::new(self, access);
         let memory: Vec<Tier> = table
             .rt
             .stores()
@@ -246,6 +235,23 @@ impl DeviceMap {
         Ok(launch)
     }
 
+    /// [`prepare`](Self::prepare) for holders that cannot keep a borrow of
+    /// the map alive (the C ABI's handle tables): the guard holds its own
+    /// reference to the map and ends the launch when it drops.
+    pub fn prepare_owned(&self, access: Access) -> Result<OwnedLaunch> {
+        let launch = self.prepare(access)?;
+        // The owned guard ends the launch instead (a `Launch` holds nothing
+        // but the borrow and the access mode).
+        let _ = std::mem::ManuallyDrop::new(launch);
+        Ok(OwnedLaunch {
+            map: DeviceMap {
+                table: self.table.clone(),
+                shared: self.shared.clone(),
+            },
+            access,
+        })
+    }
+
     /// Each page's access count since the last harvest (kernels and the
     /// runtime's reads and writes bump them, sampled as configured).
     pub fn counts(&self) -> Vec<u32> {
@@ -284,7 +290,24 @@ impl std::fmt::Debug for Launch<'_> {
     }
 }
 
-impl Launch<'_> {
+impl<'a> Launch<'a> {
+    /// The guard of a launch already counted in the table.
+    fn new(map: &'a DeviceMap, access: Access) -> Self {
+        let table = &map.table;
+        Launch {
+            map,
+            access,
+            entries: &map.shared.entries,
+            counters: &table.counters,
+            shift: table.rt.sample_shift,
+            trace: &table.rt.trace,
+            buffer: table.id,
+            page_shift: map.shared.page_size.trailing_zeros(),
+            len: table.len,
+            host_readable: access == Access::ReadOnly && map.shared.device.is_none(),
+        }
+    }
+
     /// Where kernels find the map: a device address on cuda, a host
     /// address on the simulated device.
     pub fn map_address(&self) -> u64 {
@@ -424,5 +447,52 @@ impl Drop for Launch<'_> {
             }
         };
         table.free_retired(retired);
+    }
+}
+
+/// A [`Launch`] that owns a reference to its map; see
+/// [`DeviceMap::prepare_owned`].
+#[must_use = "the launch ends when the guard drops"]
+pub struct OwnedLaunch {
+    map: DeviceMap,
+    access: Access,
+}
+
+impl std::fmt::Debug for OwnedLaunch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.launch().fmt(f)
+    }
+}
+
+impl OwnedLaunch {
+    /// The borrowed guard's view, which must not end the launch.
+    fn launch(&self) -> std::mem::ManuallyDrop<Launch<'_>> {
+        std::mem::ManuallyDrop::new(Launch::new(&self.map, self.access))
+    }
+
+    /// The launch's access mode.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// Pages mapped.
+    pub fn pages(&self) -> usize {
+        self.map.pages()
+    }
+
+    /// As [`Launch::map_address`].
+    pub fn map_address(&self) -> u64 {
+        self.launch().map_address()
+    }
+
+    /// As [`Launch::entry`].
+    pub fn entry(&self, p: usize) -> u64 {
+        self.launch().entry(p)
+    }
+}
+
+impl Drop for OwnedLaunch {
+    fn drop(&mut self) {
+        drop(Launch::new(&self.map, self.access));
     }
 }

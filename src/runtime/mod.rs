@@ -62,6 +62,9 @@ pub use map::{Access, DeviceMap, Launch, Reader};
 pub use mover::Ticket;
 pub use reclaim::Watermarks;
 pub use record::TraceRecorder;
+// Guards that own their buffer or map, for the C ABI.
+pub use buffer::OwnedPin;
+pub use map::OwnedLaunch;
 
 use mover::Mover;
 use reclaim::Reclaimer;

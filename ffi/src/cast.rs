@@ -1,0 +1,232 @@
+//! Every conversion between C pointers and Rust values, in one place (the
+//! rustls-ffi habit). Each `unsafe fn` here states what the C caller must
+//! guarantee; each checks what can be checked (NULL, alignment, lengths
+//! that overflow) before it touches memory, and returns a [`Fail`] saying
+//! which argument was wrong.
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::ptr::NonNull;
+
+use crate::status::{Fail, R, STRATA_ERR_BUFFER_TOO_SMALL, STRATA_OK};
+
+/// The bits of an opaque handle. Handles are never dereferenced: a handle's
+/// "pointer" is an index, a generation and a type tag (see `handle.rs`), so
+/// a forged one is caught, never followed.
+#[inline]
+pub(crate) fn handle_bits<T>(p: *const T) -> u64 {
+    p.addr() as u64
+}
+
+/// An opaque handle from its bits (a pointer with no provenance: it is only
+/// ever compared, never dereferenced, by anyone).
+#[inline]
+pub(crate) fn handle_ptr<T>(bits: u64) -> *mut T {
+    std::ptr::without_provenance_mut(bits as usize)
+}
+
+/// A place to store an out-parameter, checked for NULL and alignment.
+pub(crate) struct Out<T>(NonNull<T>);
+
+impl<T> Out<T> {
+    /// Stores `value`.
+    #[inline]
+    pub(crate) fn set(self, value: T) {
+        // SAFETY: `out` checked that the pointer is non-NULL and aligned,
+        // and its caller guaranteed that it points to writable memory for a
+        // `T` (the C function's contract).
+        unsafe { self.0.as_ptr().write(value) }
+    }
+}
+
+/// Checks an out-parameter before any work is done, so that a bad pointer
+/// fails the call before it changes anything.
+///
+/// # Safety
+/// `p` is NULL or points to memory writable as a `T` until the call returns.
+#[inline]
+pub(crate) unsafe fn out<T>(p: *mut T, what: &str) -> R<Out<T>> {
+    let p = NonNull::new(p).ok_or_else(|| Fail::null(what))?;
+    if !p.is_aligned() {
+        return Err(Fail::invalid(format!("{what} is misaligned")));
+    }
+    Ok(Out(p))
+}
+
+/// Stores `value` through an out-parameter.
+///
+/// # Safety
+/// As [`out`].
+#[inline]
+pub(crate) unsafe fn write_out<T>(p: *mut T, value: T, what: &str) -> R<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { out(p, what) }?.set(value);
+    Ok(())
+}
+
+/// Copies a `T` in from the caller.
+///
+/// # Safety
+/// `p` is NULL or points to a readable, initialized `T` whose every bit
+/// pattern is valid (plain integers, floats and pointers).
+pub(crate) unsafe fn read_in<T: Copy>(p: *const T, what: &str) -> R<T> {
+    let p = NonNull::new(p.cast_mut()).ok_or_else(|| Fail::null(what))?;
+    if !p.is_aligned() {
+        return Err(Fail::invalid(format!("{what} is misaligned")));
+    }
+    // SAFETY: non-NULL and aligned (checked); readable (the caller).
+    Ok(unsafe { p.as_ptr().read() })
+}
+
+fn check_len(len: usize, what: &str) -> R<()> {
+    if len > isize::MAX as usize {
+        return Err(Fail::invalid(format!(
+            "{what}: length {len} is larger than any object can be"
+        )));
+    }
+    Ok(())
+}
+
+/// The caller's bytes. A zero length never reads the pointer (NULL is fine).
+///
+/// # Safety
+/// When `len > 0`, `p` is NULL or points to `len` readable bytes that no one
+/// writes during the call.
+#[inline]
+pub(crate) unsafe fn bytes<'a>(p: *const c_void, len: usize, what: &str) -> R<&'a [u8]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Fail::null(what));
+    }
+    check_len(len, what)?;
+    // SAFETY: non-NULL and `len` fits an object (checked); readable and not
+    // written meanwhile (the caller). Bytes need no alignment.
+    Ok(unsafe { std::slice::from_raw_parts(p.cast(), len) })
+}
+
+/// The caller's writable bytes. A zero length never reads the pointer.
+///
+/// # Safety
+/// When `len > 0`, `p` is NULL or points to `len` writable bytes that no
+/// one else reads or writes during the call.
+#[inline]
+pub(crate) unsafe fn bytes_mut<'a>(p: *mut c_void, len: usize, what: &str) -> R<&'a mut [u8]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(Fail::null(what));
+    }
+    check_len(len, what)?;
+    // SAFETY: as in `bytes`, and the caller gives us exclusive access.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p.cast(), len) })
+}
+
+/// The bytes of a NUL-terminated string, or `None` for NULL.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string that stays unchanged
+/// during the call.
+pub(crate) unsafe fn c_str_bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL and NUL-terminated (the caller).
+    Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
+}
+
+/// Writes `text` and a NUL into `buf` of `cap` bytes, truncating to fit:
+/// `STRATA_OK`, or `STRATA_ERR_BUFFER_TOO_SMALL` if it was truncated.
+///
+/// # Safety
+/// `buf` is NULL or points to `cap` writable bytes.
+pub(crate) unsafe fn copy_c_string(text: &[u8], buf: *mut c_char, cap: usize) -> R<c_int> {
+    if cap == 0 {
+        return Ok(if text.is_empty() && buf.is_null() {
+            STRATA_OK
+        } else {
+            STRATA_ERR_BUFFER_TOO_SMALL
+        });
+    }
+    // SAFETY: forwarded from the caller.
+    let dst = unsafe { bytes_mut(buf.cast(), cap, "buf") }?;
+    let n = text.len().min(cap - 1);
+    dst[..n].copy_from_slice(&text[..n]);
+    dst[n] = 0;
+    Ok(if n < text.len() {
+        STRATA_ERR_BUFFER_TOO_SMALL
+    } else {
+        STRATA_OK
+    })
+}
+
+/// Copies `src` into the caller's array `dst` of `cap` elements (as many as
+/// fit) and stores `src.len()` in `count`: `STRATA_OK`, or
+/// `STRATA_ERR_BUFFER_TOO_SMALL` when `cap < src.len()`. `dst` may be NULL
+/// when `cap` is 0 (to ask for the count).
+///
+/// # Safety
+/// `dst` is NULL or points to `cap` writable, aligned `T`s.
+pub(crate) unsafe fn copy_array<T: Copy>(
+    src: &[T],
+    dst: *mut T,
+    cap: usize,
+    count: Out<usize>,
+) -> R<c_int> {
+    let n = src.len().min(cap);
+    if n > 0 {
+        if dst.is_null() {
+            return Err(Fail::null("the output array"));
+        }
+        if !dst.is_aligned() {
+            return Err(Fail::invalid("the output array is misaligned"));
+        }
+        // SAFETY: non-NULL, aligned (checked) and `cap >= n` writable
+        // elements (the caller); `src` is ours, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, n) };
+    }
+    count.set(src.len());
+    Ok(if n < src.len() {
+        STRATA_ERR_BUFFER_TOO_SMALL
+    } else {
+        STRATA_OK
+    })
+}
+
+/// A string handed to C, to be given back to [`string_from_raw`].
+pub(crate) fn string_into_raw(s: CString) -> *mut c_char {
+    s.into_raw()
+}
+
+/// Takes back a string made by [`string_into_raw`].
+///
+/// # Safety
+/// `p` came from [`string_into_raw`] and has not been taken back yet (the
+/// caller checks this against its registry of live strings).
+pub(crate) unsafe fn string_from_raw(p: *mut c_char) -> CString {
+    // SAFETY: forwarded from the caller.
+    unsafe { CString::from_raw(p) }
+}
+
+/// A box handed to C.
+pub(crate) fn box_into_raw<T>(b: Box<T>) -> *mut T {
+    Box::into_raw(b)
+}
+
+/// Takes back a box made by [`box_into_raw`].
+///
+/// # Safety
+/// `p` came from [`box_into_raw`] for the same `T` and has not been taken
+/// back yet (the caller checks this against its registry).
+pub(crate) unsafe fn box_from_raw<T>(p: *mut T) -> Box<T> {
+    // SAFETY: forwarded from the caller.
+    unsafe { Box::from_raw(p) }
+}
+
+/// An address as a pointer for C (a DLPack tensor's data).
+pub(crate) fn address_ptr(address: u64) -> *mut c_void {
+    // The address is one strata's own stores handed out: host memory of a
+    // live arena, or device memory (never dereferenced on this side).
+    std::ptr::with_exposed_provenance_mut(address as usize)
+}

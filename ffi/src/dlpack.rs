@@ -1,0 +1,347 @@
+//! DLPack export of pinned ranges: a `DLManagedTensor` (the DLPack
+//! exchange struct that PyTorch's `at::fromDLPack` and
+//! `torch.utils.dlpack.from_dlpack` take) whose memory is a pinned range of
+//! a buffer, kept pinned until the consumer calls the tensor's deleter.
+//!
+//! The structs follow the DLPack specification header (`dlpack/dlpack.h`,
+//! v1.1; the legacy unversioned `DLManagedTensor` is what is exported). The
+//! header emits them only where `dlpack.h` was not included first.
+#![allow(non_camel_case_types)]
+
+use std::collections::BTreeSet;
+use std::ffi::{c_int, c_void};
+
+use parking_lot::Mutex;
+use strata::device::BackendKind;
+use strata::runtime::OwnedPin;
+use strata::Tier;
+
+use crate::buffer::range;
+use crate::cast;
+use crate::enums::{strata_tier, tier};
+use crate::objects::{self, strata_buffer};
+use crate::status::{
+    boundary, boundary_void, Fail, R, STRATA_ERR_INVALID_HANDLE, STRATA_ERR_UNSUPPORTED, STRATA_OK,
+};
+
+/// DLPack: the kind of device a tensor's memory is on.
+#[cfg(not(dlpack_h_included))]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DLDeviceType {
+    /// CPU memory.
+    kDLCPU = 1,
+    /// CUDA device memory.
+    kDLCUDA = 2,
+    /// Pinned CUDA host memory (cudaMallocHost).
+    kDLCUDAHost = 3,
+    /// OpenCL.
+    kDLOpenCL = 4,
+    /// Vulkan.
+    kDLVulkan = 7,
+    /// Metal.
+    kDLMetal = 8,
+    /// Verilog simulator.
+    kDLVPI = 9,
+    /// ROCm GPUs.
+    kDLROCM = 10,
+    /// Pinned ROCm host memory.
+    kDLROCMHost = 11,
+    /// Reserved extension device.
+    kDLExtDev = 12,
+    /// CUDA managed memory.
+    kDLCUDAManaged = 13,
+    /// oneAPI unified shared memory.
+    kDLOneAPI = 14,
+    /// WebGPU.
+    kDLWebGPU = 15,
+    /// Qualcomm Hexagon DSP.
+    kDLHexagon = 16,
+    /// Microsoft MAIA.
+    kDLMAIA = 17,
+    /// AWS Trainium.
+    kDLTrn = 18,
+}
+
+/// DLPack: a device (kind and index).
+#[cfg(not(dlpack_h_included))]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DLDevice {
+    /// The kind of device.
+    pub device_type: DLDeviceType,
+    /// The device index (0 for CPU memory).
+    pub device_id: i32,
+}
+
+/// DLPack: type codes of `DLDataType.code`.
+#[cfg(not(dlpack_h_included))]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub enum DLDataTypeCode {
+    /// Signed integer.
+    kDLInt = 0,
+    /// Unsigned integer.
+    kDLUInt = 1,
+    /// IEEE floating point.
+    kDLFloat = 2,
+    /// Opaque handle (testing).
+    kDLOpaqueHandle = 3,
+    /// bfloat16.
+    kDLBfloat = 4,
+    /// Complex number.
+    kDLComplex = 5,
+    /// Boolean.
+    kDLBool = 6,
+    /// FP8 e3m4.
+    kDLFloat8_e3m4 = 7,
+    /// FP8 e4m3.
+    kDLFloat8_e4m3 = 8,
+    /// FP8 e4m3b11fnuz.
+    kDLFloat8_e4m3b11fnuz = 9,
+    /// FP8 e4m3fn.
+    kDLFloat8_e4m3fn = 10,
+    /// FP8 e4m3fnuz.
+    kDLFloat8_e4m3fnuz = 11,
+    /// FP8 e5m2.
+    kDLFloat8_e5m2 = 12,
+    /// FP8 e5m2fnuz.
+    kDLFloat8_e5m2fnuz = 13,
+    /// FP8 e8m0fnu.
+    kDLFloat8_e8m0fnu = 14,
+    /// FP6 e2m3fn.
+    kDLFloat6_e2m3fn = 15,
+    /// FP6 e3m2fn.
+    kDLFloat6_e3m2fn = 16,
+    /// FP4 e2m1fn.
+    kDLFloat4_e2m1fn = 17,
+}
+
+/// DLPack: an element type (`code` is a `DLDataTypeCode`).
+#[cfg(not(dlpack_h_included))]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DLDataType {
+    /// Type code (`DLDataTypeCode`).
+    pub code: u8,
+    /// Bits per lane (8, 16, 32, 64 …).
+    pub bits: u8,
+    /// Lanes (1 for scalars).
+    pub lanes: u16,
+}
+
+/// DLPack: a tensor view (no ownership).
+#[cfg(not(dlpack_h_included))]
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLTensor {
+    /// The first element (strata sets `byte_offset` to 0).
+    pub data: *mut c_void,
+    /// Where `data` lives.
+    pub device: DLDevice,
+    /// Number of dimensions.
+    pub ndim: i32,
+    /// Element type.
+    pub dtype: DLDataType,
+    /// `ndim` extents.
+    pub shape: *mut i64,
+    /// `ndim` strides in elements.
+    pub strides: *mut i64,
+    /// Bytes from `data` to the first element.
+    pub byte_offset: u64,
+}
+
+/// DLPack: a tensor with its owner's context and deleter (the legacy,
+/// unversioned exchange struct).
+#[cfg(not(dlpack_h_included))]
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensor {
+    /// The tensor.
+    pub dl_tensor: DLTensor,
+    /// The producer's context.
+    pub manager_ctx: *mut c_void,
+    /// Frees the tensor (and `self`); the consumer calls it exactly once.
+    pub deleter: Option<unsafe extern "C" fn(self_: *mut DLManagedTensor)>,
+}
+
+/// A DLPack tensor and what keeps its memory valid, in one allocation (the
+/// tensor first, so that the two share an address).
+#[repr(C)]
+struct Managed {
+    tensor: DLManagedTensor,
+    shape: [i64; 1],
+    strides: [i64; 1],
+    pin: OwnedPin,
+}
+
+/// Tensors handed out and not yet deleted, by address: a deleter called
+/// twice, or with a stranger's pointer, is refused instead of freeing.
+static TENSORS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+fn delete(t: *mut DLManagedTensor) -> R<()> {
+    if t.is_null() {
+        return Ok(());
+    }
+    let known = TENSORS.lock().remove(&t.addr());
+    if !known {
+        return Err(Fail::new(
+            STRATA_ERR_INVALID_HANDLE,
+            format!("{t:p} is not a DLPack tensor strata exported, or it was deleted already"),
+        ));
+    }
+    // SAFETY: registered by `strata_dlpack_export` as a `Box<Managed>` whose
+    // first field is this tensor, and removed from the registry just now, so
+    // it is taken back exactly once.
+    drop(unsafe { cast::box_from_raw(t.cast::<Managed>()) });
+    Ok(())
+}
+
+/// The deleter stored in exported tensors.
+unsafe extern "C" fn deleter(t: *mut DLManagedTensor) {
+    boundary_void("DLManagedTensor.deleter", || delete(t));
+}
+
+fn element_bytes(dtype: DLDataType) -> R<u64> {
+    if dtype.code > DLDataTypeCode::kDLFloat4_e2m1fn as u8 {
+        return Err(Fail::invalid(format!(
+            "unknown DLPack type code {}",
+            dtype.code
+        )));
+    }
+    if dtype.bits == 0 || dtype.bits % 8 != 0 || dtype.lanes == 0 {
+        return Err(Fail::new(
+            STRATA_ERR_UNSUPPORTED,
+            format!(
+                "DLPack type of {} bits × {} lanes: only whole bytes and at least one lane",
+                dtype.bits, dtype.lanes
+            ),
+        ));
+    }
+    Ok(u64::from(dtype.bits / 8) * u64::from(dtype.lanes))
+}
+
+/// Pins `offset..offset + len` of the buffer in `tier` and stores in `*out`
+/// a DLPack tensor over it: one dimension of `len / element size` elements
+/// of the type `dtype_code`/`dtype_bits`/`dtype_lanes` (the fields of a
+/// `DLDataType`, e.g. `kDLFloat, 32, 1`), contiguous, `byte_offset` 0.
+/// (The type comes as three integers because `dlpack.h` declares
+/// `DLDataType` as an unnamed struct, which C++ cannot name as
+/// `struct DLDataType`.) The device is `kDLCUDA` (device
+/// 0) for the device tier on CUDA, `kDLCPU` for host and CXL — and for the
+/// simulated device, whose memory is host memory. The range must hold a
+/// whole number of elements, start at a multiple of the element size, and
+/// lie on pages that are adjacent in the tier: a range within one page
+/// always is; one across pages whose slots are not adjacent gives
+/// `STRATA_ERR_UNSUPPORTED` (export it page by page). NVMe has no address.
+///
+/// Ownership passes to the caller: the range stays pinned (and its buffer,
+/// even if freed, and its runtime, even if destroyed, keep the memory)
+/// until the tensor's `deleter` is called — exactly once, from any thread,
+/// by the consumer (`at::fromDLPack` does it when the tensor dies), or via
+/// `strata_dlpack_free`. Writes through strata reach the memory in place.
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `DLManagedTensor *`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_dlpack_export(
+    buf: *const strata_buffer,
+    offset: u64,
+    len: u64,
+    tier_in: strata_tier,
+    dtype_code: u8,
+    dtype_bits: u8,
+    dtype_lanes: u16,
+    out: *mut *mut DLManagedTensor,
+) -> c_int {
+    let dtype = DLDataType {
+        code: dtype_code,
+        bits: dtype_bits,
+        lanes: dtype_lanes,
+    };
+    boundary("strata_dlpack_export", || {
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out(out, "out") }?;
+        let t = tier(tier_in)?;
+        let elem = element_bytes(dtype)?;
+        if len == 0 || len % elem != 0 {
+            return Err(Fail::invalid(format!(
+                "length {len} is not a whole, non-zero number of {elem}-byte elements"
+            )));
+        }
+        let scalar = u64::from(dtype.bits / 8);
+        if offset % scalar != 0 {
+            return Err(Fail::invalid(format!(
+                "offset {offset} is not aligned to the element's {scalar} bytes"
+            )));
+        }
+        let elements = i64::try_from(len / elem).map_err(|_| Fail::invalid("too many elements"))?;
+        let b = objects::get(buf)?;
+        let page = b.rt.rt.page_size() as u64;
+        let pin = b.buffer.pin_owned(range(offset, len)?, t)?;
+        let addresses = pin.addresses();
+        if let Some(i) = addresses.windows(2).position(|w| w[1] != w[0] + page) {
+            let first = pin.pages().start;
+            return Err(Fail::new(
+                STRATA_ERR_UNSUPPORTED,
+                format!(
+                    "pages {} and {} of the range are not adjacent in the {t} tier: export page by page",
+                    first + i,
+                    first + i + 1
+                ),
+            ));
+        }
+        let device = match (t, b.rt.rt.device_backend()) {
+            (Tier::Device, Some(BackendKind::Cuda)) => DLDevice {
+                device_type: DLDeviceType::kDLCUDA,
+                device_id: 0,
+            },
+            _ => DLDevice {
+                device_type: DLDeviceType::kDLCPU,
+                device_id: 0,
+            },
+        };
+        let data = cast::address_ptr(addresses[0] + offset % page);
+        let managed = Box::new(Managed {
+            tensor: DLManagedTensor {
+                dl_tensor: DLTensor {
+                    data,
+                    device,
+                    ndim: 1,
+                    dtype,
+                    shape: std::ptr::null_mut(),
+                    strides: std::ptr::null_mut(),
+                    byte_offset: 0,
+                },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(deleter),
+            },
+            shape: [elements],
+            strides: [1],
+            pin,
+        });
+        let p = cast::box_into_raw(managed);
+        // SAFETY: `p` is the live box just made; nothing else refers to it.
+        let m = unsafe { &mut *p };
+        m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();
+        m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
+        m.tensor.manager_ctx = p.cast();
+        let tensor = p.cast::<DLManagedTensor>();
+        TENSORS.lock().insert(tensor.addr());
+        out.set(tensor);
+        Ok(STRATA_OK)
+    })
+}
+
+/// Deletes a tensor from `strata_dlpack_export` that was not handed to a
+/// consumer (the same as calling its deleter). NULL is a no-op; a pointer
+/// strata did not export, or one already deleted, is refused with
+/// `STRATA_ERR_INVALID_HANDLE` (never freed). Thread-safe.
+#[no_mangle]
+pub extern "C" fn strata_dlpack_free(tensor: *mut DLManagedTensor) -> c_int {
+    boundary("strata_dlpack_free", || {
+        delete(tensor)?;
+        Ok(STRATA_OK)
+    })
+}

@@ -1,0 +1,274 @@
+//! Handle tables: what C holds is 64 bits — a type tag, a generation and a
+//! slot index — never a pointer to Rust memory. A lookup checks all three,
+//! so a freed, forged or mistyped handle is an error
+//! (`STRATA_ERR_INVALID_HANDLE`), never undefined behaviour; a handle whose
+//! runtime was destroyed is `STRATA_ERR_CLOSED`.
+//!
+//! Lookups clone an `Arc` under a read lock and run the call unlocked, so a
+//! blocking call (a ticket wait, an NVMe read) never holds the table, and an
+//! object freed by one thread while another uses it lives until that call
+//! ends.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use parking_lot::{const_rwlock, RwLock};
+
+use crate::status::{
+    Fail, R, STRATA_ERR_CLOSED, STRATA_ERR_INVALID_HANDLE, STRATA_ERR_OUT_OF_CAPACITY,
+};
+
+const INDEX_BITS: u32 = 24;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+const TAG_SHIFT: u32 = 56;
+
+/// The owner of objects created through a runtime, for sweeping them when
+/// the runtime is destroyed. Every runtime gets a fresh one.
+pub(crate) type Owner = u64;
+
+struct Slot<T> {
+    /// The generation of the live object, or of the next one once freed.
+    generation: u32,
+    /// The generation of an object removed by its runtime's destruction
+    /// (0: none), so that its handle reads `STRATA_ERR_CLOSED`.
+    closed: u32,
+    live: Option<(Arc<T>, Owner)>,
+}
+
+struct Slots<T> {
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+}
+
+/// One table per handle type.
+pub(crate) struct Handles<T> {
+    tag: u8,
+    name: &'static str,
+    slots: RwLock<Slots<T>>,
+}
+
+fn decode(bits: u64) -> (u8, u32, usize) {
+    (
+        (bits >> TAG_SHIFT) as u8,
+        (bits >> INDEX_BITS) as u32,
+        (bits & INDEX_MASK) as usize,
+    )
+}
+
+fn encode(tag: u8, generation: u32, index: usize) -> u64 {
+    (tag as u64) << TAG_SHIFT | (generation as u64) << INDEX_BITS | index as u64
+}
+
+impl<T> Handles<T> {
+    pub(crate) const fn new(tag: u8, name: &'static str) -> Self {
+        Self {
+            tag,
+            name,
+            slots: const_rwlock(Slots {
+                slots: Vec::new(),
+                free: Vec::new(),
+            }),
+        }
+    }
+
+    /// The object behind a handle.
+    #[inline]
+    pub(crate) fn get(&self, bits: u64) -> R<Arc<T>> {
+        let (tag, generation, index) = decode(bits);
+        if tag == self.tag {
+            let slots = self.slots.read();
+            if let Some(Slot {
+                generation: g,
+                live: Some((obj, _)),
+                ..
+            }) = slots.slots.get(index)
+            {
+                if *g == generation {
+                    return Ok(obj.clone());
+                }
+            }
+        }
+        Err(self.not_live(bits))
+    }
+
+    /// Runs `f` on the object behind a handle under the table's read lock,
+    /// without taking a reference (two atomic operations fewer than
+    /// [`get`](Self::get)). Only for calls that never block: a writer (an
+    /// alloc or a free of this type) waits until `f` returns.
+    #[inline]
+    pub(crate) fn with<U>(&self, bits: u64, f: impl FnOnce(&T) -> U) -> R<U> {
+        let (tag, generation, index) = decode(bits);
+        if tag == self.tag {
+            let slots = self.slots.read();
+            if let Some(Slot {
+                generation: g,
+                live: Some((obj, _)),
+                ..
+            }) = slots.slots.get(index)
+            {
+                if *g == generation {
+                    return Ok(f(obj));
+                }
+            }
+        }
+        Err(self.not_live(bits))
+    }
+
+    #[cold]
+    fn not_live(&self, bits: u64) -> Fail {
+        let name = self.name;
+        if bits == 0 {
+            return Fail::null(&format!("the {name} handle"));
+        }
+        let (tag, generation, index) = decode(bits);
+        if tag == self.tag {
+            let slots = self.slots.read();
+            if let Some(slot) = slots.slots.get(index) {
+                if slot.closed == generation {
+                    return Fail::new(
+                        STRATA_ERR_CLOSED,
+                        format!("the {name} handle {bits:#x} is closed: its runtime was destroyed"),
+                    );
+                }
+                if generation < slot.generation || slot.live.is_none() {
+                    return Fail::new(
+                        STRATA_ERR_INVALID_HANDLE,
+                        format!("the {name} handle {bits:#x} was freed"),
+                    );
+                }
+            }
+        }
+        Fail::new(
+            STRATA_ERR_INVALID_HANDLE,
+            format!("{bits:#x} is not a live {name} handle"),
+        )
+    }
+
+    /// Registers an object; returns its handle's bits.
+    pub(crate) fn insert(&self, obj: T, owner: Owner) -> R<u64> {
+        let obj = Arc::new(obj);
+        let mut s = self.slots.write();
+        let index = match s.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                if s.slots.len() as u64 > INDEX_MASK {
+                    return Err(Fail::new(
+                        STRATA_ERR_OUT_OF_CAPACITY,
+                        format!(
+                            "{} {} handles are live: free some first",
+                            INDEX_MASK + 1,
+                            self.name
+                        ),
+                    ));
+                }
+                s.slots.push(Slot {
+                    generation: 1,
+                    closed: 0,
+                    live: None,
+                });
+                s.slots.len() - 1
+            }
+        };
+        let slot = &mut s.slots[index];
+        slot.live = Some((obj, owner));
+        Ok(encode(self.tag, slot.generation, index))
+    }
+
+    fn vacate(slots: &mut Slots<T>, index: usize, closed: bool) -> Option<Arc<T>> {
+        let slot = &mut slots.slots[index];
+        let (obj, _) = slot.live.take()?;
+        if closed {
+            slot.closed = slot.generation;
+        }
+        slot.generation = match slot.generation.wrapping_add(1) {
+            0 => 1,
+            g => g,
+        };
+        slots.free.push(index as u32);
+        Some(obj)
+    }
+
+    /// Removes an object: `None` for the NULL handle (freeing NULL is a
+    /// no-op). The caller drops the object after the table is unlocked.
+    pub(crate) fn remove(&self, bits: u64) -> R<Option<Arc<T>>> {
+        if bits == 0 {
+            return Ok(None);
+        }
+        let (tag, generation, index) = decode(bits);
+        if tag == self.tag {
+            let mut s = self.slots.write();
+            if s.slots
+                .get(index)
+                .is_some_and(|slot| slot.generation == generation)
+            {
+                if let Some(obj) = Self::vacate(&mut s, index, false) {
+                    return Ok(Some(obj));
+                }
+            }
+        }
+        Err(self.not_live(bits))
+    }
+
+    /// Removes every object of `owner` (its runtime is being destroyed);
+    /// their handles read `STRATA_ERR_CLOSED` from now on.
+    pub(crate) fn sweep(&self, owner: Owner) -> Vec<Arc<T>> {
+        let mut s = self.slots.write();
+        let mine: Vec<usize> = s
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| matches!(&slot.live, Some((_, o)) if *o == owner))
+            .map(|(i, _)| i)
+            .collect();
+        mine.into_iter()
+            .filter_map(|i| Self::vacate(&mut s, i, true))
+            .collect()
+    }
+
+    /// Live objects (for tests).
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> usize {
+        self.slots
+            .read()
+            .slots
+            .iter()
+            .filter(|s| s.live.is_some())
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_forged_and_closed_handles_are_told_apart() {
+        let t: Handles<u32> = Handles::new(7, "thing");
+        let a = t.insert(1, 10).unwrap();
+        assert_eq!(*t.get(a).unwrap(), 1);
+        assert_eq!(
+            t.get(0).unwrap_err().status,
+            crate::status::STRATA_ERR_NULL_POINTER
+        );
+        assert_eq!(
+            t.get(a ^ 1 << 60).unwrap_err().status,
+            STRATA_ERR_INVALID_HANDLE
+        );
+        assert_eq!(t.get(a + 1).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
+        assert!(t.remove(a).unwrap().is_some());
+        let e = t.get(a).unwrap_err();
+        assert_eq!(e.status, STRATA_ERR_INVALID_HANDLE);
+        assert!(e.message.contains("freed"), "{}", e.message);
+        assert_eq!(t.remove(a).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
+        assert!(t.remove(0).unwrap().is_none());
+        // The slot is reused under a new generation; the old handle stays dead.
+        let b = t.insert(2, 11).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(t.get(a).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
+        let c = t.insert(3, 10).unwrap();
+        assert_eq!(t.sweep(10).len(), 1);
+        assert_eq!(t.get(c).unwrap_err().status, STRATA_ERR_CLOSED);
+        assert_eq!(*t.get(b).unwrap(), 2);
+        assert_eq!(t.live(), 1);
+    }
+}

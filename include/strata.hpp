@@ -1,0 +1,241 @@
+// strata.hpp: a small C++17 RAII wrapper over the C ABI in strata.h.
+//
+// Each handle type owns its C handle and frees it in its destructor; they
+// are movable, not copyable. A failing call throws strata::Error carrying the
+// status and the message from strata_last_error(). Thread safety is that of
+// the C ABI: every object may be used from any thread.
+//
+// Written by hand (not generated): it only calls functions of strata.h.
+#ifndef STRATA_HPP
+#define STRATA_HPP
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "strata.h"
+
+namespace strata {
+
+// A failed call: its STRATA_ERR_* status and the library's message.
+class Error : public std::runtime_error {
+public:
+    Error(int status, const char *message) : std::runtime_error(message), status_(status) {}
+    int status() const noexcept { return status_; }
+
+private:
+    int status_;
+};
+
+// Throws on a negative status; returns the status otherwise (STRATA_OK or
+// STRATA_PENDING).
+inline int check(int status) {
+    if (status < 0) throw Error(status, strata_last_error());
+    return status;
+}
+
+// Owns one C handle; `Free` ends it (and accepts NULL).
+template <class T, int (*Free)(T *)>
+class Owned {
+public:
+    Owned() noexcept = default;
+    explicit Owned(T *p) noexcept : p_(p) {}
+    Owned(Owned &&o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+    Owned &operator=(Owned &&o) noexcept {
+        if (this != &o) {
+            reset();
+            p_ = std::exchange(o.p_, nullptr);
+        }
+        return *this;
+    }
+    Owned(const Owned &) = delete;
+    Owned &operator=(const Owned &) = delete;
+    ~Owned() { reset(); }
+
+    T *get() const noexcept { return p_; }
+    explicit operator bool() const noexcept { return p_ != nullptr; }
+    // Frees now; a destructor cannot report failure, so this is the way to
+    // see it (the C free functions fail only for invalid handles).
+    void reset() noexcept {
+        if (p_) Free(std::exchange(p_, nullptr));
+    }
+
+private:
+    T *p_ = nullptr;
+};
+
+class Ticket : public Owned<strata_ticket, strata_ticket_free> {
+public:
+    using Owned::Owned;
+    void wait() const { check(strata_ticket_wait(get())); }
+    // True when the request is done (throws its error, if any).
+    bool poll() const { return check(strata_ticket_poll(get())) == STRATA_OK; }
+    template <class Rep, class Period>
+    bool wait_for(std::chrono::duration<Rep, Period> d) const {
+        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+        return check(strata_ticket_wait_timeout(get(), ns < 0 ? 0 : static_cast<uint64_t>(ns))) == STRATA_OK;
+    }
+};
+
+class Pin : public Owned<strata_pin, strata_unpin> {
+public:
+    using Owned::Owned;
+    strata_tier tier() const {
+        strata_tier t = STRATA_TIER_NONE;
+        check(strata_pin_info(get(), &t, nullptr, nullptr));
+        return t;
+    }
+    size_t first_page() const {
+        size_t first = 0;
+        check(strata_pin_info(get(), nullptr, &first, nullptr));
+        return first;
+    }
+    // Each pinned page's address (device or host), valid while the pin lives.
+    std::vector<uint64_t> addresses() const {
+        size_t n = 0;
+        int s = strata_pin_addresses(get(), nullptr, 0, &n);
+        if (s != STRATA_ERR_BUFFER_TOO_SMALL) check(s);
+        std::vector<uint64_t> out(n);
+        check(strata_pin_addresses(get(), out.data(), out.size(), &n));
+        return out;
+    }
+};
+
+class Launch : public Owned<strata_launch, strata_launch_end> {
+public:
+    using Owned::Owned;
+    uint64_t map_address() const {
+        uint64_t a = 0;
+        check(strata_launch_map_address(get(), &a));
+        return a;
+    }
+    uint64_t entry(size_t page) const {
+        uint64_t e = 0;
+        check(strata_launch_entry(get(), page, &e));
+        return e;
+    }
+};
+
+class Map : public Owned<strata_map, strata_map_free> {
+public:
+    using Owned::Owned;
+    size_t pages() const {
+        size_t n = 0;
+        check(strata_map_pages(get(), &n));
+        return n;
+    }
+    Launch prepare(strata_access access) const {
+        strata_launch *l = nullptr;
+        check(strata_map_prepare(get(), access, &l));
+        return Launch(l);
+    }
+    std::vector<uint32_t> counts() const {
+        std::vector<uint32_t> out(pages());
+        size_t n = 0;
+        check(strata_map_counts(get(), out.data(), out.size(), &n));
+        return out;
+    }
+};
+
+class Buffer : public Owned<strata_buffer, strata_buffer_free> {
+public:
+    using Owned::Owned;
+    uint64_t size() const {
+        uint64_t n = 0;
+        check(strata_buffer_len(get(), &n));
+        return n;
+    }
+    size_t page_count() const {
+        size_t n = 0;
+        check(strata_buffer_page_count(get(), &n));
+        return n;
+    }
+    strata_tier tier_of(size_t page) const {
+        strata_tier t = STRATA_TIER_NONE;
+        check(strata_buffer_tier_of(get(), page, &t));
+        return t;
+    }
+    void write(uint64_t offset, const void *src, size_t len) const {
+        check(strata_write(get(), offset, src, len));
+    }
+    void read(uint64_t offset, void *dst, size_t len) const { check(strata_read(get(), offset, dst, len)); }
+    template <class T>
+    void write(uint64_t offset, const std::vector<T> &v) const {
+        write(offset, v.data(), v.size() * sizeof(T));
+    }
+    template <class T>
+    std::vector<T> read(uint64_t offset, size_t n) const {
+        std::vector<T> v(n);
+        read(offset, v.data(), n * sizeof(T));
+        return v;
+    }
+    void evict(uint64_t offset, uint64_t len, strata_tier to) const {
+        check(strata_evict(get(), offset, len, to));
+    }
+    Ticket prefetch(uint64_t offset, uint64_t len, strata_tier to) const {
+        strata_ticket *t = nullptr;
+        check(strata_prefetch(get(), offset, len, to, &t));
+        return Ticket(t);
+    }
+    Pin pin(uint64_t offset, uint64_t len, strata_tier in) const {
+        strata_pin *p = nullptr;
+        check(strata_buffer_pin(get(), offset, len, in, &p));
+        return Pin(p);
+    }
+    Map device_map() const {
+        strata_map *m = nullptr;
+        check(strata_device_map(get(), &m));
+        return Map(m);
+    }
+};
+
+class Runtime : public Owned<strata_runtime, strata_runtime_destroy> {
+public:
+    using Owned::Owned;
+    static strata_config defaults() {
+        strata_config c;
+        check(strata_config_init(&c));
+        return c;
+    }
+    explicit Runtime(const strata_config &config) {
+        strata_runtime *rt = nullptr;
+        check(strata_runtime_create(&config, &rt));
+        *this = Runtime(rt);
+    }
+    static Runtime from_toml(std::string_view text, uint32_t flags = 0) {
+        strata_runtime *rt = nullptr;
+        check(strata_runtime_from_toml(text.data(), text.size(), flags, &rt));
+        return Runtime(rt);
+    }
+    Buffer alloc(uint64_t bytes) const {
+        strata_buffer *b = nullptr;
+        check(strata_alloc(get(), bytes, &b));
+        return Buffer(b);
+    }
+    Buffer alloc_in(uint64_t bytes, strata_tier preferred) const {
+        strata_buffer *b = nullptr;
+        check(strata_alloc_in(get(), bytes, preferred, &b));
+        return Buffer(b);
+    }
+    size_t page_size() const {
+        size_t n = 0;
+        check(strata_runtime_page_size(get(), &n));
+        return n;
+    }
+    std::string stats_json() const {
+        char *s = nullptr;
+        size_t n = 0;
+        check(strata_stats_json(get(), &s, &n));
+        std::string out(s, n);
+        strata_string_free(s);
+        return out;
+    }
+};
+
+}  // namespace strata
+
+#endif  // STRATA_HPP

@@ -1,0 +1,233 @@
+/*
+ * A C11 client of libstrata: a simulated device oversubscribed 4x (a buffer
+ * four times its size, spilling into host memory and an NVMe file in a
+ * temporary directory), written and read back whole, moved with tickets,
+ * pinned, mapped, and described by the stats; then bad input, each call
+ * answered with its status and a message.
+ *
+ * Usage: client [--psync]   (--psync: the NVMe tier on the psync engine,
+ * for valgrind, which does not follow io_uring)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "strata.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (cond) {                                                             \
+            passed++;                                                           \
+        } else {                                                                \
+            failed++;                                                           \
+            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                     \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, " (last error: %s)\n", strata_last_error());        \
+        }                                                                       \
+    } while (0)
+
+#define OK(call) CHECK((call) == STRATA_OK, "%s", #call)
+
+/* A call that must fail with `want` and a message containing `says`. */
+#define FAILS(call, want, says)                                                 \
+    do {                                                                        \
+        int got_ = (call);                                                      \
+        CHECK(got_ == (want) && strstr(strata_last_error(), (says)) != NULL,    \
+              "%s: status %d (%s), want %d, message should mention \"%s\"",     \
+              #call, got_, strata_status_string(got_), (want), (says));         \
+    } while (0)
+
+enum { PAGE = 64 * 1024, DEVICE_PAGES = 8, HOST_PAGES = 16, NVME_PAGES = 64 };
+
+static uint8_t pattern(uint64_t i) {
+    return (uint8_t)((i * 2654435761u) >> 11);
+}
+
+int main(int argc, char **argv) {
+    int psync = argc > 1 && strcmp(argv[1], "--psync") == 0;
+    char dir[] = "/tmp/strata-c-XXXXXX";
+    if (mkdtemp(dir) == NULL) {
+        perror("mkdtemp");
+        return 2;
+    }
+
+    strata_config config;
+    OK(strata_config_init(&config));
+    config.device = STRATA_DEVICE_SIM;
+    config.page_size = PAGE;
+    config.device_capacity = (uint64_t)DEVICE_PAGES * PAGE;
+    config.host_capacity = (uint64_t)HOST_PAGES * PAGE;
+    config.nvme_path = dir;
+    config.nvme_capacity = (uint64_t)NVME_PAGES * PAGE;
+    config.nvme_engine = psync ? STRATA_IO_PSYNC : STRATA_IO_AUTO;
+    strata_runtime *rt = NULL;
+    OK(strata_runtime_create(&config, &rt));
+    if (rt == NULL) {
+        fprintf(stderr, "no runtime: %s\n", strata_last_error());
+        return 1;
+    }
+
+    /* 4x the device: every byte written, then read back. */
+    const uint64_t len = 4ull * DEVICE_PAGES * PAGE;
+    strata_buffer *buf = NULL;
+    OK(strata_alloc(rt, len, &buf));
+    uint8_t *data = malloc(len), *back = malloc(len);
+    for (uint64_t i = 0; i < len; i++) data[i] = pattern(i);
+    for (uint64_t off = 0; off < len; off += 100000) {
+        size_t n = (size_t)(len - off < 100000 ? len - off : 100000);
+        OK(strata_write(buf, off, data + off, n));
+    }
+    memset(back, 0, len);
+    for (uint64_t off = 0; off < len; off += 77777) {
+        size_t n = (size_t)(len - off < 77777 ? len - off : 77777);
+        OK(strata_read(buf, off, back + off, n));
+    }
+    CHECK(memcmp(data, back, len) == 0, "read back what was written");
+
+    size_t pages = 0;
+    OK(strata_buffer_page_count(buf, &pages));
+    CHECK(pages == 4 * DEVICE_PAGES, "%zu pages", pages);
+    int per_tier[4] = {0, 0, 0, 0};
+    for (size_t p = 0; p < pages; p++) {
+        strata_tier t = STRATA_TIER_NONE;
+        OK(strata_buffer_tier_of(buf, p, &t));
+        if (t >= 0 && t < 4) per_tier[t]++;
+    }
+    CHECK(per_tier[STRATA_TIER_DEVICE] <= DEVICE_PAGES && per_tier[STRATA_TIER_HOST] > 0,
+          "pages spread: device %d host %d nvme %d", per_tier[0], per_tier[1], per_tier[3]);
+
+    /* Everything to NVMe, then a quarter back up to the device with a ticket. */
+    OK(strata_evict(buf, 0, len, STRATA_TIER_NVME));
+    strata_tier t = STRATA_TIER_NONE;
+    OK(strata_buffer_tier_of(buf, 0, &t));
+    CHECK(t == STRATA_TIER_NVME, "page 0 in tier %d after evict", t);
+    strata_ticket *ticket = NULL;
+    OK(strata_prefetch(buf, 0, 4 * PAGE, STRATA_TIER_DEVICE, &ticket));
+    int s = strata_ticket_poll(ticket);
+    CHECK(s == STRATA_OK || s == STRATA_PENDING, "poll: %d", s);
+    s = strata_ticket_wait_timeout(ticket, 10ull * 1000 * 1000 * 1000);
+    CHECK(s == STRATA_OK, "wait_timeout: %d", s);
+    OK(strata_ticket_wait(ticket));
+    OK(strata_ticket_free(ticket));
+    OK(strata_buffer_tier_of(buf, 3, &t));
+    CHECK(t == STRATA_TIER_DEVICE, "page 3 in tier %d after prefetch", t);
+    memset(back, 0, len);
+    OK(strata_read(buf, 0, back, (size_t)len));
+    CHECK(memcmp(data, back, len) == 0, "read back after the moves");
+
+    /* A pin: host addresses of pages 5 and 6, holding the bytes. */
+    strata_pin *pin = NULL;
+    OK(strata_buffer_pin(buf, 5 * PAGE, 2 * PAGE, STRATA_TIER_HOST, &pin));
+    uint64_t addresses[2] = {0, 0};
+    size_t count = 0;
+    OK(strata_pin_addresses(pin, addresses, 2, &count));
+    CHECK(count == 2, "%zu addresses", count);
+    for (size_t i = 0; i < 2 && i < count; i++) {
+        const uint8_t *page = (const uint8_t *)(uintptr_t)addresses[i];
+        CHECK(memcmp(page, data + (5 + i) * PAGE, PAGE) == 0, "pinned page %zu", 5 + i);
+    }
+    OK(strata_unpin(pin));
+
+    /* A device map and a read-only launch: of a buffer the memory tiers can
+     * hold whole (the big one cannot be mapped, and says so). */
+    strata_map *map = NULL;
+    strata_launch *launch = NULL;
+    OK(strata_device_map(buf, &map));
+    size_t map_pages = 0;
+    OK(strata_map_pages(map, &map_pages));
+    CHECK(map_pages == pages, "map of %zu pages", map_pages);
+    FAILS(strata_map_prepare(map, STRATA_ACCESS_READ_ONLY, &launch), STRATA_ERR_OUT_OF_CAPACITY,
+          "cannot be staged");
+    OK(strata_map_free(map));
+    strata_buffer *small_buf = NULL;
+    OK(strata_alloc(rt, 8 * PAGE, &small_buf));
+    OK(strata_write(small_buf, 0, data, 8 * PAGE));
+    OK(strata_evict(small_buf, 0, 8 * PAGE, STRATA_TIER_NVME));
+    OK(strata_device_map(small_buf, &map));
+    OK(strata_map_prepare(map, STRATA_ACCESS_READ_ONLY, &launch));
+    uint64_t table = 0, entry = 0;
+    OK(strata_launch_map_address(launch, &table));
+    OK(strata_launch_entry(launch, 7, &entry));
+    CHECK(entry != 0 && table != 0 && entry == ((const uint64_t *)(uintptr_t)table)[7], "map entry 7");
+    if (entry != 0) {
+        /* On the simulated device every entry is a host address. */
+        CHECK(memcmp((const void *)(uintptr_t)entry, data + 7 * PAGE, PAGE) == 0, "mapped page 7");
+    }
+    FAILS(strata_write(small_buf, 0, "x", 1), STRATA_ERR_INVALID_ARGUMENT, "read-only");
+    FAILS(strata_launch_entry(launch, 8, &entry), STRATA_ERR_INVALID_ARGUMENT, "beyond");
+    OK(strata_launch_end(launch));
+    OK(strata_write(small_buf, 0, "x", 1));
+    OK(strata_map_free(map));
+    OK(strata_buffer_free(small_buf));
+
+    /* Stats, both ways. */
+    char *json = NULL;
+    size_t json_len = 0;
+    OK(strata_stats_json(rt, &json, &json_len));
+    CHECK(json != NULL && strstr(json, "\"backend\":\"simulated\"") != NULL, "stats: %s", json);
+    CHECK(json != NULL && strlen(json) == json_len, "stats length");
+    CHECK(json != NULL && strstr(json, "\"moves\":0,") == NULL, "pages moved");
+    OK(strata_string_free(json));
+    char small[16];
+    size_t need = 0;
+    FAILS(strata_stats_json_copy(rt, small, sizeof small, &need), STRATA_ERR_BUFFER_TOO_SMALL, "bytes");
+    /* The stats may have changed since (moves run in the background), so
+     * the length is only roughly the one above. */
+    CHECK(need > sizeof small && small[15] == '\0', "needed %zu", need);
+
+    /* Bad input: each fails with its status and a message. */
+    uint8_t byte;
+    FAILS(strata_read(buf, len, &byte, 1), STRATA_ERR_INVALID_ARGUMENT, "exceeds");
+    FAILS(strata_read(buf, 0, NULL, 1), STRATA_ERR_NULL_POINTER, "dst is NULL");
+    FAILS(strata_evict(buf, UINT64_MAX, 2, STRATA_TIER_HOST), STRATA_ERR_INVALID_ARGUMENT, "overflows");
+    FAILS(strata_evict(buf, 0, 1, 42), STRATA_ERR_INVALID_ARGUMENT, "unknown tier");
+    FAILS(strata_alloc(rt, 1, NULL), STRATA_ERR_NULL_POINTER, "out is NULL");
+    strata_buffer *forged = (strata_buffer *)(uintptr_t)0x1234;
+    FAILS(strata_read(forged, 0, &byte, 1), STRATA_ERR_INVALID_HANDLE, "not a live buffer handle");
+    FAILS(strata_ticket_wait((strata_ticket *)buf), STRATA_ERR_INVALID_HANDLE, "ticket");
+    const char bad_toml[] = "page_size = \"64k\"\n\xff";
+    strata_runtime *other = NULL;
+    FAILS(strata_runtime_from_toml(bad_toml, sizeof bad_toml - 1, 0, &other), STRATA_ERR_INVALID_ARGUMENT,
+          "not UTF-8");
+    CHECK(other == NULL, "no runtime from bad TOML");
+    char message[8];
+    size_t message_len = 0;
+    CHECK(strata_last_error_copy(message, sizeof message, &message_len) == STRATA_ERR_BUFFER_TOO_SMALL &&
+              message[7] == '\0' && message_len == strlen(strata_last_error()),
+          "last error copy");
+    CHECK(strcmp(strata_status_string(STRATA_ERR_INVALID_HANDLE), "invalid handle") == 0, "status string");
+    OK(strata_buffer_free(NULL));
+
+    /* A freed buffer's handle is dead; the runtime's destruction closes the rest. */
+    strata_buffer *second = NULL;
+    OK(strata_alloc(rt, PAGE, &second));
+    OK(strata_buffer_free(second));
+    FAILS(strata_write(second, 0, "x", 1), STRATA_ERR_INVALID_HANDLE, "was freed");
+    OK(strata_runtime_destroy(rt));
+    FAILS(strata_read(buf, 0, &byte, 1), STRATA_ERR_CLOSED, "runtime was destroyed");
+
+    /* The same kind of runtime from TOML text. */
+    char toml[512];
+    snprintf(toml, sizeof toml,
+             "page_size = \"64k\"\ndevice = \"sim\"\ndevice_capacity = \"512k\"\n"
+             "[host]\ncapacity = \"1M\"\n[nvme]\npath = \"%s\"\ncapacity = \"4M\"\nengine = \"%s\"\n",
+             dir, psync ? "psync" : "auto");
+    OK(strata_runtime_from_toml(toml, strlen(toml), 0, &rt));
+    OK(strata_alloc(rt, 4 * 512 * 1024, &buf));
+    OK(strata_write(buf, 1000000, data, 1000000));
+    memset(back, 0, 1000000);
+    OK(strata_read(buf, 1000000, back, 1000000));
+    CHECK(memcmp(data, back, 1000000) == 0, "TOML runtime round trip");
+    OK(strata_runtime_destroy(rt));
+
+    free(data);
+    free(back);
+    if (rmdir(dir) != 0) perror("rmdir");
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

@@ -1,0 +1,152 @@
+// A C++17 client of libstrata through the RAII wrapper include/strata.hpp:
+// a simulated device oversubscribed 4x, typed reads and writes, tickets from
+// several threads, pins, a launch, and errors as exceptions. Every handle is
+// freed by a destructor, also when an exception unwinds.
+//
+// Usage: client_cpp [--psync]
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "strata.hpp"
+
+namespace {
+
+// Counted from several threads.
+std::atomic<int> passed{0}, failed{0};
+
+void check(bool ok, const char *what, int line) {
+    if (ok) {
+        passed++;
+    } else {
+        failed++;
+        std::fprintf(stderr, "client.cpp:%d: %s\n", line, what);
+    }
+}
+#define CHECK(cond) check((cond), #cond, __LINE__)
+
+// Runs `f`, which must throw strata::Error with `status`.
+template <class F>
+void expect_error(F f, int status, const char *says, int line) {
+    try {
+        f();
+        check(false, "no exception", line);
+    } catch (const strata::Error &e) {
+        bool ok = e.status() == status && std::strstr(e.what(), says) != nullptr;
+        if (!ok) std::fprintf(stderr, "client.cpp:%d: got %d: %s\n", line, e.status(), e.what());
+        check(ok, "the expected error", line);
+    }
+}
+#define EXPECT_ERROR(expr, status, says) expect_error([&] { expr; }, status, says, __LINE__)
+
+constexpr uint64_t kPage = 64 * 1024;
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    bool psync = argc > 1 && std::string(argv[1]) == "--psync";
+    char dir[] = "/tmp/strata-cpp-XXXXXX";
+    if (!mkdtemp(dir)) {
+        std::perror("mkdtemp");
+        return 2;
+    }
+    try {
+        strata_config config = strata::Runtime::defaults();
+        config.device = STRATA_DEVICE_SIM;
+        config.page_size = kPage;
+        config.device_capacity = 8 * kPage;
+        config.host_capacity = 16 * kPage;
+        config.nvme_path = dir;
+        config.nvme_capacity = 64 * kPage;
+        config.nvme_engine = psync ? STRATA_IO_PSYNC : STRATA_IO_AUTO;
+        strata::Runtime rt(config);
+        CHECK(rt.page_size() == kPage);
+
+        // 4x the device, as doubles.
+        const size_t n = 4 * 8 * kPage / sizeof(double);
+        strata::Buffer buf = rt.alloc(n * sizeof(double));
+        std::vector<double> values(n);
+        for (size_t i = 0; i < n; i++) values[i] = 0.5 * static_cast<double>(i);
+        buf.write(0, values);
+        CHECK(buf.read<double>(0, n) == values);
+
+        // Four threads move quarters around with tickets and check them.
+        std::atomic<int> bad{0};
+        std::vector<std::thread> threads;
+        for (int t = 0; t < 4; t++) {
+            threads.emplace_back([&, t] {
+                try {
+                    uint64_t quarter = n * sizeof(double) / 4;
+                    for (strata_tier to : {STRATA_TIER_NVME, STRATA_TIER_HOST, STRATA_TIER_DEVICE}) {
+                        strata::Ticket ticket = buf.prefetch(t * quarter, quarter, to);
+                        while (!ticket.wait_for(std::chrono::milliseconds(1))) {
+                        }
+                        CHECK(ticket.poll());
+                    }
+                    auto back = buf.read<double>(t * quarter, quarter / sizeof(double));
+                    if (std::memcmp(back.data(), values.data() + t * quarter / sizeof(double), quarter) != 0) bad++;
+                } catch (const strata::Error &e) {
+                    // A full tier is a fair outcome when four movers compete.
+                    if (e.status() != STRATA_ERR_OUT_OF_CAPACITY) {
+                        std::fprintf(stderr, "thread %d: %s\n", t, e.what());
+                        bad++;
+                    }
+                }
+            });
+        }
+        for (auto &th : threads) th.join();
+        CHECK(bad == 0);
+        CHECK(buf.read<double>(0, n) == values);
+
+        // A pin's addresses hold the bytes (host memory).
+        {
+            strata::Pin pin = buf.pin(3 * kPage, kPage, STRATA_TIER_HOST);
+            CHECK(pin.tier() == STRATA_TIER_HOST && pin.first_page() == 3);
+            std::vector<uint64_t> a = pin.addresses();
+            CHECK(a.size() == 1);
+            const double *page = reinterpret_cast<const double *>(static_cast<uintptr_t>(a[0]));
+            CHECK(std::memcmp(page, values.data() + 3 * kPage / sizeof(double), kPage) == 0);
+        }  // unpinned here
+
+        // A launch over a buffer the memory tiers hold whole.
+        {
+            strata::Buffer small = rt.alloc(4 * kPage);
+            small.write(0, values.data(), 4 * kPage);
+            strata::Map map = small.device_map();
+            strata::Launch launch = map.prepare(STRATA_ACCESS_READ_WRITE);
+            CHECK(launch.map_address() != 0 && launch.entry(3) != 0);
+            CHECK(map.counts().size() == 4);
+            EXPECT_ERROR(launch.entry(4), STRATA_ERR_INVALID_ARGUMENT, "beyond");
+        }
+
+        std::string stats = rt.stats_json();
+        CHECK(stats.find("\"backend\":\"simulated\"") != std::string::npos);
+
+        // Errors are exceptions with the status and the message; handles made
+        // before the throw are freed by their destructors.
+        EXPECT_ERROR(buf.read<double>(n * sizeof(double), 1), STRATA_ERR_INVALID_ARGUMENT, "exceeds");
+        EXPECT_ERROR(buf.evict(0, 1, 17), STRATA_ERR_INVALID_ARGUMENT, "unknown tier");
+        EXPECT_ERROR(rt.alloc(0), STRATA_ERR_INVALID_ARGUMENT, "zero bytes");
+        EXPECT_ERROR(strata::Runtime::from_toml("page_size = \"3k\""), STRATA_ERR_INVALID_ARGUMENT, "power of two");
+        static const char not_utf8[] = "[host]\ncapacity = \"1M\"\n\xc3\x28";
+        EXPECT_ERROR(strata::Runtime::from_toml(std::string_view(not_utf8, sizeof not_utf8 - 1)),
+                     STRATA_ERR_INVALID_ARGUMENT, "not UTF-8");
+        strata::Buffer moved = std::move(buf);
+        CHECK(!buf && moved);
+        EXPECT_ERROR(strata::Buffer(reinterpret_cast<strata_buffer *>(rt.get())).size(),
+                     STRATA_ERR_INVALID_HANDLE, "not a live buffer handle");
+    } catch (const strata::Error &e) {
+        std::fprintf(stderr, "unexpected: %d %s\n", e.status(), e.what());
+        failed++;
+    }
+    if (rmdir(dir) != 0) std::perror("rmdir");
+    std::printf("%d passed, %d failed\n", passed.load(), failed.load());
+    return failed != 0;
+}
