@@ -435,6 +435,33 @@ typedef struct DLManagedTensor {
 #endif
 
 /**
+ * A placement policy for the balancer (`STRATA_POLICY_*`).
+ */
+typedef int32_t strata_policy;
+
+/**
+ * What one balancer round did (`strata_balance_once`).
+ */
+typedef struct strata_balance_report {
+    /**
+     * Pages moved into device memory.
+     */
+    uint64_t promotions;
+    /**
+     * Pages moved out of it.
+     */
+    uint64_t demotions;
+    /**
+     * Touched pages the policy left in place.
+     */
+    uint64_t bypasses;
+    /**
+     * Promotions put off by the rate limit or a full device tier.
+     */
+    uint64_t deferred;
+} strata_balance_report;
+
+/**
  * What a launch's kernels do with the buffer (`STRATA_ACCESS_*`).
  */
 typedef int32_t strata_access;
@@ -602,6 +629,31 @@ typedef struct strata_config {
  * Kernels may write: no page in memory moves while they run.
  */
 #define STRATA_ACCESS_READ_WRITE 1
+
+/**
+ * The default policy (W-TinyLFU with an adaptive window).
+ */
+#define STRATA_POLICY_DEFAULT 0
+
+/**
+ * Least recently used.
+ */
+#define STRATA_POLICY_LRU 1
+
+/**
+ * Decayed access counts.
+ */
+#define STRATA_POLICY_LFU 2
+
+/**
+ * Reuse-predicting admission (GMT).
+ */
+#define STRATA_POLICY_GMT 3
+
+/**
+ * Honours prefetch hints.
+ */
+#define STRATA_POLICY_LOOKAHEAD 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -787,6 +839,74 @@ int strata_dlpack_export(const struct strata_buffer *buf,
  * `STRATA_ERR_INVALID_HANDLE` (never freed). Thread-safe.
  */
 int strata_dlpack_free(struct DLManagedTensor *tensor);
+
+/**
+ * Folds the buffer's access counters into its decayed scores
+ * (`score = score * decay + count`, counts cleared) and writes up to `cap`
+ * of the hottest pages not in device memory (page indices and scores, by
+ * score descending, ties by page) into `hot_pages`/`hot_scores` with their
+ * number in `*hot_len`, and up to `cap` of the coldest pages in device
+ * memory into `cold_pages`/`cold_scores`/`*cold_len`. `decay` is in
+ * (0, 1]. Thread-safe; concurrent harvests of one buffer serialize.
+ *
+ * # Safety
+ * Each array is NULL (only when `cap` is 0) or holds `cap` writable
+ * elements; `hot_len` and `cold_len` point to writable `size_t`s.
+ */
+int strata_buffer_harvest(const struct strata_buffer *buf,
+                          float decay,
+                          size_t cap,
+                          uint64_t *hot_pages,
+                          float *hot_scores,
+                          size_t *hot_len,
+                          uint64_t *cold_pages,
+                          float *cold_scores,
+                          size_t *cold_len);
+
+/**
+ * Starts recording every page access of the runtime (one in 2^`shift`,
+ * `shift` ≤ 16) to the trace file `path` (created or truncated): one
+ * decimal page id (buffer number << 32 | page) per line. One recording per
+ * runtime at a time. Thread-safe.
+ *
+ * # Safety
+ * `path` is NULL or a NUL-terminated string.
+ */
+int strata_trace_start(const struct strata_runtime *rt, const char *path, uint32_t shift);
+
+/**
+ * Ends the recording: flushes the file and stores the number of accesses
+ * it holds in `*accesses` (if not NULL). Thread-safe.
+ *
+ * # Safety
+ * `accesses` is NULL or points to a writable `uint64_t`.
+ */
+int strata_trace_stop(const struct strata_runtime *rt, uint64_t *accesses);
+
+/**
+ * Starts (or restarts, with a fresh policy) the background balancer: every
+ * `interval_us` microseconds it harvests the counters and promotes and
+ * demotes pages as `policy` decides, at most `rate_limit` bytes per second
+ * (0: no limit). Needs a device tier. Thread-safe.
+ */
+int strata_balancer_start(const struct strata_runtime *rt,
+                          strata_policy policy,
+                          uint64_t interval_us,
+                          uint64_t rate_limit);
+
+/**
+ * Stops the background balancer (a no-op if none runs). Thread-safe.
+ */
+int strata_balancer_stop(const struct strata_runtime *rt);
+
+/**
+ * Runs one balancer round now and stores what it did in `*report` (if not
+ * NULL). Needs a device tier. Thread-safe.
+ *
+ * # Safety
+ * `report` is NULL or points to a writable `strata_balance_report`.
+ */
+int strata_balance_once(const struct strata_runtime *rt, struct strata_balance_report *report);
 
 /**
  * Makes the pages of `offset..offset + len` resident in `tier` (device,

@@ -60,6 +60,19 @@ pub const STRATA_ACCESS_READ_ONLY: strata_access = 0;
 /// Kernels may write: no page in memory moves while they run.
 pub const STRATA_ACCESS_READ_WRITE: strata_access = 1;
 
+/// A placement policy for the balancer (`STRATA_POLICY_*`).
+pub type strata_policy = i32;
+/// The default policy (W-TinyLFU with an adaptive window).
+pub const STRATA_POLICY_DEFAULT: strata_policy = 0;
+/// Least recently used.
+pub const STRATA_POLICY_LRU: strata_policy = 1;
+/// Decayed access counts.
+pub const STRATA_POLICY_LFU: strata_policy = 2;
+/// Reuse-predicting admission (GMT).
+pub const STRATA_POLICY_GMT: strata_policy = 3;
+/// Honours prefetch hints.
+pub const STRATA_POLICY_LOOKAHEAD: strata_policy = 4;
+
 #[cold]
 fn unknown(what: &str, value: i32, known: &str) -> Fail {
     Fail::invalid(format!("unknown {what} {value} (use {known})"))
@@ -124,6 +137,22 @@ pub(crate) fn access(a: strata_access) -> R<Access> {
             "access",
             a,
             "STRATA_ACCESS_READ_ONLY or _READ_WRITE",
+        )),
+    }
+}
+
+pub(crate) fn policy(p: strata_policy) -> R<strata::policy::PolicyKind> {
+    use strata::policy::PolicyKind;
+    match p {
+        STRATA_POLICY_DEFAULT => Ok(PolicyKind::Default),
+        STRATA_POLICY_LRU => Ok(PolicyKind::Lru),
+        STRATA_POLICY_LFU => Ok(PolicyKind::Lfu),
+        STRATA_POLICY_GMT => Ok(PolicyKind::Gmt),
+        STRATA_POLICY_LOOKAHEAD => Ok(PolicyKind::Lookahead),
+        _ => Err(unknown(
+            "policy",
+            p,
+            "STRATA_POLICY_DEFAULT, _LRU, _LFU, _GMT or _LOOKAHEAD",
         )),
     }
 }

@@ -15,6 +15,7 @@
 //! | `buffer.rs` | alloc/free, read/write, evict, prefetch and tickets |
 //! | `pin.rs` | pins with their addresses, device maps and launches |
 //! | `dlpack.rs` | DLPack export of pinned ranges |
+//! | `hotness.rs` | counter harvest, trace recording, the balancer and its policy |
 //!
 //! Conventions (see the header's preamble): every function returns an
 //! `int` status (`STRATA_OK`, `STRATA_PENDING`, or a negative
@@ -25,15 +26,15 @@
 //! freeing NULL is a no-op; every pointer, length and enum value from C is
 //! checked before use.
 //!
-//! Not exposed yet, because the Rust library does not have them yet:
-//! hotness counter harvest, trace recording, policy selection, and the MoE
-//! and optimizer offloading modules.
+//! Not exposed yet, because the Rust library does not have them yet: the
+//! MoE and optimizer offloading modules.
 
 mod buffer;
 mod cast;
 mod dlpack;
 mod enums;
 mod handle;
+mod hotness;
 mod objects;
 mod pin;
 mod runtime;
@@ -42,6 +43,7 @@ mod status;
 pub use buffer::*;
 pub use dlpack::*;
 pub use enums::*;
+pub use hotness::*;
 pub use objects::{
     strata_buffer, strata_launch, strata_map, strata_pin, strata_runtime, strata_ticket,
 };

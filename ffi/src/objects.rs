@@ -57,6 +57,8 @@ pub(crate) struct RtObj {
     pub(crate) owner: Owner,
     /// False once `strata_runtime_destroy` began: no child may be added.
     open: RwLock<bool>,
+    /// The trace being recorded, if any (`strata_trace_start`).
+    pub(crate) trace: parking_lot::Mutex<Option<strata::runtime::TraceRecorder>>,
 }
 
 impl RtObj {
@@ -66,6 +68,7 @@ impl RtObj {
             rt,
             owner: NEXT.fetch_add(1, Ordering::Relaxed),
             open: RwLock::new(true),
+            trace: parking_lot::Mutex::new(None),
         }
     }
 

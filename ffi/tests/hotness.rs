@@ -1,0 +1,97 @@
+//! Counter harvest, trace recording and the balancer through the C ABI.
+
+mod common;
+
+use std::ffi::CString;
+
+use common::*;
+use strata_ffi::*;
+
+#[test]
+fn harvest_trace_and_balancer() {
+    let dir = tempfile::tempdir().unwrap();
+    let none = CString::new("").unwrap();
+    let rt = create(&config(4, 32, 0, &none));
+    let buf = alloc(rt, 16 * PAGE);
+    let trace = c_path(&dir.path().join("t.trace"));
+    // SAFETY: a NUL-terminated path.
+    let started = unsafe { strata_trace_start(rt, trace.as_ptr(), 0) };
+    assert_eq!(started, STRATA_OK);
+    // SAFETY: as above.
+    let again = unsafe { strata_trace_start(rt, trace.as_ptr(), 0) };
+    fails(again, STRATA_ERR_INVALID_ARGUMENT, "already");
+    assert_eq!(write(buf, 0, &vec![1; 16 * PAGE as usize]), STRATA_OK);
+    let mut out = [0u8; 8];
+    for _ in 0..10 {
+        assert_eq!(read(buf, 9 * PAGE, &mut out), STRATA_OK);
+    }
+    let mut n = 0u64;
+    // SAFETY: a writable u64.
+    assert_eq!(unsafe { strata_trace_stop(rt, &mut n) }, STRATA_OK);
+    assert_eq!(n, 16 + 10);
+    let text = std::fs::read_to_string(dir.path().join("t.trace")).unwrap();
+    assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 26);
+    // SAFETY: NULL out-pointer is allowed.
+    let stopped = unsafe { strata_trace_stop(rt, std::ptr::null_mut()) };
+    fails(stopped, STRATA_ERR_INVALID_ARGUMENT, "no trace");
+
+    let (mut hp, mut hs, mut cp, mut cs) = ([0u64; 2], [0f32; 2], [0u64; 2], [0f32; 2]);
+    let (mut hl, mut cl) = (0usize, 0usize);
+    // SAFETY: arrays of 2 and writable lengths.
+    let s = unsafe {
+        strata_buffer_harvest(
+            buf,
+            0.5,
+            2,
+            hp.as_mut_ptr(),
+            hs.as_mut_ptr(),
+            &mut hl,
+            cp.as_mut_ptr(),
+            cs.as_mut_ptr(),
+            &mut cl,
+        )
+    };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    assert_eq!(
+        (hl, hp[0], hs[0]),
+        (2, 9, 11.0),
+        "page 9: 1 write + 10 reads"
+    );
+    assert!(cl >= 1, "device pages are reported cold");
+    // SAFETY: as above; a bad decay is refused before anything is read.
+    let bad = unsafe {
+        strata_buffer_harvest(
+            buf,
+            0.0,
+            2,
+            hp.as_mut_ptr(),
+            hs.as_mut_ptr(),
+            &mut hl,
+            cp.as_mut_ptr(),
+            cs.as_mut_ptr(),
+            &mut cl,
+        )
+    };
+    fails(bad, STRATA_ERR_INVALID_ARGUMENT, "decay");
+
+    fails(
+        strata_balancer_start(rt, 99, 1000, 0),
+        STRATA_ERR_INVALID_ARGUMENT,
+        "policy",
+    );
+    assert_eq!(
+        strata_balancer_start(rt, STRATA_POLICY_LFU, 1_000_000, 0),
+        STRATA_OK
+    );
+    for _ in 0..10 {
+        assert_eq!(read(buf, 12 * PAGE, &mut out), STRATA_OK);
+    }
+    let mut report = strata_balance_report::default();
+    // SAFETY: a writable report.
+    assert_eq!(unsafe { strata_balance_once(rt, &mut report) }, STRATA_OK);
+    assert!(report.promotions >= 1, "{report:?}");
+    assert_eq!(tier_of(buf, 12), STRATA_TIER_DEVICE);
+    assert_eq!(strata_balancer_stop(rt), STRATA_OK);
+    assert_eq!(strata_buffer_free(buf), STRATA_OK);
+    assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
+}
