@@ -315,17 +315,19 @@ fn group<'a>(
 /// The background thread; stops when dropped.
 pub(crate) struct BalancerThread {
     stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl BalancerThread {
     pub(crate) fn start(rt: Weak<Inner>, interval: Duration) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("strata-balancer".into())
             .spawn(move || {
                 while !s.load(Ordering::Acquire) {
-                    std::thread::sleep(interval);
+                    // Woken early by `drop` (or spuriously: an early round).
+                    std::thread::park_timeout(interval);
                     let Some(rt) = rt.upgrade() else { return };
                     if s.load(Ordering::Acquire) {
                         return;
@@ -338,13 +340,20 @@ impl BalancerThread {
                 }
             })
             .map_err(|e| Error::io("starting the balancer thread", e))?;
-        Ok(Self { stop })
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
     }
 }
 
 impl Drop for BalancerThread {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            super::join(t);
+        }
     }
 }
 

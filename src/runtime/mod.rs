@@ -454,6 +454,14 @@ impl Inner {
     }
 }
 
+/// Waits for a runtime thread to end, unless it is the calling thread (the
+/// last reference to the runtime can be dropped on one of its own threads).
+pub(crate) fn join(handle: std::thread::JoinHandle<()>) {
+    if handle.thread().id() != std::thread::current().id() {
+        let _ = handle.join();
+    }
+}
+
 /// The runtime: the tiers and everything allocated in them.
 #[derive(Clone)]
 pub struct Runtime {

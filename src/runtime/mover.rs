@@ -118,6 +118,18 @@ pub(crate) struct Mover {
     lanes: Vec<Option<Sender<Job>>>,
     /// Pages queued or moving.
     pub(crate) in_flight: Arc<AtomicU64>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Mover {
+    fn drop(&mut self) {
+        // Closing the queues ends the workers; wait for them, so that a
+        // dropped runtime leaves no thread behind.
+        self.lanes.clear();
+        for w in self.workers.drain(..) {
+            super::join(w);
+        }
+    }
 }
 
 /// One lane per unordered pair of tiers.
@@ -131,15 +143,16 @@ impl Mover {
     pub(crate) fn start(tiers: &[Tier]) -> Result<Self> {
         let mut lanes: Vec<Option<Sender<Job>>> = (0..16).map(|_| None).collect();
         let in_flight = Arc::new(AtomicU64::new(0));
+        let mut workers = Vec::new();
         for (i, &a) in tiers.iter().enumerate() {
             for &b in &tiers[i + 1..] {
                 let (tx, rx) = bounded::<Job>(WINDOW);
                 // Two workers on NVMe links, so one batch's I/O is in flight
                 // while the other's completes and commits.
-                let workers = if b == Tier::Nvme { 2 } else { 1 };
-                for w in 0..workers {
+                let count = if b == Tier::Nvme { 2 } else { 1 };
+                for w in 0..count {
                     let (rx, in_flight) = (rx.clone(), in_flight.clone());
-                    std::thread::Builder::new()
+                    let w = std::thread::Builder::new()
                         .name(format!("strata-mover-{a}-{b}-{w}"))
                         .spawn(move || {
                             // Ends when the runtime drops its senders.
@@ -161,11 +174,16 @@ impl Mover {
                             }
                         })
                         .map_err(|e| Error::io("starting a mover thread", e))?;
+                    workers.push(w);
                 }
                 lanes[lane(a, b)] = Some(tx);
             }
         }
-        Ok(Self { lanes, in_flight })
+        Ok(Self {
+            lanes,
+            in_flight,
+            workers,
+        })
     }
 
     /// Queues `pages` (all resident in `src` when looked at) for a move to

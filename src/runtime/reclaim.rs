@@ -67,6 +67,7 @@ impl Watermarks {
 pub(crate) struct Reclaimer {
     wake: Arc<(Mutex<bool>, Condvar)>,
     stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Reclaimer {
@@ -74,7 +75,7 @@ impl Reclaimer {
         let wake = Arc::new((Mutex::new(false), Condvar::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (w, s) = (wake.clone(), stop.clone());
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("strata-reclaim".into())
             .spawn(move || loop {
                 {
@@ -93,7 +94,11 @@ impl Reclaimer {
                 }
             })
             .map_err(|e| Error::io("starting the reclaim thread", e))?;
-        Ok(Self { wake, stop })
+        Ok(Self {
+            wake,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     pub(crate) fn wake(&self) {
@@ -106,6 +111,9 @@ impl Drop for Reclaimer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         self.wake();
+        if let Some(t) = self.thread.take() {
+            super::join(t);
+        }
     }
 }
 
