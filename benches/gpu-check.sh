@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The checks only a GPU can run, prepared on a machine without one.
+#
+#   benches/gpu-check.sh            # here: builds into gpu-carry/ (git-ignored)
+#   gpu-carry/run.sh                # on the GPU machine (no Rust toolchain needed)
+#
+# gpu-carry/ gets the CUDA-enabled CLI and the device, hotness and runtime
+# test binaries (cudarc loads libcuda and libnvrtc at run time).
+# STRATA_REQUIRE_GPU=1 turns the tests' "no GPU" skips into failures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf gpu-carry
+mkdir -p gpu-carry
+cargo build --release --features cuda
+cp target/release/strata gpu-carry/
+for t in device hotness runtime; do
+    exe=$(cargo test --release --features cuda --test "$t" --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])' | tail -1)
+    cp "$exe" "gpu-carry/test-$t"
+done
+# The shared harvest vectors the CUDA test reads (its path is compiled in as
+# CARGO_MANIFEST_DIR/tests/vectors; run.sh links it there).
+mkdir -p gpu-carry/vectors
+cp tests/vectors/hotness.json gpu-carry/vectors/
+cat > gpu-carry/run.sh <<'SH'
+#!/usr/bin/env bash
+# Run on the GPU machine from the repository root.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+export STRATA_REQUIRE_GPU=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+"$here/strata" info
+status=0
+for t in device hotness runtime; do
+    echo "== $t"
+    (cd "$here/.." && "$here/test-$t" --test-threads 2) || status=1
+done
+echo "== migration, cuda"
+"$here/strata" bench migrate --device cuda --path /tmp --size 256M --json "${OUT:-/tmp}/migrate-cuda.json" || status=1
+exit $status
+SH
+chmod +x gpu-carry/run.sh
+echo "gpu-carry/ is ready: pass it in the device tool's carry list and run gpu-carry/run.sh"
