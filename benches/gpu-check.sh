@@ -22,10 +22,9 @@ for l in sys.stdin:
         print(m["executable"])' | tail -1)
     cp "$exe" "gpu-carry/test-$t"
 done
-# The shared harvest vectors the CUDA test reads (its path is compiled in as
-# CARGO_MANIFEST_DIR/tests/vectors; run.sh links it there).
-mkdir -p gpu-carry/vectors
-cp tests/vectors/hotness.json gpu-carry/vectors/
+# The hotness test reads tests/vectors/hotness.json from the working
+# directory when the build's source path is absent: run.sh runs from the
+# repository root, where the working tree has it.
 cat > gpu-carry/run.sh <<'SH'
 #!/usr/bin/env bash
 # Run on the GPU machine from the repository root.
