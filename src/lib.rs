@@ -39,6 +39,7 @@ pub mod hotness;
 pub mod info;
 pub mod io;
 pub mod link;
+pub mod offload;
 pub mod policy;
 pub mod runtime;
 pub mod size;
