@@ -568,6 +568,22 @@ impl ExpertCache {
         }
     }
 
+    /// The modelled clock (seconds since the cache was made) on the
+    /// simulated device; `None` on a real GPU.
+    pub fn modelled_now(&self) -> Option<f64> {
+        self.state.lock().clock.as_ref().map(|c| c.now)
+    }
+
+    /// Modelled seconds until the host→device link is idle (simulated
+    /// device); `None` on a real GPU.
+    pub fn link_backlog(&self) -> Option<f64> {
+        self.state
+            .lock()
+            .clock
+            .as_ref()
+            .map(|c| (c.link_free - c.now).max(0.0))
+    }
+
     /// Whether the expert is in device memory (or on its way).
     pub fn is_resident(&self, layer: u32, expert: u32) -> Result<bool> {
         let i = self.lookup(layer, expert)?;
@@ -636,14 +652,17 @@ impl TransitionPredictor {
         let Some(c) = self.counts.get(layer) else {
             return Vec::new();
         };
+        // The largest P(b follows a) over the routed experts a, where
+        // P(b | a) = count(a→b) / observations of a (each observation adds
+        // one count per expert chosen alongside, `routed.len()` in all).
+        let k = routed.len().max(1) as f32;
         let mut score = vec![0.0f32; e];
         for &a in routed {
             let row = &c[a as usize * e..(a as usize + 1) * e];
-            // Row total over the k experts chosen alongside each time.
-            let total: f32 = row.iter().sum::<f32>() / routed.len().max(1) as f32;
-            if total > 0.0 {
+            let seen: f32 = row.iter().sum::<f32>() / k;
+            if seen > 0.0 {
                 for (s, v) in score.iter_mut().zip(row) {
-                    *s += v / total / routed.len() as f32;
+                    *s = s.max((v / seen).min(1.0));
                 }
             }
         }
