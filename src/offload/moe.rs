@@ -743,7 +743,7 @@ impl SyntheticRouter {
     }
 
     /// One token: its top-k experts at every layer.
-    pub fn token(&mut self) -> Vec<Vec<u32>> {
+    pub fn token(&mut self) -> TokenRoute {
         for l in 0..self.layers {
             if self.experts > 1 && self.rng.random::<f64>() < self.drift {
                 let r = self.rng.random_range(0..self.experts - 1);
@@ -753,10 +753,11 @@ impl SyntheticRouter {
         let mut out: Vec<Vec<u32>> = Vec::with_capacity(self.layers);
         for l in 0..self.layers {
             let mut chosen = Vec::with_capacity(self.top_k);
+            let prev: Option<&Vec<u32>> = l.checked_sub(1).map(|p| &out[p]);
             for j in 0..self.top_k {
                 let mut pick = None;
-                if l > 0 && self.rng.random::<f64>() < self.correlation {
-                    let x = self.next[l - 1][out[l - 1][j] as usize];
+                if let Some(prev) = prev.filter(|_| self.rng.random::<f64>() < self.correlation) {
+                    let x = self.next[l - 1][prev[j] as usize];
                     if !chosen.contains(&x) {
                         pick = Some(x);
                     }
@@ -779,12 +780,15 @@ impl SyntheticRouter {
     }
 }
 
+/// One token's routing: its experts at every layer (`[layer]`).
+pub type TokenRoute = Vec<Vec<u32>>;
+
 /// Parses a routing trace: `token layer expert` per line (blank lines and
 /// `#` comments skipped), tokens in non-decreasing order. Returns, per
 /// token, the experts of every layer (`[token][layer]`), and the number of
 /// layers and experts seen.
-pub fn parse_trace(text: &str, source: &str) -> Result<(Vec<Vec<Vec<u32>>>, usize, usize)> {
-    let mut tokens: Vec<Vec<Vec<u32>>> = Vec::new();
+pub fn parse_trace(text: &str, source: &str) -> Result<(Vec<TokenRoute>, usize, usize)> {
+    let mut tokens: Vec<TokenRoute> = Vec::new();
     let mut last: Option<u64> = None;
     let (mut layers, mut experts) = (0usize, 0usize);
     for (n, line) in text.lines().enumerate() {
