@@ -14,6 +14,7 @@
 //!  I/O engines: io_uring | psync, under one retrying queue   src/io/
 //!  Device backends: cuda (cudarc) | sim (link model)    src/device/
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
+//!  Offloading: MoE expert cache, offloaded Adam         src/offload/
 //! ```
 //!
 //! | cargo feature | what it adds |

@@ -145,6 +145,7 @@ fn importance_mode_converges_to_the_loss_of_full_adam() {
     );
     // Stated tolerance: both reach a loss below 1e-4 of the starting loss
     // (the problem has an exact solution, loss 0), within 1e-4 absolute.
+    eprintln!("start {start}, full {full}, importance-aware {important}");
     assert!(full < start * 1e-4, "full Adam: {full} from {start}");
     assert!(
         (important - full).abs() < 1e-4 * start.max(1.0),

@@ -21,6 +21,10 @@
 //!   score goes. [`Eviction::Lru`] with `per_layer` is the mixtral-offloading
 //!   baseline; [`Eviction::NoCache`] moves every fetch.
 //!
+//! The cache's bookkeeping lock is held while a fetch moves its expert (and
+//! while a victim is evicted), so concurrent fetches serialize: slot counts
+//! and device residency can never disagree. Prefetches only queue moves.
+//!
 //! **Stall time.** On the simulated device the cache runs a modelled clock:
 //! host→device transfers queue on one link (PCIe gen4 x16: 25 GB/s, 5 µs
 //! per transfer, one transfer per expert), the caller advances the clock
