@@ -14,6 +14,7 @@
 //!  I/O engines: io_uring | psync, under one retrying queue   src/io/
 //!  Device backends: cuda (cudarc) | sim (link model)    src/device/
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
+//!  Offloading: MoE expert cache, offloaded Adam         src/offload/
 //! ```
 //!
 //! | cargo feature | what it adds |
@@ -39,6 +40,7 @@ pub mod hotness;
 pub mod info;
 pub mod io;
 pub mod link;
+pub mod offload;
 pub mod policy;
 pub mod runtime;
 pub mod size;

@@ -553,3 +553,140 @@ fn bench_recsys_compares_the_configurations() {
         "divide the page size",
     );
 }
+
+#[test]
+fn bench_moe_compares_the_configurations() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("moe.json");
+    let out = strata(&[
+        "bench",
+        "moe",
+        "--layers",
+        "4",
+        "--experts",
+        "16",
+        "--top-k",
+        "2",
+        "--expert-bytes",
+        "64k",
+        "--tokens",
+        "64",
+        "--baselines",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let v = report(&out, &json);
+    assert_eq!(v["backend"], "simulated");
+    assert_eq!(v["modelled"], true);
+    assert_eq!(v["device_slots"], 16);
+    let results = v["results"].as_array().unwrap();
+    let names: Vec<&str> = results
+        .iter()
+        .map(|r| r["config"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["strata", "lru", "no-cache"]);
+    for r in results {
+        for k in ["hit_rate", "stall_seconds", "prefetch_accuracy"] {
+            assert!(r[k].as_f64().unwrap() >= 0.0, "{k}");
+        }
+        assert!(r["bytes_moved"].as_u64().unwrap() > 0);
+        assert!(r["verified_fetches"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(results[2]["hit_rate"], 0.0);
+}
+
+#[test]
+fn bench_moe_reads_a_routing_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("routes.txt");
+    let mut text = String::from("# token layer expert\n");
+    for t in 0..40 {
+        for l in 0..3 {
+            text += &format!("{t} {l} {}\n{t} {l} {}\n", t % 5, 5 + (t + l) % 3);
+        }
+    }
+    std::fs::write(&trace, text).unwrap();
+    let json = dir.path().join("moe.json");
+    let routing = format!("file:{}", trace.display());
+    let out = strata(&[
+        "bench",
+        "moe",
+        "--routing",
+        &routing,
+        "--expert-bytes",
+        "64k",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let v = report(&out, &json);
+    assert_eq!(
+        (v["layers"].as_u64(), v["experts"].as_u64()),
+        (Some(3), Some(8))
+    );
+    assert_eq!(v["tokens"], 40);
+    std::fs::write(&trace, "0 0 1\n0 zero 2\n").unwrap();
+    let err = format!("{}:2", trace.display());
+    assert_bad_input(
+        &strata(&["bench", "moe", "--routing", &routing, "--quiet"]),
+        &err,
+    );
+}
+
+#[test]
+fn bench_moe_and_optim_reject_bad_input() {
+    assert_bad_input(
+        &strata(&["bench", "moe", "--routing", "zipf:x", "--quiet"]),
+        "zipf:",
+    );
+    assert_bad_input(
+        &strata(&["bench", "moe", "--top-k", "0", "--quiet"]),
+        "top-k",
+    );
+    assert_bad_input(
+        &strata(&["bench", "optim", "--tier", "tape", "--quiet"]),
+        "--tier",
+    );
+    assert_bad_input(
+        &strata(&["bench", "optim", "--chunk", "3k", "--quiet"]),
+        "--chunk",
+    );
+}
+
+#[test]
+fn bench_optim_reports_throughput_beside_the_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    for tier in ["host", "nvme"] {
+        let json = dir.path().join(format!("{tier}.json"));
+        let out = strata(&[
+            "bench",
+            "optim",
+            "--params",
+            "200000",
+            "--chunk",
+            "64k",
+            "--tier",
+            tier,
+            "--path",
+            dir.path().to_str().unwrap(),
+            "--steps",
+            "2",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        let v = report(&out, &json);
+        assert_eq!(v["tier"], tier);
+        for k in [
+            "step_seconds",
+            "bytes_per_sec",
+            "memcpy_bytes_per_sec",
+            "ratio_to_memcpy",
+        ] {
+            assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
+        }
+        assert!(v["io_wait_seconds"].as_f64().unwrap() >= 0.0);
+        assert_eq!(v["nvme_seq_read_bytes_per_sec"].is_f64(), tier == "nvme");
+    }
+}

@@ -5,6 +5,8 @@ pub mod copy;
 pub mod graph;
 pub mod io;
 pub mod migrate;
+pub mod moe;
+pub mod optim;
 pub mod recsys;
 
 use crate::error::Result;

@@ -5,6 +5,7 @@
 //! stderr saying what is wrong), 1 when the work itself failed.
 
 mod graph;
+mod offload;
 mod recsys;
 mod trace;
 
@@ -64,6 +65,10 @@ enum BenchCommand {
     Graph(graph::GraphArgs),
     /// Embedding-bag lookups over tiered tables beside an LRU row cache and zero-copy.
     Recsys(recsys::RecsysArgs),
+    /// MoE decoding over an expert cache beside per-layer LRU and no cache (simulated device).
+    Moe(offload::MoeArgs),
+    /// Adam steps with states in host, CXL or NVMe beside memcpy and NVMe read bandwidth.
+    Optim(offload::OptimArgs),
 }
 
 #[derive(Args)]
@@ -178,6 +183,8 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Bench(BenchCommand::Migrate(a)) => bench_migrate(a),
         Command::Bench(BenchCommand::Graph(a)) => graph::run(a),
         Command::Bench(BenchCommand::Recsys(a)) => recsys::run(a),
+        Command::Bench(BenchCommand::Moe(a)) => offload::run_moe(a),
+        Command::Bench(BenchCommand::Optim(a)) => offload::run_optim(a),
         Command::Trace(c) => trace::run(c),
     }
 }

@@ -1,0 +1,175 @@
+//! `strata bench optim`: steps of the offloaded Adam with its states in
+//! host DRAM, CXL memory (emulated where the machine has none) or NVMe,
+//! beside the limits in the same run: this machine's memcpy bandwidth and,
+//! for NVMe, the store's sequential read bandwidth at the same page size
+//! and queue depth.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::io::{AlignedBuf, IoOp};
+use crate::offload::optim::{OffloadedAdam, OptimConfig, StateTier};
+use crate::tier::{NvmeConfig, NvmeStore, PageStore};
+
+/// Parameters.
+#[derive(Debug, Clone, Serialize)]
+pub struct OptimParams {
+    /// Parameters (fp32).
+    pub params: usize,
+    /// "host", "cxl" or "nvme".
+    pub tier: String,
+    /// Chunk bytes per state array.
+    pub chunk: usize,
+    /// Directory for the NVMe states.
+    pub path: PathBuf,
+    /// Timed steps (after one untimed).
+    pub steps: usize,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct OptimReport {
+    /// No device: the update runs on the CPU.
+    pub backend: &'static str,
+    /// Where the states lived.
+    pub tier: &'static str,
+    /// Whether that tier was emulated (CXL without a CPU-less node).
+    pub emulated: bool,
+    /// Parameters.
+    pub params: OptimParams,
+    /// Bytes of weights and moments.
+    pub state_bytes: u64,
+    /// Mean seconds per timed step.
+    pub step_seconds: f64,
+    /// State bytes read plus written per second of step time.
+    pub bytes_per_sec: f64,
+    /// Mean seconds per step the update waited on I/O.
+    pub io_wait_seconds: f64,
+    /// Single-thread memcpy bandwidth of this machine, bytes/s.
+    pub memcpy_bytes_per_sec: f64,
+    /// `bytes_per_sec / memcpy_bytes_per_sec`.
+    pub ratio_to_memcpy: f64,
+    /// The NVMe store's sequential read bandwidth (NVMe tier only).
+    pub nvme_seq_read_bytes_per_sec: Option<f64>,
+    /// `bytes_per_sec / nvme_seq_read_bytes_per_sec`.
+    pub ratio_to_nvme_seq_read: Option<f64>,
+    /// CPU threads the host-tier update used.
+    pub threads: usize,
+}
+
+/// Runs the benchmark.
+pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<OptimReport> {
+    if p.params == 0 || p.steps == 0 {
+        return Err(Error::invalid("--params and --steps must be at least 1"));
+    }
+    crate::size::check_page_size(p.chunk).map_err(|e| e.context("--chunk"))?;
+    let tier = match p.tier.as_str() {
+        "host" => StateTier::Host,
+        "cxl" => StateTier::Cxl,
+        "nvme" => StateTier::Nvme(p.path.clone()),
+        t => {
+            return Err(Error::invalid(format!(
+                "--tier {t:?}: use host, cxl or nvme"
+            )))
+        }
+    };
+    progress("memcpy", 0.0);
+    let memcpy = crate::tier::cxl::local_memcpy_bandwidth();
+    let chunk_elems = p.chunk / 4;
+    let state_bytes = p.params.div_ceil(chunk_elems) as u64 * 3 * p.chunk as u64;
+    let nvme_seq = if matches!(tier, StateTier::Nvme(_)) {
+        progress("nvme sequential read", 0.05);
+        Some(seq_read(&p.path, p.chunk, state_bytes.min(1 << 30))?)
+    } else {
+        None
+    };
+    progress("layout", 0.2);
+    let w: Vec<f32> = (0..p.params).map(|i| ((i % 1000) as f32) * 1e-3).collect();
+    let mut cfg = OptimConfig::new(tier);
+    cfg.chunk_bytes = p.chunk;
+    let mut opt = OffloadedAdam::new(&w, cfg)?;
+    drop(w);
+    let g: Vec<f32> = (0..p.params)
+        .map(|i| (((i * 7) % 13) as f32 - 6.0) * 1e-3)
+        .collect();
+    opt.step(&g)?;
+    let (mut secs, mut wait, mut bytes) = (0.0, 0.0, 0u64);
+    for s in 0..p.steps {
+        progress("steps", 0.3 + 0.7 * s as f64 / p.steps as f64);
+        let st = opt.step(&g)?;
+        secs += st.seconds;
+        wait += st.io_wait_seconds;
+        bytes += st.bytes_read + st.bytes_written;
+    }
+    progress("done", 1.0);
+    let bps = bytes as f64 / secs.max(1e-12);
+    Ok(OptimReport {
+        backend: "cpu",
+        tier: opt_tier_name(&p.tier),
+        emulated: opt.emulated(),
+        params: p.clone(),
+        state_bytes,
+        step_seconds: secs / p.steps as f64,
+        bytes_per_sec: bps,
+        io_wait_seconds: wait / p.steps as f64,
+        memcpy_bytes_per_sec: memcpy,
+        ratio_to_memcpy: bps / memcpy,
+        nvme_seq_read_bytes_per_sec: nvme_seq,
+        ratio_to_nvme_seq_read: nvme_seq.map(|s| bps / s),
+        threads: rayon::current_num_threads(),
+    })
+}
+
+fn opt_tier_name(t: &str) -> &'static str {
+    match t {
+        "host" => "host",
+        "cxl" => "cxl",
+        _ => "nvme",
+    }
+}
+
+/// One sequential read pass over `bytes` of a fresh store (laid out first)
+/// at page size `page` and the default queue depth, as `strata bench io
+/// --pattern read` does.
+fn seq_read(dir: &std::path::Path, page: usize, bytes: u64) -> Result<f64> {
+    let pages = bytes.div_ceil(page as u64).max(64);
+    let store = NvmeStore::new(&NvmeConfig::new(
+        dir,
+        (pages + pages / 63 + 1) * page as u64,
+        page,
+    ))?;
+    let mut slots = Vec::with_capacity(pages as usize);
+    for _ in 0..pages {
+        slots.push(Some(store.alloc()?));
+    }
+    let depth = store.queue_depth();
+    let mut bufs: Vec<AlignedBuf> = (0..depth).map(|_| store.buffer()).collect::<Result<_>>()?;
+    let mut session = store.session()?;
+    super::sequential_pass(
+        &mut session,
+        &mut slots,
+        &mut bufs,
+        IoOp::Write,
+        &mut |b| b.fill(0x5a),
+        &mut |_| {},
+    )?;
+    let t = Instant::now();
+    super::sequential_pass(
+        &mut session,
+        &mut slots,
+        &mut bufs,
+        IoOp::Read,
+        &mut |_| {},
+        &mut |_| {},
+    )?;
+    let secs = t.elapsed().as_secs_f64();
+    drop(session);
+    for s in slots.into_iter().flatten() {
+        store.free(s)?;
+    }
+    Ok(pages as f64 * page as f64 / secs.max(1e-12))
+}

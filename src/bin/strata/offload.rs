@@ -1,0 +1,166 @@
+//! `strata bench moe` and `strata bench optim` (the offloading modules).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use strata::bench::moe::{self, MoeParams};
+use strata::bench::optim::{self, OptimParams};
+use strata::size::{format_rate, format_size, parse_size};
+use strata::Error;
+
+#[derive(Args)]
+pub struct MoeArgs {
+    /// MoE layers (default 16; a trace file's own count).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Experts per layer (default 64; a trace file's own count).
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Experts per token per layer (synthetic routing).
+    #[arg(long, default_value_t = 4)]
+    top_k: usize,
+    /// Bytes per expert.
+    #[arg(long, default_value = "256k")]
+    expert_bytes: String,
+    /// Experts the device holds (default: 25% of all experts).
+    #[arg(long)]
+    device_slots: Option<usize>,
+    /// Tokens decoded (synthetic routing).
+    #[arg(long, default_value_t = 512)]
+    tokens: usize,
+    /// zipf:ALPHA (the synthetic router) or file:PATH (`token layer expert` lines).
+    #[arg(long, default_value = "zipf:1.0")]
+    routing: String,
+    /// Also run the lru (per-layer, no prefetch) and no-cache baselines.
+    #[arg(long)]
+    baselines: bool,
+    /// Seed of the synthetic router.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Runtime page size.
+    #[arg(long, default_value = "64k")]
+    page_size: String,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn size_arg(s: &str, flag: &str) -> Result<u64, Error> {
+    parse_size(s).map_err(|e| e.context(flag))
+}
+
+pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
+    let params = MoeParams {
+        layers: a.layers,
+        experts: a.experts,
+        top_k: a.top_k,
+        expert_bytes: size_arg(&a.expert_bytes, "--expert-bytes")?,
+        device_slots: a.device_slots,
+        tokens: a.tokens,
+        routing: a.routing.parse()?,
+        baselines: a.baselines,
+        seed: a.seed,
+        page_size: size_arg(&a.page_size, "--page-size")?
+            .try_into()
+            .map_err(|_| Error::invalid("--page-size is too large"))?,
+    };
+    let json = crate::open_json(&a.json)?;
+    let r = crate::with_progress(a.quiet, |progress| moe::run(&params, progress))?;
+    println!(
+        "{} layers × {} experts of {} ({} in all), {} device slots ({:.0}%), {} tokens",
+        r.layers,
+        r.experts,
+        format_size(params.expert_bytes),
+        format_size(r.expert_bytes_total),
+        r.device_slots,
+        100.0 * r.device_fraction,
+        r.tokens
+    );
+    println!("backend: simulated — stall and decode times are modelled (PCIe 25 GB/s link); wall is this machine");
+    println!(
+        "{:<9} {:>9} {:>12} {:>10} {:>10} {:>11} {:>8}",
+        "config", "hit rate", "stall", "moved", "prefetch", "tokens/s", "wall"
+    );
+    for x in &r.results {
+        println!(
+            "{:<9} {:>8.1}% {:>10.3}ms {:>10} {:>9.1}% {:>11.1} {:>7.2}s",
+            x.config,
+            100.0 * x.hit_rate,
+            x.stall_seconds * 1e3,
+            format_size(x.bytes_moved),
+            100.0 * x.prefetch_accuracy,
+            x.tokens_per_sec,
+            x.wall_seconds
+        );
+    }
+    crate::write_json(json, &r)?;
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct OptimArgs {
+    /// Parameters (fp32).
+    #[arg(long, default_value_t = 16 << 20)]
+    params: usize,
+    /// Where the states live: host, cxl or nvme.
+    #[arg(long, default_value = "host")]
+    tier: String,
+    /// Chunk bytes per state array (a power of two, 4k..2M).
+    #[arg(long, default_value = "1M")]
+    chunk: String,
+    /// Directory for the NVMe tier (a disk, not tmpfs).
+    #[arg(long, default_value = ".")]
+    path: PathBuf,
+    /// Timed steps (after one untimed).
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
+    let params = OptimParams {
+        params: a.params,
+        tier: a.tier.clone(),
+        chunk: size_arg(&a.chunk, "--chunk")?
+            .try_into()
+            .map_err(|_| Error::invalid("--chunk is too large"))?,
+        path: a.path.clone(),
+        steps: a.steps,
+    };
+    let json = crate::open_json(&a.json)?;
+    let r = crate::with_progress(a.quiet, |progress| optim::run(&params, progress))?;
+    println!(
+        "{} parameters, states {} in {}{}, chunks of {}; update on the CPU ({} threads)",
+        params.params,
+        format_size(r.state_bytes),
+        r.tier,
+        if r.emulated { " (emulated)" } else { "" },
+        format_size(params.chunk as u64),
+        r.threads
+    );
+    println!(
+        "step {:.3}s, {} (read + written), waited on I/O {:.3}s per step",
+        r.step_seconds,
+        format_rate(r.bytes_per_sec),
+        r.io_wait_seconds
+    );
+    println!(
+        "memcpy {} → {:.2}×",
+        format_rate(r.memcpy_bytes_per_sec),
+        r.ratio_to_memcpy
+    );
+    if let (Some(s), Some(x)) = (r.nvme_seq_read_bytes_per_sec, r.ratio_to_nvme_seq_read) {
+        println!("nvme sequential read {} → {:.2}×", format_rate(s), x);
+    }
+    crate::write_json(json, &r)?;
+    Ok(())
+}

@@ -1,0 +1,836 @@
+//! An MoE expert cache: experts live in host memory (or NVMe) and a fixed
+//! number of device slots hold the ones in use.
+//!
+//! Each registered expert is a runtime [`Buffer`] kept in the host tier
+//! (cascading to NVMe when the host budget is full). The runtime's device
+//! tier is sized to exactly `device_slots` experts, and background eviction
+//! is off, so this cache alone decides what is in device memory:
+//!
+//! - [`ExpertCache::fetch`] pins the expert's pages in the device tier and
+//!   returns their device addresses; it blocks only when the expert is not
+//!   there yet (a miss, or a prefetch still in flight). A full cache first
+//!   evicts a victim back to the host tier.
+//! - [`ExpertCache::prefetch`] starts asynchronous moves (runtime prefetch
+//!   tickets) for experts a router predicts for an upcoming layer. A
+//!   prefetched expert is protected from eviction until it is used or
+//!   until `protect_fetches` fetches have passed.
+//! - Eviction ([`Eviction::Lrfu`], the default) scores every expert by
+//!   LRFU — the sum over its past uses of `decay^(age in fetches)` — which
+//!   weighs frequency and recency in one number (decay 1 is LFU, decay → 0
+//!   is LRU); the resident, unpinned, unprotected expert with the lowest
+//!   score goes. [`Eviction::Lru`] with `per_layer` is the mixtral-offloading
+//!   baseline; [`Eviction::NoCache`] moves every fetch.
+//!
+//! The cache's bookkeeping lock is held while a fetch moves its expert (and
+//! while a victim is evicted), so concurrent fetches serialize: slot counts
+//! and device residency can never disagree. Prefetches only queue moves.
+//!
+//! **Stall time.** On the simulated device the cache runs a modelled clock:
+//! host→device transfers queue on one link (PCIe gen4 x16: 25 GB/s, 5 µs
+//! per transfer, one transfer per expert), the caller advances the clock
+//! by its compute time ([`ExpertCache::advance`]), and a fetch stalls for
+//! the modelled time until the bytes it waits for have crossed the link
+//! (its own transfer, or the rest of a prefetch in flight). On a real GPU
+//! stall time is the wall time `fetch` waited. [`MoeStats::stall_modelled`]
+//! says which.
+//!
+//! **The synthetic router** ([`SyntheticRouter`]) of `strata bench moe`:
+//! each layer has its own popularity order over its experts, and a token's
+//! expert at rank r is drawn from Zipf(α) over ranks (top-k distinct
+//! experts by rejection). *Drift*: before each token, each layer swaps two
+//! adjacent ranks with probability `drift` (0.05 by default), so the
+//! popular set changes slowly over a run. *Cross-layer correlation*: with
+//! probability `correlation` (0.5) a token's j-th expert at layer l+1 is
+//! π_l(its j-th expert at layer l), for a fixed random permutation π_l per
+//! layer boundary, instead of a fresh Zipf draw — the structure that lets
+//! an activation-aware predictor ([`TransitionPredictor`], counting which
+//! experts follow which across layers, as MoE-Infinity does) look ahead.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::device::{BackendKind, DeviceChoice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::link::LinkModel;
+use crate::runtime::{Buffer, Pin, Placement, Runtime, Ticket};
+use crate::tier::{NvmeConfig, Tier};
+use crate::workloads::recsys::Zipf;
+
+/// How the cache picks victims.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Eviction {
+    /// Lowest LRFU score: Σ decay^(fetches since each use), 0 < decay ≤ 1.
+    Lrfu {
+        /// Per-fetch decay of past uses.
+        decay: f64,
+    },
+    /// Least recently used.
+    Lru,
+    /// No caching: every fetch moves the expert (it is evicted first).
+    NoCache,
+}
+
+/// How to build an [`ExpertCache`].
+#[derive(Debug, Clone)]
+pub struct MoeConfig {
+    /// Device backend (sim without a GPU).
+    pub device: DeviceChoice,
+    /// Experts the device holds at once.
+    pub device_slots: usize,
+    /// Bytes of the largest expert (a slot's size).
+    pub slot_bytes: u64,
+    /// Host memory for the experts.
+    pub host_bytes: u64,
+    /// An NVMe tier for experts beyond the host budget.
+    pub nvme: Option<NvmeConfig>,
+    /// Runtime page size.
+    pub page_size: usize,
+    /// Victim choice.
+    pub eviction: Eviction,
+    /// Slots split evenly between layers, victims only from the same layer
+    /// (mixtral-offloading); otherwise one pool for all layers.
+    pub per_layer: bool,
+    /// A prefetched expert not yet used is protected for this many fetches.
+    pub protect_fetches: u64,
+    /// Number of layers (needed for `per_layer`).
+    pub layers: usize,
+}
+
+impl MoeConfig {
+    /// A simulated device of `device_slots` slots of `slot_bytes`, LRFU
+    /// eviction with decay 0.999, host memory for `host_bytes`.
+    pub fn new(device_slots: usize, slot_bytes: u64, host_bytes: u64) -> Self {
+        Self {
+            device: DeviceChoice::Sim,
+            device_slots,
+            slot_bytes,
+            host_bytes,
+            nvme: None,
+            page_size: 64 << 10,
+            eviction: Eviction::Lrfu { decay: 0.999 },
+            per_layer: false,
+            protect_fetches: 16,
+            layers: 1,
+        }
+    }
+}
+
+/// What the cache reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MoeStats {
+    /// Calls to `fetch`.
+    pub fetches: u64,
+    /// Fetches that found the expert resident or on its way (no transfer of
+    /// their own).
+    pub hits: u64,
+    /// Hits on a prefetch that had not finished yet (they waited).
+    pub late_prefetch_hits: u64,
+    /// Prefetches started.
+    pub prefetches: u64,
+    /// Prefetched experts fetched before they were evicted.
+    pub prefetches_used: u64,
+    /// Predictions not prefetched because no slot could be freed.
+    pub prefetches_dropped: u64,
+    /// Experts evicted.
+    pub evictions: u64,
+    /// Bytes moved into device memory (demand and prefetch).
+    pub bytes_moved: u64,
+    /// Time `fetch` waited, seconds (modelled on the simulated device).
+    pub stall_seconds: f64,
+    /// Whether `stall_seconds` is modelled (simulated device) or measured.
+    pub stall_modelled: bool,
+}
+
+impl MoeStats {
+    /// Hits over fetches.
+    pub fn hit_rate(&self) -> f64 {
+        ratio(self.hits, self.fetches)
+    }
+    /// Prefetched and then used, over prefetched (0 with no prefetches).
+    pub fn prefetch_accuracy(&self) -> f64 {
+        ratio(self.prefetches_used, self.prefetches)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+struct Expert {
+    layer: u32,
+    buffer: Buffer,
+}
+
+#[derive(Default)]
+struct Meta {
+    resident: bool,
+    pins: u32,
+    score: f64,
+    /// Fetch tick of the last use (and of the score).
+    last: u64,
+    /// Prefetched and not used yet: the tick it was prefetched at.
+    protected_since: Option<u64>,
+    ticket: Option<Ticket>,
+    /// Modelled time its last transfer completes.
+    ready_at: f64,
+}
+
+/// The modelled link and clock of the simulated device.
+struct Clock {
+    now: f64,
+    link_free: f64,
+    link: LinkModel,
+}
+
+impl Clock {
+    /// Queues a transfer; returns when it completes.
+    fn transfer(&mut self, bytes: u64) -> f64 {
+        let start = self.now.max(self.link_free);
+        self.link_free = start + self.link.time(bytes as usize).as_secs_f64();
+        self.link_free
+    }
+}
+
+struct State {
+    meta: Vec<Meta>,
+    tick: u64,
+    resident: usize,
+    resident_per_layer: Vec<usize>,
+    clock: Option<Clock>,
+    stats: MoeStats,
+}
+
+/// The expert cache; see the module docs.
+pub struct ExpertCache {
+    rt: Runtime,
+    config: MoeConfig,
+    experts: Vec<Expert>,
+    index: HashMap<(u32, u32), usize>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for ExpertCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpertCache")
+            .field("experts", &self.experts.len())
+            .field("device_slots", &self.config.device_slots)
+            .finish()
+    }
+}
+
+/// An expert pinned in device memory; see [`ExpertCache::fetch`].
+#[must_use = "the expert is unpinned when the guard drops"]
+pub struct ExpertPin<'a> {
+    cache: &'a ExpertCache,
+    index: usize,
+    pin: Pin<'a>,
+}
+
+impl ExpertPin<'_> {
+    /// Device address of each page of the expert, in order (one address
+    /// when the expert fits in a page). Valid until the guard drops.
+    pub fn addresses(&self) -> &[u64] {
+        self.pin.addresses()
+    }
+    /// The first page's device address.
+    pub fn address(&self) -> u64 {
+        self.pin.addresses()[0]
+    }
+    /// The runtime buffer holding the expert.
+    pub fn buffer(&self) -> &Buffer {
+        &self.cache.experts[self.index].buffer
+    }
+}
+
+impl Drop for ExpertPin<'_> {
+    fn drop(&mut self) {
+        self.cache.state.lock().meta[self.index].pins -= 1;
+    }
+}
+
+impl ExpertCache {
+    /// Builds the runtime: a device tier of exactly `device_slots` slots.
+    pub fn new(config: MoeConfig) -> Result<Self> {
+        if config.device_slots == 0 || config.slot_bytes == 0 {
+            return Err(Error::invalid(
+                "an expert cache needs at least one device slot of at least one byte",
+            ));
+        }
+        if config.per_layer && (config.layers == 0 || config.device_slots < config.layers) {
+            return Err(Error::invalid(format!(
+                "per-layer slots need at least one slot per layer: {} slots, {} layers",
+                config.device_slots, config.layers
+            )));
+        }
+        if let Eviction::Lrfu { decay } = config.eviction {
+            if !(decay > 0.0 && decay <= 1.0) {
+                return Err(Error::invalid(format!(
+                    "LRFU decay {decay} must be in (0, 1]"
+                )));
+            }
+        }
+        let page = config.page_size as u64;
+        let slot_pages = config.slot_bytes.div_ceil(page);
+        let device_bytes = slot_pages
+            .checked_mul(config.device_slots as u64)
+            .and_then(|p| p.checked_mul(page))
+            .ok_or_else(|| Error::invalid("device slots overflow a byte count"))?;
+        let mut b = Runtime::builder()
+            .page_size(config.page_size)
+            .device(config.device, device_bytes)
+            .host(config.host_bytes)
+            .background_eviction(false)
+            .sampling(None);
+        if let Some(n) = &config.nvme {
+            b = b.nvme(n.clone());
+        }
+        let rt = b.build()?;
+        let clock = (rt.device_backend() == Some(BackendKind::Sim)).then_some(Clock {
+            now: 0.0,
+            link_free: 0.0,
+            link: crate::device::sim::PCIE_GEN4_X16,
+        });
+        let layers = config.layers.max(1);
+        Ok(Self {
+            rt,
+            experts: Vec::new(),
+            index: HashMap::new(),
+            state: Mutex::new(State {
+                meta: Vec::new(),
+                tick: 0,
+                resident: 0,
+                resident_per_layer: vec![0; layers],
+                stats: MoeStats {
+                    stall_modelled: clock.is_some(),
+                    ..MoeStats::default()
+                },
+                clock,
+            }),
+            config,
+        })
+    }
+
+    /// The runtime underneath (for its stats).
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    /// Registers expert `expert` of `layer` with its weights, stored in the
+    /// host tier (NVMe when the host budget is full).
+    pub fn register(&mut self, layer: u32, expert: u32, weights: &[u8]) -> Result<()> {
+        if weights.is_empty() || weights.len() as u64 > self.config.slot_bytes {
+            return Err(Error::invalid(format!(
+                "expert ({layer}, {expert}) has {} bytes; a slot holds 1 to {}",
+                weights.len(),
+                self.config.slot_bytes
+            )));
+        }
+        if self.config.per_layer && layer as usize >= self.config.layers {
+            return Err(Error::invalid(format!(
+                "layer {layer} is beyond the configured {} layers",
+                self.config.layers
+            )));
+        }
+        if self.index.contains_key(&(layer, expert)) {
+            return Err(Error::invalid(format!(
+                "expert ({layer}, {expert}) is registered already"
+            )));
+        }
+        let buffer = self
+            .rt
+            .alloc_with(weights.len() as u64, Placement::Prefer(Tier::Host))?;
+        buffer.write(0, weights)?;
+        // A full host tier places pages in the fastest tier with room — the
+        // device; they belong below it until fetched.
+        buffer.evict(0..buffer.len(), Tier::Host)?;
+        let i = self.experts.len();
+        self.experts.push(Expert { layer, buffer });
+        self.index.insert((layer, expert), i);
+        self.state.get_mut().meta.push(Meta::default());
+        Ok(())
+    }
+
+    fn lookup(&self, layer: u32, expert: u32) -> Result<usize> {
+        self.index.get(&(layer, expert)).copied().ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("expert ({layer}, {expert}) is not registered"),
+            )
+        })
+    }
+
+    fn slots_for(&self, layer: u32) -> usize {
+        if self.config.per_layer {
+            let l = self.config.layers;
+            // The first `slots % layers` layers get one more.
+            self.config.device_slots / l
+                + usize::from((layer as usize) < self.config.device_slots % l)
+        } else {
+            self.config.device_slots
+        }
+    }
+
+    fn full(&self, s: &State, layer: u32) -> bool {
+        if self.config.per_layer {
+            s.resident_per_layer[layer as usize] >= self.slots_for(layer)
+        } else {
+            s.resident >= self.config.device_slots
+        }
+    }
+
+    fn score(&self, m: &Meta, tick: u64) -> f64 {
+        match self.config.eviction {
+            Eviction::Lrfu { decay } => m.score * decay.powf((tick - m.last) as f64),
+            Eviction::Lru | Eviction::NoCache => m.last as f64,
+        }
+    }
+
+    /// The victim for a new expert of `layer`: unpinned, and unprotected
+    /// unless `demand` allows taking the oldest protected one.
+    fn victim(&self, s: &State, layer: u32, demand: bool) -> Option<usize> {
+        let protect = |m: &Meta| {
+            m.protected_since
+                .is_some_and(|t| s.tick.saturating_sub(t) < self.config.protect_fetches)
+        };
+        let candidates = || {
+            s.meta.iter().enumerate().filter(|(i, m)| {
+                m.resident
+                    && m.pins == 0
+                    && (!self.config.per_layer || self.experts[*i].layer == layer)
+            })
+        };
+        let best = candidates()
+            .filter(|(_, m)| !protect(m))
+            .min_by(|a, b| {
+                self.score(a.1, s.tick)
+                    .total_cmp(&self.score(b.1, s.tick))
+                    .then(a.1.last.cmp(&b.1.last))
+            })
+            .map(|(i, _)| i);
+        if best.is_some() || !demand {
+            return best;
+        }
+        candidates()
+            .min_by_key(|(_, m)| m.protected_since)
+            .map(|(i, _)| i)
+    }
+
+    /// Evicts `victim` back to the host tier (or below).
+    fn evict(&self, s: &mut State, victim: usize) -> Result<()> {
+        let m = &mut s.meta[victim];
+        if let Some(t) = m.ticket.take() {
+            t.wait()?;
+        }
+        m.resident = false;
+        m.protected_since = None;
+        s.resident -= 1;
+        s.resident_per_layer[self.experts[victim].layer as usize] -= 1;
+        s.stats.evictions += 1;
+        let b = &self.experts[victim].buffer;
+        b.evict(0..b.len(), Tier::Host)
+    }
+
+    fn make_room(&self, s: &mut State, layer: u32, demand: bool) -> Result<bool> {
+        while self.full(s, layer) {
+            match self.victim(s, layer, demand) {
+                Some(v) => self.evict(s, v)?,
+                None if demand => {
+                    return Err(Error::new(
+                        ErrorKind::OutOfCapacity,
+                        format!(
+                            "every device slot for layer {layer} holds a pinned expert; drop a pin first"
+                        ),
+                    ))
+                }
+                None => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    fn mark_resident(&self, s: &mut State, i: usize) {
+        s.meta[i].resident = true;
+        s.resident += 1;
+        s.resident_per_layer[self.experts[i].layer as usize] += 1;
+    }
+
+    /// The expert in device memory, pinned until the guard drops. Blocks
+    /// only if it is not resident yet (a miss: evict a victim, move it) or
+    /// its prefetch is still in flight.
+    pub fn fetch(&self, layer: u32, expert: u32) -> Result<ExpertPin<'_>> {
+        let i = self.lookup(layer, expert)?;
+        let start = Instant::now();
+        let mut s = self.state.lock();
+        let s = &mut *s;
+        s.tick += 1;
+        s.stats.fetches += 1;
+        let tick = s.tick;
+        if self.config.eviction == Eviction::NoCache && s.meta[i].resident && s.meta[i].pins == 0 {
+            self.evict(s, i)?;
+        }
+        let bytes = self.experts[i].buffer.len();
+        if s.meta[i].resident {
+            s.stats.hits += 1;
+            let m = &mut s.meta[i];
+            if m.protected_since.take().is_some() {
+                s.stats.prefetches_used += 1;
+            }
+            if let Some(t) = m.ticket.take() {
+                t.wait()?;
+            }
+            if let Some(c) = &mut s.clock {
+                if s.meta[i].ready_at > c.now {
+                    s.stats.late_prefetch_hits += 1;
+                    s.stats.stall_seconds += s.meta[i].ready_at - c.now;
+                    c.now = s.meta[i].ready_at;
+                }
+            }
+        } else {
+            self.make_room(s, layer, true)?;
+            self.mark_resident(s, i);
+            s.stats.bytes_moved += bytes;
+            if let Some(c) = &mut s.clock {
+                let done = c.transfer(bytes);
+                s.stats.stall_seconds += done - c.now;
+                c.now = done;
+                s.meta[i].ready_at = done;
+            }
+        }
+        let m = &mut s.meta[i];
+        m.score = self.score(m, tick) + 1.0;
+        m.last = tick;
+        m.pins += 1;
+        let b = &self.experts[i].buffer;
+        let pin = b.pin(0..b.len(), Tier::Device);
+        if s.clock.is_none() {
+            s.stats.stall_seconds += start.elapsed().as_secs_f64();
+        }
+        match pin {
+            Ok(pin) => Ok(ExpertPin {
+                cache: self,
+                index: i,
+                pin,
+            }),
+            Err(e) => {
+                s.meta[i].pins -= 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts moving `experts` of `layer` into device memory in the
+    /// background (a router's predictions for an upcoming layer). Experts
+    /// already resident are skipped; predictions for which no unprotected
+    /// slot can be freed are dropped. Returns how many moves started.
+    pub fn prefetch(&self, layer: u32, experts: &[u32]) -> Result<usize> {
+        if self.config.eviction == Eviction::NoCache {
+            return Ok(0);
+        }
+        let mut started = 0;
+        let mut s = self.state.lock();
+        let s = &mut *s;
+        for &e in experts {
+            let i = self.lookup(layer, e)?;
+            if s.meta[i].resident {
+                continue;
+            }
+            if !self.make_room(s, layer, false)? {
+                s.stats.prefetches_dropped += 1;
+                continue;
+            }
+            self.mark_resident(s, i);
+            let b = &self.experts[i].buffer;
+            let tick = s.tick;
+            let m = &mut s.meta[i];
+            m.protected_since = Some(tick);
+            m.ticket = Some(b.prefetch(0..b.len(), Tier::Device));
+            if let Some(c) = &mut s.clock {
+                m.ready_at = c.transfer(b.len());
+            }
+            s.stats.prefetches += 1;
+            s.stats.bytes_moved += b.len();
+            started += 1;
+        }
+        Ok(started)
+    }
+
+    /// Advances the modelled clock by the caller's compute time (simulated
+    /// device only; a no-op on a real GPU, where time passes by itself).
+    pub fn advance(&self, seconds: f64) {
+        if let Some(c) = &mut self.state.lock().clock {
+            c.now += seconds.max(0.0);
+        }
+    }
+
+    /// The modelled clock (seconds since the cache was made) on the
+    /// simulated device; `None` on a real GPU.
+    pub fn modelled_now(&self) -> Option<f64> {
+        self.state.lock().clock.as_ref().map(|c| c.now)
+    }
+
+    /// Modelled seconds until the host→device link is idle (simulated
+    /// device); `None` on a real GPU.
+    pub fn link_backlog(&self) -> Option<f64> {
+        self.state
+            .lock()
+            .clock
+            .as_ref()
+            .map(|c| (c.link_free - c.now).max(0.0))
+    }
+
+    /// Whether the expert is in device memory (or on its way).
+    pub fn is_resident(&self, layer: u32, expert: u32) -> Result<bool> {
+        let i = self.lookup(layer, expert)?;
+        Ok(self.state.lock().meta[i].resident)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> MoeStats {
+        self.state.lock().stats.clone()
+    }
+}
+
+/// Counts, per layer boundary, which experts of layer l+1 follow which of
+/// layer l for the same token (MoE-Infinity's activation matrix), plus
+/// each layer's overall popularity, and predicts the next layer's experts
+/// from the current layer's routing.
+#[derive(Debug, Clone)]
+pub struct TransitionPredictor {
+    experts: usize,
+    /// `[layer][from * experts + to]`.
+    counts: Vec<Vec<f32>>,
+    popularity: Vec<Vec<f32>>,
+    /// Counts shrink by this factor per observation so drift is followed.
+    decay: f32,
+}
+
+impl TransitionPredictor {
+    /// A predictor for `layers` layers of `experts` experts each.
+    pub fn new(layers: usize, experts: usize) -> Self {
+        Self {
+            experts,
+            counts: vec![vec![0.0; experts * experts]; layers.saturating_sub(1)],
+            popularity: vec![vec![0.0; experts]; layers],
+            decay: 0.999,
+        }
+    }
+
+    /// Records one token's routing at `layer` (and, if given, at the
+    /// layer before).
+    pub fn observe(&mut self, layer: usize, previous: Option<&[u32]>, routed: &[u32]) {
+        let e = self.experts;
+        for p in &mut self.popularity[layer] {
+            *p *= self.decay;
+        }
+        for &x in routed {
+            self.popularity[layer][x as usize] += 1.0;
+        }
+        if let (Some(prev), true) = (previous, layer > 0) {
+            let c = &mut self.counts[layer - 1];
+            for &a in prev {
+                let row = &mut c[a as usize * e..(a as usize + 1) * e];
+                for v in row.iter_mut() {
+                    *v *= self.decay;
+                }
+                for &b in routed {
+                    row[b as usize] += 1.0;
+                }
+            }
+        }
+    }
+
+    /// Up to `n` experts of `layer + 1` whose estimated probability given
+    /// `routed` at `layer` is at least `min_confidence`, best first.
+    pub fn predict(&self, layer: usize, routed: &[u32], n: usize, min_confidence: f32) -> Vec<u32> {
+        let e = self.experts;
+        let Some(c) = self.counts.get(layer) else {
+            return Vec::new();
+        };
+        // The largest P(b follows a) over the routed experts a, where
+        // P(b | a) = count(a→b) / observations of a (each observation adds
+        // one count per expert chosen alongside, `routed.len()` in all).
+        let k = routed.len().max(1) as f32;
+        let mut score = vec![0.0f32; e];
+        for &a in routed {
+            let row = &c[a as usize * e..(a as usize + 1) * e];
+            let seen: f32 = row.iter().sum::<f32>() / k;
+            if seen > 0.0 {
+                for (s, v) in score.iter_mut().zip(row) {
+                    *s = s.max((v / seen).min(1.0));
+                }
+            }
+        }
+        let mut order: Vec<u32> = (0..e as u32).collect();
+        order.sort_by(|&a, &b| score[b as usize].total_cmp(&score[a as usize]));
+        order
+            .into_iter()
+            .take(n)
+            .filter(|&x| score[x as usize] >= min_confidence && score[x as usize] > 0.0)
+            .collect()
+    }
+}
+
+/// The synthetic router of `strata bench moe`; see the module docs.
+pub struct SyntheticRouter {
+    layers: usize,
+    experts: usize,
+    top_k: usize,
+    zipf: Zipf,
+    /// `[layer][rank]` → expert.
+    order: Vec<Vec<u32>>,
+    /// `[layer boundary][expert]` → expert.
+    next: Vec<Vec<u32>>,
+    correlation: f64,
+    drift: f64,
+    rng: rand::rngs::SmallRng,
+}
+
+impl std::fmt::Debug for SyntheticRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyntheticRouter")
+            .field("layers", &self.layers)
+            .field("experts", &self.experts)
+            .field("top_k", &self.top_k)
+            .field("correlation", &self.correlation)
+            .field("drift", &self.drift)
+            .finish()
+    }
+}
+
+impl SyntheticRouter {
+    /// Zipf(`alpha`) popularity, correlation 0.5, drift 0.05.
+    pub fn new(layers: usize, experts: usize, top_k: usize, alpha: f64, seed: u64) -> Result<Self> {
+        if layers == 0 || experts == 0 || top_k == 0 || top_k > experts {
+            return Err(Error::invalid(format!(
+                "a router needs layers ≥ 1 and 1 ≤ top-k ≤ experts (layers {layers}, experts {experts}, top-k {top_k})"
+            )));
+        }
+        if !(alpha.is_finite() && alpha >= 0.0) {
+            return Err(Error::invalid(format!("zipf alpha {alpha} must be ≥ 0")));
+        }
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let perm = |rng: &mut rand::rngs::SmallRng| {
+            let mut p: Vec<u32> = (0..experts as u32).collect();
+            rand::seq::SliceRandom::shuffle(&mut p[..], rng);
+            p
+        };
+        let order = (0..layers).map(|_| perm(&mut rng)).collect();
+        let next = (1..layers).map(|_| perm(&mut rng)).collect();
+        Ok(Self {
+            layers,
+            experts,
+            top_k,
+            zipf: Zipf::new(experts, alpha),
+            order,
+            next,
+            correlation: 0.5,
+            drift: 0.05,
+            rng,
+        })
+    }
+
+    /// Sets the cross-layer correlation and the per-token drift probability.
+    pub fn with_model(mut self, correlation: f64, drift: f64) -> Self {
+        self.correlation = correlation.clamp(0.0, 1.0);
+        self.drift = drift.clamp(0.0, 1.0);
+        self
+    }
+
+    /// One token: its top-k experts at every layer.
+    pub fn token(&mut self) -> TokenRoute {
+        for l in 0..self.layers {
+            if self.experts > 1 && self.rng.random::<f64>() < self.drift {
+                let r = self.rng.random_range(0..self.experts - 1);
+                self.order[l].swap(r, r + 1);
+            }
+        }
+        let mut out: Vec<Vec<u32>> = Vec::with_capacity(self.layers);
+        for l in 0..self.layers {
+            let mut chosen = Vec::with_capacity(self.top_k);
+            let prev: Option<&Vec<u32>> = l.checked_sub(1).map(|p| &out[p]);
+            for j in 0..self.top_k {
+                let mut pick = None;
+                if let Some(prev) = prev.filter(|_| self.rng.random::<f64>() < self.correlation) {
+                    let x = self.next[l - 1][prev[j] as usize];
+                    if !chosen.contains(&x) {
+                        pick = Some(x);
+                    }
+                }
+                let x = match pick {
+                    Some(x) => x,
+                    None => loop {
+                        let r = self.zipf.sample(self.rng.random::<f64>());
+                        let x = self.order[l][r];
+                        if !chosen.contains(&x) {
+                            break x;
+                        }
+                    },
+                };
+                chosen.push(x);
+            }
+            out.push(chosen);
+        }
+        out
+    }
+}
+
+/// One token's routing: its experts at every layer (`[layer]`).
+pub type TokenRoute = Vec<Vec<u32>>;
+
+/// Parses a routing trace: `token layer expert` per line (blank lines and
+/// `#` comments skipped), tokens in non-decreasing order. Returns, per
+/// token, the experts of every layer (`[token][layer]`), and the number of
+/// layers and experts seen.
+pub fn parse_trace(text: &str, source: &str) -> Result<(Vec<TokenRoute>, usize, usize)> {
+    let mut tokens: Vec<TokenRoute> = Vec::new();
+    let mut last: Option<u64> = None;
+    let (mut layers, mut experts) = (0usize, 0usize);
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |why: &str| Error::invalid(format!("{source}:{}: {why}: {line:?}", n + 1));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() != 3 {
+            return Err(bad("expected `token layer expert`"));
+        }
+        let num = |s: &str| s.parse::<u64>().map_err(|_| bad("not a whole number"));
+        let (t, l, e) = (num(f[0])?, num(f[1])?, num(f[2])?);
+        if l > 4096 || e > 1 << 20 {
+            return Err(bad("layer above 4096 or expert above 2^20"));
+        }
+        match last {
+            Some(p) if t < p => return Err(bad("tokens must not decrease")),
+            Some(p) if t == p => {}
+            _ => tokens.push(Vec::new()),
+        }
+        last = Some(t);
+        let tok = tokens.last_mut().expect("pushed above");
+        if tok.len() <= l as usize {
+            tok.resize(l as usize + 1, Vec::new());
+        }
+        if !tok[l as usize].contains(&(e as u32)) {
+            tok[l as usize].push(e as u32);
+        }
+        layers = layers.max(l as usize + 1);
+        experts = experts.max(e as usize + 1);
+    }
+    if tokens.is_empty() {
+        return Err(Error::invalid(format!("{source}: no routing lines")));
+    }
+    for t in &mut tokens {
+        t.resize(layers, Vec::new());
+    }
+    Ok((tokens, layers, experts))
+}

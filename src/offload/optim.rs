@@ -1,0 +1,778 @@
+//! An offloaded Adam/AdamW: fp32 master weights and both moments live in
+//! host DRAM, (emulated) CXL memory or NVMe, and each `step` streams them
+//! through in chunks.
+//!
+//! State layout: the parameters are cut into chunks of `chunk_bytes / 4`
+//! elements; each chunk has three pages (one slot each) — weights, first
+//! moment, second moment — in a store whose page size is `chunk_bytes`.
+//!
+//! How a step moves the state, per tier:
+//!
+//! - **host**: the CPU reaches DRAM directly, so chunks are updated in
+//!   place in their slots, chunks spread over the CPU's threads (rayon).
+//!   No staging copy: that is what states in DRAM are for.
+//! - **cxl**: three stages on three threads with bounded channels and
+//!   three staging sets: a reader copies chunk i+1 out of CXL memory (the
+//!   store paces copies when emulated) while the updater works on chunk i
+//!   and a writer copies chunk i−1 back.
+//! - **nvme**: one [`NvmeSession`](crate::tier::nvme::NvmeSession) on the
+//!   stepping thread keeps the reads of the next chunks in flight (up to
+//!   the queue depth) while chunk i updates, and chunk i's writes drain
+//!   behind it; nothing waits for a write until the step's end. Writes go
+//!   to the chunk's slots in place: after a failed write the optimizer
+//!   refuses further steps (its state is no longer whole).
+//!
+//! "Waited on I/O" is the time the update loop spent blocked waiting for a
+//! chunk to arrive (plus, on NVMe, draining the last writes).
+//!
+//! **The update** (the same order of operations for every element, so the
+//! result is bitwise that of a plain loop; `t` counts steps from 1, `bc1 =
+//! 1 − β1^t` and `bc2 = 1 − β2^t` computed in f64 then rounded to f32):
+//!
+//! ```text
+//! m = β1·m + (1−β1)·g
+//! v = β2·v + (1−β2)·(g·g)
+//! w = w − lr·((m / bc1) / (sqrt(v / bc2) + ε) + wd·w)      (wd = 0: Adam)
+//! ```
+//!
+//! **Importance-aware mode** (ZenFlow's idea, on the CPU): per chunk, the
+//! `fraction` of elements with the largest |g| are updated this step; the
+//! rest add their gradient to an accumulator (host memory) and are updated
+//! every `every` steps with the mean of what accumulated. The update math
+//! is the same; with no GPU here the important part is not split off to a
+//! device, and every step still streams every chunk.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::io::AlignedBuf;
+use crate::sys::Topology;
+use crate::tier::nvme::NvmeCompletion;
+use crate::tier::{
+    CxlConfig, CxlMode, CxlStore, HostConfig, HostStore, NvmeConfig, NvmeStore, PageStore, Slot,
+};
+
+/// Adam hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AdamParams {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Added to the denominator.
+    pub eps: f32,
+    /// Decoupled weight decay (AdamW); 0 for Adam.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamParams {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// The scalars of step `t`.
+#[derive(Debug, Clone, Copy)]
+pub struct StepScalars {
+    /// Hyper-parameters.
+    pub p: AdamParams,
+    /// 1 − β1^t.
+    pub bc1: f32,
+    /// 1 − β2^t.
+    pub bc2: f32,
+}
+
+impl StepScalars {
+    /// For step `t` (from 1).
+    pub fn new(p: AdamParams, t: u64) -> Self {
+        let t = t.min(i32::MAX as u64) as i32;
+        Self {
+            p,
+            bc1: (1.0 - (p.beta1 as f64).powi(t)) as f32,
+            bc2: (1.0 - (p.beta2 as f64).powi(t)) as f32,
+        }
+    }
+}
+
+/// The element-wise update over equal-length slices (see the module docs
+/// for the exact formula). A plain loop the compiler vectorizes.
+pub fn adam_update(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], s: &StepScalars) {
+    let n = w.len().min(m.len()).min(v.len()).min(g.len());
+    let (w, m, v, g) = (&mut w[..n], &mut m[..n], &mut v[..n], &g[..n]);
+    let AdamParams {
+        lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+    } = s.p;
+    let (c1, c2) = (1.0 - beta1, 1.0 - beta2);
+    for i in 0..n {
+        let gi = g[i];
+        let mi = beta1 * m[i] + c1 * gi;
+        let vi = beta2 * v[i] + c2 * (gi * gi);
+        m[i] = mi;
+        v[i] = vi;
+        w[i] -= lr * ((mi / s.bc1) / ((vi / s.bc2).sqrt() + eps) + weight_decay * w[i]);
+    }
+}
+
+/// The update for the elements whose `mask` is set.
+fn adam_update_masked(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    mask: &[bool],
+    s: &StepScalars,
+) {
+    let AdamParams {
+        lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+    } = s.p;
+    let (c1, c2) = (1.0 - beta1, 1.0 - beta2);
+    for i in 0..w.len().min(g.len()) {
+        if mask[i] {
+            let gi = g[i];
+            let mi = beta1 * m[i] + c1 * gi;
+            let vi = beta2 * v[i] + c2 * (gi * gi);
+            m[i] = mi;
+            v[i] = vi;
+            w[i] -= lr * ((mi / s.bc1) / ((vi / s.bc2).sqrt() + eps) + weight_decay * w[i]);
+        }
+    }
+}
+
+/// Where the states live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateTier {
+    /// Host DRAM.
+    Host,
+    /// CXL memory: a CPU-less node if there is one, else emulated.
+    Cxl,
+    /// An NVMe tier in this directory (a disk, not tmpfs).
+    Nvme(PathBuf),
+}
+
+impl StateTier {
+    /// "host", "cxl" or "nvme".
+    pub fn name(&self) -> &'static str {
+        match self {
+            StateTier::Host => "host",
+            StateTier::Cxl => "cxl",
+            StateTier::Nvme(_) => "nvme",
+        }
+    }
+}
+
+/// Importance-aware mode; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Importance {
+    /// Share of each chunk's elements updated every step (0 < f ≤ 1).
+    pub fraction: f64,
+    /// The rest are updated every this many steps.
+    pub every: u64,
+}
+
+/// How to build an [`OffloadedAdam`].
+#[derive(Debug, Clone)]
+pub struct OptimConfig {
+    /// Where the states live.
+    pub tier: StateTier,
+    /// Bytes of one chunk of one state array (the store's page size).
+    pub chunk_bytes: usize,
+    /// Hyper-parameters.
+    pub adam: AdamParams,
+    /// Importance-aware mode, or every element every step.
+    pub importance: Option<Importance>,
+}
+
+impl OptimConfig {
+    /// States in `tier`, 1 MiB chunks, default Adam, plain mode.
+    pub fn new(tier: StateTier) -> Self {
+        Self {
+            tier,
+            chunk_bytes: 1 << 20,
+            adam: AdamParams::default(),
+            importance: None,
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StepStats {
+    /// Wall seconds of the step.
+    pub seconds: f64,
+    /// State bytes read.
+    pub bytes_read: u64,
+    /// State bytes written.
+    pub bytes_written: u64,
+    /// Seconds the update waited for I/O.
+    pub io_wait_seconds: f64,
+}
+
+enum Store {
+    Host(HostStore),
+    Cxl(CxlStore),
+    Nvme(NvmeStore),
+}
+
+impl Store {
+    fn pages(&self) -> &dyn PageStore {
+        match self {
+            Store::Host(s) => s,
+            Store::Cxl(s) => s,
+            Store::Nvme(s) => s,
+        }
+    }
+}
+
+/// Adam/AdamW with offloaded states; see the module docs.
+pub struct OffloadedAdam {
+    store: Store,
+    /// Per chunk: weights, m, v.
+    slots: Vec<[Option<Slot>; 3]>,
+    params: usize,
+    chunk: usize,
+    t: u64,
+    config: OptimConfig,
+    /// Importance mode: deferred gradient sums, and steps since applied.
+    accum: Vec<f32>,
+    deferred_steps: u64,
+    /// Set after a failed write: the state is no longer whole.
+    broken: bool,
+}
+
+impl std::fmt::Debug for OffloadedAdam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OffloadedAdam")
+            .field("params", &self.params)
+            .field("tier", &self.config.tier)
+            .field("chunk_bytes", &self.config.chunk_bytes)
+            .field("step", &self.t)
+            .finish()
+    }
+}
+
+fn as_f32(b: &[u8]) -> &[f32] {
+    bytemuck::cast_slice(b)
+}
+fn as_f32_mut(b: &mut [u8]) -> &mut [f32] {
+    bytemuck::cast_slice_mut(b)
+}
+
+impl OffloadedAdam {
+    /// Stores `weights` as the fp32 master weights (moments zero) in the
+    /// configured tier.
+    pub fn new(weights: &[f32], config: OptimConfig) -> Result<Self> {
+        crate::size::check_page_size(config.chunk_bytes).map_err(|e| e.context("chunk"))?;
+        if weights.is_empty() {
+            return Err(Error::invalid("an optimizer needs at least one parameter"));
+        }
+        if let Some(imp) = config.importance {
+            if !(imp.fraction > 0.0 && imp.fraction <= 1.0) || imp.every == 0 {
+                return Err(Error::invalid(format!(
+                    "importance fraction {} must be in (0, 1] and every {} at least 1",
+                    imp.fraction, imp.every
+                )));
+            }
+        }
+        let chunk = config.chunk_bytes / 4;
+        let chunks = weights.len().div_ceil(chunk);
+        let pages = chunks as u64 * 3;
+        let bytes = pages * config.chunk_bytes as u64;
+        let store = match &config.tier {
+            StateTier::Host => {
+                Store::Host(HostStore::new(&HostConfig::new(bytes, config.chunk_bytes))?)
+            }
+            StateTier::Cxl => {
+                // Real CXL memory (a CPU-less node) where there is some.
+                let topo = Topology::detect();
+                let cxl =
+                    |mode| CxlStore::new(&CxlConfig::new(mode, bytes, config.chunk_bytes), &topo);
+                Store::Cxl(cxl(CxlMode::Auto).or_else(|_| cxl(CxlMode::Emulated))?)
+            }
+            StateTier::Nvme(dir) => {
+                // Room for the store's reserve (1/64 of its slots, ≤ 64).
+                let extra = (pages / 63 + 1).min(64);
+                Store::Nvme(NvmeStore::new(&NvmeConfig::new(
+                    dir,
+                    (pages + extra) * config.chunk_bytes as u64,
+                    config.chunk_bytes,
+                ))?)
+            }
+        };
+        let mut page = vec![0u8; config.chunk_bytes];
+        let zeros = vec![0u8; config.chunk_bytes];
+        let mut slots = Vec::with_capacity(chunks);
+        let ps = store.pages();
+        for c in 0..chunks {
+            let src = &weights[c * chunk..((c + 1) * chunk).min(weights.len())];
+            page.fill(0);
+            page[..src.len() * 4].copy_from_slice(bytemuck::cast_slice(src));
+            let mut set: [Option<Slot>; 3] = [None, None, None];
+            for (k, s) in set.iter_mut().enumerate() {
+                let mut slot = ps.alloc()?;
+                ps.write_new(&mut slot, if k == 0 { &page } else { &zeros })?;
+                *s = Some(slot);
+            }
+            slots.push(set);
+        }
+        let accum = if config.importance.is_some() {
+            vec![0.0; weights.len()]
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            store,
+            slots,
+            params: weights.len(),
+            chunk,
+            t: 0,
+            config,
+            accum,
+            deferred_steps: 0,
+            broken: false,
+        })
+    }
+
+    /// Number of parameters.
+    pub fn len(&self) -> usize {
+        self.params
+    }
+
+    /// Always false: an optimizer has at least one parameter.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> u64 {
+        self.t
+    }
+
+    /// Whether the states are on an emulated medium (CXL without a CPU-less node).
+    pub fn emulated(&self) -> bool {
+        self.store.pages().emulated()
+    }
+
+    fn check(&self, grads: &[f32]) -> Result<()> {
+        if self.broken {
+            return Err(Error::new(
+                ErrorKind::Closed,
+                "an earlier step failed writing the optimizer state; it is no longer whole",
+            ));
+        }
+        if grads.len() != self.params {
+            return Err(Error::invalid(format!(
+                "{} gradients for {} parameters",
+                grads.len(),
+                self.params
+            )));
+        }
+        Ok(())
+    }
+
+    /// One optimizer step with these gradients.
+    pub fn step(&mut self, grads: &[f32]) -> Result<StepStats> {
+        self.check(grads)?;
+        let start = Instant::now();
+        self.t += 1;
+        let s = StepScalars::new(self.config.adam, self.t);
+        // Importance mode: which elements update now, with which gradient.
+        let plan = self.config.importance.map(|imp| {
+            self.deferred_steps += 1;
+            let flush = self.deferred_steps >= imp.every;
+            (imp, flush)
+        });
+        let chunk = self.chunk;
+        let params = self.params;
+        let accum = &mut self.accum;
+        let deferred = self.deferred_steps;
+        // The per-chunk update, given the chunk's state slices.
+        let update = |c: usize, w: &mut [f32], m: &mut [f32], v: &mut [f32], acc: &mut [f32]| {
+            let lo = c * chunk;
+            let hi = ((c + 1) * chunk).min(params);
+            let g = &grads[lo..hi];
+            let n = hi - lo;
+            match plan {
+                None => adam_update(&mut w[..n], &mut m[..n], &mut v[..n], g, &s),
+                Some((imp, flush)) => {
+                    let mask = important(g, imp.fraction);
+                    adam_update_masked(w, m, v, g, &mask, &s);
+                    for i in 0..n {
+                        if !mask[i] {
+                            acc[i] += g[i];
+                        }
+                    }
+                    if flush {
+                        let mean: Vec<f32> = acc.iter().map(|a| a / deferred as f32).collect();
+                        let rest: Vec<bool> = mask.iter().map(|m| !m).collect();
+                        adam_update_masked(w, m, v, &mean, &rest, &s);
+                        acc.fill(0.0);
+                    }
+                }
+            }
+        };
+        let mut acc_chunks: Vec<&mut [f32]> = if accum.is_empty() {
+            Vec::new()
+        } else {
+            accum.chunks_mut(chunk).collect()
+        };
+        let io_wait = match &self.store {
+            Store::Host(h) => {
+                let mut acc_iter: Vec<Option<&mut [f32]>> =
+                    acc_chunks.drain(..).map(Some).collect();
+                acc_iter.resize_with(self.slots.len(), || None);
+                self.slots
+                    .par_iter_mut()
+                    .zip(acc_iter.into_par_iter())
+                    .enumerate()
+                    .try_for_each(|(c, (set, acc))| -> Result<()> {
+                        let [w, m, v] = set;
+                        let (w, m, v) = (
+                            w.as_mut().expect("slot home"),
+                            m.as_mut().expect("slot home"),
+                            v.as_mut().expect("slot home"),
+                        );
+                        let w = as_f32_mut(h.bytes_mut(w)?);
+                        let m = as_f32_mut(h.bytes_mut(m)?);
+                        let v = as_f32_mut(h.bytes_mut(v)?);
+                        let mut none: [f32; 0] = [];
+                        update(c, w, m, v, acc.unwrap_or(&mut none));
+                        Ok(())
+                    })?;
+                Duration::ZERO
+            }
+            Store::Cxl(x) => {
+                let page = self.config.chunk_bytes;
+                let r = staged(x, &mut self.slots, page, &mut |c, bufs| {
+                    let acc: &mut [f32] = match acc_chunks.get_mut(c) {
+                        Some(a) => a,
+                        None => &mut [],
+                    };
+                    let [w, m, v] = bufs;
+                    update(c, w, m, v, acc);
+                });
+                match r {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.broken = true;
+                        return Err(e);
+                    }
+                }
+            }
+            Store::Nvme(n) => {
+                let r = streamed(n, &mut self.slots, &mut |c, bufs| {
+                    let acc: &mut [f32] = match acc_chunks.get_mut(c) {
+                        Some(a) => a,
+                        None => &mut [],
+                    };
+                    let [w, m, v] = bufs;
+                    update(c, as_f32_mut(w), as_f32_mut(m), as_f32_mut(v), acc);
+                });
+                match r {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.broken = true;
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        if let Some((_, true)) = plan {
+            self.deferred_steps = 0;
+        }
+        let bytes = self.slots.len() as u64 * 3 * self.config.chunk_bytes as u64;
+        Ok(StepStats {
+            seconds: start.elapsed().as_secs_f64(),
+            bytes_read: bytes,
+            bytes_written: bytes,
+            io_wait_seconds: io_wait.as_secs_f64(),
+        })
+    }
+
+    /// Reads the master weights back.
+    pub fn weights(&self) -> Result<Vec<f32>> {
+        self.read_state(0)
+    }
+
+    /// Reads a state array: 0 weights, 1 first moment, 2 second moment.
+    pub fn read_state(&self, which: usize) -> Result<Vec<f32>> {
+        if which > 2 {
+            return Err(Error::invalid(format!("state {which}: use 0, 1 or 2")));
+        }
+        let ps = self.store.pages();
+        let mut out = Vec::with_capacity(self.slots.len() * self.chunk);
+        let mut page = vec![0u8; self.config.chunk_bytes];
+        for set in &self.slots {
+            ps.read_page(set[which].as_ref().expect("slot home"), &mut page)?;
+            out.extend_from_slice(as_f32(&page));
+        }
+        out.truncate(self.params);
+        Ok(out)
+    }
+}
+
+/// The mask of the `fraction` largest-|g| elements (at least one).
+fn important(g: &[f32], fraction: f64) -> Vec<bool> {
+    let n = g.len();
+    let keep = ((n as f64 * fraction).ceil() as usize).clamp(1, n.max(1));
+    if keep >= n {
+        return vec![true; n];
+    }
+    let mut mags: Vec<f32> = g.iter().map(|x| x.abs()).collect();
+    let (_, &mut threshold, _) = mags.select_nth_unstable_by(n - keep, f32::total_cmp);
+    // Ties at the threshold may keep a few more than `keep`.
+    g.iter().map(|x| x.abs() >= threshold).collect()
+}
+
+/// The CXL pipeline: reader, updater (this thread), writer, three
+/// staging sets. Slots travel with their chunk through the stages and come
+/// back in `slots`. Returns the time the updater waited for the reader.
+fn staged(
+    store: &CxlStore,
+    slots: &mut [[Option<Slot>; 3]],
+    page: usize,
+    update: &mut dyn FnMut(usize, &mut [Vec<f32>; 3]),
+) -> Result<Duration> {
+    use crossbeam::channel::bounded;
+    const SETS: usize = 3;
+    type Set = [Vec<f32>; 3];
+    type Item = (usize, [Slot; 3], Set);
+    let (free_tx, free_rx) = bounded::<Set>(SETS);
+    let (full_tx, full_rx) = bounded::<Item>(SETS);
+    let (done_tx, done_rx) = bounded::<Item>(SETS);
+    for _ in 0..SETS {
+        let b = || vec![0f32; page / 4];
+        free_tx.send([b(), b(), b()]).expect("room for every set");
+    }
+    let n = slots.len();
+    let owned: Vec<[Slot; 3]> = slots
+        .iter_mut()
+        .map(|s| s.each_mut().map(|x| x.take().expect("slot home")))
+        .collect();
+    let (waited, back, err) = std::thread::scope(|sc| {
+        let reader = sc.spawn(move || -> Result<()> {
+            for (c, set) in owned.into_iter().enumerate() {
+                let Ok(mut bufs) = free_rx.recv() else {
+                    return Ok(());
+                };
+                for k in 0..3 {
+                    store.read_page(&set[k], bytemuck::cast_slice_mut(&mut bufs[k]))?;
+                }
+                if full_tx.send((c, set, bufs)).is_err() {
+                    return Ok(());
+                }
+            }
+            Ok(())
+        });
+        let writer = sc.spawn(move || -> (Vec<(usize, [Slot; 3])>, Result<()>) {
+            let mut back = Vec::with_capacity(n);
+            for (c, mut set, bufs) in done_rx.iter() {
+                for k in 0..3 {
+                    // In place: an emulated medium paces the copy.
+                    if let Err(e) = store.write_page(&mut set[k], bytemuck::cast_slice(&bufs[k])) {
+                        back.push((c, set));
+                        return (back, Err(e));
+                    }
+                }
+                back.push((c, set));
+                let _ = free_tx.send(bufs);
+            }
+            (back, Ok(()))
+        });
+        let mut waited = Duration::ZERO;
+        for _ in 0..n {
+            let t = Instant::now();
+            let Ok((c, set, mut bufs)) = full_rx.recv() else {
+                break;
+            };
+            waited += t.elapsed();
+            update(c, &mut bufs);
+            if done_tx.send((c, set, bufs)).is_err() {
+                break;
+            }
+        }
+        drop(done_tx);
+        drop(full_rx);
+        let r = reader.join().expect("reader thread");
+        let (back, w) = writer.join().expect("writer thread");
+        (waited, back, r.and(w))
+    });
+    for (c, set) in back {
+        let [a, b, d] = set;
+        slots[c] = [Some(a), Some(b), Some(d)];
+    }
+    err?;
+    if slots.iter().any(|s| s.iter().any(Option::is_none)) {
+        return Err(Error::new(
+            ErrorKind::Io,
+            "a chunk of the optimizer state did not come back",
+        ));
+    }
+    Ok(waited)
+}
+
+/// The NVMe pipeline's state on the stepping thread.
+struct Stream<'a, 's> {
+    store: &'a NvmeStore,
+    session: crate::tier::nvme::NvmeSession<'a>,
+    slots: &'s mut [[Option<Slot>; 3]],
+    arrived: Vec<[Option<AlignedBuf>; 3]>,
+    got: Vec<u8>,
+    pool: Vec<AlignedBuf>,
+    done: Vec<NvmeCompletion>,
+    next_read: usize,
+    ahead: usize,
+    first_err: Option<Error>,
+}
+
+impl Stream<'_, '_> {
+    fn room(&self) -> usize {
+        self.session.depth() - self.session.in_flight()
+    }
+
+    /// Submits reads of the chunks up to `c + ahead` while the queue has room.
+    fn fill(&mut self, c: usize) -> Result<()> {
+        while self.next_read < self.slots.len()
+            && self.next_read <= c + self.ahead
+            && self.room() >= 3
+        {
+            let r = self.next_read;
+            for k in 0..3 {
+                let buf = match self.pool.pop() {
+                    Some(b) => b,
+                    None => self.store.buffer()?,
+                };
+                let slot = self.slots[r][k].take().expect("slot home");
+                if let Err(rej) = self.session.submit_read(slot, buf, (r * 3 + k) as u64) {
+                    self.slots[r][k] = Some(rej.slot);
+                    return Err(rej.error);
+                }
+            }
+            self.next_read += 1;
+        }
+        Ok(())
+    }
+
+    /// Reaps at least one completion.
+    fn reap(&mut self) -> Result<()> {
+        self.session.reap(1, &mut self.done)?;
+        for cpl in self.done.drain(..) {
+            let (c, k) = (cpl.tag as usize / 3, cpl.tag as usize % 3);
+            self.slots[c][k] = Some(cpl.slot);
+            if let Err(e) = cpl.result {
+                self.first_err.get_or_insert(e);
+                self.pool.push(cpl.buf);
+                continue;
+            }
+            match cpl.op {
+                crate::io::IoOp::Read => {
+                    self.arrived[c][k] = Some(cpl.buf);
+                    self.got[c] += 1;
+                }
+                crate::io::IoOp::Write => self.pool.push(cpl.buf),
+            }
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        while self.session.in_flight() > 0 {
+            self.reap()?;
+        }
+        Ok(())
+    }
+}
+
+/// The NVMe pipeline on one session; see the module docs.
+fn streamed(
+    store: &NvmeStore,
+    slots: &mut [[Option<Slot>; 3]],
+    update: &mut dyn FnMut(usize, &mut [AlignedBuf; 3]),
+) -> Result<Duration> {
+    let session = store.session()?;
+    let depth = session.depth();
+    if depth < 6 {
+        return Err(Error::invalid(format!(
+            "an nvme queue depth of {depth} is below the 6 a streamed step needs"
+        )));
+    }
+    let n = slots.len();
+    let mut st = Stream {
+        store,
+        session,
+        slots,
+        arrived: (0..n).map(|_| [None, None, None]).collect(),
+        got: vec![0; n],
+        pool: Vec::new(),
+        done: Vec::with_capacity(depth),
+        next_read: 0,
+        // Reads of this many chunks ahead, leaving room for writes.
+        ahead: (depth / 3 - 1).max(1),
+        first_err: None,
+    };
+    let mut waited = Duration::ZERO;
+    let r = (|| -> Result<()> {
+        for c in 0..n {
+            st.fill(c)?;
+            while st.got[c] < 3 {
+                let t = Instant::now();
+                st.reap()?;
+                waited += t.elapsed();
+                if let Some(e) = st.first_err.take() {
+                    return Err(e);
+                }
+                st.fill(c)?;
+            }
+            let a = &mut st.arrived[c];
+            let mut bufs = [
+                a[0].take().expect("arrived"),
+                a[1].take().expect("arrived"),
+                a[2].take().expect("arrived"),
+            ];
+            update(c, &mut bufs);
+            while st.room() < 3 {
+                st.reap()?;
+            }
+            for (k, buf) in bufs.into_iter().enumerate() {
+                let slot = st.slots[c][k].take().expect("slot home");
+                if let Err(rej) = st.session.submit_write(slot, buf, (c * 3 + k) as u64) {
+                    st.slots[c][k] = Some(rej.slot);
+                    return Err(rej.error);
+                }
+            }
+        }
+        let t = Instant::now();
+        st.drain()?;
+        waited += t.elapsed();
+        Ok(())
+    })();
+    if r.is_err() {
+        // Every slot back home before the error goes up.
+        let _ = st.drain();
+    }
+    r?;
+    match st.first_err {
+        Some(e) => Err(e),
+        None => Ok(waited),
+    }
+}
