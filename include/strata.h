@@ -306,6 +306,12 @@ typedef enum DLDataTypeCode {
 typedef struct strata_buffer strata_buffer;
 
 /**
+ * An expert pinned in device memory. Opaque; made by `strata_moe_fetch`,
+ * ended by `strata_moe_release`.
+ */
+typedef struct strata_expert_pin strata_expert_pin;
+
+/**
  * A prepared device map while kernels run. Opaque; made by
  * `strata_map_prepare`, ended by `strata_launch_end`.
  */
@@ -316,6 +322,18 @@ typedef struct strata_launch strata_launch;
  * `strata_map_free`.
  */
 typedef struct strata_map strata_map;
+
+/**
+ * An MoE expert cache. Opaque; made by `strata_moe_create`, ended by
+ * `strata_moe_free`.
+ */
+typedef struct strata_moe strata_moe;
+
+/**
+ * An offloaded Adam optimizer. Opaque; made by `strata_optim_create`,
+ * ended by `strata_optim_free`.
+ */
+typedef struct strata_optim strata_optim;
 
 /**
  * Pages held resident in one tier. Opaque; made by `strata_buffer_pin`, ended by
@@ -462,14 +480,155 @@ typedef struct strata_balance_report {
 } strata_balance_report;
 
 /**
- * What a launch's kernels do with the buffer (`STRATA_ACCESS_*`).
+ * How to build an offloaded optimizer (`strata_optim_create`). Start from
+ * `strata_optim_config_init`.
  */
-typedef int32_t strata_access;
+typedef struct strata_optim_config {
+    /**
+     * Where the states live: `STRATA_TIER_HOST`, `_CXL` (a CPU-less NUMA
+     * node, else emulated) or `_NVME`.
+     */
+    strata_tier tier;
+    /**
+     * For `STRATA_TIER_NVME`: a directory on a disk (not tmpfs).
+     */
+    const char *nvme_path;
+    /**
+     * Bytes of one chunk of one state array (a power of two, 4 KiB–2 MiB).
+     */
+    size_t chunk_bytes;
+    /**
+     * Learning rate.
+     */
+    float lr;
+    /**
+     * First-moment decay.
+     */
+    float beta1;
+    /**
+     * Second-moment decay.
+     */
+    float beta2;
+    /**
+     * Added to the denominator.
+     */
+    float eps;
+    /**
+     * Decoupled weight decay (AdamW); 0 for Adam.
+     */
+    float weight_decay;
+    /**
+     * Importance-aware mode: share of each chunk updated every step
+     * (0 turns the mode off; otherwise in (0, 1]).
+     */
+    double importance_fraction;
+    /**
+     * Importance-aware mode: the rest is updated every this many steps.
+     */
+    uint64_t importance_every;
+} strata_optim_config;
+
+/**
+ * What one step did (`strata_optim_step`).
+ */
+typedef struct strata_step_stats {
+    /**
+     * Wall seconds of the step.
+     */
+    double seconds;
+    /**
+     * State bytes read.
+     */
+    uint64_t bytes_read;
+    /**
+     * State bytes written.
+     */
+    uint64_t bytes_written;
+    /**
+     * Seconds the update waited for I/O.
+     */
+    double io_wait_seconds;
+} strata_step_stats;
 
 /**
  * The device backend (`STRATA_DEVICE_*`).
  */
 typedef int32_t strata_device;
+
+/**
+ * How to build an MoE expert cache (`strata_moe_create`). Start from
+ * `strata_moe_config_init`.
+ */
+typedef struct strata_moe_config {
+    /**
+     * `STRATA_DEVICE_AUTO`, `_CUDA` or `_SIM`.
+     */
+    strata_device device;
+    /**
+     * Experts the device holds at once.
+     */
+    size_t device_slots;
+    /**
+     * Bytes of the largest expert (one slot).
+     */
+    uint64_t slot_bytes;
+    /**
+     * Host memory for the experts.
+     */
+    uint64_t host_bytes;
+    /**
+     * An NVMe tier for experts beyond the host budget: a directory (NULL:
+     * none).
+     */
+    const char *nvme_path;
+    /**
+     * Its capacity in bytes.
+     */
+    uint64_t nvme_capacity;
+    /**
+     * Runtime page size (a power of two, 4 KiB–2 MiB).
+     */
+    size_t page_size;
+} strata_moe_config;
+
+/**
+ * What an expert cache reports (`strata_moe_stats`).
+ */
+typedef struct strata_moe_stats {
+    /**
+     * Calls to `strata_moe_fetch`.
+     */
+    uint64_t fetches;
+    /**
+     * Fetches that found the expert resident or on its way.
+     */
+    uint64_t hits;
+    /**
+     * Prefetches started.
+     */
+    uint64_t prefetches;
+    /**
+     * Prefetched experts fetched before they were evicted.
+     */
+    uint64_t prefetches_used;
+    /**
+     * Bytes moved into device memory.
+     */
+    uint64_t bytes_moved;
+    /**
+     * Time fetches waited, seconds (modelled on the simulated device).
+     */
+    double stall_seconds;
+    /**
+     * 1 when `stall_seconds` is modelled (simulated device).
+     */
+    int stall_modelled;
+} strata_moe_stats;
+
+/**
+ * What a launch's kernels do with the buffer (`STRATA_ACCESS_*`).
+ */
+typedef int32_t strata_access;
 
 /**
  * Where a CXL tier comes from (`STRATA_CXL_*`).
@@ -907,6 +1066,144 @@ int strata_balancer_stop(const struct strata_runtime *rt);
  * `report` is NULL or points to a writable `strata_balance_report`.
  */
 int strata_balance_once(const struct strata_runtime *rt, struct strata_balance_report *report);
+
+/**
+ * Fills `*config` with the defaults: host states, 1 MiB chunks, Adam with
+ * lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode.
+ *
+ * # Safety
+ * `config` is NULL or points to a writable `strata_optim_config`.
+ */
+int strata_optim_config_init(struct strata_optim_config *config);
+
+/**
+ * Creates an optimizer for the `n` fp32 master weights at `weights`
+ * (copied into the state tier, with zeroed moments) and stores its handle
+ * in `*out`; free it with `strata_optim_free`. Thread-safe; one optimizer
+ * serializes its own calls.
+ *
+ * # Safety
+ * `config` points to a readable `strata_optim_config` whose `nvme_path` is
+ * NULL or NUL-terminated; `weights` points to `n` readable floats; `out`
+ * points to a writable handle.
+ */
+int strata_optim_create(const float *weights,
+                        size_t n,
+                        const struct strata_optim_config *config,
+                        struct strata_optim **out);
+
+/**
+ * One step with the `n` gradients at `grads` (`n` = the weights' count);
+ * stores what it did in `*stats` if not NULL. Thread-safe (steps of one
+ * optimizer serialize).
+ *
+ * # Safety
+ * `grads` points to `n` readable floats; `stats` is NULL or writable.
+ */
+int strata_optim_step(const struct strata_optim *opt,
+                      const float *grads,
+                      size_t n,
+                      struct strata_step_stats *stats);
+
+/**
+ * Copies the current fp32 master weights into `out` (`n` = their count).
+ * Thread-safe.
+ *
+ * # Safety
+ * `out` points to `n` writable floats.
+ */
+int strata_optim_weights(const struct strata_optim *opt, float *out, size_t n);
+
+/**
+ * Ends an optimizer. NULL is a no-op. Thread-safe.
+ */
+int strata_optim_free(struct strata_optim *opt);
+
+/**
+ * Fills `*config` with the defaults: simulated device, 8 slots of 1 MiB,
+ * 64 MiB of host memory, no NVMe, 64 KiB pages.
+ *
+ * # Safety
+ * `config` is NULL or points to a writable `strata_moe_config`.
+ */
+int strata_moe_config_init(struct strata_moe_config *config);
+
+/**
+ * Creates an expert cache and stores its handle in `*out`; free it with
+ * `strata_moe_free`. Thread-safe.
+ *
+ * # Safety
+ * `config` points to a readable config whose `nvme_path` is NULL or
+ * NUL-terminated; `out` points to a writable handle.
+ */
+int strata_moe_create(const struct strata_moe_config *config, struct strata_moe **out);
+
+/**
+ * Registers expert `expert` of `layer` with `len` bytes of weights (at most
+ * the slot size), copied into host memory (or NVMe). Not while any expert
+ * of the cache is pinned. Thread-safe.
+ *
+ * # Safety
+ * `weights` points to `len` readable bytes.
+ */
+int strata_moe_register(const struct strata_moe *moe,
+                        uint32_t layer,
+                        uint32_t expert,
+                        const void *weights,
+                        size_t len);
+
+/**
+ * Makes expert `expert` of `layer` resident in device memory and pins it
+ * until `strata_moe_release`; blocks only on a miss or an unfinished
+ * prefetch. Up to `cap` page addresses (device addresses, in order; one
+ * when the expert fits a page) go to `addresses`, their number to `*n`.
+ * Thread-safe.
+ *
+ * # Safety
+ * `addresses` holds `cap` writable `uint64_t`s (NULL when `cap` is 0); `n`
+ * and `out` are writable.
+ */
+int strata_moe_fetch(const struct strata_moe *moe,
+                     uint32_t layer,
+                     uint32_t expert,
+                     uint64_t *addresses,
+                     size_t cap,
+                     size_t *n,
+                     struct strata_expert_pin **out);
+
+/**
+ * Unpins a fetched expert. NULL is a no-op. Thread-safe.
+ */
+int strata_moe_release(struct strata_expert_pin *pin);
+
+/**
+ * Starts moving `n` experts of `layer` (a router's predictions) into
+ * device memory in the background; stores how many moves started in
+ * `*started` if not NULL. Thread-safe.
+ *
+ * # Safety
+ * `experts` points to `n` readable `uint32_t`s; `started` is NULL or
+ * writable.
+ */
+int strata_moe_prefetch(const struct strata_moe *moe,
+                        uint32_t layer,
+                        const uint32_t *experts,
+                        size_t n,
+                        size_t *started);
+
+/**
+ * Stores the cache's counters in `*stats`. Thread-safe.
+ *
+ * # Safety
+ * `stats` points to a writable `strata_moe_stats`.
+ */
+int strata_moe_stats(const struct strata_moe *moe, struct strata_moe_stats *stats);
+
+/**
+ * Ends an expert cache. Pins still held keep it alive until released.
+ * NULL is a no-op. Thread-safe.
+ */
+int strata_moe_free(struct strata_moe *moe);
 
 /**
  * Makes the pages of `offset..offset + len` resident in `tier` (device,

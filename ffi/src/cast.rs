@@ -147,6 +147,30 @@ pub(crate) unsafe fn slice_mut<'a, T: Copy>(p: *mut T, len: usize, what: &str) -
     Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
+/// The caller's array of `len` values. A zero length never reads the
+/// pointer.
+///
+/// # Safety
+/// When `len > 0`, `p` is NULL or points to `len` readable `T`s that no one
+/// writes during the call.
+pub(crate) unsafe fn slice<'a, T: Copy>(p: *const T, len: usize, what: &str) -> R<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Fail::null(what));
+    }
+    if p.align_offset(std::mem::align_of::<T>()) != 0 {
+        return Err(Fail::invalid(format!("{what} is not aligned for its type")));
+    }
+    len.checked_mul(std::mem::size_of::<T>())
+        .ok_or_else(|| Fail::invalid(format!("{what}: {len} elements overflow")))
+        .and_then(|b| check_len(b, what))?;
+    // SAFETY: non-NULL, aligned, `len` elements fit an object (checked);
+    // readable and unchanged during the call (the caller).
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
 /// The bytes of a NUL-terminated string, or `None` for NULL.
 ///
 /// # Safety

@@ -16,6 +16,7 @@
 //! | `pin.rs` | pins with their addresses, device maps and launches |
 //! | `dlpack.rs` | DLPack export of pinned ranges |
 //! | `hotness.rs` | counter harvest, trace recording, the balancer and its policy |
+//! | `offload.rs` | the MoE expert cache and the offloaded Adam optimizer |
 //!
 //! Conventions (see the header's preamble): every function returns an
 //! `int` status (`STRATA_OK`, `STRATA_PENDING`, or a negative
@@ -26,8 +27,7 @@
 //! freeing NULL is a no-op; every pointer, length and enum value from C is
 //! checked before use.
 //!
-//! Not exposed yet, because the Rust library does not have them yet: the
-//! MoE and optimizer offloading modules.
+//! Everything the Rust API offers is exposed.
 
 mod buffer;
 mod cast;
@@ -36,6 +36,7 @@ mod enums;
 mod handle;
 mod hotness;
 mod objects;
+mod offload;
 mod pin;
 mod runtime;
 mod status;
@@ -45,8 +46,10 @@ pub use dlpack::*;
 pub use enums::*;
 pub use hotness::*;
 pub use objects::{
-    strata_buffer, strata_launch, strata_map, strata_pin, strata_runtime, strata_ticket,
+    strata_buffer, strata_expert_pin, strata_launch, strata_map, strata_moe, strata_optim,
+    strata_pin, strata_runtime, strata_ticket,
 };
+pub use offload::*;
 pub use pin::*;
 pub use runtime::*;
 pub use status::*;

@@ -51,6 +51,28 @@ pub struct strata_launch {
     _opaque: [u8; 0],
 }
 
+/// An offloaded Adam optimizer. Opaque; made by `strata_optim_create`,
+/// ended by `strata_optim_free`.
+pub struct strata_optim {
+    _opaque: [u8; 0],
+}
+
+/// An MoE expert cache. Opaque; made by `strata_moe_create`, ended by
+/// `strata_moe_free`.
+pub struct strata_moe {
+    _opaque: [u8; 0],
+}
+
+/// An expert pinned in device memory. Opaque; made by `strata_moe_fetch`,
+/// ended by `strata_moe_release`.
+pub struct strata_expert_pin {
+    _opaque: [u8; 0],
+}
+
+/// The cache behind a `strata_moe`: registration needs it unshared, so it
+/// sits behind a lock and fetched experts hold their own reference.
+pub(crate) type MoeObj = RwLock<Arc<strata::offload::moe::ExpertCache>>;
+
 /// A runtime and the gate its children are created through.
 pub(crate) struct RtObj {
     pub(crate) rt: Runtime,
@@ -107,6 +129,8 @@ pub(crate) static PINS: Handles<OwnedPin> = Handles::new(3, "pin");
 pub(crate) static TICKETS: Handles<Ticket> = Handles::new(4, "ticket");
 pub(crate) static MAPS: Handles<MapObj> = Handles::new(5, "device map");
 pub(crate) static LAUNCHES: Handles<OwnedLaunch> = Handles::new(6, "launch");
+pub(crate) static OPTIMS: Handles<parking_lot::Mutex<strata::offload::optim::OffloadedAdam>> =
+    Handles::new(7, "optimizer");
 
 /// Looks up a handle of one type.
 pub(crate) trait Handle {
@@ -130,6 +154,20 @@ handle!(strata_pin, OwnedPin, PINS);
 handle!(strata_ticket, Ticket, TICKETS);
 handle!(strata_map, MapObj, MAPS);
 handle!(strata_launch, OwnedLaunch, LAUNCHES);
+pub(crate) static MOES: Handles<MoeObj> = Handles::new(8, "expert cache");
+pub(crate) static EXPERT_PINS: Handles<strata::offload::moe::OwnedExpertPin> =
+    Handles::new(9, "expert pin");
+handle!(strata_moe, MoeObj, MOES);
+handle!(
+    strata_expert_pin,
+    strata::offload::moe::OwnedExpertPin,
+    EXPERT_PINS
+);
+handle!(
+    strata_optim,
+    parking_lot::Mutex<strata::offload::optim::OffloadedAdam>,
+    OPTIMS
+);
 
 /// The object behind a handle.
 #[inline]

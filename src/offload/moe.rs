@@ -168,7 +168,8 @@ fn ratio(a: u64, b: u64) -> f64 {
 
 struct Expert {
     layer: u32,
-    buffer: Buffer,
+    /// Shared with owned pins (see [`ExpertCache::fetch_owned`]).
+    buffer: std::sync::Arc<Buffer>,
 }
 
 #[derive(Default)]
@@ -253,6 +254,36 @@ impl ExpertPin<'_> {
 }
 
 impl Drop for ExpertPin<'_> {
+    fn drop(&mut self) {
+        self.cache.state.lock().meta[self.index].pins -= 1;
+    }
+}
+
+/// An expert pinned in device memory, owning a reference to its cache; see
+/// [`ExpertCache::fetch_owned`].
+#[must_use = "the expert is unpinned when the guard drops"]
+pub struct OwnedExpertPin {
+    cache: std::sync::Arc<ExpertCache>,
+    index: usize,
+    pin: crate::runtime::OwnedPin,
+}
+
+impl std::fmt::Debug for OwnedExpertPin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedExpertPin")
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+impl OwnedExpertPin {
+    /// Device address of each page of the expert, in order.
+    pub fn addresses(&self) -> &[u64] {
+        self.pin.addresses()
+    }
+}
+
+impl Drop for OwnedExpertPin {
     fn drop(&mut self) {
         self.cache.state.lock().meta[self.index].pins -= 1;
     }
@@ -354,7 +385,10 @@ impl ExpertCache {
         // device; they belong below it until fetched.
         buffer.evict(0..buffer.len(), Tier::Host)?;
         let i = self.experts.len();
-        self.experts.push(Expert { layer, buffer });
+        self.experts.push(Expert {
+            layer,
+            buffer: std::sync::Arc::new(buffer),
+        });
         self.index.insert((layer, expert), i);
         self.state.get_mut().meta.push(Meta::default());
         Ok(())
@@ -468,6 +502,36 @@ impl ExpertCache {
     /// only if it is not resident yet (a miss: evict a victim, move it) or
     /// its prefetch is still in flight.
     pub fn fetch(&self, layer: u32, expert: u32) -> Result<ExpertPin<'_>> {
+        self.fetch_with(layer, expert, |b| b.pin(0..b.len(), Tier::Device))
+            .map(|(index, pin)| ExpertPin {
+                cache: self,
+                index,
+                pin,
+            })
+    }
+
+    /// [`fetch`](Self::fetch) for holders that cannot keep a borrow of the
+    /// cache (the C ABI's handle tables): the guard owns a reference to it.
+    pub fn fetch_owned(
+        self: &std::sync::Arc<Self>,
+        layer: u32,
+        expert: u32,
+    ) -> Result<OwnedExpertPin> {
+        self.fetch_with(layer, expert, |b| b.pin_owned(0..b.len(), Tier::Device))
+            .map(|(index, pin)| OwnedExpertPin {
+                cache: self.clone(),
+                index,
+                pin,
+            })
+    }
+
+    /// The bookkeeping of a fetch; `pin` pins the expert's buffer.
+    fn fetch_with<'a, P>(
+        &'a self,
+        layer: u32,
+        expert: u32,
+        pin: impl FnOnce(&'a std::sync::Arc<Buffer>) -> Result<P>,
+    ) -> Result<(usize, P)> {
         let i = self.lookup(layer, expert)?;
         let start = Instant::now();
         let mut s = self.state.lock();
@@ -510,17 +574,12 @@ impl ExpertCache {
         m.score = self.score(m, tick) + 1.0;
         m.last = tick;
         m.pins += 1;
-        let b = &self.experts[i].buffer;
-        let pin = b.pin(0..b.len(), Tier::Device);
+        let pinned = pin(&self.experts[i].buffer);
         if s.clock.is_none() {
             s.stats.stall_seconds += start.elapsed().as_secs_f64();
         }
-        match pin {
-            Ok(pin) => Ok(ExpertPin {
-                cache: self,
-                index: i,
-                pin,
-            }),
+        match pinned {
+            Ok(p) => Ok((i, p)),
             Err(e) => {
                 s.meta[i].pins -= 1;
                 Err(e)

@@ -1,0 +1,455 @@
+//! The offloaded optimizer: Adam/AdamW with its states in host, CXL or
+//! NVMe tiers, streamed in chunks.
+
+use std::ffi::{c_char, c_int};
+
+use parking_lot::Mutex;
+use strata::offload::optim::{AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier};
+
+use crate::cast;
+use crate::enums::{strata_tier, STRATA_TIER_CXL, STRATA_TIER_HOST, STRATA_TIER_NVME};
+use crate::objects::{self, strata_optim, OPTIMS};
+use crate::status::{boundary, Fail, STRATA_OK};
+
+/// How to build an offloaded optimizer (`strata_optim_create`). Start from
+/// `strata_optim_config_init`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct strata_optim_config {
+    /// Where the states live: `STRATA_TIER_HOST`, `_CXL` (a CPU-less NUMA
+    /// node, else emulated) or `_NVME`.
+    pub tier: strata_tier,
+    /// For `STRATA_TIER_NVME`: a directory on a disk (not tmpfs).
+    pub nvme_path: *const c_char,
+    /// Bytes of one chunk of one state array (a power of two, 4 KiB–2 MiB).
+    pub chunk_bytes: usize,
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Added to the denominator.
+    pub eps: f32,
+    /// Decoupled weight decay (AdamW); 0 for Adam.
+    pub weight_decay: f32,
+    /// Importance-aware mode: share of each chunk updated every step
+    /// (0 turns the mode off; otherwise in (0, 1]).
+    pub importance_fraction: f64,
+    /// Importance-aware mode: the rest is updated every this many steps.
+    pub importance_every: u64,
+}
+
+/// What one step did (`strata_optim_step`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct strata_step_stats {
+    /// Wall seconds of the step.
+    pub seconds: f64,
+    /// State bytes read.
+    pub bytes_read: u64,
+    /// State bytes written.
+    pub bytes_written: u64,
+    /// Seconds the update waited for I/O.
+    pub io_wait_seconds: f64,
+}
+
+/// Fills `*config` with the defaults: host states, 1 MiB chunks, Adam with
+/// lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode.
+///
+/// # Safety
+/// `config` is NULL or points to a writable `strata_optim_config`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_optim_config_init(config: *mut strata_optim_config) -> c_int {
+    boundary("strata_optim_config_init", || {
+        let d = AdamParams::default();
+        // SAFETY: NULL or writable (this function's contract).
+        unsafe { cast::out(config, "config") }?.set(strata_optim_config {
+            tier: STRATA_TIER_HOST,
+            nvme_path: std::ptr::null(),
+            chunk_bytes: 1 << 20,
+            lr: d.lr,
+            beta1: d.beta1,
+            beta2: d.beta2,
+            eps: d.eps,
+            weight_decay: d.weight_decay,
+            importance_fraction: 0.0,
+            importance_every: 1,
+        });
+        Ok(STRATA_OK)
+    })
+}
+
+/// Creates an optimizer for the `n` fp32 master weights at `weights`
+/// (copied into the state tier, with zeroed moments) and stores its handle
+/// in `*out`; free it with `strata_optim_free`. Thread-safe; one optimizer
+/// serializes its own calls.
+///
+/// # Safety
+/// `config` points to a readable `strata_optim_config` whose `nvme_path` is
+/// NULL or NUL-terminated; `weights` points to `n` readable floats; `out`
+/// points to a writable handle.
+#[no_mangle]
+pub unsafe extern "C" fn strata_optim_create(
+    weights: *const f32,
+    n: usize,
+    config: *const strata_optim_config,
+    out: *mut *mut strata_optim,
+) -> c_int {
+    boundary("strata_optim_create", || {
+        // SAFETY: as this function's contract states.
+        let (c, w, out) = unsafe {
+            (
+                cast::read_in(config, "config")?,
+                cast::slice(weights, n, "weights")?,
+                cast::out(out, "out")?,
+            )
+        };
+        let tier = match c.tier {
+            STRATA_TIER_HOST => StateTier::Host,
+            STRATA_TIER_CXL => StateTier::Cxl,
+            STRATA_TIER_NVME => {
+                // SAFETY: NULL or NUL-terminated (this function's contract).
+                let bytes = unsafe { cast::c_str_bytes(c.nvme_path) }
+                    .ok_or_else(|| Fail::null("nvme_path"))?;
+                let p = std::str::from_utf8(bytes)
+                    .map_err(|_| Fail::invalid("nvme_path is not UTF-8"))?;
+                StateTier::Nvme(p.into())
+            }
+            t => {
+                return Err(Fail::invalid(format!(
+                    "unknown state tier {t} (use STRATA_TIER_HOST, _CXL or _NVME)"
+                )))
+            }
+        };
+        let importance = if c.importance_fraction == 0.0 {
+            None
+        } else {
+            Some(Importance {
+                fraction: c.importance_fraction,
+                every: c.importance_every,
+            })
+        };
+        let config = OptimConfig {
+            tier,
+            chunk_bytes: c.chunk_bytes,
+            adam: AdamParams {
+                lr: c.lr,
+                beta1: c.beta1,
+                beta2: c.beta2,
+                eps: c.eps,
+                weight_decay: c.weight_decay,
+            },
+            importance,
+        };
+        let opt = OffloadedAdam::new(w, config)?;
+        // Not a runtime's child: owner 0 is never swept.
+        let bits = OPTIMS.insert(Mutex::new(opt), 0)?;
+        out.set(objects::ptr(bits));
+        Ok(STRATA_OK)
+    })
+}
+
+/// One step with the `n` gradients at `grads` (`n` = the weights' count);
+/// stores what it did in `*stats` if not NULL. Thread-safe (steps of one
+/// optimizer serialize).
+///
+/// # Safety
+/// `grads` points to `n` readable floats; `stats` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn strata_optim_step(
+    opt: *const strata_optim,
+    grads: *const f32,
+    n: usize,
+    stats: *mut strata_step_stats,
+) -> c_int {
+    boundary("strata_optim_step", || {
+        // SAFETY: as this function's contract states.
+        let g = unsafe { cast::slice(grads, n, "grads") }?;
+        let o = objects::get(opt)?;
+        let s = o.lock().step(g)?;
+        if !stats.is_null() {
+            // SAFETY: writable (this function's contract).
+            unsafe { cast::out(stats, "stats") }?.set(strata_step_stats {
+                seconds: s.seconds,
+                bytes_read: s.bytes_read,
+                bytes_written: s.bytes_written,
+                io_wait_seconds: s.io_wait_seconds,
+            });
+        }
+        Ok(STRATA_OK)
+    })
+}
+
+/// Copies the current fp32 master weights into `out` (`n` = their count).
+/// Thread-safe.
+///
+/// # Safety
+/// `out` points to `n` writable floats.
+#[no_mangle]
+pub unsafe extern "C" fn strata_optim_weights(
+    opt: *const strata_optim,
+    out: *mut f32,
+    n: usize,
+) -> c_int {
+    boundary("strata_optim_weights", || {
+        // SAFETY: as this function's contract states.
+        let dst = unsafe { cast::slice_mut(out, n, "out") }?;
+        let w = objects::get(opt)?.lock().weights()?;
+        if w.len() != n {
+            return Err(Fail::invalid(format!(
+                "the optimizer holds {} weights, the buffer {n}",
+                w.len()
+            )));
+        }
+        dst.copy_from_slice(&w);
+        Ok(STRATA_OK)
+    })
+}
+
+/// Ends an optimizer. NULL is a no-op. Thread-safe.
+#[no_mangle]
+pub extern "C" fn strata_optim_free(opt: *mut strata_optim) -> c_int {
+    boundary("strata_optim_free", || {
+        drop(objects::remove(opt)?);
+        Ok(STRATA_OK)
+    })
+}
+
+/// How to build an MoE expert cache (`strata_moe_create`). Start from
+/// `strata_moe_config_init`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct strata_moe_config {
+    /// `STRATA_DEVICE_AUTO`, `_CUDA` or `_SIM`.
+    pub device: crate::enums::strata_device,
+    /// Experts the device holds at once.
+    pub device_slots: usize,
+    /// Bytes of the largest expert (one slot).
+    pub slot_bytes: u64,
+    /// Host memory for the experts.
+    pub host_bytes: u64,
+    /// An NVMe tier for experts beyond the host budget: a directory (NULL:
+    /// none).
+    pub nvme_path: *const c_char,
+    /// Its capacity in bytes.
+    pub nvme_capacity: u64,
+    /// Runtime page size (a power of two, 4 KiB–2 MiB).
+    pub page_size: usize,
+}
+
+/// What an expert cache reports (`strata_moe_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct strata_moe_stats {
+    /// Calls to `strata_moe_fetch`.
+    pub fetches: u64,
+    /// Fetches that found the expert resident or on its way.
+    pub hits: u64,
+    /// Prefetches started.
+    pub prefetches: u64,
+    /// Prefetched experts fetched before they were evicted.
+    pub prefetches_used: u64,
+    /// Bytes moved into device memory.
+    pub bytes_moved: u64,
+    /// Time fetches waited, seconds (modelled on the simulated device).
+    pub stall_seconds: f64,
+    /// 1 when `stall_seconds` is modelled (simulated device).
+    pub stall_modelled: c_int,
+}
+
+/// Fills `*config` with the defaults: simulated device, 8 slots of 1 MiB,
+/// 64 MiB of host memory, no NVMe, 64 KiB pages.
+///
+/// # Safety
+/// `config` is NULL or points to a writable `strata_moe_config`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_config_init(config: *mut strata_moe_config) -> c_int {
+    boundary("strata_moe_config_init", || {
+        // SAFETY: NULL or writable (this function's contract).
+        unsafe { cast::out(config, "config") }?.set(strata_moe_config {
+            device: crate::enums::STRATA_DEVICE_SIM,
+            device_slots: 8,
+            slot_bytes: 1 << 20,
+            host_bytes: 64 << 20,
+            nvme_path: std::ptr::null(),
+            nvme_capacity: 0,
+            page_size: 64 << 10,
+        });
+        Ok(STRATA_OK)
+    })
+}
+
+/// Creates an expert cache and stores its handle in `*out`; free it with
+/// `strata_moe_free`. Thread-safe.
+///
+/// # Safety
+/// `config` points to a readable config whose `nvme_path` is NULL or
+/// NUL-terminated; `out` points to a writable handle.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_create(
+    config: *const strata_moe_config,
+    out: *mut *mut objects::strata_moe,
+) -> c_int {
+    boundary("strata_moe_create", || {
+        // SAFETY: as this function's contract states.
+        let (c, out) = unsafe { (cast::read_in(config, "config")?, cast::out(out, "out")?) };
+        let mut cfg =
+            strata::offload::moe::MoeConfig::new(c.device_slots, c.slot_bytes, c.host_bytes);
+        cfg.device = crate::enums::device(c.device)?;
+        cfg.page_size = c.page_size;
+        // SAFETY: NULL or NUL-terminated (this function's contract).
+        if let Some(bytes) = unsafe { cast::c_str_bytes(c.nvme_path) } {
+            let p =
+                std::str::from_utf8(bytes).map_err(|_| Fail::invalid("nvme_path is not UTF-8"))?;
+            cfg.nvme = Some(strata::tier::NvmeConfig::new(
+                p,
+                c.nvme_capacity,
+                c.page_size,
+            ));
+        }
+        let cache = strata::offload::moe::ExpertCache::new(cfg)?;
+        let bits = objects::MOES.insert(parking_lot::RwLock::new(std::sync::Arc::new(cache)), 0)?;
+        out.set(objects::ptr(bits));
+        Ok(STRATA_OK)
+    })
+}
+
+/// Registers expert `expert` of `layer` with `len` bytes of weights (at most
+/// the slot size), copied into host memory (or NVMe). Not while any expert
+/// of the cache is pinned. Thread-safe.
+///
+/// # Safety
+/// `weights` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_register(
+    moe: *const objects::strata_moe,
+    layer: u32,
+    expert: u32,
+    weights: *const std::ffi::c_void,
+    len: usize,
+) -> c_int {
+    boundary("strata_moe_register", || {
+        // SAFETY: as this function's contract states.
+        let w = unsafe { cast::bytes(weights, len, "weights") }?;
+        let m = objects::get(moe)?;
+        let mut cache = m.write();
+        let cache = std::sync::Arc::get_mut(&mut cache).ok_or_else(|| {
+            Fail::invalid("experts of this cache are pinned: release them before registering")
+        })?;
+        cache.register(layer, expert, w)?;
+        Ok(STRATA_OK)
+    })
+}
+
+/// Makes expert `expert` of `layer` resident in device memory and pins it
+/// until `strata_moe_release`; blocks only on a miss or an unfinished
+/// prefetch. Up to `cap` page addresses (device addresses, in order; one
+/// when the expert fits a page) go to `addresses`, their number to `*n`.
+/// Thread-safe.
+///
+/// # Safety
+/// `addresses` holds `cap` writable `uint64_t`s (NULL when `cap` is 0); `n`
+/// and `out` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_fetch(
+    moe: *const objects::strata_moe,
+    layer: u32,
+    expert: u32,
+    addresses: *mut u64,
+    cap: usize,
+    n: *mut usize,
+    out: *mut *mut objects::strata_expert_pin,
+) -> c_int {
+    boundary("strata_moe_fetch", || {
+        // SAFETY: as this function's contract states.
+        let (dst, n, out) = unsafe {
+            (
+                cast::slice_mut(addresses, cap, "addresses")?,
+                cast::out(n, "n")?,
+                cast::out(out, "out")?,
+            )
+        };
+        let cache = objects::get(moe)?.read().clone();
+        let pin = cache.fetch_owned(layer, expert)?;
+        let a = pin.addresses();
+        let k = a.len().min(cap);
+        dst[..k].copy_from_slice(&a[..k]);
+        n.set(a.len());
+        let bits = objects::EXPERT_PINS.insert(pin, 0)?;
+        out.set(objects::ptr(bits));
+        Ok(STRATA_OK)
+    })
+}
+
+/// Unpins a fetched expert. NULL is a no-op. Thread-safe.
+#[no_mangle]
+pub extern "C" fn strata_moe_release(pin: *mut objects::strata_expert_pin) -> c_int {
+    boundary("strata_moe_release", || {
+        drop(objects::remove(pin)?);
+        Ok(STRATA_OK)
+    })
+}
+
+/// Starts moving `n` experts of `layer` (a router's predictions) into
+/// device memory in the background; stores how many moves started in
+/// `*started` if not NULL. Thread-safe.
+///
+/// # Safety
+/// `experts` points to `n` readable `uint32_t`s; `started` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_prefetch(
+    moe: *const objects::strata_moe,
+    layer: u32,
+    experts: *const u32,
+    n: usize,
+    started: *mut usize,
+) -> c_int {
+    boundary("strata_moe_prefetch", || {
+        // SAFETY: as this function's contract states.
+        let e = unsafe { cast::slice(experts, n, "experts") }?;
+        let k = objects::get(moe)?.read().prefetch(layer, e)?;
+        if !started.is_null() {
+            // SAFETY: writable (this function's contract).
+            unsafe { cast::out(started, "started") }?.set(k);
+        }
+        Ok(STRATA_OK)
+    })
+}
+
+/// Stores the cache's counters in `*stats`. Thread-safe.
+///
+/// # Safety
+/// `stats` points to a writable `strata_moe_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_stats(
+    moe: *const objects::strata_moe,
+    stats: *mut strata_moe_stats,
+) -> c_int {
+    boundary("strata_moe_stats", || {
+        // SAFETY: writable (this function's contract).
+        let out = unsafe { cast::out(stats, "stats") }?;
+        let s = objects::get(moe)?.read().stats();
+        out.set(strata_moe_stats {
+            fetches: s.fetches,
+            hits: s.hits,
+            prefetches: s.prefetches,
+            prefetches_used: s.prefetches_used,
+            bytes_moved: s.bytes_moved,
+            stall_seconds: s.stall_seconds,
+            stall_modelled: s.stall_modelled as c_int,
+        });
+        Ok(STRATA_OK)
+    })
+}
+
+/// Ends an expert cache. Pins still held keep it alive until released.
+/// NULL is a no-op. Thread-safe.
+#[no_mangle]
+pub extern "C" fn strata_moe_free(moe: *mut objects::strata_moe) -> c_int {
+    boundary("strata_moe_free", || {
+        drop(objects::remove(moe)?);
+        Ok(STRATA_OK)
+    })
+}

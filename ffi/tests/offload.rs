@@ -1,0 +1,140 @@
+//! The offloaded optimizer through the C ABI matches the Rust one bit for
+//! bit, on host and NVMe states, and refuses bad input.
+
+mod common;
+
+use std::ptr::null_mut;
+
+use common::*;
+use strata::offload::optim::{OffloadedAdam, OptimConfig, StateTier};
+use strata_ffi::*;
+
+fn config() -> strata_optim_config {
+    let mut c = std::mem::MaybeUninit::<strata_optim_config>::uninit();
+    // SAFETY: a writable config.
+    let status = unsafe { strata_optim_config_init(c.as_mut_ptr()) };
+    assert_eq!(status, STRATA_OK);
+    // SAFETY: filled by strata_optim_config_init.
+    unsafe { c.assume_init() }
+}
+
+#[test]
+fn steps_match_the_rust_optimizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = c_path(dir.path());
+    let n = 3000usize;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    for tier in [STRATA_TIER_HOST, STRATA_TIER_NVME] {
+        let mut c = config();
+        c.tier = tier;
+        c.nvme_path = path.as_ptr();
+        c.chunk_bytes = 4096;
+        let mut opt = null_mut();
+        // SAFETY: readable weights and config, a writable handle.
+        let s = unsafe { strata_optim_create(w0.as_ptr(), n, &c, &mut opt) };
+        assert_eq!(s, STRATA_OK, "{}", last_error());
+        let mut reference = OffloadedAdam::new(
+            &w0,
+            OptimConfig {
+                chunk_bytes: 4096,
+                ..OptimConfig::new(StateTier::Host)
+            },
+        )
+        .unwrap();
+        for step in 0..3 {
+            let g: Vec<f32> = (0..n).map(|i| ((i + step) as f32 * 0.11).cos()).collect();
+            let mut stats = strata_step_stats::default();
+            // SAFETY: readable gradients, a writable stats struct.
+            let s = unsafe { strata_optim_step(opt, g.as_ptr(), n, &mut stats) };
+            assert_eq!(s, STRATA_OK, "{}", last_error());
+            assert!(stats.bytes_read > 0 && stats.bytes_written > 0);
+            reference.step(&g).unwrap();
+        }
+        let mut w = vec![0f32; n];
+        // SAFETY: n writable floats.
+        let status = unsafe { strata_optim_weights(opt, w.as_mut_ptr(), n) };
+        assert_eq!(status, STRATA_OK);
+        let want = reference.weights().unwrap();
+        assert!(
+            w.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "tier {tier}"
+        );
+        // SAFETY: a short buffer is refused before anything is written.
+        let short = unsafe { strata_optim_weights(opt, w.as_mut_ptr(), n - 1) };
+        fails(short, STRATA_ERR_INVALID_ARGUMENT, "weights");
+        assert_eq!(strata_optim_free(opt), STRATA_OK);
+        fails(
+            strata_optim_free(opt),
+            STRATA_ERR_INVALID_HANDLE,
+            "optimizer",
+        );
+    }
+    assert_eq!(strata_optim_free(null_mut()), STRATA_OK);
+    let mut c = config();
+    c.tier = 42;
+    let mut opt = null_mut();
+    // SAFETY: as above.
+    let s = unsafe { strata_optim_create(w0.as_ptr(), n, &c, &mut opt) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "state tier");
+    c.tier = STRATA_TIER_NVME;
+    c.nvme_path = std::ptr::null();
+    // SAFETY: as above.
+    let s = unsafe { strata_optim_create(w0.as_ptr(), n, &c, &mut opt) };
+    fails(s, STRATA_ERR_NULL_POINTER, "nvme_path");
+}
+
+#[test]
+fn the_expert_cache_through_the_c_abi() {
+    let mut c = std::mem::MaybeUninit::<strata_moe_config>::uninit();
+    // SAFETY: a writable config.
+    assert_eq!(unsafe { strata_moe_config_init(c.as_mut_ptr()) }, STRATA_OK);
+    // SAFETY: filled above.
+    let mut c = unsafe { c.assume_init() };
+    c.device_slots = 2;
+    c.slot_bytes = 64 << 10;
+    c.host_bytes = 1 << 20;
+    let mut moe = null_mut();
+    // SAFETY: a readable config and a writable handle.
+    let status = unsafe { strata_moe_create(&c, &mut moe) };
+    assert_eq!(status, STRATA_OK, "{}", last_error());
+    let weights: Vec<Vec<u8>> = (0..4u8).map(|e| vec![e + 1; 64 << 10]).collect();
+    for (e, w) in weights.iter().enumerate() {
+        // SAFETY: readable weights.
+        let s = unsafe { strata_moe_register(moe, 0, e as u32, w.as_ptr().cast(), w.len()) };
+        assert_eq!(s, STRATA_OK, "{}", last_error());
+    }
+    let mut addresses = [0u64; 4];
+    let mut n = 0usize;
+    let mut pin = null_mut();
+    // SAFETY: 4 writable addresses, writable n and handle.
+    let s = unsafe { strata_moe_fetch(moe, 0, 1, addresses.as_mut_ptr(), 4, &mut n, &mut pin) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    assert_eq!(n, 1);
+    // SAFETY: on the simulated device a device address is host memory; the
+    // pin keeps the expert there, unchanged, until released.
+    let bytes = unsafe { std::slice::from_raw_parts(addresses[0] as *const u8, 64 << 10) };
+    assert!(bytes == weights[1].as_slice());
+    let w = &weights[0];
+    // SAFETY: readable weights; refused while an expert is pinned.
+    let s = unsafe { strata_moe_register(moe, 1, 0, w.as_ptr().cast(), w.len()) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "pinned");
+    assert_eq!(strata_moe_release(pin), STRATA_OK);
+    let mut started = 0usize;
+    // SAFETY: 2 readable expert ids, a writable count.
+    let s = unsafe { strata_moe_prefetch(moe, 0, [2u32, 3].as_ptr(), 2, &mut started) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    assert!(started >= 1);
+    let mut stats = strata_moe_stats::default();
+    // SAFETY: a writable stats struct.
+    assert_eq!(unsafe { strata_moe_stats(moe, &mut stats) }, STRATA_OK);
+    assert_eq!((stats.fetches, stats.stall_modelled), (1, 1));
+    // SAFETY: as above, for an expert never registered.
+    let s = unsafe { strata_moe_fetch(moe, 5, 5, addresses.as_mut_ptr(), 4, &mut n, &mut pin) };
+    assert!(s < 0);
+    assert_eq!(strata_moe_free(moe), STRATA_OK);
+    fails(
+        strata_moe_free(moe),
+        STRATA_ERR_INVALID_HANDLE,
+        "expert cache",
+    );
+}
