@@ -210,7 +210,9 @@ impl<T> Handles<T> {
     }
 
     /// Removes every object of `owner` (its runtime is being destroyed);
-    /// their handles read `STRATA_ERR_CLOSED` from now on.
+    /// their handles read `STRATA_ERR_CLOSED` from now on — until their slot
+    /// is reused by a new object, when they read `STRATA_ERR_INVALID_HANDLE`
+    /// like any stale handle.
     pub(crate) fn sweep(&self, owner: Owner) -> Vec<Arc<T>> {
         let mut s = self.slots.write();
         let mine: Vec<usize> = s
