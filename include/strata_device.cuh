@@ -37,7 +37,7 @@ struct strata_sampler {
 /* A sampler seeded with `seed` (e.g. the global thread index). */
 __device__ __forceinline__ strata_sampler strata_sampler_new(unsigned long long seed) {
     strata_sampler s;
-    s.left = 1;
+    s.left = 0; /* the first gap is drawn on first use, at a random phase */
     s.state = strata_mix(seed);
     return s;
 }
@@ -46,6 +46,10 @@ __device__ __forceinline__ strata_sampler strata_sampler_new(unsigned long long 
 __device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int shift) {
     if (shift == 0) {
         return true;
+    }
+    if (s->left == 0) {
+        s->state = strata_mix(s->state);
+        s->left = 1u + (unsigned int)(s->state % ((1ull << (shift + 1)) - 1ull));
     }
     if (--s->left != 0) {
         return false;

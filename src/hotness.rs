@@ -49,7 +49,8 @@ impl Sampler {
     /// A sampler seeded with `seed` (different accessors, different seeds).
     pub fn new(seed: u64) -> Self {
         Self {
-            left: 1,
+            // 0: the first gap is drawn on first use, at a random phase.
+            left: 0,
             state: mix(seed),
         }
     }
@@ -59,6 +60,10 @@ impl Sampler {
     pub fn hit(&mut self, shift: u32) -> bool {
         if shift == 0 {
             return true;
+        }
+        if self.left == 0 {
+            self.state = mix(self.state);
+            self.left = 1 + (self.state % (1u64 << (shift + 1)).saturating_sub(1).max(1)) as u32;
         }
         self.left -= 1;
         if self.left != 0 {

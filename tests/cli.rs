@@ -457,6 +457,17 @@ fn bench_graph_reads_edge_lists_and_names_bad_lines() {
         let r = report(&out, &json);
         assert_eq!(r["vertices"], 4, "{algo}");
     }
+    for (text, says) in [
+        ("1 1 5\n", "no edge"),
+        ("0 1 5\n1 3000000000 2\n", "vertex id above"),
+        ("0 1 0\n", "weight"),
+    ] {
+        std::fs::write(&el, text).unwrap();
+        assert_bad_input(
+            &strata(&["bench", "graph", "--graph", &graph, "--quiet"]),
+            says,
+        );
+    }
     std::fs::write(&el, "0 1 5\n1 two 7\n").unwrap();
     assert_bad_input(
         &strata(&["bench", "graph", "--graph", &graph, "--quiet"]),

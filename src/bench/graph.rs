@@ -271,13 +271,15 @@ pub fn run_on(
         .map(|t| match params.algo {
             Algo::Bfs | Algo::Sssp => Some(params.source.unwrap_or_else(|| {
                 let mut s = crate::hotness::mix(params.seed ^ (t as u64 + 1) << 20);
-                loop {
-                    s = crate::hotness::mix(s);
-                    let v = (s % n as u64) as usize;
-                    if g.degree(v) > 0 {
-                        break v;
-                    }
-                }
+                // Random vertices first; the first with an edge otherwise
+                // (there is one: edgeless graphs are refused on loading).
+                (0..64)
+                    .map(|_| {
+                        s = crate::hotness::mix(s);
+                        (s % n as u64) as usize
+                    })
+                    .find(|&v| g.degree(v) > 0)
+                    .unwrap_or_else(|| (0..n).find(|&v| g.degree(v) > 0).unwrap_or(0))
             })),
             _ => None,
         })
@@ -289,18 +291,18 @@ pub fn run_on(
     let steps = (configs.len() * params.trials as usize) as f64;
     for (ci, &config) in configs.iter().enumerate() {
         let tg = TieredGraph::build(g, config, budget, params.page_size, weights)?;
-        if config == Config::Strata {
-            tg.rt.configure_balancer(BalancerConfig {
-                policy: params.policy,
-                // Promote only pages read through at least once a round
-                // (4-byte neighbours): anything less costs more to move
-                // than to read in place.
-                min_accesses: params.page_size as u64 / 4,
-                ..Default::default()
-            })?;
-        }
+        let balancer = BalancerConfig {
+            policy: params.policy,
+            // Promote only pages read through at least once a round
+            // (4-byte neighbours): anything less costs more to move than
+            // to read in place.
+            min_accesses: params.page_size as u64 / 4,
+            ..Default::default()
+        };
         let mut trials = Vec::new();
         for (t, &source) in sources.iter().enumerate() {
+            // Every trial starts cold, in every configuration.
+            tg.reset(balancer)?;
             progress(
                 config.name(),
                 (ci * params.trials as usize + t) as f64 / steps,
@@ -328,17 +330,18 @@ pub fn run_on(
             let launches = get(&acct.launches) as f64 * model.launch_seconds;
             let (seconds, bytes_moved, hit_rate) = if config == Config::UvmLru {
                 let (faults, evictions) = (get(&acct.uvm_faults), get(&acct.uvm_evictions));
-                let group = model.uvm_group as f64;
+                let fault_bytes = get(&acct.uvm_fault_bytes);
+                // An evicted group migrates back: counted at the mean size
+                // of a faulted group.
+                let evicted_bytes = evictions * fault_bytes.checked_div(faults).unwrap_or(0);
+                let moved = fault_bytes + evicted_bytes;
                 let s = launches
                     + dtx as f64 * line / model.hbm_bandwidth
-                    + faults as f64 * (model.fault_seconds + group / model.pcie_bandwidth)
-                    + evictions as f64 * group / model.pcie_bandwidth;
-                let acc = get(&acct.uvm_accesses).max(1);
-                (
-                    s,
-                    (faults + evictions) * model.uvm_group,
-                    1.0 - faults as f64 / acc as f64,
-                )
+                    + faults as f64 * model.fault_seconds
+                    + moved as f64 / model.pcie_bandwidth;
+                // As for the others: the share of transactions served by
+                // device memory without waiting for a transfer.
+                (s, moved, 1.0 - faults as f64 / dtx.max(1) as f64)
             } else {
                 let moved = (after.0.bytes - before.0.bytes) + (after.1.bytes - before.1.bytes);
                 let s = launches
@@ -412,11 +415,17 @@ fn run_kernel<M: Mem>(
     source: Option<usize>,
     g: &Csr,
 ) -> (Dump, Option<u64>, Option<u32>) {
+    // Graph500 counts an undirected edge once.
     let reached_edges = |reached: &dyn Fn(usize) -> bool| -> u64 {
-        (0..g.vertices())
+        let directed: u64 = (0..g.vertices())
             .filter(|&v| reached(v))
             .map(|v| g.degree(v))
-            .sum()
+            .sum();
+        if g.directed() {
+            directed
+        } else {
+            directed / 2
+        }
     };
     match algo {
         Algo::Bfs => {
@@ -468,6 +477,7 @@ fn check(
             )?;
         }
         Dump::Score(scores) => {
+            verify::pagerank_residual(g, PR_TOLERANCE, scores)?;
             let reference = pr_reference.get_or_insert_with(|| {
                 verify::pagerank_reference(g, PR_TOLERANCE, PR_MAX_ITERATIONS)
             });

@@ -176,32 +176,22 @@ impl Balancer {
         // 3. Demotions, then promotions within the budget and the room.
         let demote: Vec<u64> = want.iter().filter(|(_, &w)| !w).map(|(&p, _)| p).collect();
         report.demotions += demote_pages(rt, &by_id, &demote);
-        if let Some(rate) = self.config.rate_limit {
-            let now = Instant::now();
-            let cap = rate as f64 * self.config.interval.as_secs_f64().max(0.001) * 4.0;
-            self.budget = (self.budget + rate as f64 * (now - self.topped).as_secs_f64()).min(cap);
-            self.topped = now;
-        }
         let device = rt.store(Tier::Device).expect("checked at start");
-        let high = (device.capacity_pages() as f64 * rt.watermarks.high) as usize;
-        let mut promote: Vec<u64> = Vec::new();
-        for (&p, _) in want.iter().filter(|(_, &w)| w) {
-            let Some(t) = by_id.get(&((p >> 32) as u32)) else {
-                continue;
-            };
-            let idx = (p & 0xFFFF_FFFF) as usize;
-            if idx >= t.pages.len() || t.pages[idx].lock().tier() == Some(Tier::Device) {
-                continue;
-            }
-            if self.config.rate_limit.is_some() {
-                if self.budget < page_size {
-                    report.deferred += 1;
-                    continue;
-                }
-                self.budget -= page_size;
-            }
-            promote.push(p);
-        }
+        let high = ((device.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
+        // Candidates not on the device yet, hottest first.
+        let count: HashMap<u64, u32> = touched.iter().map(|&(c, p)| (p, c)).collect();
+        let mut promote: Vec<u64> = want
+            .iter()
+            .filter(|(_, &w)| w)
+            .map(|(&p, _)| p)
+            .filter(|&p| {
+                by_id.get(&((p >> 32) as u32)).is_some_and(|t| {
+                    let idx = (p & 0xFFFF_FFFF) as usize;
+                    idx < t.pages.len() && t.pages[idx].lock().tier() != Some(Tier::Device)
+                })
+            })
+            .collect();
+        promote.sort_by_key(|p| std::cmp::Reverse(count.get(p).copied().unwrap_or(0)));
         // Room below the high watermark: strangers leave first.
         let used = device.used_pages() as usize;
         let short = (used + promote.len()).saturating_sub(high);
@@ -213,6 +203,19 @@ impl Balancer {
         if promote.len() > room {
             report.deferred += (promote.len() - room) as u64;
             promote.truncate(room);
+        }
+        // The rate limit, on what fits.
+        if let Some(rate) = self.config.rate_limit {
+            let now = Instant::now();
+            let cap = rate as f64 * self.config.interval.as_secs_f64().max(0.001) * 4.0;
+            self.budget = (self.budget + rate as f64 * (now - self.topped).as_secs_f64()).min(cap);
+            self.topped = now;
+            let affordable = (self.budget / page_size).max(0.0) as usize;
+            if promote.len() > affordable {
+                report.deferred += (promote.len() - affordable) as u64;
+                promote.truncate(affordable);
+            }
+            self.budget -= promote.len() as f64 * page_size;
         }
         report.promotions += move_pages(&by_id, &promote, Tier::Device, &|t| t != Tier::Device);
         rt.counters
@@ -247,47 +250,57 @@ fn strangers(tables: &[Arc<Table>], held: &HashSet<u64>, n: usize) -> Vec<u64> {
     v.into_iter().map(|x| x.1).collect()
 }
 
+/// Whether page id `p` is in device memory now.
+fn on_device(by_id: &HashMap<u32, &Arc<Table>>, p: u64) -> bool {
+    by_id.get(&((p >> 32) as u32)).is_some_and(|t| {
+        let idx = (p & 0xFFFF_FFFF) as usize;
+        idx < t.pages.len() && t.pages[idx].lock().tier() == Some(Tier::Device)
+    })
+}
+
 /// Moves `pages` (ids) out of device memory, cascading down; returns how
-/// many moved.
+/// many left it (pages not on the device to begin with do not count).
 fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64]) -> u64 {
     let slower: Vec<Tier> = rt
         .stores()
         .map(|s| s.tier())
         .filter(|&t| t > Tier::Device)
         .collect();
-    let mut left = pages.to_vec();
-    let mut moved = 0;
+    let there: Vec<u64> = pages
+        .iter()
+        .copied()
+        .filter(|&p| on_device(by_id, p))
+        .collect();
+    let mut left = there.clone();
     for &dst in &slower {
         if left.is_empty() {
             break;
         }
-        let before = left.len() as u64;
-        let mut full = Vec::new();
         for (t, ps) in group(by_id, &left) {
-            if let Ok(f) = t.move_batched(&ps, dst, &|src| src == Tier::Device) {
-                full.extend(f.into_iter().map(|p| (t.id as u64) << 32 | p as u64));
-            }
+            // Errors are counted in the stats; the pages stay readable.
+            let _ = t.move_batched(&ps, dst, &|src| src == Tier::Device);
         }
-        moved += before - full.len() as u64;
-        left = full;
+        left.retain(|&p| on_device(by_id, p));
     }
-    moved
+    (there.len() - left.len()) as u64
 }
 
-/// Moves `pages` (ids) into `dst`; returns how many moved (or were there).
+/// Moves `pages` (ids) into `dst`; returns how many arrived.
 fn move_pages(
     by_id: &HashMap<u32, &Arc<Table>>,
     pages: &[u64],
     dst: Tier,
     wanted: &dyn Fn(Tier) -> bool,
 ) -> u64 {
-    let mut moved = 0;
     for (t, ps) in group(by_id, pages) {
-        if let Ok(full) = t.move_batched(&ps, dst, wanted) {
-            moved += (ps.len() - full.len()) as u64;
-        }
+        let _ = t.move_batched(&ps, dst, wanted);
     }
-    moved
+    debug_assert_eq!(
+        dst,
+        Tier::Device,
+        "the balancer only promotes into the device"
+    );
+    pages.iter().filter(|&&p| on_device(by_id, p)).count() as u64
 }
 
 /// Page ids grouped by buffer, as indices.

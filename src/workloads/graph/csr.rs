@@ -16,6 +16,12 @@ pub const KRON_B: f64 = 0.19;
 /// See [`KRON_A`].
 pub const KRON_C: f64 = 0.19;
 
+/// Largest vertex id a file may use (2^28 vertices: 2 GiB of offsets).
+pub const MAX_VERTEX: u32 = (1 << 28) - 1;
+/// Largest edge weight a `.wel` file may use (delta-stepping's buckets are
+/// dense up to the largest distance over the bucket width).
+pub const MAX_WEIGHT: u32 = 1 << 16;
+
 /// Where a graph comes from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase", tag = "kind")]
@@ -194,7 +200,7 @@ fn compress(n: usize, sorted: &[(u32, u32, u32)]) -> (Vec<u64>, Vec<u32>, Vec<u3
 /// A weight in 1..=255 for the undirected edge {u, v}, the same both ways.
 fn weight(u: u32, v: u32, seed: u64) -> u32 {
     let (a, b) = if u < v { (u, v) } else { (v, u) };
-    (crate::hotness::mix((a as u64) << 32 | b as u64 ^ seed) % 255) as u32 + 1
+    (crate::hotness::mix(((a as u64) << 32 | b as u64) ^ seed) % 255) as u32 + 1
 }
 
 /// Kronecker (Graph500 initiator, vertex labels permuted) or uniform random
@@ -277,12 +283,14 @@ fn read_edge_list(path: &Path, undirected: bool) -> Result<Csr> {
         }
         let id = |s: &str| s.parse::<u32>().map_err(|_| bad("not a vertex id"));
         let (u, v) = (id(f[0])?, id(f[1])?);
-        if u == u32::MAX || v == u32::MAX {
-            return Err(bad("vertex id too large"));
+        if u > MAX_VERTEX || v > MAX_VERTEX {
+            return Err(bad(&format!("vertex id above {MAX_VERTEX}")));
         }
         let w = if weighted {
-            f[2].parse::<u32>()
-                .map_err(|_| bad("not an integer weight"))?
+            match f[2].parse::<u32>() {
+                Ok(w) if (1..=MAX_WEIGHT).contains(&w) => w,
+                _ => return Err(bad(&format!("not an integer weight in 1..={MAX_WEIGHT}"))),
+            }
         } else {
             weight(u, v, 0)
         };
@@ -292,10 +300,14 @@ fn read_edge_list(path: &Path, undirected: bool) -> Result<Csr> {
             edges.push((v, u, w));
         }
     }
-    if edges.is_empty() {
-        return Err(Error::invalid(format!("{} holds no edge", path.display())));
+    let g = Csr::from_edges(max as usize + 1, edges, !undirected);
+    if g.edges() == 0 {
+        return Err(Error::invalid(format!(
+            "{} holds no edge between two different vertices",
+            path.display()
+        )));
     }
-    Ok(Csr::from_edges(max as usize + 1, edges, !undirected))
+    Ok(g)
 }
 
 #[cfg(test)]

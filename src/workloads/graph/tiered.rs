@@ -110,9 +110,9 @@ pub struct TieredGraph {
     page_size: usize,
 }
 
-fn write_array<T: bytemuck::Pod>(rt: &Runtime, data: &[T]) -> Result<Buffer> {
+fn write_array<T: bytemuck::Pod>(rt: &Runtime, data: &[T], placement: Placement) -> Result<Buffer> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
-    let b = rt.alloc_with(bytes.len().max(1) as u64, Placement::Fastest)?;
+    let b = rt.alloc_with(bytes.len().max(1) as u64, placement)?;
     // In 8 MiB pieces: the whole array need not be copied at once.
     for (i, piece) in bytes.chunks(8 << 20).enumerate() {
         b.write((i * (8 << 20)) as u64, piece)?;
@@ -162,19 +162,21 @@ impl TieredGraph {
             // Sampled counters feed the balancer; the baselines count nothing.
             .sampling((config == Config::Strata).then_some(4))
             .build()?;
+        // strata's device starts empty, as Unified Memory's does: what it
+        // holds it promotes (and pays for) during the kernels.
+        let place = match config {
+            Config::AllDevice => Placement::Fastest,
+            _ => Placement::Prefer(Tier::Host),
+        };
         let mut bufs: Vec<Option<Buffer>> = (0..5).map(|_| None).collect();
-        bufs[OFFSETS] = Some(write_array(&rt, &g.offsets)?);
-        bufs[NEIGHBORS] = Some(write_array(&rt, &g.neighbors)?);
+        bufs[OFFSETS] = Some(write_array(&rt, &g.offsets, place)?);
+        bufs[NEIGHBORS] = Some(write_array(&rt, &g.neighbors, place)?);
         if weights {
-            bufs[WEIGHTS] = Some(write_array(&rt, &g.weights)?);
+            bufs[WEIGHTS] = Some(write_array(&rt, &g.weights, place)?);
         }
         if let Some((o, n)) = &g.incoming {
-            bufs[IN_OFFSETS] = Some(write_array(&rt, o)?);
-            bufs[IN_NEIGHBORS] = Some(write_array(&rt, n)?);
-        }
-        if config == Config::Strata {
-            // Folds the writes; the kernels' accesses drive what follows.
-            rt.balance_once()?;
+            bufs[IN_OFFSETS] = Some(write_array(&rt, o, place)?);
+            bufs[IN_NEIGHBORS] = Some(write_array(&rt, n, place)?);
         }
         Ok(Self {
             rt,
@@ -192,6 +194,31 @@ impl TieredGraph {
             .iter()
             .map(|b| b.as_ref().map(Buffer::device_map).transpose())
             .collect()
+    }
+
+    /// Starts a trial cold: for strata, the device emptied (uncharged: it
+    /// is the state before any trial), the access counts of the writes and
+    /// of earlier trials folded away, and the balancer's policy fresh.
+    pub fn reset(&self, balancer: crate::runtime::BalancerConfig) -> Result<()> {
+        if self.config != Config::Strata {
+            return Ok(());
+        }
+        for b in self.bufs.iter().flatten() {
+            b.evict(0..b.len(), Tier::Host)?;
+            // Decay 1e-9 leaves no trace of the counts in the scores.
+            let _ = b.harvest(crate::hotness::HarvestParams {
+                decay: 1e-9,
+                k: 0,
+                shift: 0,
+            });
+        }
+        self.rt.configure_balancer(balancer)
+    }
+
+    /// Bytes of each array (0 where the graph has none), for capping
+    /// Unified Memory transfers at the array's end.
+    fn array_bytes(&self) -> [u64; 5] {
+        std::array::from_fn(|a| self.bufs[a].as_ref().map_or(0, Buffer::len))
     }
 
     /// Whether every page of every array is in device memory.
@@ -216,6 +243,8 @@ pub struct Accounting {
     pub uvm_faults: AtomicU64,
     /// See `uvm_accesses`.
     pub uvm_evictions: AtomicU64,
+    /// Bytes the faults migrated (2 MiB groups, capped at the array's end).
+    pub uvm_fault_bytes: AtomicU64,
     /// Kernel launches (steps between which the balancer may run).
     pub launches: AtomicU64,
 }
@@ -228,6 +257,8 @@ pub struct TieredMem<'m> {
     acct: &'m Accounting,
     uvm: Option<Mutex<Lru>>,
     group_shift: u32,
+    group_bytes: u64,
+    array_bytes: [u64; 5],
     /// Balancer rounds' errors, if any (the run goes on; reported after).
     pub errors: Vec<Error>,
 }
@@ -243,6 +274,7 @@ impl<'m> TieredMem<'m> {
     ) -> Result<Self> {
         let group_pages = (model.uvm_group / graph.page_size as u64).max(1);
         let uvm = (graph.config == Config::UvmLru).then(|| {
+            // The same byte budget as strata's device tier.
             let groups = (budget / model.uvm_group).max(1) as usize;
             Mutex::new(Lru::new(groups))
         });
@@ -253,6 +285,8 @@ impl<'m> TieredMem<'m> {
             acct,
             uvm,
             group_shift: group_pages.trailing_zeros(),
+            group_bytes: group_pages * graph.page_size as u64,
+            array_bytes: graph.array_bytes(),
             errors: Vec::new(),
         };
         m.launch()?;
@@ -290,6 +324,7 @@ impl Mem for TieredMem<'_> {
             uvm_accesses: 0,
             uvm_faults: 0,
             uvm_evictions: 0,
+            uvm_fault_bytes: 0,
             mem: self,
         }
     }
@@ -328,6 +363,7 @@ pub struct TieredRead<'a> {
     uvm_accesses: u64,
     uvm_faults: u64,
     uvm_evictions: u64,
+    uvm_fault_bytes: u64,
     mem: &'a TieredMem<'a>,
 }
 
@@ -350,6 +386,11 @@ impl TieredRead<'_> {
                         let id = (array as u64) << 40 | group;
                         if let PolicyAccess::Miss { evicted } = uvm.lock().access(id) {
                             self.uvm_faults += 1;
+                            let m = self.mem;
+                            let start = group * m.group_bytes;
+                            self.uvm_fault_bytes += m
+                                .group_bytes
+                                .min(m.array_bytes[array].saturating_sub(start));
                             self.uvm_evictions += evicted.is_some() as u64;
                         }
                     }
@@ -373,6 +414,8 @@ impl Drop for TieredRead<'_> {
         a.uvm_faults.fetch_add(self.uvm_faults, Ordering::Relaxed);
         a.uvm_evictions
             .fetch_add(self.uvm_evictions, Ordering::Relaxed);
+        a.uvm_fault_bytes
+            .fetch_add(self.uvm_fault_bytes, Ordering::Relaxed);
     }
 }
 

@@ -104,6 +104,7 @@ pub fn sssp_against(reference: &[u64], r: &SsspResult) -> Result<(), String> {
 /// Scores within 1e-6 (absolute, per vertex) of a serial reference run to
 /// the same tolerance.
 pub fn pagerank(g: &Csr, tolerance: f64, max_iterations: u32, r: &PrResult) -> Result<(), String> {
+    pagerank_residual(g, tolerance, &r.scores)?;
     pagerank_against(&pagerank_reference(g, tolerance, max_iterations), r)
 }
 
@@ -136,6 +137,38 @@ pub fn pagerank_reference(g: &Csr, tolerance: f64, max_iterations: u32) -> Vec<f
         }
     }
     scores
+}
+
+/// GAP's check: one more iteration from `scores` changes them by less than
+/// `tolerance` in L1 (a result stopped early fails it).
+pub fn pagerank_residual(g: &Csr, tolerance: f64, scores: &[f64]) -> Result<(), String> {
+    let n = g.vertices();
+    let d = 0.85;
+    let base = (1.0 - d) / n as f64;
+    let contrib: Vec<f64> = (0..n)
+        .map(|v| match g.degree(v) {
+            0 => 0.0,
+            k => scores[v] / k as f64,
+        })
+        .collect();
+    let change: f64 = (0..n)
+        .map(|v| {
+            let new = base
+                + d * g
+                    .incoming(v)
+                    .iter()
+                    .map(|&u| contrib[u as usize])
+                    .sum::<f64>();
+            (new - scores[v]).abs()
+        })
+        .sum();
+    if change < tolerance {
+        Ok(())
+    } else {
+        Err(format!(
+            "one more iteration changes the scores by {change:e} (L1), not below {tolerance:e}"
+        ))
+    }
 }
 
 /// Scores within 1e-6 of `reference`, vertex by vertex.
