@@ -592,7 +592,7 @@ typedef struct strata_moe_config {
 } strata_moe_config;
 
 /**
- * What an expert cache reports (`strata_moe_stats`).
+ * What an expert cache reports (`strata_moe_get_stats`).
  */
 typedef struct strata_moe_stats {
     /**
@@ -1197,7 +1197,7 @@ int strata_moe_prefetch(const struct strata_moe *moe,
  * # Safety
  * `stats` points to a writable `strata_moe_stats`.
  */
-int strata_moe_stats(const struct strata_moe *moe, struct strata_moe_stats *stats);
+int strata_moe_get_stats(const struct strata_moe *moe, struct strata_moe_stats *stats);
 
 /**
  * Ends an expert cache. Pins still held keep it alive until released.

@@ -238,7 +238,7 @@ pub struct strata_moe_config {
     pub page_size: usize,
 }
 
-/// What an expert cache reports (`strata_moe_stats`).
+/// What an expert cache reports (`strata_moe_get_stats`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct strata_moe_stats {
@@ -423,11 +423,11 @@ pub unsafe extern "C" fn strata_moe_prefetch(
 /// # Safety
 /// `stats` points to a writable `strata_moe_stats`.
 #[no_mangle]
-pub unsafe extern "C" fn strata_moe_stats(
+pub unsafe extern "C" fn strata_moe_get_stats(
     moe: *const objects::strata_moe,
     stats: *mut strata_moe_stats,
 ) -> c_int {
-    boundary("strata_moe_stats", || {
+    boundary("strata_moe_get_stats", || {
         // SAFETY: writable (this function's contract).
         let out = unsafe { cast::out(stats, "stats") }?;
         let s = objects::get(moe)?.read().stats();

@@ -126,7 +126,7 @@ fn the_expert_cache_through_the_c_abi() {
     assert!(started >= 1);
     let mut stats = strata_moe_stats::default();
     // SAFETY: a writable stats struct.
-    assert_eq!(unsafe { strata_moe_stats(moe, &mut stats) }, STRATA_OK);
+    assert_eq!(unsafe { strata_moe_get_stats(moe, &mut stats) }, STRATA_OK);
     assert_eq!((stats.fetches, stats.stall_modelled), (1, 1));
     // SAFETY: as above, for an expert never registered.
     let s = unsafe { strata_moe_fetch(moe, 5, 5, addresses.as_mut_ptr(), 4, &mut n, &mut pin) };
