@@ -1006,7 +1006,8 @@ int strata_dlpack_free(struct DLManagedTensor *tensor);
  * score descending, ties by page) into `hot_pages`/`hot_scores` with their
  * number in `*hot_len`, and up to `cap` of the coldest pages in device
  * memory into `cold_pages`/`cold_scores`/`*cold_len`. `decay` is in
- * (0, 1]. Thread-safe; concurrent harvests of one buffer serialize.
+ * (0, 1]. Thread-safe; concurrent harvests of one buffer serialize. A
+ * running balancer harvests the same counters: the two share the counts.
  *
  * # Safety
  * Each array is NULL (only when `cap` is 0) or holds `cap` writable

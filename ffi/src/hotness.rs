@@ -32,7 +32,8 @@ pub struct strata_balance_report {
 /// score descending, ties by page) into `hot_pages`/`hot_scores` with their
 /// number in `*hot_len`, and up to `cap` of the coldest pages in device
 /// memory into `cold_pages`/`cold_scores`/`*cold_len`. `decay` is in
-/// (0, 1]. Thread-safe; concurrent harvests of one buffer serialize.
+/// (0, 1]. Thread-safe; concurrent harvests of one buffer serialize. A
+/// running balancer harvests the same counters: the two share the counts.
 ///
 /// # Safety
 /// Each array is NULL (only when `cap` is 0) or holds `cap` writable
@@ -69,7 +70,8 @@ pub unsafe extern "C" fn strata_buffer_harvest(
         let h = b.buffer.harvest(HarvestParams {
             decay,
             k: cap,
-            shift: 0,
+            // Scores in accesses: counts scaled by the runtime's sampling.
+            shift: b.rt.rt.sampling().unwrap_or(0),
         });
         for (i, &(p, s)) in h.hot.iter().enumerate() {
             hp[i] = p;

@@ -567,6 +567,12 @@ impl Runtime {
         self.inner.stores.iter().map(|s| s.tier()).collect()
     }
 
+    /// Access counting: counts sample one access in 2^k (`Some(k)`), or
+    /// none are counted.
+    pub fn sampling(&self) -> Option<u32> {
+        self.inner.sample_shift
+    }
+
     /// The page size.
     pub fn page_size(&self) -> usize {
         self.inner.page_size
