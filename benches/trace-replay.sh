@@ -46,7 +46,7 @@ for t in "${traces[@]}"; do
     echo "| $t | $accesses | $pages | 1/$div ($cap) | ${misses//|/ | } |"
     paste <(grep '"policy"' "$dir/$t-$div.json" | cut -d'"' -f4) \
           <(grep '"accesses"' "$dir/$t-$div.json" | tr -dc '0-9\n') \
-          <(grep '"seconds"' "$dir/$t-$div.json" | tr -dc '0-9.e\n-') >>"$speed"
+          <(grep '"seconds"' "$dir/$t-$div.json" | sed 's/.*: *//; s/,//') >>"$speed"
   done
 done
 

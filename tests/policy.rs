@@ -131,6 +131,7 @@ fn default_misses(cap: usize, t: &[u64]) -> u64 {
                 "protected" => c.protected = f,
                 "count_max" => c.count_max = f as u8,
                 "count_period" => c.count_period = f,
+                "count_gap" => c.count_gap = f,
                 "tune" => c.tune = f != 0.0,
                 "tune_pages" => c.tune_pages = f as usize,
                 "tune_half_life" => c.tune_half_life = f,

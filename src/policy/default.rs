@@ -7,10 +7,10 @@
 //!   demoted back to probation.
 //! - When the window overflows, its least recent page is a candidate for
 //!   main, and TinyLFU admission decides: it replaces main's next victim only
-//!   if it was accessed more often recently (counts in [`Counts`], saturating
-//!   at 15 and halved every 20 × capacity accesses). Scans and loops larger
-//!   than the cache stay in the window and leave; frequent pages stay in
-//!   main.
+//!   if it was accessed more often recently (exact counts saturating at 15,
+//!   halved every 40 × capacity accesses, re-references within 1% of the
+//!   capacity counted once: see `counts.rs`). Scans and loops larger than the
+//!   cache stay in the window and leave; frequent pages stay in main.
 //! - The window's size decides between recency and frequency: a window of
 //!   the whole cache is LRU, one of 1% is close to LFU with admission. A
 //!   tuner replays a spatially sampled share of the accesses (pages picked by
@@ -42,6 +42,9 @@ pub struct Config {
     pub count_max: u8,
     /// Access counts halve every this many accesses per page of capacity.
     pub count_period: f64,
+    /// An access is not counted when the page's previous one is fewer than
+    /// this many accesses per page of capacity ago.
+    pub count_gap: f64,
     /// Whether the tuner runs.
     pub tune: bool,
     /// Window shares the tuner simulates (ascending).
@@ -65,13 +68,14 @@ impl std::default::Default for Config {
             window: 0.01,
             protected: 0.8,
             count_max: 15,
-            count_period: 20.0,
+            count_period: 40.0,
+            count_gap: 0.01,
             tune: true,
             tune_windows: vec![0.01, 0.04, 0.12, 0.3, 0.6, 1.0],
             tune_pages: 1024,
             tune_half_life: 8.0,
             tune_margin: 0.01,
-            tune_z: 3.0,
+            tune_z: 4.0,
         }
     }
 }
@@ -99,6 +103,7 @@ impl DefaultPolicy {
                 capacity,
                 config.count_max,
                 (capacity as f64 * config.count_period) as u64,
+                (capacity as f64 * config.count_gap) as u32,
             ),
             core: Core::new(capacity, window, config.protected),
             tuner: (config.tune && capacity >= 2 && !config.tune_windows.is_empty())
