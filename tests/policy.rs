@@ -137,6 +137,7 @@ fn default_misses(cap: usize, t: &[u64]) -> u64 {
                 "tune_half_life" => c.tune_half_life = f,
                 "tune_margin" => c.tune_margin = f,
                 "tune_z" => c.tune_z = f,
+                "tune_long" => c.tune_long = f,
                 _ => panic!("unknown key {k}"),
             }
         }

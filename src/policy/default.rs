@@ -58,8 +58,11 @@ pub struct Config {
     /// The tuner moves only towards a copy whose (decayed) misses are below
     /// the current one's by this share ...
     pub tune_margin: f64,
-    /// ... and by this many standard deviations of the difference.
+    /// ... and by this many standard deviations of the difference, on the
+    /// recent horizon and on one this many times longer.
     pub tune_z: f64,
+    /// The long horizon's half-life over the recent one's.
+    pub tune_long: f64,
 }
 
 impl std::default::Default for Config {
@@ -76,6 +79,7 @@ impl std::default::Default for Config {
             tune_half_life: 8.0,
             tune_margin: 0.01,
             tune_z: 4.0,
+            tune_long: 8.0,
         }
     }
 }
@@ -149,25 +153,27 @@ impl Policy for DefaultPolicy {
 
 /// Picks the window share by replaying sampled accesses through copies.
 ///
-/// Each copy keeps a decayed count of its misses, and each pair of copies a
-/// decayed count of the accesses where exactly one of the two missed. The
-/// real cache moves one step (to the next share in the list) towards the
-/// copy that missed least, when that copy missed fewer times than the
-/// current one by `z` standard deviations of the difference (the square root
-/// of the pair's disagreements, were they equally good) and by `margin` of
-/// the current one's misses. One step at a time, because moving the window
-/// costs misses while the cache's contents follow, and a transient advantage
-/// of a distant window does not repay a jump there and back.
+/// Over two horizons, a recent one and one `long` times longer, each copy
+/// keeps a decayed count of its misses and each pair of copies a decayed
+/// count of the accesses where exactly one of the two missed. The real
+/// cache moves one step (to the next share in the list) towards the copy
+/// that missed least, when on both horizons that copy missed fewer times
+/// than the current one by `z` standard deviations of the difference (the
+/// square root of the pair's disagreements, were they equally good) and by
+/// `margin` of the current one's misses.
+///
+/// Why so careful: moving the window costs misses while the cache's
+/// contents follow, and on traces with phases (graph traversals from one
+/// root after another) a window that wins for one phase loses the next; a
+/// move that both horizons back is one a persistent change (a drifting hot
+/// set) asks for. One step at a time for the same reason.
 struct Tuner {
     /// Pages whose hash is at most this are sampled.
     threshold: u64,
     copies: Vec<Copy>,
-    /// `disagree[i * k + j]` (`i < j`): decayed accesses where exactly one
-    /// of copies `i` and `j` missed.
-    disagree: Vec<f64>,
+    horizons: [Horizon; 2],
     missed: Vec<bool>,
     current: usize,
-    decay: f64,
     z: f64,
     margin: f64,
     /// Sampled accesses until the next decision.
@@ -178,8 +184,47 @@ struct Tuner {
 struct Copy {
     share: f64,
     core: Core,
-    /// Decayed misses.
-    misses: f64,
+}
+
+/// Decayed evidence about the copies over one horizon.
+struct Horizon {
+    decay: f64,
+    /// Per copy: decayed misses.
+    misses: Vec<f64>,
+    /// `disagree[i * k + j]` (`i < j`): decayed accesses where exactly one
+    /// of copies `i` and `j` missed.
+    disagree: Vec<f64>,
+}
+
+impl Horizon {
+    fn new(k: usize, half_life: f64) -> Self {
+        Self {
+            decay: 0.5f64.powf(1.0 / half_life.max(16.0)),
+            misses: vec![0.0; k],
+            disagree: vec![0.0; k * k],
+        }
+    }
+
+    fn update(&mut self, missed: &[bool]) {
+        let k = missed.len();
+        for (m, &x) in self.misses.iter_mut().zip(missed) {
+            *m = *m * self.decay + f64::from(u8::from(x));
+        }
+        for i in 0..k {
+            for j in i + 1..k {
+                let d = &mut self.disagree[i * k + j];
+                *d = *d * self.decay + f64::from(u8::from(missed[i] != missed[j]));
+            }
+        }
+    }
+
+    /// How many fewer misses copy `j` had than copy `cur`, if significant.
+    fn gain(&self, cur: usize, j: usize, z: f64, margin: f64) -> Option<f64> {
+        let k = self.misses.len();
+        let gain = self.misses[cur] - self.misses[j];
+        let n = self.disagree[cur.min(j) * k + cur.max(j)];
+        (gain > z * n.sqrt() && gain > margin * self.misses[cur]).then_some(gain)
+    }
 }
 
 impl Tuner {
@@ -196,7 +241,6 @@ impl Tuner {
                     (pages as f64 * share).round() as usize,
                     config.protected,
                 ),
-                misses: 0.0,
             })
             .collect();
         let k = copies.len();
@@ -211,7 +255,7 @@ impl Tuner {
                     .total_cmp(&(b.1 - config.window).abs())
             })
             .map_or(0, |(i, _)| i);
-        let half_life = (config.tune_half_life * pages as f64).max(16.0);
+        let half_life = config.tune_half_life * pages as f64;
         let every = (pages / 8).max(1) as u32;
         Self {
             threshold: if rate >= 1.0 {
@@ -220,10 +264,12 @@ impl Tuner {
                 (rate * u64::MAX as f64) as u64
             },
             copies,
-            disagree: vec![0.0; k * k],
+            horizons: [
+                Horizon::new(k, half_life),
+                Horizon::new(k, half_life * config.tune_long.max(1.0)),
+            ],
             missed: vec![false; k],
             current,
-            decay: 0.5f64.powf(1.0 / half_life),
             z: config.tune_z,
             margin: config.tune_margin,
             countdown: every,
@@ -236,7 +282,6 @@ impl Tuner {
         if mix64(page ^ 0x2545_f491_4f6c_dd1d) > self.threshold {
             return None;
         }
-        let k = self.copies.len();
         let mut any = false;
         for (c, missed) in self.copies.iter_mut().zip(&mut self.missed) {
             *missed = !c.core.access(page, counts).is_hit();
@@ -245,14 +290,8 @@ impl Tuner {
         // Time is counted in accesses where some copy missed: the evidence
         // the recent past holds is then the same at any miss rate.
         if any {
-            for (c, &missed) in self.copies.iter_mut().zip(&self.missed) {
-                c.misses = c.misses * self.decay + f64::from(u8::from(missed));
-            }
-            for i in 0..k {
-                for j in i + 1..k {
-                    let d = &mut self.disagree[i * k + j];
-                    *d = *d * self.decay + f64::from(u8::from(self.missed[i] != self.missed[j]));
-                }
+            for h in &mut self.horizons {
+                h.update(&self.missed);
             }
         }
         self.countdown -= 1;
@@ -261,19 +300,16 @@ impl Tuner {
         }
         self.countdown = self.every;
         let cur = self.current;
-        let base = self.copies[cur].misses;
-        let mut best = None;
-        let mut best_gain = 0.0;
-        for (j, c) in self.copies.iter().enumerate() {
-            let gain = base - c.misses;
-            let n = self.disagree[cur.min(j) * k + cur.max(j)];
-            if j != cur && gain > best_gain && gain > self.z * n.sqrt() && gain > self.margin * base
-            {
-                best = Some(j);
-                best_gain = gain;
-            }
-        }
-        self.current = if best? > cur { cur + 1 } else { cur - 1 };
+        let [short, long] = &self.horizons;
+        let best = (0..self.copies.len())
+            .filter(|&j| j != cur)
+            .filter_map(|j| {
+                let g = short.gain(cur, j, self.z, self.margin)?;
+                long.gain(cur, j, self.z, self.margin)?;
+                Some((j, g))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))?;
+        self.current = if best.0 > cur { cur + 1 } else { cur - 1 };
         Some(self.copies[self.current].share)
     }
 }
@@ -293,6 +329,9 @@ struct Core {
     window_max: usize,
     protected_max: usize,
     protected_share: f64,
+    /// Per node: when its page was last accessed.
+    stamps: Vec<u64>,
+    now: u64,
 }
 
 impl Core {
@@ -307,6 +346,8 @@ impl Core {
             window_max: 1,
             protected_max: 0,
             protected_share,
+            stamps: Vec::new(),
+            now: 0,
         };
         c.set_window(window);
         c
@@ -317,13 +358,50 @@ impl Core {
         let main = self.capacity - self.window_max;
         self.protected_max = (main as f64 * self.protected_share) as usize;
         // A smaller window hands its oldest pages to main, unjudged; a
-        // larger one fills as pages miss, main shrinking by evictions.
+        // larger one takes main's most recently used pages at once (growing
+        // it only as pages miss, main draining one page per miss, left the
+        // cache worse than either window for a long while on graph traces).
         while self.window.len() > self.window_max {
             let i = self.window.pop_back(&mut self.arena).expect("non-empty");
             self.arena.get_mut(i).tag = PROBATION;
             self.probation.push_front(&mut self.arena, i);
         }
+        if self.window.len() < self.window_max && self.len_total() > self.window.len() {
+            self.grow_window();
+        }
         self.demote();
+    }
+
+    /// Fills a larger window at once with the most recently used pages of
+    /// main, so that the cache's order is by recency across the move.
+    fn grow_window(&mut self) {
+        let want = self.window_max - self.window.len();
+        let mut main: Vec<(u64, u32)> = Vec::with_capacity(self.len_total());
+        for list in [&self.probation, &self.protected] {
+            let mut i = list.back();
+            while let Some(n) = i {
+                main.push((self.stamps[n as usize], n));
+                i = List::prev_of(&self.arena, n);
+            }
+        }
+        main.sort_unstable_by_key(|&(stamp, _)| std::cmp::Reverse(stamp));
+        main.truncate(want);
+        let mut window: Vec<(u64, u32)> = Vec::with_capacity(self.window_max);
+        while let Some(n) = self.window.pop_back(&mut self.arena) {
+            window.push((self.stamps[n as usize], n));
+        }
+        for &(_, n) in &main {
+            match self.arena.get(n).tag {
+                PROBATION => self.probation.remove(&mut self.arena, n),
+                _ => self.protected.remove(&mut self.arena, n),
+            }
+            self.arena.get_mut(n).tag = WINDOW;
+        }
+        window.extend(main);
+        window.sort_unstable_by_key(|&(s, _)| s);
+        for (_, n) in window {
+            self.window.push_front(&mut self.arena, n);
+        }
     }
 
     /// Moves protected overflow back to probation.
@@ -380,8 +458,18 @@ impl Core {
         }
     }
 
+    fn stamp(&mut self, i: u32) {
+        self.now += 1;
+        let i = i as usize;
+        if i >= self.stamps.len() {
+            self.stamps.resize(i + 1, 0);
+        }
+        self.stamps[i] = self.now;
+    }
+
     fn access(&mut self, page: u64, counts: &Counts) -> Access {
         if let Some(&i) = self.map.get(&page) {
+            self.stamp(i);
             match self.arena.get(i).tag {
                 WINDOW => self.window.move_to_front(&mut self.arena, i),
                 PROBATION => {
@@ -395,6 +483,7 @@ impl Core {
             return Access::Hit;
         }
         let i = self.arena.alloc(page, WINDOW);
+        self.stamp(i);
         self.window.push_front(&mut self.arena, i);
         self.map.insert(page, i);
         let candidate = (self.window.len() > self.window_max).then(|| {
@@ -440,6 +529,25 @@ mod tests {
         }
         let hits = (0..90).filter(|&page| p.access(page).is_hit()).count();
         assert!(hits >= 85, "{hits}");
+    }
+
+    #[test]
+    fn a_grown_window_orders_the_cache_by_recency() {
+        let config = Config {
+            tune: false,
+            ..Config::default()
+        };
+        let mut p = DefaultPolicy::with_config(10, &config);
+        for page in (0..10).chain(0..5) {
+            p.access(page);
+        }
+        p.set_window_size(10);
+        assert_eq!(p.len(), 10);
+        // Pages 5..10 were used least recently, 5 first.
+        for (new, old) in (100..105).zip(5..10) {
+            assert_eq!(p.access(new), Access::Miss { evicted: Some(old) });
+        }
+        assert!((0..5).all(|page| p.access(page).is_hit()));
     }
 
     #[test]
