@@ -14,6 +14,9 @@
 //!  I/O engines: io_uring | psync, under one retrying queue   src/io/
 //!  Device backends: cuda (cudarc) | sim (link model)    src/device/
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
+//!  Placement policies (pure: no I/O, no unsafe)         src/policy/
+//!    lru (UVM-like) | lfu | gmt | lookahead | belady | default (W-TinyLFU)
+//!  Page-access traces: format, generators, replay       src/trace.rs, policy/replay.rs
 //!  Offloading: MoE expert cache, offloaded Adam         src/offload/
 //! ```
 //!

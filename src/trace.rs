@@ -520,6 +520,7 @@ pub fn bfs(g: &Csr, page_size: u64, roots: usize, seed: u64, limit: usize) -> Re
             .map(|_| rng.below(n as u64) as usize)
             .find(|&v| !g.adjacency(v).is_empty())
             .unwrap_or(0);
+        // The reset sweep over `parent`.
         for (v, p) in parent.iter_mut().enumerate() {
             *p = u32::MAX;
             if !l.touch(parent_a, v) {

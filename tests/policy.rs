@@ -129,16 +129,15 @@ fn default_misses(cap: usize, t: &[u64]) -> u64 {
             match k {
                 "window" => c.window = f,
                 "protected" => c.protected = f,
-                "sketch_width" => c.sketch_width = f,
-                "counter_max" => c.counter_max = f as u8,
-                "sketch_period" => c.sketch_period = f,
+                "count_max" => c.count_max = f as u8,
+                "count_period" => c.count_period = f,
+                "count_gap" => c.count_gap = f,
                 "tune" => c.tune = f != 0.0,
                 "tune_pages" => c.tune_pages = f as usize,
                 "tune_half_life" => c.tune_half_life = f,
                 "tune_margin" => c.tune_margin = f,
                 "tune_z" => c.tune_z = f,
-                "tune_step" => c.tune_step = f != 0.0,
-                "exact" => c.exact = f != 0.0,
+                "tune_long" => c.tune_long = f,
                 _ => panic!("unknown key {k}"),
             }
         }
@@ -432,6 +431,28 @@ fn extra(seed: u64, size: u64) -> Vec<Case> {
         });
     }
     v.push(Case {
+        name: "zipf-long".into(),
+        trace: trace::zipf(0.9, 2 * size, 100 * size as usize, seed).unwrap(),
+        beats_lru: false,
+    });
+    v.push(Case {
+        name: "loop-long".into(),
+        trace: trace::looping(size + 17, 50 * size as usize).unwrap(),
+        beats_lru: true,
+    });
+    // Loops over a hot Zipf set: a working set scanned in order and random
+    // lookups.
+    let z = trace::zipf(1.0, size, 10 * size as usize, seed).unwrap();
+    v.push(Case {
+        name: "loop+zipf".into(),
+        trace: z
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &p)| [p, size + (i as u64 % (2 * size))])
+            .collect(),
+        beats_lru: false,
+    });
+    v.push(Case {
         name: "zipf-short".into(),
         trace: trace::zipf(0.9, 4 * size, 8 * size as usize, seed).unwrap(),
         beats_lru: false,
@@ -494,12 +515,16 @@ fn print(rows: &[Row]) {
     }
 }
 
-/// Default's misses ≤ 1.05 × the best of LRU, perfect LFU and perfect LFU
-/// with admission everywhere, and ≤ 0.6 × LRU's on looping and
-/// scan-polluted traces wherever that is possible at all (where Belady's
-/// optimum itself is at most 0.6 × LRU; a loop of P pages through a cache of
-/// P/4 or P/8 misses at least 3/4 resp. 7/8 of the time under any policy,
-/// while LRU misses always).
+/// The targets: default's misses ≤ 1.05 × the best of LRU, perfect
+/// LFU and perfect LFU with admission everywhere, and ≤ 0.6 × LRU's on the
+/// looping and scan-polluted traces.
+///
+/// The second target cannot be met where Belady's optimum itself misses
+/// more than 0.6 × LRU: a loop of P pages through a cache of P/4 or P/8
+/// misses at least 3/4 resp. 7/8 of the time under any policy while LRU
+/// misses always, and on a hot set polluted by scans every scan access is a
+/// miss for every policy. Those rows are printed as infeasible (with
+/// Belady's ratio) and checked against the first target only.
 #[test]
 fn default_meets_the_targets_on_small_traces() {
     let size = if cfg!(debug_assertions) { 4096 } else { 16_384 };
@@ -516,10 +541,18 @@ fn default_meets_the_targets_on_small_traces() {
             ));
         }
         let c = cases.iter().find(|c| c.name == r.case).unwrap();
-        if c.beats_lru
-            && r.belady as f64 <= 0.6 * r.lru as f64
-            && r.default as f64 > 0.6 * r.lru as f64
-        {
+        if !c.beats_lru {
+            continue;
+        }
+        if r.belady as f64 > 0.6 * r.lru as f64 {
+            println!(
+                "{} at 1/{}: default ≤ 0.6 × lru is infeasible (belady / lru = {:.3}); default / lru = {:.3}",
+                r.case,
+                r.fraction,
+                r.belady as f64 / r.lru as f64,
+                r.default as f64 / r.lru as f64
+            );
+        } else if r.default as f64 > 0.6 * r.lru as f64 {
             failures.push(format!(
                 "{} at 1/{}: default {} > 0.6 × lru {}",
                 r.case, r.fraction, r.default, r.lru
@@ -527,6 +560,55 @@ fn default_meets_the_targets_on_small_traces() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The comparison with the references on trace files named by
+/// `STRATA_TRACES` (space-separated), as a markdown table: what
+/// `benches/trace-replay.sh` puts in docs/perf.md. Release only:
+/// `STRATA_TRACES="a.trace b.trace" cargo test --release --test policy
+/// targets_on_trace_files -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn targets_on_trace_files() {
+    let files = std::env::var("STRATA_TRACES").expect("STRATA_TRACES names trace files");
+    let cases: Vec<Case> = files
+        .split_whitespace()
+        .map(|f| {
+            let name = std::path::Path::new(f)
+                .file_stem()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            Case {
+                beats_lru: name.starts_with("loop") || name.starts_with("mix"),
+                name,
+                trace: trace::read(std::path::Path::new(f)).unwrap(),
+            }
+        })
+        .collect();
+    println!(
+        "| trace | capacity | default | lru | perfect lfu | perfect lfu + admission | belady | default / best | target ≤ 1.05 | default / lru | belady / lru |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in measure(&cases) {
+        let best = r.lru.min(r.lfu).min(r.lfu_adm);
+        let ratio = r.default as f64 / best as f64;
+        println!(
+            "| {} | 1/{} ({}) | {} | {} | {} | {} | {} | {:.3} | {} | {:.3} | {:.3} |",
+            r.case,
+            r.fraction,
+            r.cap,
+            r.default,
+            r.lru,
+            r.lfu,
+            r.lfu_adm,
+            r.belady,
+            ratio,
+            if ratio <= 1.05 { "met" } else { "**not met**" },
+            r.default as f64 / r.lru as f64,
+            r.belady as f64 / r.lru as f64
+        );
+    }
 }
 
 /// The suite over several seeds and sizes, printed (release only: run with
@@ -578,95 +660,6 @@ fn a_malformed_line_is_named() {
     assert!(e.message().contains("line 4"), "{}", e.message());
     let e = trace::read(&dir.path().join("missing")).unwrap_err();
     assert_eq!(e.kind(), strata::ErrorKind::NotFound);
-}
-
-#[test]
-#[ignore]
-fn window_sweep() {
-    let size: u64 = std::env::var("SWEEP_SIZE").map_or(8192, |s| s.parse().unwrap());
-    let which = std::env::var("SWEEP_CASE").unwrap_or_else(|_| "pr".into());
-    let frac: usize = std::env::var("SWEEP_FRACTION").map_or(8, |s| s.parse().unwrap());
-    let cases = suite(1, size);
-    let c = cases.iter().find(|c| c.name == which).unwrap();
-    let cap = footprint(&c.trace) / frac;
-    println!(
-        "{} cap {cap} lru {} accesses {}",
-        c.name,
-        misses_ref(&mut RefLru::new(cap), &c.trace),
-        c.trace.len()
-    );
-    for w in [0.01, 0.02, 0.04, 0.08, 0.12, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0] {
-        let cfg = policy::default::Config {
-            window: w,
-            tune: false,
-            ..Default::default()
-        };
-        let m = replay(
-            &mut policy::default::DefaultPolicy::with_config(cap, &cfg),
-            &c.trace,
-        )
-        .misses;
-        println!("window {w:5} misses {m}");
-    }
-}
-
-#[test]
-#[ignore]
-fn one_case() {
-    let size: u64 = std::env::var("SWEEP_SIZE").map_or(8192, |s| s.parse().unwrap());
-    let which = std::env::var("SWEEP_CASE").unwrap_or_else(|_| "pr".into());
-    let frac: usize = std::env::var("SWEEP_FRACTION").map_or(8, |s| s.parse().unwrap());
-    let cases = suite(1, size);
-    let c = cases.iter().find(|c| c.name == which).unwrap();
-    let cap = footprint(&c.trace) / frac;
-    println!("default {}", default_misses(cap, &c.trace));
-}
-
-#[test]
-#[ignore]
-fn chunks() {
-    let size: u64 = std::env::var("SWEEP_SIZE").map_or(8192, |s| s.parse().unwrap());
-    let which = std::env::var("SWEEP_CASE").unwrap_or_else(|_| "pr".into());
-    let frac: usize = std::env::var("SWEEP_FRACTION").map_or(8, |s| s.parse().unwrap());
-    let cases = suite(1, size);
-    let c = cases.iter().find(|c| c.name == which).unwrap();
-    let cap = footprint(&c.trace) / frac;
-    let mk = |w: f64, tune: bool| {
-        policy::default::DefaultPolicy::with_config(
-            cap,
-            &policy::default::Config {
-                window: w,
-                tune,
-                ..Default::default()
-            },
-        )
-    };
-    let mut ps = [
-        mk(0.01, false),
-        mk(1.0, false),
-        mk(0.01, true),
-        mk(0.04, false),
-        mk(0.01, false),
-    ];
-    let chunk = c.trace.len() / 40;
-    for (n, part) in c.trace.chunks(chunk).enumerate() {
-        match n {
-            15 => ps[4].set_window_size(cap),
-            26 => ps[4].set_window_size(cap * 12 / 100),
-            30 => ps[4].set_window_size(cap * 4 / 100),
-            _ => {}
-        }
-        let m: Vec<String> = ps
-            .iter_mut()
-            .map(|p| {
-                part.iter()
-                    .filter(|&&x| !p.access(x).is_hit())
-                    .count()
-                    .to_string()
-            })
-            .collect();
-        println!("chunk {n:3} {} window {}", m.join(" "), ps[2].window_size());
-    }
 }
 
 // ---------------------------------------------------------------------------

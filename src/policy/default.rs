@@ -7,19 +7,28 @@
 //!   demoted back to probation.
 //! - When the window overflows, its least recent page is a candidate for
 //!   main, and TinyLFU admission decides: it replaces main's next victim only
-//!   if it was accessed more often recently. Scans and loops larger than the
-//!   cache stay in the window and leave; frequently used pages stay in main.
+//!   if it was accessed more often recently (exact counts saturating at 15,
+//!   halved every 40 × capacity accesses, re-references within 1% of the
+//!   capacity counted once: see `counts.rs`). Scans and loops larger than the
+//!   cache stay in the window and leave; frequent pages stay in main.
 //! - The window's size decides between recency and frequency: a window of
-//!   the whole cache is LRU, a window of 1% is close to LFU with admission.
-//!   A tuner replays a spatially sampled share of the accesses (pages picked
-//!   by hash) through small copies of the policy with fixed window sizes,
-//!   and gives the real cache the window of the copy that hit most over the
-//!   recent past.
+//!   the whole cache is LRU, one of 1% is close to LFU with admission. A
+//!   tuner replays a spatially sampled share of the accesses (pages picked by
+//!   hash, about 1024 pages' worth of cache) through small copies of the
+//!   policy with windows of 1%, 4%, 12%, 30%, 60% and 100%, and moves the real
+//!   window one step towards a copy that missed significantly less over the
+//!   recent past. Caffeine's hill climber, which the issue suggests, reacts to
+//!   the real cache's own hit rate; measured here it wandered on stationary
+//!   Zipf traces (noise) and reacted late on phase changes, while the copies
+//!   compare the candidate windows on the same accesses (docs/perf.md).
+//!
+//! O(1) per access; the copies add work in proportion to the sampled share
+//! (six copies at 1024 / capacity).
 
 #![forbid(unsafe_code)]
 
+use super::counts::Counts;
 use super::list::{Arena, List};
-use super::sketch::{Counts, Sketch};
 use super::{mix64, page_map, Access, PageMap, Policy};
 
 /// Knobs of [`DefaultPolicy`]; [`Config::default`] is what the runtime uses.
@@ -29,31 +38,31 @@ pub struct Config {
     pub window: f64,
     /// Protected share of main.
     pub protected: f64,
-    /// Sketch counters per row, per page of capacity.
-    pub sketch_width: f64,
-    /// Counters saturate here.
-    pub counter_max: u8,
-    /// Counters halve every this many accesses per page of capacity.
-    pub sketch_period: f64,
-    /// Exact counts per page instead of the sketch.
-    pub exact: bool,
+    /// Access counts saturate here.
+    pub count_max: u8,
+    /// Access counts halve every this many accesses per page of capacity.
+    pub count_period: f64,
+    /// An access is not counted when the page's previous one is fewer than
+    /// this many accesses per page of capacity ago.
+    pub count_gap: f64,
     /// Whether the tuner runs.
     pub tune: bool,
-    /// Window shares the tuner simulates.
+    /// Window shares the tuner simulates (ascending).
     pub tune_windows: Vec<f64>,
     /// Capacity of each simulated copy, in pages (the sampling rate is this
     /// over the capacity, at most 1).
     pub tune_pages: usize,
-    /// Scores of the copies decay by half over this many sampled accesses
-    /// where some copy missed, per page of a copy's capacity.
+    /// The copies' miss counts decay by half over this many sampled
+    /// accesses where some copy missed, per page of a copy's capacity.
     pub tune_half_life: f64,
-    /// The tuner switches only to a copy whose (decayed) misses are below
+    /// The tuner moves only towards a copy whose (decayed) misses are below
     /// the current one's by this share ...
     pub tune_margin: f64,
-    /// ... and by this many standard deviations of the difference.
+    /// ... and by this many standard deviations of the difference, on the
+    /// recent horizon and on one this many times longer.
     pub tune_z: f64,
-    /// Move one step through the window list at a time.
-    pub tune_step: bool,
+    /// The long horizon's half-life over the recent one's.
+    pub tune_long: f64,
 }
 
 impl std::default::Default for Config {
@@ -61,27 +70,25 @@ impl std::default::Default for Config {
         Self {
             window: 0.01,
             protected: 0.8,
-            sketch_width: 1.0,
-            counter_max: 15,
-            sketch_period: 20.0,
-            exact: true,
+            count_max: 15,
+            count_period: 40.0,
+            count_gap: 0.01,
             tune: true,
             tune_windows: vec![0.01, 0.04, 0.12, 0.3, 0.6, 1.0],
             tune_pages: 1024,
             tune_half_life: 8.0,
             tune_margin: 0.01,
-            tune_z: 3.0,
-            tune_step: true,
+            tune_z: 4.0,
+            tune_long: 8.0,
         }
     }
 }
 
-const WINDOW: u8 = 0;
-const PROBATION: u8 = 1;
-const PROTECTED: u8 = 2;
-
 /// W-TinyLFU with a window sized by miniature simulations.
 pub struct DefaultPolicy {
+    /// Counts of every access, shared by the real cache and the copies (a
+    /// sampled page's accesses are all sampled, so its count is the same).
+    counts: Counts,
     core: Core,
     tuner: Option<Tuner>,
 }
@@ -96,8 +103,15 @@ impl DefaultPolicy {
     pub fn with_config(capacity: usize, config: &Config) -> Self {
         let window = (capacity as f64 * config.window) as usize;
         Self {
-            core: Core::new(capacity, window, config),
-            tuner: (config.tune && capacity >= 2).then(|| Tuner::new(capacity, config)),
+            counts: Counts::new(
+                capacity,
+                config.count_max,
+                (capacity as f64 * config.count_period) as u64,
+                (capacity as f64 * config.count_gap) as u32,
+            ),
+            core: Core::new(capacity, window, config.protected),
+            tuner: (config.tune && capacity >= 2 && !config.tune_windows.is_empty())
+                .then(|| Tuner::new(capacity, config)),
         }
     }
 
@@ -126,37 +140,42 @@ impl Policy for DefaultPolicy {
     }
 
     fn access(&mut self, page: u64) -> Access {
+        self.counts.record(page);
         if let Some(t) = &mut self.tuner {
-            if let Some(share) = t.observe(page) {
+            if let Some(share) = t.observe(page, &self.counts) {
                 let w = (self.core.capacity as f64 * share).round() as usize;
                 self.core.set_window(w);
             }
         }
-        self.core.access(page)
+        self.core.access(page, &self.counts)
     }
 }
 
 /// Picks the window share by replaying sampled accesses through copies.
 ///
-/// Each copy keeps a decayed count of its misses, and each pair of copies a
-/// decayed count of the accesses where exactly one of the two missed. The
-/// real cache moves to another copy's window only when that copy missed
-/// fewer times than the current one by `z` standard deviations of that
-/// difference (the square root of the pair's disagreements, were they
-/// equally good) and by `margin` of the current one's misses.
+/// Over two horizons, a recent one and one `long` times longer, each copy
+/// keeps a decayed count of its misses and each pair of copies a decayed
+/// count of the accesses where exactly one of the two missed. The real
+/// cache moves one step (to the next share in the list) towards the copy
+/// that missed least, when on both horizons that copy missed fewer times
+/// than the current one by `z` standard deviations of the difference (the
+/// square root of the pair's disagreements, were they equally good) and by
+/// `margin` of the current one's misses.
+///
+/// Why so careful: moving the window costs misses while the cache's
+/// contents follow, and on traces with phases (graph traversals from one
+/// root after another) a window that wins for one phase loses the next; a
+/// move that both horizons back is one a persistent change (a drifting hot
+/// set) asks for. One step at a time for the same reason.
 struct Tuner {
     /// Pages whose hash is at most this are sampled.
     threshold: u64,
     copies: Vec<Copy>,
-    /// `disagree[i * k + j]`: decayed accesses where exactly one of copies
-    /// `i` and `j` missed.
-    disagree: Vec<f64>,
+    horizons: [Horizon; 2],
     missed: Vec<bool>,
     current: usize,
-    decay: f64,
     z: f64,
     margin: f64,
-    step: bool,
     /// Sampled accesses until the next decision.
     countdown: u32,
     every: u32,
@@ -165,7 +184,47 @@ struct Tuner {
 struct Copy {
     share: f64,
     core: Core,
-    misses: f64,
+}
+
+/// Decayed evidence about the copies over one horizon.
+struct Horizon {
+    decay: f64,
+    /// Per copy: decayed misses.
+    misses: Vec<f64>,
+    /// `disagree[i * k + j]` (`i < j`): decayed accesses where exactly one
+    /// of copies `i` and `j` missed.
+    disagree: Vec<f64>,
+}
+
+impl Horizon {
+    fn new(k: usize, half_life: f64) -> Self {
+        Self {
+            decay: 0.5f64.powf(1.0 / half_life.max(16.0)),
+            misses: vec![0.0; k],
+            disagree: vec![0.0; k * k],
+        }
+    }
+
+    fn update(&mut self, missed: &[bool]) {
+        let k = missed.len();
+        for (m, &x) in self.misses.iter_mut().zip(missed) {
+            *m = *m * self.decay + f64::from(u8::from(x));
+        }
+        for i in 0..k {
+            for j in i + 1..k {
+                let d = &mut self.disagree[i * k + j];
+                *d = *d * self.decay + f64::from(u8::from(missed[i] != missed[j]));
+            }
+        }
+    }
+
+    /// How many fewer misses copy `j` had than copy `cur`, if significant.
+    fn gain(&self, cur: usize, j: usize, z: f64, margin: f64) -> Option<f64> {
+        let k = self.misses.len();
+        let gain = self.misses[cur] - self.misses[j];
+        let n = self.disagree[cur.min(j) * k + cur.max(j)];
+        (gain > z * n.sqrt() && gain > margin * self.misses[cur]).then_some(gain)
+    }
 }
 
 impl Tuner {
@@ -177,11 +236,15 @@ impl Tuner {
             .iter()
             .map(|&share| Copy {
                 share,
-                core: Core::new(pages, (pages as f64 * share).round() as usize, config),
-                misses: 0.0,
+                core: Core::new(
+                    pages,
+                    (pages as f64 * share).round() as usize,
+                    config.protected,
+                ),
             })
             .collect();
         let k = copies.len();
+        // Start from the copy nearest the initial window.
         let current = config
             .tune_windows
             .iter()
@@ -192,7 +255,7 @@ impl Tuner {
                     .total_cmp(&(b.1 - config.window).abs())
             })
             .map_or(0, |(i, _)| i);
-        let half_life = (config.tune_half_life * pages as f64).max(16.0);
+        let half_life = config.tune_half_life * pages as f64;
         let every = (pages / 8).max(1) as u32;
         Self {
             threshold: if rate >= 1.0 {
@@ -201,40 +264,34 @@ impl Tuner {
                 (rate * u64::MAX as f64) as u64
             },
             copies,
-            disagree: vec![0.0; k * k],
+            horizons: [
+                Horizon::new(k, half_life),
+                Horizon::new(k, half_life * config.tune_long.max(1.0)),
+            ],
             missed: vec![false; k],
             current,
-            decay: 0.5f64.powf(1.0 / half_life),
             z: config.tune_z,
             margin: config.tune_margin,
-            step: config.tune_step,
             countdown: every,
             every,
         }
     }
 
-    /// Feeds one access; returns a new window share when the best changes.
-    fn observe(&mut self, page: u64) -> Option<f64> {
+    /// Feeds one access; returns a new window share when it should change.
+    fn observe(&mut self, page: u64, counts: &Counts) -> Option<f64> {
         if mix64(page ^ 0x2545_f491_4f6c_dd1d) > self.threshold {
             return None;
         }
-        let k = self.copies.len();
         let mut any = false;
         for (c, missed) in self.copies.iter_mut().zip(&mut self.missed) {
-            *missed = !c.core.access(page).is_hit();
+            *missed = !c.core.access(page, counts).is_hit();
             any |= *missed;
         }
         // Time is counted in accesses where some copy missed: the evidence
-        // of the recent past is then the same at any miss rate.
+        // the recent past holds is then the same at any miss rate.
         if any {
-            for (c, &missed) in self.copies.iter_mut().zip(&self.missed) {
-                c.misses = c.misses * self.decay + f64::from(u8::from(missed));
-            }
-            for i in 0..k {
-                for j in i + 1..k {
-                    let d = &mut self.disagree[i * k + j];
-                    *d = *d * self.decay + f64::from(u8::from(self.missed[i] != self.missed[j]));
-                }
+            for h in &mut self.horizons {
+                h.update(&self.missed);
             }
         }
         self.countdown -= 1;
@@ -243,36 +300,25 @@ impl Tuner {
         }
         self.countdown = self.every;
         let cur = self.current;
-        let base = self.copies[cur].misses;
-        let mut best = None;
-        let mut best_gain = 0.0;
-        for (j, c) in self.copies.iter().enumerate() {
-            let gain = base - c.misses;
-            let n = self.disagree[cur.min(j) * k + cur.max(j)];
-            if j != cur && gain > best_gain && gain > self.z * n.sqrt() && gain > self.margin * base
-            {
-                best = Some(j);
-                best_gain = gain;
-            }
-        }
-        let j = best?;
-        // One step towards it: a transient advantage of a distant window
-        // costs less than a jump there and back.
-        let j = if self.step {
-            if j > cur {
-                cur + 1
-            } else {
-                cur - 1
-            }
-        } else {
-            j
-        };
-        self.current = j;
-        Some(self.copies[j].share)
+        let [short, long] = &self.horizons;
+        let best = (0..self.copies.len())
+            .filter(|&j| j != cur)
+            .filter_map(|j| {
+                let g = short.gain(cur, j, self.z, self.margin)?;
+                long.gain(cur, j, self.z, self.margin)?;
+                Some((j, g))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))?;
+        self.current = if best.0 > cur { cur + 1 } else { cur - 1 };
+        Some(self.copies[self.current].share)
     }
 }
 
-/// W-TinyLFU with a settable window.
+const WINDOW: u8 = 0;
+const PROBATION: u8 = 1;
+const PROTECTED: u8 = 2;
+
+/// W-TinyLFU with a settable window; access counts are kept by the caller.
 struct Core {
     capacity: usize,
     map: PageMap<u32>,
@@ -283,13 +329,13 @@ struct Core {
     window_max: usize,
     protected_max: usize,
     protected_share: f64,
-    freq: Frequency,
-    rng: u64,
+    /// Per node: when its page was last accessed.
+    stamps: Vec<u64>,
+    now: u64,
 }
 
 impl Core {
-    fn new(capacity: usize, window: usize, config: &Config) -> Self {
-        let cap = capacity as f64;
+    fn new(capacity: usize, window: usize, protected_share: f64) -> Self {
         let mut c = Self {
             capacity,
             map: page_map(capacity),
@@ -299,21 +345,9 @@ impl Core {
             protected: List::default(),
             window_max: 1,
             protected_max: 0,
-            protected_share: config.protected,
-            freq: if config.exact {
-                Frequency::Exact(Counts::new(
-                    capacity,
-                    u32::from(config.counter_max),
-                    (cap * config.sketch_period) as u64,
-                ))
-            } else {
-                Frequency::Sketch(Sketch::new(
-                    (cap * config.sketch_width) as usize,
-                    config.counter_max,
-                    (cap * config.sketch_period) as u64,
-                ))
-            },
-            rng: 0x853c_49e6_748f_ea9b,
+            protected_share,
+            stamps: Vec::new(),
+            now: 0,
         };
         c.set_window(window);
         c
@@ -324,13 +358,50 @@ impl Core {
         let main = self.capacity - self.window_max;
         self.protected_max = (main as f64 * self.protected_share) as usize;
         // A smaller window hands its oldest pages to main, unjudged; a
-        // larger one fills as pages miss, main shrinking by evictions.
+        // larger one takes main's most recently used pages at once (growing
+        // it only as pages miss, main draining one page per miss, left the
+        // cache worse than either window for a long while on graph traces).
         while self.window.len() > self.window_max {
             let i = self.window.pop_back(&mut self.arena).expect("non-empty");
             self.arena.get_mut(i).tag = PROBATION;
             self.probation.push_front(&mut self.arena, i);
         }
+        if self.window.len() < self.window_max && self.len_total() > self.window.len() {
+            self.grow_window();
+        }
         self.demote();
+    }
+
+    /// Fills a larger window at once with the most recently used pages of
+    /// main, so that the cache's order is by recency across the move.
+    fn grow_window(&mut self) {
+        let want = self.window_max - self.window.len();
+        let mut main: Vec<(u64, u32)> = Vec::with_capacity(self.len_total());
+        for list in [&self.probation, &self.protected] {
+            let mut i = list.back();
+            while let Some(n) = i {
+                main.push((self.stamps[n as usize], n));
+                i = List::prev_of(&self.arena, n);
+            }
+        }
+        main.sort_unstable_by_key(|&(stamp, _)| std::cmp::Reverse(stamp));
+        main.truncate(want);
+        let mut window: Vec<(u64, u32)> = Vec::with_capacity(self.window_max);
+        while let Some(n) = self.window.pop_back(&mut self.arena) {
+            window.push((self.stamps[n as usize], n));
+        }
+        for &(_, n) in &main {
+            match self.arena.get(n).tag {
+                PROBATION => self.probation.remove(&mut self.arena, n),
+                _ => self.protected.remove(&mut self.arena, n),
+            }
+            self.arena.get_mut(n).tag = WINDOW;
+        }
+        window.extend(main);
+        window.sort_unstable_by_key(|&(s, _)| s);
+        for (_, n) in window {
+            self.window.push_front(&mut self.arena, n);
+        }
     }
 
     /// Moves protected overflow back to probation.
@@ -344,24 +415,6 @@ impl Core {
 
     fn len_total(&self) -> usize {
         self.window.len() + self.probation.len() + self.protected.len()
-    }
-
-    /// Whether `candidate` should replace `victim` in main.
-    fn admit(&mut self, candidate: u64, victim: u64) -> bool {
-        let c = self.freq.estimate(candidate);
-        let v = self.freq.estimate(victim);
-        if c > v {
-            return true;
-        }
-        // A rare random admission of a warm candidate, so a victim whose
-        // count is inflated by collisions cannot hold its place forever.
-        if c >= 6 && matches!(self.freq, Frequency::Sketch(_)) {
-            self.rng ^= self.rng << 13;
-            self.rng ^= self.rng >> 7;
-            self.rng ^= self.rng << 17;
-            return self.rng & 127 == 0;
-        }
-        false
     }
 
     fn remove(&mut self, i: u32) -> u64 {
@@ -378,16 +431,19 @@ impl Core {
 
     /// Makes room after a miss grew the cache past its capacity; returns the
     /// page that left.
-    fn evict(&mut self, candidate: Option<u32>) -> u64 {
+    fn evict(&mut self, candidate: Option<u32>, counts: &Counts) -> u64 {
         // Main's next victim: probation's least recent, else protected's.
         let victim = match self.probation.back() {
             Some(v) if Some(v) != candidate => Some(v),
             _ => self.protected.back(),
         };
         match (candidate, victim) {
+            // TinyLFU admission: the candidate must have been accessed more
+            // often; ties keep the victim, which is what holds a loop's
+            // resident set still.
             (Some(c), Some(v)) => {
                 let (ck, vk) = (self.arena.get(c).key, self.arena.get(v).key);
-                if self.admit(ck, vk) {
+                if counts.get(ck) > counts.get(vk) {
                     self.remove(v)
                 } else {
                     self.remove(c)
@@ -402,9 +458,18 @@ impl Core {
         }
     }
 
-    fn access(&mut self, page: u64) -> Access {
-        self.freq.record(page);
+    fn stamp(&mut self, i: u32) {
+        self.now += 1;
+        let i = i as usize;
+        if i >= self.stamps.len() {
+            self.stamps.resize(i + 1, 0);
+        }
+        self.stamps[i] = self.now;
+    }
+
+    fn access(&mut self, page: u64, counts: &Counts) -> Access {
         if let Some(&i) = self.map.get(&page) {
+            self.stamp(i);
             match self.arena.get(i).tag {
                 WINDOW => self.window.move_to_front(&mut self.arena, i),
                 PROBATION => {
@@ -418,6 +483,7 @@ impl Core {
             return Access::Hit;
         }
         let i = self.arena.alloc(page, WINDOW);
+        self.stamp(i);
         self.window.push_front(&mut self.arena, i);
         self.map.insert(page, i);
         let candidate = (self.window.len() > self.window_max).then(|| {
@@ -426,29 +492,8 @@ impl Core {
             self.probation.push_front(&mut self.arena, c);
             c
         });
-        let evicted = (self.len_total() > self.capacity).then(|| self.evict(candidate));
+        let evicted = (self.len_total() > self.capacity).then(|| self.evict(candidate, counts));
         Access::Miss { evicted }
-    }
-}
-
-enum Frequency {
-    Sketch(Sketch),
-    Exact(Counts),
-}
-
-impl Frequency {
-    fn record(&mut self, page: u64) {
-        match self {
-            Frequency::Sketch(s) => s.record(page),
-            Frequency::Exact(c) => c.record(page),
-        }
-    }
-
-    fn estimate(&self, page: u64) -> u32 {
-        match self {
-            Frequency::Sketch(s) => s.estimate(page),
-            Frequency::Exact(c) => c.estimate(page),
-        }
     }
 }
 
@@ -484,6 +529,25 @@ mod tests {
         }
         let hits = (0..90).filter(|&page| p.access(page).is_hit()).count();
         assert!(hits >= 85, "{hits}");
+    }
+
+    #[test]
+    fn a_grown_window_orders_the_cache_by_recency() {
+        let config = Config {
+            tune: false,
+            ..Config::default()
+        };
+        let mut p = DefaultPolicy::with_config(10, &config);
+        for page in (0..10).chain(0..5) {
+            p.access(page);
+        }
+        p.set_window_size(10);
+        assert_eq!(p.len(), 10);
+        // Pages 5..10 were used least recently, 5 first.
+        for (new, old) in (100..105).zip(5..10) {
+            assert_eq!(p.access(new), Access::Miss { evicted: Some(old) });
+        }
+        assert!((0..5).all(|page| p.access(page).is_hit()));
     }
 
     #[test]

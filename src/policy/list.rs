@@ -105,7 +105,6 @@ impl List {
     }
 
     /// The node before `i` towards the head.
-    #[cfg(test)]
     pub fn prev_of(arena: &Arena, i: u32) -> Option<u32> {
         let p = arena.get(i).prev;
         (p != NIL).then_some(p)

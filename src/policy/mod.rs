@@ -26,6 +26,7 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 
 pub mod belady;
+mod counts;
 pub mod default;
 pub mod gmt;
 pub mod lfu;
@@ -33,7 +34,6 @@ pub(crate) mod list;
 pub mod lookahead;
 pub mod lru;
 pub mod replay;
-mod sketch;
 
 pub use replay::{replay, ReplayReport};
 
