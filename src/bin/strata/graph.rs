@@ -193,60 +193,22 @@ fn print_table(r: &GraphReport) {
 }
 
 fn plot(reports: &[GraphReport], path: &std::path::Path) -> Result<(), Error> {
-    use plotters::prelude::*;
-    let err =
-        |e: &dyn std::fmt::Display| Error::invalid(format!("drawing {}: {e}", path.display()));
-    let root = SVGBackend::new(path, (720, 300 * reports.len() as u32)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    for (r, area) in reports.iter().zip(root.split_evenly((reports.len(), 1))) {
-        let max = r
-            .results
-            .iter()
-            .map(|c| c.seconds * 1e3)
-            .fold(0.0f64, f64::max)
-            * 1.15;
-        let names: Vec<&str> = r.results.iter().map(|c| c.config).collect();
-        let mut chart = ChartBuilder::on(&area)
-            .caption(
-                format!(
-                    "{:?}, {} vertices, device budget {} (simulated device, modelled time)",
-                    r.params.algo,
-                    r.vertices,
-                    format_size(r.budget_bytes)
-                ),
-                ("sans-serif", 16),
-            )
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(90)
-            .build_cartesian_2d(0.0..max.max(1e-9), (0..names.len()).into_segmented())
-            .map_err(|e| err(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("modelled milliseconds (lower is better)")
-            .y_label_formatter(&|y| match y {
-                SegmentValue::CenterOf(i) => names.get(*i).copied().unwrap_or("").to_string(),
-                _ => String::new(),
-            })
-            .draw()
-            .map_err(|e| err(&e))?;
-        chart
-            .draw_series(r.results.iter().enumerate().map(|(i, c)| {
-                let color = if i == 0 {
-                    BLUE
-                } else {
-                    RGBColor(150, 150, 150)
-                };
-                Rectangle::new(
-                    [
-                        (0.0, SegmentValue::Exact(i)),
-                        (c.seconds * 1e3, SegmentValue::Exact(i + 1)),
-                    ],
-                    color.filled(),
-                )
-            }))
-            .map_err(|e| err(&e))?;
-    }
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+    let panels: Vec<crate::plot::Panel<'_>> = reports
+        .iter()
+        .map(|r| crate::plot::Panel {
+            caption: format!(
+                "{:?}, {} vertices, device budget {} (simulated device, modelled time)",
+                r.params.algo,
+                r.vertices,
+                format_size(r.budget_bytes)
+            ),
+            x_desc: "modelled milliseconds (lower is better)",
+            bars: r
+                .results
+                .iter()
+                .map(|c| (c.config, c.seconds * 1e3))
+                .collect(),
+        })
+        .collect();
+    crate::plot::bars(path, &panels)
 }

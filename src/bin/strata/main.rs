@@ -6,6 +6,7 @@
 
 mod graph;
 mod offload;
+mod plot;
 mod recsys;
 mod trace;
 

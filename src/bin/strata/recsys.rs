@@ -112,53 +112,16 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
 }
 
 fn plot(r: &RecsysReport, path: &std::path::Path) -> Result<(), Error> {
-    use plotters::prelude::*;
-    let err =
-        |e: &dyn std::fmt::Display| Error::invalid(format!("drawing {}: {e}", path.display()));
-    let root = SVGBackend::new(path, (720, 300)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let max = r
-        .results
-        .iter()
-        .map(|c| c.lookups_per_sec / 1e6)
-        .fold(0.0f64, f64::max)
-        * 1.15;
-    let names: Vec<&str> = r.results.iter().map(|c| c.config).collect();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "embedding bags (simulated device, modelled time)",
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(90)
-        .build_cartesian_2d(0.0..max.max(1e-9), (0..names.len()).into_segmented())
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("million lookups per modelled second (higher is better)")
-        .y_label_formatter(&|y| match y {
-            SegmentValue::CenterOf(i) => names.get(*i).copied().unwrap_or("").to_string(),
-            _ => String::new(),
-        })
-        .draw()
-        .map_err(|e| err(&e))?;
-    chart
-        .draw_series(r.results.iter().enumerate().map(|(i, c)| {
-            let color = if i == 0 {
-                BLUE
-            } else {
-                RGBColor(150, 150, 150)
-            };
-            Rectangle::new(
-                [
-                    (0.0, SegmentValue::Exact(i)),
-                    (c.lookups_per_sec / 1e6, SegmentValue::Exact(i + 1)),
-                ],
-                color.filled(),
-            )
-        }))
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+    crate::plot::bars(
+        path,
+        &[crate::plot::Panel {
+            caption: "embedding bags (simulated device, modelled time)".into(),
+            x_desc: "million lookups per modelled second (higher is better)",
+            bars: r
+                .results
+                .iter()
+                .map(|c| (c.config, c.lookups_per_sec / 1e6))
+                .collect(),
+        }],
+    )
 }
