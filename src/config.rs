@@ -138,15 +138,7 @@ pub struct Config {
     /// fractions of its capacity.
     pub watermarks: crate::runtime::Watermarks,
     /// The balancer's placement policy.
-    #[serde(serialize_with = "policy_name")]
     pub policy: crate::policy::PolicyKind,
-}
-
-fn policy_name<S: serde::Serializer>(
-    p: &crate::policy::PolicyKind,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_str(p.name())
 }
 
 impl Config {

@@ -83,7 +83,6 @@ pub struct GraphParams {
     /// The device budget.
     pub device_budget: Budget,
     /// strata's policy.
-    #[serde(serialize_with = "policy_name")]
     pub policy: PolicyKind,
     /// Trials per configuration.
     pub trials: u32,
@@ -204,10 +203,6 @@ impl Dump {
         }?;
         w.flush()
     }
-}
-
-fn policy_name<S: serde::Serializer>(p: &PolicyKind, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_str(p.name())
 }
 
 const PR_TOLERANCE: f64 = 1e-4;

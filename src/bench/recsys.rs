@@ -40,7 +40,6 @@ pub struct RecsysParams {
     /// Device memory for the tables.
     pub device_budget: Budget,
     /// strata's policy.
-    #[serde(serialize_with = "policy_name")]
     pub policy: PolicyKind,
     /// Run the baselines too.
     pub baselines: bool,
@@ -48,10 +47,6 @@ pub struct RecsysParams {
     pub seed: u64,
     /// Page size of the tiered tables.
     pub page_size: usize,
-}
-
-fn policy_name<S: serde::Serializer>(p: &PolicyKind, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_str(p.name())
 }
 
 /// One configuration's results.
