@@ -535,6 +535,17 @@ fn bench_recsys_compares_the_configurations() {
         // Batches 0 and 8 checked against the direct sums.
         assert_eq!(c["verified_batches"], 2, "{c}");
     }
+    // The best fixed placements: by rows, then by pages; rows are finer, so
+    // they serve at least as many lookups from the same bytes.
+    let opt = r["static_optimum"].as_array().unwrap();
+    assert_eq!(opt[0]["granularity"], "rows");
+    assert_eq!(opt[1]["granularity"], "pages");
+    let hit = |o: &serde_json::Value| o["hit_rate"].as_f64().unwrap();
+    assert!(hit(&opt[0]) >= hit(&opt[1]), "{opt:?}");
+    assert!(
+        hit(&opt[1]) > 0.0 && hit(&opt[1]) < 1.0 && hit(&opt[0]) <= 1.0,
+        "{opt:?}"
+    );
     let idx = dir.path().join("idx");
     std::fs::write(&idx, "0:1 0:2 1:5\n0:3 1:x\n").unwrap();
     assert_bad_input(

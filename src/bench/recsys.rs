@@ -87,6 +87,26 @@ pub struct RecsysReport {
     pub model: GpuModel,
     /// One entry per configuration.
     pub results: Vec<RecsysResult>,
+    /// The best fixed placements of the budget, chosen with hindsight of
+    /// the batches' own lookup counts: rows (what a row cache could at best
+    /// hold) and pages (what page-granular tiering could).
+    pub static_optimum: Vec<StaticOptimum>,
+}
+
+/// The best fixed placement of the device budget for these batches: the
+/// most-looked-up units (rows or pages), placed before the first batch at
+/// no cost. Under an independent reference model (Zipf and uniform draws)
+/// no online policy that does not see the future does better in the long
+/// run (Aho, Denning and Ullman's A0); with temporal locality (a replayed
+/// file) a dynamic policy can.
+#[derive(Debug, Clone, Serialize)]
+pub struct StaticOptimum {
+    /// `rows` or `pages`.
+    pub granularity: &'static str,
+    /// Share of lookups the placement serves from device memory.
+    pub hit_rate: f64,
+    /// Lookups per modelled second, timed as the configurations are.
+    pub lookups_per_sec: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +168,7 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
         params.batches,
         params.seed,
     )?;
-    let lookups = batches
+    let lookups: u64 = batches
         .iter()
         .map(|b| b.iter().map(Vec::len).sum::<usize>() as u64)
         .sum();
@@ -163,6 +183,20 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
         results.push(run_config(params, config, budget, &batches, &model)?);
     }
     progress("done", 1.0);
+    let row_bytes = params.dim as u64 * 4;
+    let rows_per_page = params.page_size as u64 / row_bytes;
+    let static_optimum = [("rows", 1), ("pages", rows_per_page)]
+        .into_iter()
+        .map(|(granularity, unit)| {
+            let hits = static_hits(params, &batches, unit, budget / (unit * row_bytes));
+            let seconds = modelled_seconds(params, &model, batches.len(), hits, lookups - hits);
+            StaticOptimum {
+                granularity,
+                hit_rate: hits as f64 / lookups.max(1) as f64,
+                lookups_per_sec: lookups as f64 / seconds.max(1e-12),
+            }
+        })
+        .collect();
     Ok(RecsysReport {
         backend: "simulated",
         modelled: true,
@@ -172,7 +206,42 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
         lookups,
         model,
         results,
+        static_optimum,
     })
+}
+
+/// Lookups served by the `slots` most-looked-up units of `unit` rows.
+fn static_hits(p: &RecsysParams, batches: &[Batch], unit: u64, slots: u64) -> u64 {
+    let per_table = (p.rows as u64).div_ceil(unit) as usize;
+    let mut counts = vec![0u64; per_table * p.tables];
+    for batch in batches {
+        for (t, ids) in batch.iter().enumerate() {
+            for &row in ids {
+                counts[t * per_table + (row as u64 / unit) as usize] += 1;
+            }
+        }
+    }
+    let slots = (slots as usize).min(counts.len());
+    if slots == 0 {
+        return 0;
+    }
+    counts.select_nth_unstable_by(slots - 1, |a, b| b.cmp(a));
+    counts[..slots].iter().sum()
+}
+
+/// Modelled seconds of `batches` batches with `device` row lookups served
+/// from device memory and `host` read over PCIe, before any migration.
+fn modelled_seconds(
+    p: &RecsysParams,
+    model: &GpuModel,
+    batches: usize,
+    device: u64,
+    host: u64,
+) -> f64 {
+    let row_tx = (p.dim as u64 * 4).div_ceil(model.line);
+    batches as f64 * model.launch_seconds
+        + (device * row_tx * model.line) as f64 / model.hbm_bandwidth
+        + (host * row_tx * model.line) as f64 / model.pcie_bandwidth
 }
 
 fn run_config(
@@ -233,7 +302,6 @@ fn run_config(
         let rows = (budget / row_bytes as u64).max(1) as usize;
         Mutex::new(Lru::new(rows))
     });
-    let row_tx = row_bytes.div_ceil(model.line as usize) as u64;
     let (device_rows, host_rows, fills) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let mut seconds = 0.0;
     let mut moved = 0u64;
@@ -314,10 +382,7 @@ fn run_config(
         let migration = after.0.modelled_seconds - before.0.modelled_seconds
             + after.1.modelled_seconds
             - before.1.modelled_seconds;
-        seconds += model.launch_seconds
-            + (d * row_tx * model.line) as f64 / model.hbm_bandwidth
-            + (h * row_tx * model.line) as f64 / model.pcie_bandwidth
-            + migration;
+        seconds += modelled_seconds(p, model, 1, d, h) + migration;
     }
     let wall_seconds = wall.elapsed().as_secs_f64();
     let (d, h) = (device_rows.into_inner(), host_rows.into_inner());
@@ -355,4 +420,41 @@ fn check(p: &RecsysParams, batch: &Batch, outputs: &[Vec<f32>]) -> std::result::
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(rows: usize) -> RecsysParams {
+        RecsysParams {
+            tables: 2,
+            rows,
+            dim: 4,
+            pooling: 1,
+            batch: 1,
+            batches: 1,
+            dist: Dist::Uniform,
+            device_budget: Budget::Percent(20.0),
+            policy: PolicyKind::Default,
+            baselines: false,
+            seed: 1,
+            page_size: 4096,
+        }
+    }
+
+    #[test]
+    fn static_optimum_keeps_the_most_looked_up_units() {
+        let p = params(8);
+        // Table 0: row 0 ×3, row 5 ×2, rows 6 and 7 once; table 1: row 1 ×4.
+        let batches: Vec<Batch> = vec![vec![vec![0, 0, 0, 5, 5, 6, 7], vec![1, 1, 1, 1]]];
+        assert_eq!(static_hits(&p, &batches, 1, 1), 4);
+        assert_eq!(static_hits(&p, &batches, 1, 2), 7);
+        assert_eq!(static_hits(&p, &batches, 1, 100), 11);
+        // Units of 4 rows: table 0's rows 4..8 (4 lookups) tie table 1's
+        // rows 0..4; both fit in two slots.
+        assert_eq!(static_hits(&p, &batches, 4, 1), 4);
+        assert_eq!(static_hits(&p, &batches, 4, 2), 8);
+        assert_eq!(static_hits(&p, &batches, 4, 0), 0);
+    }
 }

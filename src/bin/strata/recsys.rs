@@ -104,6 +104,15 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
             r.wall_seconds
         );
     }
+    for o in &report.static_optimum {
+        println!(
+            "{:<11} {:>14.3e} {:>8.1}%   (best fixed placement by {}, in hindsight, free)",
+            "static-opt",
+            o.lookups_per_sec,
+            100.0 * o.hit_rate,
+            o.granularity
+        );
+    }
     crate::write_json(json, &report)?;
     if let Some(path) = &a.plot {
         plot(&report, path)?;
