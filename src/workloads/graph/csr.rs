@@ -163,10 +163,13 @@ impl Csr {
     }
 
     /// From directed edges `(src, dst, weight)` over `n` vertices: self loops
-    /// dropped, duplicates merged (the first weight kept), neighbours sorted.
+    /// dropped, duplicates merged (the smallest weight kept, as the GAP
+    /// suite's builder does), neighbours sorted.
     pub fn from_edges(n: usize, mut edges: Vec<(u32, u32, u32)>, directed: bool) -> Self {
         edges.retain(|e| e.0 != e.1);
-        edges.par_sort_unstable_by_key(|e| (e.0, e.1));
+        // Sorted by weight too, so the kept duplicate does not depend on
+        // the sort's order among equal keys.
+        edges.par_sort_unstable();
         edges.dedup_by_key(|e| (e.0, e.1));
         let (offsets, neighbors, weights) = compress(n, &edges);
         let incoming = directed.then(|| {
@@ -333,6 +336,23 @@ mod tests {
         for bad in ["kron", "kron:x", "kron:0", "torus:4", "file:", "kron:4:4:4"] {
             assert!(bad.parse::<GraphSpec>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn duplicate_edges_keep_the_smallest_weight() {
+        let edges = vec![
+            (0, 1, 9),
+            (0, 1, 3),
+            (1, 2, 5),
+            (0, 1, 7),
+            (2, 2, 1),
+            (1, 2, 4),
+        ];
+        let g = Csr::from_edges(3, edges, true);
+        assert_eq!(g.edges(), 2);
+        assert_eq!(g.adjacency(0), [1]);
+        assert_eq!(g.adjacency(1), [2]);
+        assert_eq!(g.weights, [3, 4]);
     }
 
     #[test]

@@ -261,6 +261,9 @@ pub struct TieredMem<'m> {
     array_bytes: [u64; 5],
     /// Balancer rounds' errors, if any (the run goes on; reported after).
     pub errors: Vec<Error>,
+    /// A relaunch failed: reads return zeros until the run ends, and the
+    /// run reports the error in `errors` instead of a result.
+    broken: bool,
 }
 
 impl<'m> TieredMem<'m> {
@@ -288,6 +291,7 @@ impl<'m> TieredMem<'m> {
             group_bytes: group_pages * graph.page_size as u64,
             array_bytes: graph.array_bytes(),
             errors: Vec::new(),
+            broken: false,
         };
         m.launch()?;
         Ok(m)
@@ -313,8 +317,9 @@ impl Mem for TieredMem<'_> {
         let seed = task.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xC0FFEE;
         TieredRead {
             readers: std::array::from_fn(|a| {
-                self.launches[a]
-                    .as_ref()
+                self.launches
+                    .get(a)
+                    .and_then(Option::as_ref)
                     .map(|l| l.reader(seed.wrapping_add(a as u64)))
             }),
             last_line: [u64::MAX; 5],
@@ -348,6 +353,7 @@ impl Mem for TieredMem<'_> {
             self.errors.push(e);
         }
         if let Err(e) = self.launch() {
+            self.broken = true;
             self.errors.push(e);
         }
     }
@@ -370,9 +376,14 @@ pub struct TieredRead<'a> {
 impl TieredRead<'_> {
     #[inline]
     fn load<T: bytemuck::Pod>(&mut self, array: usize, index: u64) -> T {
-        let r = self.readers[array]
-            .as_mut()
-            .expect("the kernel reads only arrays the graph has");
+        let Some(r) = self.readers[array].as_mut() else {
+            // Only after a failed relaunch, which the run reports.
+            assert!(
+                self.mem.broken,
+                "the kernel reads only arrays the graph has"
+            );
+            return T::zeroed();
+        };
         let (value, page, on_device) = r.load_at::<T>(index);
         let line = (index * std::mem::size_of::<T>() as u64) >> 7;
         if line != self.last_line[array] {
