@@ -5,6 +5,8 @@
 
 pub mod algo;
 pub mod csr;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod tiered;
 pub mod verify;
 
