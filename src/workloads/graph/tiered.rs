@@ -15,6 +15,10 @@
 //! in one line are one transaction, as a warp's coalesced loads are), and
 //! modelled time is transactions × 128 B over the bandwidth of where they
 //! went, plus migrations. Modelled parameters: [`GpuModel`].
+//!
+//! On a GPU ([`TieredGraph::build_on`] with `DeviceChoice::Cuda`) the same
+//! layout serves the CUDA kernels of `cuda.rs`, which read it through the
+//! maps' device copies and measure time instead of modelling it.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
