@@ -25,8 +25,9 @@
  * zero-copy and tiered reads over PCIe need). Launch with blocks of a
  * multiple of 32 threads.
  *
- * Compiled by NVRTC with strata_device.cuh prepended (the Rust side does
- * that); with nvcc, add -I include.
+ * The Rust side compiles it with NVRTC with strata_device.cuh prepended
+ * (the guard below then skips the #include); compiled on its own (nvcc, or
+ * NVRTC from a file), it needs -I include.
  */
 #ifndef STRATA_DEVICE_CUH
 #include "strata_device.cuh"

@@ -6,7 +6,7 @@
 //!   the Rust ones of [`algo`]; times are **modelled** GPU time (see
 //!   [`GpuModel`]); wall time is reported too.
 //! - On a GPU (`--device cuda`, built with the `cuda` feature) the kernels
-//!   are `kernels/graph.cu` ([`crate::workloads::graph::cuda`]); times are
+//!   are `kernels/graph.cu` (`workloads::graph::cuda`); times are
 //!   measured, and the baselines are real: `uvm` (Unified Memory, device
 //!   memory beyond the budget held back), `zero-copy` (mapped host memory)
 //!   and `all-device` (where the graph fits).
