@@ -4,8 +4,8 @@
 #   benches/gpu-check.sh            # here: builds into gpu-carry/ (git-ignored)
 #   gpu-carry/run.sh                # on the GPU machine (no Rust toolchain needed)
 #
-# gpu-carry/ gets the CUDA-enabled CLI and the device, hotness and runtime
-# test binaries (cudarc loads libcuda and libnvrtc at run time).
+# gpu-carry/ gets the CUDA-enabled CLI and the device, hotness, runtime and
+# graph test binaries (cudarc loads libcuda and libnvrtc at run time).
 # STRATA_REQUIRE_GPU=1 turns the tests' "no GPU" skips into failures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ rm -rf gpu-carry
 mkdir -p gpu-carry
 cargo build --release --features cuda
 cp target/release/strata gpu-carry/
-for t in device hotness runtime; do
+for t in device hotness runtime graph; do
     exe=$(cargo test --release --features cuda --test "$t" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
@@ -34,12 +34,18 @@ export STRATA_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 "$here/strata" info
 status=0
-for t in device hotness runtime; do
+for t in device hotness runtime graph; do
     echo "== $t"
     (cd "$here/.." && "$here/test-$t" --test-threads 2) || status=1
 done
 echo "== migration, cuda"
 "$here/strata" bench migrate --device cuda --path /tmp --size 256M --json "${OUT:-/tmp}/migrate-cuda.json" || status=1
+# The graph kernels of kernels/graph.cu on a graph 2.5x the device budget
+# (kron:23, about 1 GiB read by BFS and PageRank), beside Unified Memory,
+# zero-copy and all-device, every trial verified.
+echo "== graph, cuda"
+"$here/strata" bench graph --device cuda --graph kron:23 --algo bfs,pr --device-budget 40% \
+    --baselines --verify --trials 2 --quiet --json "${OUT:-/tmp}/graph-cuda.json" || status=1
 exit $status
 SH
 chmod +x gpu-carry/run.sh

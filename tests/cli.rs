@@ -491,6 +491,18 @@ fn bench_graph_reads_edge_lists_and_names_bad_lines() {
         &strata(&["bench", "graph", "--graph", "grid:4", "--quiet"]),
         "graph",
     );
+    assert_bad_input(
+        &strata(&["bench", "graph", "--device", "gpu", "--quiet"]),
+        "unknown device",
+    );
+    // Asking for a GPU where there is none (or a build without cuda) is
+    // bad input too.
+    if strata::device::probe_gpus().is_err() {
+        assert_bad_input(
+            &strata(&["bench", "graph", "--device", "cuda", "--quiet"]),
+            "--device cuda",
+        );
+    }
 }
 
 #[test]

@@ -1,7 +1,15 @@
-//! `strata bench graph`: a GAP kernel over a CSR graph in tiered buffers on
-//! the simulated device, under a device budget below the graph's size,
-//! beside the baselines on the same graph, algorithm and budget. Times are
-//! **modelled** GPU time (see [`GpuModel`]); wall time is reported too.
+//! `strata bench graph`: a GAP kernel over a CSR graph in tiered buffers,
+//! under a device budget below the graph's size, beside the baselines on
+//! the same graph, algorithm and budget.
+//!
+//! - On the simulated device (`--device sim`, the default) the kernels are
+//!   the Rust ones of [`algo`]; times are **modelled** GPU time (see
+//!   [`GpuModel`]); wall time is reported too.
+//! - On a GPU (`--device cuda`, built with the `cuda` feature) the kernels
+//!   are `kernels/graph.cu` (`workloads::graph::cuda`); times are
+//!   measured, and the baselines are real: `uvm` (Unified Memory, device
+//!   memory beyond the budget held back), `zero-copy` (mapped host memory)
+//!   and `all-device` (where the graph fits).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -9,7 +17,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::device::DeviceChoice;
+use crate::error::{Error, ErrorKind, Result};
 use crate::policy::PolicyKind;
 use crate::runtime::BalancerConfig;
 use crate::workloads::graph::algo::{self, Mem};
@@ -96,21 +105,26 @@ pub struct GraphParams {
     pub baselines: bool,
     /// Page size of the tiered buffers.
     pub page_size: usize,
+    /// Where the kernels run: `sim` (modelled), `cuda`, or `auto` (cuda
+    /// where a GPU is).
+    pub device: DeviceChoice,
 }
 
 /// One trial.
 #[derive(Debug, Clone, Serialize)]
 pub struct Trial {
-    /// Modelled GPU seconds.
+    /// Modelled GPU seconds (simulated device) or measured seconds (GPU).
     pub seconds: f64,
-    /// Wall seconds of the simulated kernels on this machine.
+    /// Wall seconds of the kernels on this machine.
     pub wall_seconds: f64,
     /// Traversed edges per modelled second (BFS, SSSP).
     pub teps: Option<f64>,
-    /// Bytes migrated between host and device.
-    pub bytes_moved: u64,
-    /// Share of memory transactions served by device memory.
-    pub hit_rate: f64,
+    /// Bytes migrated between host and device (`None`: not measured, as
+    /// Unified Memory's migrations on a GPU).
+    pub bytes_moved: Option<u64>,
+    /// Share of memory transactions served by device memory (on a GPU:
+    /// of the sampled accesses for strata; `None` for Unified Memory).
+    pub hit_rate: Option<f64>,
     /// The source (BFS, SSSP).
     pub source: Option<usize>,
     /// Iterations (PageRank).
@@ -122,20 +136,21 @@ pub struct Trial {
 /// One configuration's results.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConfigResult {
-    /// `strata`, `uvm-lru`, `zero-copy` or `all-device`.
+    /// `strata`, `uvm-lru`, `zero-copy` or `all-device` (on a GPU: `uvm`
+    /// instead of `uvm-lru`).
     pub config: &'static str,
     /// The kernel.
     pub algo: Algo,
-    /// Median modelled seconds.
+    /// Median seconds (modelled on the simulated device).
     pub seconds: f64,
     /// Median wall seconds.
     pub wall_seconds: f64,
     /// Median TEPS (BFS, SSSP).
     pub teps: Option<f64>,
     /// Median bytes moved per trial.
-    pub bytes_moved: u64,
+    pub bytes_moved: Option<u64>,
     /// Median device hit rate.
-    pub hit_rate: f64,
+    pub hit_rate: Option<f64>,
     /// Every trial.
     pub trials: Vec<Trial>,
 }
@@ -143,9 +158,13 @@ pub struct ConfigResult {
 /// The report.
 #[derive(Debug, Clone, Serialize)]
 pub struct GraphReport {
-    /// Always "simulated" (the CUDA kernels are not built yet).
+    /// "simulated" or "cuda".
     pub backend: &'static str,
-    /// Whether `seconds` are modelled (always, on the simulated device).
+    /// The GPU (cuda).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// Whether `seconds` are modelled (on the simulated device) rather
+    /// than measured (on a GPU).
     pub modelled: bool,
     /// The parameters.
     pub params: GraphParams,
@@ -157,10 +176,14 @@ pub struct GraphReport {
     pub graph_bytes: u64,
     /// The device budget in bytes.
     pub budget_bytes: u64,
-    /// The modelled GPU.
-    pub model: GpuModel,
+    /// The modelled GPU (simulated device).
+    pub model: Option<GpuModel>,
     /// One entry per configuration.
     pub results: Vec<ConfigResult>,
+    /// Configurations left out, and why (on a GPU: all-device where the
+    /// graph does not fit).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// A per-vertex result, for `--dump`.
@@ -256,11 +279,6 @@ pub fn run_on(
         // device memory.
         Budget::Percent(p) => ((footprint as f64 * p / 100.0) as u64).max(params.page_size as u64),
     };
-    let model = GpuModel::default();
-    let mut configs = vec![Config::Strata];
-    if params.baselines {
-        configs.extend([Config::UvmLru, Config::ZeroCopy, Config::AllDevice]);
-    }
     // Sources, the same for every configuration.
     let sources: Vec<Option<usize>> = (0..params.trials)
         .map(|t| match params.algo {
@@ -279,6 +297,14 @@ pub fn run_on(
             _ => None,
         })
         .collect();
+    if resolve(params.device)? == DeviceChoice::Cuda {
+        return run_cuda(g, params, budget, footprint, &sources, progress);
+    }
+    let model = GpuModel::default();
+    let mut configs = vec![Config::Strata];
+    if params.baselines {
+        configs.extend([Config::UvmLru, Config::ZeroCopy, Config::AllDevice]);
+    }
     let mut references: HashMap<usize, Vec<u64>> = HashMap::new();
     let mut pr_reference: Option<Vec<f64>> = None;
     let mut results = Vec::new();
@@ -351,7 +377,7 @@ pub fn run_on(
                 .transpose()
                 .map_err(|why| {
                     Error::new(
-                        crate::error::ErrorKind::Corrupted,
+                        ErrorKind::Corrupted,
                         format!(
                             "{} trial {t}: the {:?} result does not verify: {why}",
                             config.name(),
@@ -363,6 +389,211 @@ pub fn run_on(
                 seconds,
                 wall_seconds,
                 teps: edges.map(|e| e as f64 / seconds.max(1e-12)),
+                bytes_moved: Some(bytes_moved),
+                hit_rate: Some(hit_rate),
+                source,
+                iterations,
+                verified,
+            });
+            if config == Config::Strata {
+                dump = Some(result);
+            }
+        }
+        results.push(summarize(config, params.algo, trials));
+    }
+    progress("done", 1.0);
+    Ok((
+        GraphReport {
+            backend: "simulated",
+            gpu: None,
+            modelled: true,
+            params: params.clone(),
+            vertices: n,
+            edges: g.edges(),
+            graph_bytes: footprint,
+            budget_bytes: budget,
+            model: Some(model),
+            results,
+            skipped: Vec::new(),
+        },
+        dump.expect("strata always runs"),
+    ))
+}
+
+/// The medians of a configuration's trials.
+fn summarize(config: Config, algo: Algo, trials: Vec<Trial>) -> ConfigResult {
+    let med = |f: &dyn Fn(&Trial) -> f64| median(&mut trials.iter().map(f).collect::<Vec<_>>());
+    let med_of = |f: &dyn Fn(&Trial) -> Option<f64>| {
+        let mut v: Vec<f64> = trials.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| median(&mut v))
+    };
+    ConfigResult {
+        config: config.name(),
+        algo,
+        seconds: med(&|t| t.seconds),
+        wall_seconds: med(&|t| t.wall_seconds),
+        teps: med_of(&|t| t.teps),
+        bytes_moved: med_of(&|t| t.bytes_moved.map(|b| b as f64)).map(|b| b as u64),
+        hit_rate: med_of(&|t| t.hit_rate),
+        trials,
+    }
+}
+
+/// `auto` as the device it means here: cuda where a GPU is, else sim.
+fn resolve(device: DeviceChoice) -> Result<DeviceChoice> {
+    match device {
+        DeviceChoice::Sim => Ok(DeviceChoice::Sim),
+        DeviceChoice::Cuda => {
+            crate::device::probe_gpus()?;
+            Ok(DeviceChoice::Cuda)
+        }
+        DeviceChoice::Auto => Ok(match crate::device::probe_gpus() {
+            Ok(_) => DeviceChoice::Cuda,
+            Err(_) => DeviceChoice::Sim,
+        }),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(
+    _g: &Csr,
+    _params: &GraphParams,
+    _budget: u64,
+    _footprint: u64,
+    _sources: &[Option<usize>],
+    _progress: &mut dyn FnMut(&str, f64),
+) -> Result<(GraphReport, Dump)> {
+    Err(Error::new(
+        ErrorKind::NoDevice,
+        "strata was built without the cuda feature",
+    ))
+}
+
+/// [`run_on`] on a GPU: the CUDA kernels, measured.
+#[cfg(feature = "cuda")]
+fn run_cuda(
+    g: &Csr,
+    params: &GraphParams,
+    budget: u64,
+    footprint: u64,
+    sources: &[Option<usize>],
+    progress: &mut dyn FnMut(&str, f64),
+) -> Result<(GraphReport, Dump)> {
+    use crate::workloads::graph::cuda::{self, Flavour, PlainGpu, PlainKind, StrataGpu};
+
+    let weights = params.algo == Algo::Sssp;
+    let ctx = cuda::context()?;
+    let gpu = crate::device::probe_gpus()?
+        .into_iter()
+        .next()
+        .map(|i| format!("GPU {} ({}, {} bytes)", i.ordinal, i.name, i.memory_bytes));
+    let mut configs = vec![Config::Strata];
+    if params.baselines {
+        configs.extend([Config::Uvm, Config::ZeroCopy, Config::AllDevice]);
+    }
+    let mut references: HashMap<usize, Vec<u64>> = HashMap::new();
+    let mut pr_reference: Option<Vec<f64>> = None;
+    let mut results = Vec::new();
+    let mut skipped = Vec::new();
+    let mut dump = None;
+    let steps = (configs.len() * params.trials as usize) as f64;
+    let balancer = BalancerConfig {
+        policy: params.policy,
+        min_accesses: params.page_size as u64 / 4,
+        ..Default::default()
+    };
+    for (ci, &config) in configs.iter().enumerate() {
+        // What each trial needs: strata's tiered graph, or a baseline's
+        // plain arrays.
+        let tiered = match config {
+            Config::Strata => Some(TieredGraph::build_on(
+                g,
+                config,
+                budget,
+                params.page_size,
+                weights,
+                DeviceChoice::Cuda,
+            )?),
+            _ => None,
+        };
+        let mut plain = match config {
+            Config::Strata => None,
+            Config::Uvm => {
+                let mut p = PlainGpu::new(&ctx, g, PlainKind::Managed, weights)?;
+                // Unified Memory gets the budget, as strata's device tier,
+                // beside the kernels' working memory.
+                p.hold_back(&ctx, budget + cuda::working_bytes(g.vertices()))?;
+                Some(p)
+            }
+            Config::ZeroCopy => Some(PlainGpu::new(&ctx, g, PlainKind::HostMapped, weights)?),
+            _ => match PlainGpu::new(&ctx, g, PlainKind::Device, weights) {
+                Ok(p) => Some(p),
+                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
+                    skipped.push(format!("{}: the graph does not fit ({e})", config.name()));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let kernels = match &tiered {
+            Some(_) => Some(cuda::GraphKernels::for_context(&ctx, Flavour::Mapped)?),
+            None => None,
+        };
+        let mut trials = Vec::new();
+        for (t, &source) in sources.iter().enumerate() {
+            progress(
+                config.name(),
+                (ci * params.trials as usize + t) as f64 / steps,
+            );
+            let (result, edges, iterations, seconds, bytes_moved, hit_rate) =
+                match (&tiered, &mut plain) {
+                    (Some(tg), _) => {
+                        tg.reset(balancer)?;
+                        let before = tg.rt.stats().device_links.unwrap_or_default();
+                        let kernels = kernels.clone().expect("made with the tiered graph");
+                        let mut run = StrataGpu::new(tg, kernels)?;
+                        let wall = Instant::now();
+                        let (r, e, i) = run_gpu_kernel(&mut run, params.algo, source, g)?;
+                        let seconds = wall.elapsed().as_secs_f64();
+                        let hit = run.hit_rate();
+                        drop(run);
+                        let after = tg.rt.stats().device_links.unwrap_or_default();
+                        let moved =
+                            (after.0.bytes - before.0.bytes) + (after.1.bytes - before.1.bytes);
+                        (r, e, i, seconds, Some(moved), Some(hit))
+                    }
+                    (None, Some(p)) => {
+                        p.reset()?;
+                        let wall = Instant::now();
+                        let (r, e, i) = run_gpu_kernel(p, params.algo, source, g)?;
+                        let seconds = wall.elapsed().as_secs_f64();
+                        let (moved, hit) = match config {
+                            Config::ZeroCopy => (Some(0), Some(0.0)),
+                            Config::AllDevice => (Some(0), Some(1.0)),
+                            _ => (None, None),
+                        };
+                        (r, e, i, seconds, moved, hit)
+                    }
+                    (None, None) => unreachable!("every configuration has its arrays"),
+                };
+            let verified = params
+                .verify
+                .then(|| check(g, &result, source, &mut references, &mut pr_reference))
+                .transpose()
+                .map_err(|why| {
+                    Error::new(
+                        ErrorKind::Corrupted,
+                        format!(
+                            "{} trial {t} (cuda): the {:?} result does not verify: {why}",
+                            config.name(),
+                            params.algo
+                        ),
+                    )
+                })?;
+            trials.push(Trial {
+                seconds,
+                wall_seconds: seconds,
+                teps: edges.map(|e| e as f64 / seconds.max(1e-12)),
                 bytes_moved,
                 hit_rate,
                 source,
@@ -373,33 +604,68 @@ pub fn run_on(
                 dump = Some(result);
             }
         }
-        let med = |f: &dyn Fn(&Trial) -> f64| median(&mut trials.iter().map(f).collect::<Vec<_>>());
-        results.push(ConfigResult {
-            config: config.name(),
-            algo: params.algo,
-            seconds: med(&|t| t.seconds),
-            wall_seconds: med(&|t| t.wall_seconds),
-            teps: trials[0].teps.map(|_| med(&|t| t.teps.unwrap_or(0.0))),
-            bytes_moved: med(&|t| t.bytes_moved as f64) as u64,
-            hit_rate: med(&|t| t.hit_rate),
-            trials,
-        });
+        results.push(summarize(config, params.algo, trials));
     }
     progress("done", 1.0);
     Ok((
         GraphReport {
-            backend: "simulated",
-            modelled: true,
+            backend: "cuda",
+            gpu,
+            modelled: false,
             params: params.clone(),
-            vertices: n,
+            vertices: g.vertices(),
             edges: g.edges(),
             graph_bytes: footprint,
             budget_bytes: budget,
-            model,
+            model: None,
             results,
+            skipped,
         },
         dump.expect("strata always runs"),
     ))
+}
+
+/// [`run_kernel`] with the CUDA kernels.
+#[cfg(feature = "cuda")]
+fn run_gpu_kernel(
+    gpu: &mut dyn crate::workloads::graph::cuda::GpuGraph,
+    algo: Algo,
+    source: Option<usize>,
+    g: &Csr,
+) -> Result<(Dump, Option<u64>, Option<u32>)> {
+    use crate::workloads::graph::cuda;
+    Ok(match algo {
+        Algo::Bfs => {
+            let r = cuda::bfs(gpu, source.expect("bfs has a source"))?;
+            let e = reached_edges(g, &|v| r.depth[v] >= 0);
+            (Dump::Depth(r.depth, r.parent), Some(e), None)
+        }
+        Algo::Sssp => {
+            let r = cuda::sssp(gpu, source.expect("sssp has a source"), SSSP_DELTA)?;
+            let e = reached_edges(g, &|v| r.dist[v] != u64::MAX);
+            (Dump::Distance(r.dist), Some(e), None)
+        }
+        Algo::Pr => {
+            let r = cuda::pagerank(gpu, PR_TOLERANCE, PR_MAX_ITERATIONS)?;
+            let it = r.iterations;
+            (Dump::Score(r.scores), None, Some(it))
+        }
+        Algo::Cc => (Dump::Label(cuda::cc(gpu)?), None, None),
+    })
+}
+
+/// The edges of the reached vertices, for TEPS (Graph500 counts an
+/// undirected edge once).
+fn reached_edges(g: &Csr, reached: &dyn Fn(usize) -> bool) -> u64 {
+    let directed: u64 = (0..g.vertices())
+        .filter(|&v| reached(v))
+        .map(|v| g.degree(v))
+        .sum();
+    if g.directed() {
+        directed
+    } else {
+        directed / 2
+    }
 }
 
 /// Runs the kernel; returns its result, the edges it traversed (BFS, SSSP:
@@ -410,18 +676,7 @@ fn run_kernel<M: Mem>(
     source: Option<usize>,
     g: &Csr,
 ) -> (Dump, Option<u64>, Option<u32>) {
-    // Graph500 counts an undirected edge once.
-    let reached_edges = |reached: &dyn Fn(usize) -> bool| -> u64 {
-        let directed: u64 = (0..g.vertices())
-            .filter(|&v| reached(v))
-            .map(|v| g.degree(v))
-            .sum();
-        if g.directed() {
-            directed
-        } else {
-            directed / 2
-        }
-    };
+    let reached_edges = |reached: &dyn Fn(usize) -> bool| reached_edges(g, reached);
     match algo {
         Algo::Bfs => {
             let r = algo::bfs(mem, source.expect("bfs has a source"));

@@ -261,6 +261,27 @@ impl DeviceMap {
             .map(|c| c.load(Ordering::Relaxed))
             .collect()
     }
+
+    /// Adds `counts` (one per page, in page order) to the pages' access
+    /// counts: how CUDA kernels that count accesses in device memory (the
+    /// graph kernels count into one u32 per page, copied back after each
+    /// launch) hand them to the balancer.
+    pub fn add_counts(&self, counts: &[u32]) -> Result<()> {
+        let counters = &self.table.counters;
+        if counts.len() != counters.len() {
+            return Err(Error::invalid(format!(
+                "{} counts for a map of {} pages",
+                counts.len(),
+                counters.len()
+            )));
+        }
+        for (c, &n) in counters.iter().zip(counts) {
+            if n != 0 {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A prepared map while kernels run; see [`DeviceMap::prepare`]. Drop it

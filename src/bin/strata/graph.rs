@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use strata::bench::graph::{self, Algo, Budget, GraphParams, GraphReport};
+use strata::device::DeviceChoice;
 use strata::policy::PolicyKind;
 use strata::size::{format_size, parse_size};
 use strata::workloads::graph::GraphSpec;
@@ -49,6 +50,11 @@ pub struct GraphArgs {
     /// Page size of the tiered buffers.
     #[arg(long, default_value = "64k")]
     page_size: String,
+    /// Where the kernels run: sim (the simulated device, modelled times),
+    /// cuda (the CUDA kernels on GPU 0, measured; needs the cuda feature),
+    /// or auto (cuda where a GPU is).
+    #[arg(long, default_value = "sim")]
+    device: String,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -80,6 +86,11 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         .map_err(|_| Error::invalid("--page-size is too large"))?;
     let budget: Budget = a.device_budget.parse()?;
     let policy: PolicyKind = a.policy.parse()?;
+    let device: DeviceChoice = a.device.parse()?;
+    if device == DeviceChoice::Cuda {
+        // Before generating the graph: no GPU is one line, at once.
+        strata::device::probe_gpus().map_err(|e| e.context("--device cuda"))?;
+    }
     let params = |algo| GraphParams {
         algo,
         graph: spec.clone(),
@@ -91,6 +102,7 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         verify: a.verify,
         baselines: a.baselines,
         page_size,
+        device,
     };
     if a.trials == 0 {
         return Err(Error::invalid("--trials must be at least 1"));
@@ -134,7 +146,7 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
             json,
             &Combined {
                 backend: reports[0].backend,
-                modelled: true,
+                modelled: reports[0].modelled,
                 results: reports.iter().flat_map(|r| r.results.clone()).collect(),
                 reports: &reports,
             },
@@ -166,26 +178,41 @@ fn print_table(r: &GraphReport) {
         format_size(r.budget_bytes),
         100.0 * r.budget_bytes as f64 / r.graph_bytes.max(1) as f64
     );
-    println!(
-        "backend: simulated — times are modelled GPU time (HBM {:.0} GB/s, PCIe {:.0} GB/s, UVM fault {:.0} µs); wall is this machine",
-        r.model.hbm_bandwidth / 1e9,
-        r.model.pcie_bandwidth / 1e9,
-        r.model.fault_seconds * 1e6
-    );
+    match &r.model {
+        Some(m) => println!(
+            "backend: simulated — times are modelled GPU time (HBM {:.0} GB/s, PCIe {:.0} GB/s, UVM fault {:.0} µs); wall is this machine",
+            m.hbm_bandwidth / 1e9,
+            m.pcie_bandwidth / 1e9,
+            m.fault_seconds * 1e6
+        ),
+        None => println!(
+            "backend: cuda, {} — times are measured; strata's hit rate is of sampled accesses",
+            r.gpu.as_deref().unwrap_or("GPU")
+        ),
+    }
     println!(
         "{:<11} {:>12} {:>10} {:>12} {:>12} {:>9}",
-        "config", "modelled", "wall", "GTEPS", "moved", "hit rate"
+        "config",
+        if r.modelled { "modelled" } else { "measured" },
+        "wall",
+        "GTEPS",
+        "moved",
+        "hit rate"
     );
     for c in &r.results {
         println!(
-            "{:<11} {:>10.3}ms {:>9.3}s {:>12} {:>12} {:>8.1}%",
+            "{:<11} {:>10.3}ms {:>9.3}s {:>12} {:>12} {:>9}",
             c.config,
             c.seconds * 1e3,
             c.wall_seconds,
             c.teps.map_or("-".into(), |t| format!("{:.2}", t / 1e9)),
-            format_size(c.bytes_moved),
-            100.0 * c.hit_rate
+            c.bytes_moved.map_or("-".into(), format_size),
+            c.hit_rate
+                .map_or("-".into(), |h| format!("{:.1}%", 100.0 * h))
         );
+    }
+    for s in &r.skipped {
+        println!("skipped {s}");
     }
     if let Some(v) = r.results[0].trials[0].verified {
         println!("verified: {}", if v { "every trial" } else { "no" });
@@ -197,12 +224,21 @@ fn plot(reports: &[GraphReport], path: &std::path::Path) -> Result<(), Error> {
         .iter()
         .map(|r| crate::plot::Panel {
             caption: format!(
-                "{:?}, {} vertices, device budget {} (simulated device, modelled time)",
+                "{:?}, {} vertices, device budget {} ({})",
                 r.params.algo,
                 r.vertices,
-                format_size(r.budget_bytes)
+                format_size(r.budget_bytes),
+                if r.modelled {
+                    "simulated device, modelled time"
+                } else {
+                    "GPU, measured time"
+                }
             ),
-            x_desc: "modelled milliseconds (lower is better)",
+            x_desc: if r.modelled {
+                "modelled milliseconds (lower is better)"
+            } else {
+                "milliseconds (lower is better)"
+            },
             bars: r
                 .results
                 .iter()

@@ -153,10 +153,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("strata: {e}");
-            // Bad input (including a size the disk cannot hold) is 2; a
-            // failure of the work itself (I/O errors, corruption) is 1.
+            // Bad input (including a size the disk cannot hold, or asking
+            // for a GPU where there is none) is 2; a failure of the work
+            // itself (I/O errors, corruption) is 1.
             match e.kind() {
                 ErrorKind::InvalidArgument
+                | ErrorKind::NoDevice
                 | ErrorKind::NotFound
                 | ErrorKind::Unsupported
                 | ErrorKind::PermissionDenied

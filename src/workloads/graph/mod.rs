@@ -1,10 +1,13 @@
 //! The graph workload: CSR graphs in tiered buffers, GAP-style kernels
-//! (BFS, SSSP, PageRank, connected components) run on the simulated device
-//! through device maps, verified, and compared against Unified-Memory-like
-//! and zero-copy baselines (`strata bench graph`).
+//! (BFS, SSSP, PageRank, connected components) run through device maps —
+//! Rust kernels on the simulated device ([`algo`]), CUDA kernels on a GPU
+//! (`cuda`, cargo feature `cuda`) — verified, and compared against Unified
+//! Memory and zero-copy baselines (`strata bench graph`).
 
 pub mod algo;
 pub mod csr;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod tiered;
 pub mod verify;
 

@@ -15,6 +15,10 @@
 //! in one line are one transaction, as a warp's coalesced loads are), and
 //! modelled time is transactions × 128 B over the bandwidth of where they
 //! went, plus migrations. Modelled parameters: [`GpuModel`].
+//!
+//! On a GPU ([`TieredGraph::build_on`] with `DeviceChoice::Cuda`) the same
+//! layout serves the CUDA kernels of `cuda.rs`, which read it through the
+//! maps' device copies and measure time instead of modelling it.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +49,10 @@ pub enum Config {
     /// Everything in device memory.
     #[serde(rename = "all-device")]
     AllDevice,
+    /// On a GPU: the arrays in CUDA Unified Memory (`cuMemAllocManaged`),
+    /// with device memory beyond the budget held back.
+    #[serde(rename = "uvm")]
+    Uvm,
 }
 
 impl Config {
@@ -55,6 +63,7 @@ impl Config {
             Config::UvmLru => "uvm-lru",
             Config::ZeroCopy => "zero-copy",
             Config::AllDevice => "all-device",
+            Config::Uvm => "uvm",
         }
     }
 }
@@ -133,7 +142,8 @@ impl TieredGraph {
         b
     }
 
-    /// Lays `g` out for `config` with `budget` bytes of device memory.
+    /// Lays `g` out for `config` with `budget` bytes of simulated device
+    /// memory.
     pub fn build(
         g: &Csr,
         config: Config,
@@ -141,22 +151,35 @@ impl TieredGraph {
         page_size: usize,
         weights: bool,
     ) -> Result<Self> {
+        Self::build_on(g, config, budget, page_size, weights, DeviceChoice::Sim)
+    }
+
+    /// [`build`](Self::build) on the device `device` (a GPU's device tier
+    /// is then `budget` bytes of its memory).
+    pub fn build_on(
+        g: &Csr,
+        config: Config,
+        budget: u64,
+        page_size: usize,
+        weights: bool,
+        device: DeviceChoice,
+    ) -> Result<Self> {
         let total = Self::footprint(g, weights);
         // Every array rounds up to whole pages.
         let pages_bytes = total + 6 * page_size as u64;
-        let device = match config {
+        let device_bytes = match config {
             Config::Strata => budget,
             Config::AllDevice => pages_bytes,
-            Config::UvmLru | Config::ZeroCopy => 0,
+            Config::UvmLru | Config::ZeroCopy | Config::Uvm => 0,
         };
-        if config == Config::Strata && device < page_size as u64 {
+        if config == Config::Strata && device_bytes < page_size as u64 {
             return Err(Error::invalid(format!(
                 "a device budget of {budget} bytes holds no {page_size}-byte page"
             )));
         }
         let rt = Runtime::builder()
             .page_size(page_size)
-            .device(DeviceChoice::Sim, device)
+            .device(device, device_bytes)
             .host(pages_bytes)
             .background_eviction(false)
             // Sampled counters feed the balancer; the baselines count nothing.
@@ -213,6 +236,22 @@ impl TieredGraph {
             });
         }
         self.rt.configure_balancer(balancer)
+    }
+
+    /// The arrays' buffers: offsets, neighbours, weights, incoming offsets,
+    /// incoming neighbours (`None` where the graph has none).
+    pub fn buffers(&self) -> &[Option<Buffer>] {
+        &self.bufs
+    }
+
+    /// Whether the graph is directed (then it carries its transpose).
+    pub fn directed(&self) -> bool {
+        self.directed
+    }
+
+    /// Vertex count.
+    pub fn vertices(&self) -> usize {
+        self.vertices
     }
 
     /// Bytes of each array (0 where the graph has none), for capping
