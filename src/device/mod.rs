@@ -13,6 +13,8 @@
 mod cuda;
 #[cfg(feature = "cuda")]
 pub mod cuda_hotness;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 pub mod sim;
 
 use std::ptr::NonNull;
