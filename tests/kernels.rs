@@ -114,6 +114,7 @@ fn compile_and_check(path: &Path, runtime_loads: &[&str]) -> Vec<String> {
 fn runtime_loads(file: &str) -> &'static [&'static str] {
     match file {
         "hotness.cu" => strata::device::cuda_hotness::ENTRY_POINTS,
+        "adam.cu" => strata::device::cuda_adam::ENTRY_POINTS,
         _ => &[],
     }
 }
@@ -134,10 +135,9 @@ fn every_kernel_compiles_with_the_runtime_options() {
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     // The runtime's own kernels are among them (the glob found the folder).
-    assert!(
-        names.iter().any(|n| n == "hotness.cu"),
-        "kernels/hotness.cu not found"
-    );
+    for must in ["hotness.cu", "adam.cu"] {
+        assert!(names.iter().any(|n| n == must), "kernels/{must} not found");
+    }
     for path in &files {
         let file = path.file_name().unwrap().to_string_lossy().into_owned();
         compile_and_check(path, runtime_loads(&file));
@@ -184,4 +184,27 @@ fn a_kernel_that_does_not_compile_is_an_error_with_the_log() {
     .unwrap_err();
     assert_eq!(e.kind(), strata::ErrorKind::Io);
     assert!(e.to_string().contains("undeclared"), "{e}");
+}
+
+/// What the bitwise match with the CPU update rests on, visible in the PTX:
+/// no fused multiply-add on floats (integer `mad.lo` indexing is fine), division and square root rounded to nearest
+/// (not the approximate forms), no flush to zero.
+#[test]
+fn the_adam_kernel_rounds_every_operation_as_the_cpu_does() {
+    if !nvrtc_here() {
+        return;
+    }
+    let source = std::fs::read_to_string(root().join("kernels/adam.cu")).unwrap();
+    let ptx = nvrtc::compile("adam.cu", &source).unwrap().to_src();
+    for bad in [
+        "fma.",
+        "mad.f32",
+        "mad.rn.f32",
+        ".approx",
+        ".full.f32",
+        ".ftz",
+    ] {
+        assert!(!ptx.contains(bad), "adam.cu's PTX has {bad}");
+    }
+    assert!(ptx.contains("div.rn.f32") && ptx.contains("sqrt.rn.f32"));
 }
