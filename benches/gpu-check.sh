@@ -5,7 +5,8 @@
 #   gpu-carry/run.sh                # on the GPU machine (no Rust toolchain needed)
 #
 # gpu-carry/ gets the CUDA-enabled CLI and the device, hotness, runtime and
-# graph test binaries (cudarc loads libcuda and libnvrtc at run time).
+# graph and offload test binaries (cudarc loads libcuda and libnvrtc at run
+# time; the GPU machine must have libnvrtc for the kernels to compile).
 # STRATA_REQUIRE_GPU=1 turns the tests' "no GPU" skips into failures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ rm -rf gpu-carry
 mkdir -p gpu-carry
 cargo build --release --features cuda
 cp target/release/strata gpu-carry/
-for t in device hotness runtime graph; do
+for t in device hotness runtime graph offload; do
     exe=$(cargo test --release --features cuda --test "$t" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
@@ -33,8 +34,12 @@ here="$(cd "$(dirname "$0")" && pwd)"
 export STRATA_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 "$here/strata" info
+if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then
+    echo "note: ldconfig lists no libnvrtc; kernels compile only if LD_LIBRARY_PATH has it"
+fi
 status=0
-for t in device hotness runtime graph; do
+# offload: the CUDA Adam update bitwise against the CPU update.
+for t in device hotness runtime graph offload; do
     echo "== $t"
     (cd "$here/.." && "$here/test-$t" --test-threads 2) || status=1
 done
@@ -46,6 +51,10 @@ echo "== migration, cuda"
 echo "== graph, cuda"
 "$here/strata" bench graph --device cuda --graph kron:23 --algo bfs,pr --device-budget 40% \
     --baselines --verify --trials 2 --quiet --json "${OUT:-/tmp}/graph-cuda.json" || status=1
+echo "== offloaded Adam, update on the GPU and, as the peer, on the CPU"
+for u in cuda cpu; do
+    "$here/strata" bench optim --update "$u" --tier host --quiet --json "${OUT:-/tmp}/optim-$u.json" || status=1
+done
 exit $status
 SH
 chmod +x gpu-carry/run.sh

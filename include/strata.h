@@ -480,6 +480,11 @@ typedef struct strata_balance_report {
 } strata_balance_report;
 
 /**
+ * Where the offloaded optimizer's update runs (`STRATA_UPDATE_*`).
+ */
+typedef int32_t strata_updater;
+
+/**
  * How to build an offloaded optimizer (`strata_optim_create`). Start from
  * `strata_optim_config_init`.
  */
@@ -526,6 +531,12 @@ typedef struct strata_optim_config {
      * Importance-aware mode: the rest is updated every this many steps.
      */
     uint64_t importance_every;
+    /**
+     * Where the update runs: `STRATA_UPDATE_CPU` or `STRATA_UPDATE_CUDA`
+     * (a GPU; `STRATA_ERR_NO_DEVICE` from `strata_optim_create` where there
+     * is none).
+     */
+    strata_updater updater;
 } strata_optim_config;
 
 /**
@@ -814,6 +825,19 @@ typedef struct strata_config {
  */
 #define STRATA_POLICY_LOOKAHEAD 4
 
+/**
+ * On the CPU (vectorized; host-tier chunks over all threads).
+ */
+#define STRATA_UPDATE_CPU 0
+
+/**
+ * On GPU 0 with the CUDA kernel, bitwise the same result as the CPU;
+ * `strata_optim_create` fails with `STRATA_ERR_NO_DEVICE` where there is
+ * no GPU, CUDA driver or NVRTC, or libstrata was built without the `cuda`
+ * feature.
+ */
+#define STRATA_UPDATE_CUDA 1
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1070,7 +1094,8 @@ int strata_balance_once(const struct strata_runtime *rt, struct strata_balance_r
 
 /**
  * Fills `*config` with the defaults: host states, 1 MiB chunks, Adam with
- * lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode.
+ * lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode, the
+ * update on the CPU.
  *
  * # Safety
  * `config` is NULL or points to a writable `strata_optim_config`.

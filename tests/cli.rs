@@ -686,6 +686,23 @@ fn bench_moe_and_optim_reject_bad_input() {
         &strata(&["bench", "optim", "--chunk", "3k", "--quiet"]),
         "--chunk",
     );
+    assert_bad_input(
+        &strata(&["bench", "optim", "--update", "gpu", "--quiet"]),
+        "--update",
+    );
+}
+
+#[test]
+fn bench_optim_update_cuda_runs_on_a_gpu_or_says_there_is_none() {
+    let out = strata(&[
+        "bench", "optim", "--params", "1000", "--chunk", "4k", "--steps", "1", "--update", "cuda",
+        "--quiet",
+    ]);
+    if !out.status.success() {
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no CUDA device"), "{err}");
+    }
 }
 
 #[test]
@@ -712,6 +729,8 @@ fn bench_optim_reports_throughput_beside_the_limits() {
         ]);
         let v = report(&out, &json);
         assert_eq!(v["tier"], tier);
+        assert_eq!(v["backend"], "cpu");
+        assert_eq!(v["params"]["update"], "cpu");
         for k in [
             "step_seconds",
             "bytes_per_sec",

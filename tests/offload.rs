@@ -2,7 +2,10 @@
 //! every tier, importance-aware convergence, the expert cache's contract.
 
 use strata::offload::moe::{parse_trace, Eviction, ExpertCache, MoeConfig, SyntheticRouter};
-use strata::offload::optim::{AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier};
+use strata::offload::optim::{
+    AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier, Updater,
+};
+use strata::ErrorKind;
 
 /// Reference Adam/AdamW: the documented formula as a plain loop.
 fn reference_step(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: AdamParams, t: i32) {
@@ -151,6 +154,102 @@ fn importance_mode_converges_to_the_loss_of_full_adam() {
         (important - full).abs() < 1e-4 * start.max(1.0),
         "importance-aware {important} vs full {full} (start {start})"
     );
+}
+
+/// `Updater::Cuda` works where there is a GPU and is a typed "no CUDA
+/// device" everywhere else (also without the cuda feature).
+#[test]
+fn the_cuda_updater_is_a_gpu_or_no_device() {
+    let mut cfg = OptimConfig::new(StateTier::Host);
+    cfg.updater = Updater::Cuda;
+    match OffloadedAdam::new(&[1.0; 10], cfg) {
+        Ok(opt) => assert_eq!(opt.updater(), Updater::Cuda),
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::NoDevice, "{e}");
+            assert!(e.to_string().contains("no CUDA device"), "{e}");
+        }
+    }
+    assert_eq!("cuda".parse::<Updater>().unwrap(), Updater::Cuda);
+    assert_eq!("CPU".parse::<Updater>().unwrap(), Updater::Cpu);
+    assert!("gpu".parse::<Updater>().is_err());
+}
+
+/// The CUDA update (`kernels/adam.cu`) against the CPU update: bitwise the
+/// same weights and moments after several steps, plain and importance-aware
+/// (with flushes), on every tier, with chunks of several tiles and a
+/// partial last chunk. Skipped with a printed reason where there is no GPU,
+/// a failure with STRATA_REQUIRE_GPU=1.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_cuda_update_is_bitwise_the_cpu_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = [
+        StateTier::Host,
+        StateTier::Cxl,
+        StateTier::Nvme(dir.path().to_path_buf()),
+    ];
+    let modes = [
+        None,
+        Some(Importance {
+            fraction: 0.1,
+            every: 3,
+        }),
+    ];
+    // 1 MiB chunks are four 64 Ki-element tiles; 16 KiB chunks are many
+    // chunks of one short tile each.
+    for (chunk_bytes, n) in [
+        (1usize << 20, 2 * (1 << 18) + 1000),
+        (16 << 10, 3 * 4096 + 123),
+    ] {
+        let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        for tier in &tiers {
+            for importance in modes {
+                let build = |updater| {
+                    let mut cfg = OptimConfig::new(tier.clone());
+                    cfg.chunk_bytes = chunk_bytes;
+                    cfg.adam.lr = 1e-2;
+                    cfg.adam.weight_decay = 0.01;
+                    cfg.importance = importance;
+                    cfg.updater = updater;
+                    OffloadedAdam::new(&w0, cfg)
+                };
+                let mut gpu = match build(Updater::Cuda) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        assert!(
+                            std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
+                            "STRATA_REQUIRE_GPU is set but the CUDA updater failed: {e}"
+                        );
+                        eprintln!("skipping the cuda update: {e}");
+                        return;
+                    }
+                };
+                let mut cpu = build(Updater::Cpu).unwrap();
+                for t in 1..=7u64 {
+                    let g = grads(n, t);
+                    cpu.step(&g).unwrap();
+                    gpu.step(&g).unwrap();
+                }
+                let what = format!("{} chunks of {chunk_bytes}, {importance:?}", tier.name());
+                for (k, state) in ["weights", "first moment", "second moment"]
+                    .iter()
+                    .enumerate()
+                {
+                    let (c, g) = (cpu.read_state(k).unwrap(), gpu.read_state(k).unwrap());
+                    let differ = c
+                        .iter()
+                        .zip(&g)
+                        .position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert!(
+                        differ.is_none(),
+                        "{what}: {state} differ first at {differ:?}: cpu {:?} gpu {:?}",
+                        differ.map(|i| c[i]),
+                        differ.map(|i| g[i])
+                    );
+                }
+            }
+        }
+    }
 }
 
 fn cache(slots: usize, eviction: Eviction) -> ExpertCache {

@@ -6,6 +6,7 @@
 
 use strata::device::DeviceChoice;
 use strata::io::EngineChoice;
+use strata::offload::optim::Updater;
 use strata::runtime::Access;
 use strata::tier::CxlMode;
 use strata::Tier;
@@ -72,6 +73,16 @@ pub const STRATA_POLICY_LFU: strata_policy = 2;
 pub const STRATA_POLICY_GMT: strata_policy = 3;
 /// Honours prefetch hints.
 pub const STRATA_POLICY_LOOKAHEAD: strata_policy = 4;
+
+/// Where the offloaded optimizer's update runs (`STRATA_UPDATE_*`).
+pub type strata_updater = i32;
+/// On the CPU (vectorized; host-tier chunks over all threads).
+pub const STRATA_UPDATE_CPU: strata_updater = 0;
+/// On GPU 0 with the CUDA kernel, bitwise the same result as the CPU;
+/// `strata_optim_create` fails with `STRATA_ERR_NO_DEVICE` where there is
+/// no GPU, CUDA driver or NVRTC, or libstrata was built without the `cuda`
+/// feature.
+pub const STRATA_UPDATE_CUDA: strata_updater = 1;
 
 #[cold]
 fn unknown(what: &str, value: i32, known: &str) -> Fail {
@@ -157,6 +168,14 @@ pub(crate) fn policy(p: strata_policy) -> R<strata::policy::PolicyKind> {
     }
 }
 
+pub(crate) fn updater(u: strata_updater) -> R<Updater> {
+    match u {
+        STRATA_UPDATE_CPU => Ok(Updater::Cpu),
+        STRATA_UPDATE_CUDA => Ok(Updater::Cuda),
+        _ => Err(unknown("updater", u, "STRATA_UPDATE_CPU or _CUDA")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +191,7 @@ mod tests {
         assert!(cxl_mode(-1).is_err());
         assert!(io_engine(i32::MAX).is_err());
         assert!(access(2).is_err());
+        assert!(updater(2).is_err());
+        assert_eq!(updater(STRATA_UPDATE_CUDA).unwrap(), Updater::Cuda);
     }
 }

@@ -7,7 +7,10 @@ use parking_lot::Mutex;
 use strata::offload::optim::{AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier};
 
 use crate::cast;
-use crate::enums::{strata_tier, STRATA_TIER_CXL, STRATA_TIER_HOST, STRATA_TIER_NVME};
+use crate::enums::{
+    self, strata_tier, strata_updater, STRATA_TIER_CXL, STRATA_TIER_HOST, STRATA_TIER_NVME,
+    STRATA_UPDATE_CPU,
+};
 use crate::objects::{self, strata_optim, OPTIMS};
 use crate::status::{boundary, Fail, STRATA_OK};
 
@@ -38,6 +41,10 @@ pub struct strata_optim_config {
     pub importance_fraction: f64,
     /// Importance-aware mode: the rest is updated every this many steps.
     pub importance_every: u64,
+    /// Where the update runs: `STRATA_UPDATE_CPU` or `STRATA_UPDATE_CUDA`
+    /// (a GPU; `STRATA_ERR_NO_DEVICE` from `strata_optim_create` where there
+    /// is none).
+    pub updater: strata_updater,
 }
 
 /// What one step did (`strata_optim_step`).
@@ -55,7 +62,8 @@ pub struct strata_step_stats {
 }
 
 /// Fills `*config` with the defaults: host states, 1 MiB chunks, Adam with
-/// lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode.
+/// lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode, the
+/// update on the CPU.
 ///
 /// # Safety
 /// `config` is NULL or points to a writable `strata_optim_config`.
@@ -75,6 +83,7 @@ pub unsafe extern "C" fn strata_optim_config_init(config: *mut strata_optim_conf
             weight_decay: d.weight_decay,
             importance_fraction: 0.0,
             importance_every: 1,
+            updater: STRATA_UPDATE_CPU,
         });
         Ok(STRATA_OK)
     })
@@ -141,6 +150,7 @@ pub unsafe extern "C" fn strata_optim_create(
                 weight_decay: c.weight_decay,
             },
             importance,
+            updater: enums::updater(c.updater)?,
         };
         let opt = OffloadedAdam::new(w, config)?;
         // Not a runtime's child: owner 0 is never swept.

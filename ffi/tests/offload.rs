@@ -81,6 +81,20 @@ fn steps_match_the_rust_optimizer() {
     // SAFETY: as above.
     let s = unsafe { strata_optim_create(w0.as_ptr(), n, &c, &mut opt) };
     fails(s, STRATA_ERR_NULL_POINTER, "nvme_path");
+    c = config();
+    c.updater = 7;
+    // SAFETY: as above.
+    let s = unsafe { strata_optim_create(w0.as_ptr(), n, &c, &mut opt) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "updater");
+    c.updater = STRATA_UPDATE_CUDA;
+    // SAFETY: as above.
+    let s = unsafe { strata_optim_create(w0.as_ptr(), n, &c, &mut opt) };
+    if s == STRATA_OK {
+        // A GPU (and libstrata built with the cuda feature).
+        assert_eq!(strata_optim_free(opt), STRATA_OK);
+    } else {
+        fails(s, STRATA_ERR_NO_DEVICE, "no CUDA device");
+    }
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! host DRAM, CXL memory (emulated where the machine has none) or NVMe,
 //! beside the limits in the same run: this machine's memcpy bandwidth and,
 //! for NVMe, the store's sequential read bandwidth at the same page size
-//! and queue depth.
+//! and queue depth. The update runs on the CPU or, with `--update cuda`, on
+//! a GPU (`kernels/adam.cu`).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -12,7 +13,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::io::{AlignedBuf, IoOp};
-use crate::offload::optim::{OffloadedAdam, OptimConfig, StateTier};
+use crate::offload::optim::{OffloadedAdam, OptimConfig, StateTier, Updater};
 use crate::tier::{NvmeConfig, NvmeStore, PageStore};
 
 /// Parameters.
@@ -28,13 +29,17 @@ pub struct OptimParams {
     pub path: PathBuf,
     /// Timed steps (after one untimed).
     pub steps: usize,
+    /// Where the update runs.
+    pub update: Updater,
 }
 
 /// The report.
 #[derive(Debug, Clone, Serialize)]
 pub struct OptimReport {
-    /// No device: the update runs on the CPU.
+    /// Where the update ran: "cpu" or "cuda".
     pub backend: &'static str,
+    /// The GPU it ran on ("GPU 0 (name)"), for `cuda`.
+    pub gpu: Option<String>,
     /// Where the states lived.
     pub tier: &'static str,
     /// Whether that tier was emulated (CXL without a CPU-less node).
@@ -57,7 +62,7 @@ pub struct OptimReport {
     pub nvme_seq_read_bytes_per_sec: Option<f64>,
     /// `bytes_per_sec / nvme_seq_read_bytes_per_sec`.
     pub ratio_to_nvme_seq_read: Option<f64>,
-    /// CPU threads the host-tier update used.
+    /// CPU threads the host-tier update used (cpu).
     pub threads: usize,
 }
 
@@ -91,6 +96,7 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     let w: Vec<f32> = (0..p.params).map(|i| ((i % 1000) as f32) * 1e-3).collect();
     let mut cfg = OptimConfig::new(tier);
     cfg.chunk_bytes = p.chunk;
+    cfg.updater = p.update;
     let mut opt = OffloadedAdam::new(&w, cfg)?;
     drop(w);
     let g: Vec<f32> = (0..p.params)
@@ -108,7 +114,8 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     progress("done", 1.0);
     let bps = bytes as f64 / secs.max(1e-12);
     Ok(OptimReport {
-        backend: "cpu",
+        backend: opt.updater().name(),
+        gpu: opt.gpu(),
         tier: opt_tier_name(&p.tier),
         emulated: opt.emulated(),
         params: p.clone(),

@@ -9,11 +9,14 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 
-use super::no_device;
 use crate::error::{Error, ErrorKind, Result};
 use crate::hotness::{Harvest, HarvestParams};
 
 const SOURCE: &str = include_str!("../../kernels/hotness.cu");
+
+/// The kernels loaded from `hotness.cu` (checked against its PTX by
+/// `tests/kernels.rs`).
+pub const ENTRY_POINTS: &[&str] = &["strata_fold", "strata_histogram", "strata_collect"];
 
 fn driver(call: &str, e: impl std::fmt::Debug) -> Error {
     Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
@@ -40,12 +43,7 @@ impl CudaHotness {
         if let Some(h) = cache().lock().expect("cache lock").get(&key) {
             return Ok(h.clone());
         }
-        // SAFETY: only tries to load the NVRTC library; calls nothing in it.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(no_device("the NVRTC library (libnvrtc.so) is not present"));
-        }
-        let ptx = cudarc::nvrtc::compile_ptx(SOURCE)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("compiling hotness.cu: {e:?}")))?;
+        let ptx = super::nvrtc::compile("hotness.cu", SOURCE)?;
         let module = ctx
             .load_module(ptx)
             .map_err(|e| driver("cuModuleLoadData", e))?;

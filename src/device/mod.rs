@@ -8,11 +8,19 @@
 //!   "simulated".
 //!
 //! [`DeviceStore`](crate::tier::DeviceStore) puts page slots on either.
+//!
+//! CUDA kernels (`kernels/*.cu`) are compiled at run time by `nvrtc`
+//! (one set of options for all) and launched by `cuda_hotness` (the
+//! access-counter harvest) and `cuda_adam` (the offloaded Adam update).
 
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
+pub mod cuda_adam;
+#[cfg(feature = "cuda")]
 pub mod cuda_hotness;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 pub mod sim;
 
 use std::ptr::NonNull;

@@ -35,12 +35,23 @@
 //! w = w − lr·((m / bc1) / (sqrt(v / bc2) + ε) + wd·w)      (wd = 0: Adam)
 //! ```
 //!
-//! **Importance-aware mode** (ZenFlow's idea, on the CPU): per chunk, the
-//! `fraction` of elements with the largest |g| are updated this step; the
-//! rest add their gradient to an accumulator (host memory) and are updated
-//! every `every` steps with the mean of what accumulated. The update math
-//! is the same; with no GPU here the important part is not split off to a
-//! device, and every step still streams every chunk.
+//! **Importance-aware mode** (ZenFlow's idea): per chunk, the `fraction` of
+//! elements with the largest |g| are updated this step; the rest add their
+//! gradient to an accumulator (host memory) and are updated every `every`
+//! steps with the mean of what accumulated. The update math is the same;
+//! the important part is not split off to a device of its own, and every
+//! step still streams every chunk.
+//!
+//! **Where the update runs** ([`Updater`]): on the CPU (a loop the
+//! compiler vectorizes; host-tier chunks over rayon's threads), or on a
+//! GPU (`--features cuda`: `kernels/adam.cu` through
+//! `device::cuda_adam`). The GPU path takes each chunk as it
+//! arrives from its tier, uploads it through pinned staging buffers in
+//! tiles, double-buffered on two streams, and copies the results back
+//! before the chunk is written back; on host-tier states the tiles of all
+//! chunks form one pipeline. The kernel does the same fp32 operations in
+//! the same order (no FMA contraction, IEEE division and square root), so
+//! both updaters give bitwise the same state.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -190,6 +201,48 @@ pub struct Importance {
     pub every: u64,
 }
 
+/// Where the element-wise update runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Updater {
+    /// On the CPU (vectorized; host-tier chunks over rayon's threads).
+    #[default]
+    Cpu,
+    /// On GPU 0 with `kernels/adam.cu` (cargo feature `cuda`); building
+    /// the optimizer fails with `NoDevice` ("no CUDA device: …") where
+    /// there is no GPU, driver or NVRTC.
+    Cuda,
+}
+
+impl Updater {
+    /// "cpu" or "cuda".
+    pub fn name(self) -> &'static str {
+        match self {
+            Updater::Cpu => "cpu",
+            Updater::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::fmt::Display for Updater {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Updater {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Updater::Cpu),
+            "cuda" => Ok(Updater::Cuda),
+            _ => Err(Error::invalid(format!(
+                "unknown updater {s:?} (use cpu or cuda)"
+            ))),
+        }
+    }
+}
+
 /// How to build an [`OffloadedAdam`].
 #[derive(Debug, Clone)]
 pub struct OptimConfig {
@@ -201,16 +254,20 @@ pub struct OptimConfig {
     pub adam: AdamParams,
     /// Importance-aware mode, or every element every step.
     pub importance: Option<Importance>,
+    /// Where the update runs.
+    pub updater: Updater,
 }
 
 impl OptimConfig {
-    /// States in `tier`, 1 MiB chunks, default Adam, plain mode.
+    /// States in `tier`, 1 MiB chunks, default Adam, plain mode, the
+    /// update on the CPU.
     pub fn new(tier: StateTier) -> Self {
         Self {
             tier,
             chunk_bytes: 1 << 20,
             adam: AdamParams::default(),
             importance: None,
+            updater: Updater::Cpu,
         }
     }
 }
@@ -258,6 +315,79 @@ pub struct OffloadedAdam {
     deferred_steps: u64,
     /// Set after a failed write: the state is no longer whole.
     broken: bool,
+    /// The GPU update (`Updater::Cuda`).
+    gpu: Option<Gpu>,
+}
+
+#[cfg(feature = "cuda")]
+type Gpu = crate::device::cuda_adam::CudaAdam;
+
+/// Without the `cuda` feature there is never a GPU updater.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+enum Gpu {}
+
+fn open_gpu(updater: Updater) -> Result<Option<Gpu>> {
+    match updater {
+        Updater::Cpu => Ok(None),
+        #[cfg(feature = "cuda")]
+        Updater::Cuda => Ok(Some(Gpu::new(0)?)),
+        #[cfg(not(feature = "cuda"))]
+        Updater::Cuda => Err(Error::new(
+            ErrorKind::NoDevice,
+            "no CUDA device: strata was built without the cuda feature",
+        )),
+    }
+}
+
+/// What a step does to each chunk, shared by the CPU and GPU updates.
+#[derive(Clone, Copy)]
+struct StepPlan {
+    chunk: usize,
+    params: usize,
+    /// Importance mode: its settings and whether this step flushes.
+    importance: Option<(Importance, bool)>,
+    /// Steps the accumulators cover.
+    deferred: u64,
+}
+
+impl StepPlan {
+    /// Chunk `c`'s elements of the parameter vector.
+    fn range(&self, c: usize) -> std::ops::Range<usize> {
+        c * self.chunk..((c + 1) * self.chunk).min(self.params)
+    }
+
+    /// Chunk `c` as the GPU update takes it.
+    #[cfg(feature = "cuda")]
+    fn gpu_chunk<'a>(
+        &self,
+        c: usize,
+        grads: &'a [f32],
+        w: &'a mut [f32],
+        m: &'a mut [f32],
+        v: &'a mut [f32],
+        acc: &'a mut [f32],
+    ) -> crate::device::cuda_adam::Chunk<'a> {
+        use crate::device::cuda_adam::{Chunk, Rule};
+        let g = &grads[self.range(c)];
+        let n = g.len();
+        let rule = match self.importance {
+            None => Rule::Plain,
+            Some((imp, flush)) => Rule::Importance {
+                acc: &mut acc[..n],
+                threshold: importance_threshold(g, imp.fraction),
+                flush,
+                deferred: self.deferred as f32,
+            },
+        };
+        Chunk {
+            w: &mut w[..n],
+            m: &mut m[..n],
+            v: &mut v[..n],
+            g,
+            rule,
+        }
+    }
 }
 
 impl std::fmt::Debug for OffloadedAdam {
@@ -294,6 +424,8 @@ impl OffloadedAdam {
                 )));
             }
         }
+        // Before any state is laid out: no GPU is the cheapest failure.
+        let gpu = open_gpu(config.updater)?;
         let chunk = config.chunk_bytes / 4;
         let chunks = weights.len().div_ceil(chunk);
         let pages = chunks as u64 * 3;
@@ -350,6 +482,7 @@ impl OffloadedAdam {
             accum,
             deferred_steps: 0,
             broken: false,
+            gpu,
         })
     }
 
@@ -371,6 +504,23 @@ impl OffloadedAdam {
     /// Whether the states are on an emulated medium (CXL without a CPU-less node).
     pub fn emulated(&self) -> bool {
         self.store.pages().emulated()
+    }
+
+    /// Where the update runs.
+    pub fn updater(&self) -> Updater {
+        self.config.updater
+    }
+
+    /// The GPU the update runs on ("GPU 0 (name)"), if it runs on one.
+    pub fn gpu(&self) -> Option<String> {
+        #[cfg(feature = "cuda")]
+        {
+            self.gpu.as_ref().map(|g| g.description())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            self.gpu.as_ref().map(|g| match *g {})
+        }
     }
 
     fn check(&self, grads: &[f32]) -> Result<()> {
@@ -397,22 +547,22 @@ impl OffloadedAdam {
         self.t += 1;
         let s = StepScalars::new(self.config.adam, self.t);
         // Importance mode: which elements update now, with which gradient.
-        let plan = self.config.importance.map(|imp| {
+        let importance = self.config.importance.map(|imp| {
             self.deferred_steps += 1;
             let flush = self.deferred_steps >= imp.every;
             (imp, flush)
         });
-        let chunk = self.chunk;
-        let params = self.params;
-        let accum = &mut self.accum;
-        let deferred = self.deferred_steps;
-        // The per-chunk update, given the chunk's state slices.
+        let plan = StepPlan {
+            chunk: self.chunk,
+            params: self.params,
+            importance,
+            deferred: self.deferred_steps,
+        };
+        // The per-chunk update on the CPU, given the chunk's state slices.
         let update = |c: usize, w: &mut [f32], m: &mut [f32], v: &mut [f32], acc: &mut [f32]| {
-            let lo = c * chunk;
-            let hi = ((c + 1) * chunk).min(params);
-            let g = &grads[lo..hi];
-            let n = hi - lo;
-            match plan {
+            let g = &grads[plan.range(c)];
+            let n = g.len();
+            match plan.importance {
                 None => adam_update(&mut w[..n], &mut m[..n], &mut v[..n], g, &s),
                 Some((imp, flush)) => {
                     let mask = important(g, imp.fraction);
@@ -423,7 +573,7 @@ impl OffloadedAdam {
                         }
                     }
                     if flush {
-                        let mean: Vec<f32> = acc.iter().map(|a| a / deferred as f32).collect();
+                        let mean: Vec<f32> = acc.iter().map(|a| a / plan.deferred as f32).collect();
                         let rest: Vec<bool> = mask.iter().map(|m| !m).collect();
                         adam_update_masked(w, m, v, &mean, &rest, &s);
                         acc.fill(0.0);
@@ -431,12 +581,32 @@ impl OffloadedAdam {
                 }
             }
         };
+        let accum = &mut self.accum;
         let mut acc_chunks: Vec<&mut [f32]> = if accum.is_empty() {
             Vec::new()
         } else {
-            accum.chunks_mut(chunk).collect()
+            accum.chunks_mut(plan.chunk).collect()
         };
-        let io_wait = match &self.store {
+        #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+        let gpu = &mut self.gpu;
+        // A failure past this point may leave some chunks updated and
+        // others not: the optimizer refuses further steps.
+        let streamed = match &self.store {
+            #[cfg(feature = "cuda")]
+            Store::Host(h) if gpu.is_some() => {
+                let gpu = gpu.as_mut().expect("checked");
+                let mut chunks = Vec::with_capacity(self.slots.len());
+                let mut accs = acc_chunks.into_iter();
+                for (c, set) in self.slots.iter_mut().enumerate() {
+                    let [w, m, v] = set;
+                    let w = as_f32_mut(h.bytes_mut(w.as_mut().expect("slot home"))?);
+                    let m = as_f32_mut(h.bytes_mut(m.as_mut().expect("slot home"))?);
+                    let v = as_f32_mut(h.bytes_mut(v.as_mut().expect("slot home"))?);
+                    let acc = accs.next().unwrap_or(&mut []);
+                    chunks.push(plan.gpu_chunk(c, grads, w, m, v, acc));
+                }
+                gpu.update(&s, chunks).map(|()| Duration::ZERO)
+            }
             Store::Host(h) => {
                 let mut acc_iter: Vec<Option<&mut [f32]>> =
                     acc_chunks.drain(..).map(Some).collect();
@@ -459,45 +629,47 @@ impl OffloadedAdam {
                         update(c, w, m, v, acc.unwrap_or(&mut none));
                         Ok(())
                     })?;
-                Duration::ZERO
+                Ok(Duration::ZERO)
             }
             Store::Cxl(x) => {
                 let page = self.config.chunk_bytes;
-                let r = staged(x, &mut self.slots, page, &mut |c, bufs| {
+                staged(x, &mut self.slots, page, &mut |c, bufs| {
                     let acc: &mut [f32] = match acc_chunks.get_mut(c) {
                         Some(a) => a,
                         None => &mut [],
                     };
                     let [w, m, v] = bufs;
+                    #[cfg(feature = "cuda")]
+                    if let Some(gpu) = gpu.as_mut() {
+                        return gpu.update(&s, vec![plan.gpu_chunk(c, grads, w, m, v, acc)]);
+                    }
                     update(c, w, m, v, acc);
-                });
-                match r {
-                    Ok(d) => d,
-                    Err(e) => {
-                        self.broken = true;
-                        return Err(e);
-                    }
-                }
+                    Ok(())
+                })
             }
-            Store::Nvme(n) => {
-                let r = streamed(n, &mut self.slots, &mut |c, bufs| {
-                    let acc: &mut [f32] = match acc_chunks.get_mut(c) {
-                        Some(a) => a,
-                        None => &mut [],
-                    };
-                    let [w, m, v] = bufs;
-                    update(c, as_f32_mut(w), as_f32_mut(m), as_f32_mut(v), acc);
-                });
-                match r {
-                    Ok(d) => d,
-                    Err(e) => {
-                        self.broken = true;
-                        return Err(e);
-                    }
+            Store::Nvme(n) => streamed(n, &mut self.slots, &mut |c, bufs| {
+                let acc: &mut [f32] = match acc_chunks.get_mut(c) {
+                    Some(a) => a,
+                    None => &mut [],
+                };
+                let [w, m, v] = bufs;
+                let (w, m, v) = (as_f32_mut(w), as_f32_mut(m), as_f32_mut(v));
+                #[cfg(feature = "cuda")]
+                if let Some(gpu) = gpu.as_mut() {
+                    return gpu.update(&s, vec![plan.gpu_chunk(c, grads, w, m, v, acc)]);
                 }
+                update(c, w, m, v, acc);
+                Ok(())
+            }),
+        };
+        let io_wait = match streamed {
+            Ok(d) => d,
+            Err(e) => {
+                self.broken = true;
+                return Err(e);
             }
         };
-        if let Some((_, true)) = plan {
+        if let Some((_, true)) = importance {
             self.deferred_steps = 0;
         }
         let bytes = self.slots.len() as u64 * 3 * self.config.chunk_bytes as u64;
@@ -531,18 +703,30 @@ impl OffloadedAdam {
     }
 }
 
-/// The mask of the `fraction` largest-|g| elements (at least one).
-fn important(g: &[f32], fraction: f64) -> Vec<bool> {
+/// The |g| from which an element is among the `fraction` largest (at
+/// least one); `None` when that is every element. Ties at the threshold
+/// may keep a few more. The GPU update takes the same threshold.
+fn importance_threshold(g: &[f32], fraction: f64) -> Option<f32> {
     let n = g.len();
     let keep = ((n as f64 * fraction).ceil() as usize).clamp(1, n.max(1));
     if keep >= n {
-        return vec![true; n];
+        return None;
     }
     let mut mags: Vec<f32> = g.iter().map(|x| x.abs()).collect();
     let (_, &mut threshold, _) = mags.select_nth_unstable_by(n - keep, f32::total_cmp);
-    // Ties at the threshold may keep a few more than `keep`.
-    g.iter().map(|x| x.abs() >= threshold).collect()
+    Some(threshold)
 }
+
+/// The mask of the `fraction` largest-|g| elements (at least one).
+fn important(g: &[f32], fraction: f64) -> Vec<bool> {
+    match importance_threshold(g, fraction) {
+        None => vec![true; g.len()],
+        Some(t) => g.iter().map(|x| x.abs() >= t).collect(),
+    }
+}
+
+/// The update of chunk `c`, given its three state buffers.
+type ChunkUpdate<'a, B> = dyn FnMut(usize, &mut [B; 3]) -> Result<()> + 'a;
 
 /// The CXL pipeline: reader, updater (this thread), writer, three
 /// staging sets. Slots travel with their chunk through the stages and come
@@ -551,7 +735,7 @@ fn staged(
     store: &CxlStore,
     slots: &mut [[Option<Slot>; 3]],
     page: usize,
-    update: &mut dyn FnMut(usize, &mut [Vec<f32>; 3]),
+    update: &mut ChunkUpdate<'_, Vec<f32>>,
 ) -> Result<Duration> {
     use crossbeam::channel::bounded;
     const SETS: usize = 3;
@@ -569,7 +753,7 @@ fn staged(
         .iter_mut()
         .map(|s| s.each_mut().map(|x| x.take().expect("slot home")))
         .collect();
-    let (waited, back, err) = std::thread::scope(|sc| {
+    let (waited, back, err, failed) = std::thread::scope(|sc| {
         let reader = sc.spawn(move || -> Result<()> {
             for (c, set) in owned.into_iter().enumerate() {
                 let Ok(mut bufs) = free_rx.recv() else {
@@ -600,13 +784,18 @@ fn staged(
             (back, Ok(()))
         });
         let mut waited = Duration::ZERO;
+        // A chunk whose update failed: not written back, its slots kept here.
+        let mut failed = None;
         for _ in 0..n {
             let t = Instant::now();
             let Ok((c, set, mut bufs)) = full_rx.recv() else {
                 break;
             };
             waited += t.elapsed();
-            update(c, &mut bufs);
+            if let Err(e) = update(c, &mut bufs) {
+                failed = Some((c, set, e));
+                break;
+            }
             if done_tx.send((c, set, bufs)).is_err() {
                 break;
             }
@@ -615,11 +804,17 @@ fn staged(
         drop(full_rx);
         let r = reader.join().expect("reader thread");
         let (back, w) = writer.join().expect("writer thread");
-        (waited, back, r.and(w))
+        (waited, back, r.and(w), failed)
+    });
+    let failed = failed.map(|(c, set, e)| {
+        back_home(slots, c, set);
+        e
     });
     for (c, set) in back {
-        let [a, b, d] = set;
-        slots[c] = [Some(a), Some(b), Some(d)];
+        back_home(slots, c, set);
+    }
+    if let Some(e) = failed {
+        return Err(e);
     }
     err?;
     if slots.iter().any(|s| s.iter().any(Option::is_none)) {
@@ -629,6 +824,11 @@ fn staged(
         ));
     }
     Ok(waited)
+}
+
+fn back_home(slots: &mut [[Option<Slot>; 3]], c: usize, set: [Slot; 3]) {
+    let [a, b, d] = set;
+    slots[c] = [Some(a), Some(b), Some(d)];
 }
 
 /// The NVMe pipeline's state on the stepping thread.
@@ -707,7 +907,7 @@ impl Stream<'_, '_> {
 fn streamed(
     store: &NvmeStore,
     slots: &mut [[Option<Slot>; 3]],
-    update: &mut dyn FnMut(usize, &mut [AlignedBuf; 3]),
+    update: &mut ChunkUpdate<'_, AlignedBuf>,
 ) -> Result<Duration> {
     let session = store.session()?;
     let depth = session.depth();
@@ -749,7 +949,7 @@ fn streamed(
                 a[1].take().expect("arrived"),
                 a[2].take().expect("arrived"),
             ];
-            update(c, &mut bufs);
+            update(c, &mut bufs)?;
             while st.room() < 3 {
                 st.reap()?;
             }

@@ -118,6 +118,9 @@ pub struct OptimArgs {
     /// Timed steps (after one untimed).
     #[arg(long, default_value_t = 3)]
     steps: usize,
+    /// Where the update runs: cpu, or cuda (a GPU; needs the cuda feature).
+    #[arg(long, default_value = "cpu")]
+    update: String,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -135,17 +138,21 @@ pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
             .map_err(|_| Error::invalid("--chunk is too large"))?,
         path: a.path.clone(),
         steps: a.steps,
+        update: a.update.parse().map_err(|e: Error| e.context("--update"))?,
     };
     let json = crate::open_json(&a.json)?;
     let r = crate::with_progress(a.quiet, |progress| optim::run(&params, progress))?;
+    let on = match &r.gpu {
+        Some(gpu) => format!("on {gpu}, cuda"),
+        None => format!("on the CPU ({} threads)", r.threads),
+    };
     println!(
-        "{} parameters, states {} in {}{}, chunks of {}; update on the CPU ({} threads)",
+        "{} parameters, states {} in {}{}, chunks of {}; update {on}",
         params.params,
         format_size(r.state_bytes),
         r.tier,
         if r.emulated { " (emulated)" } else { "" },
         format_size(params.chunk as u64),
-        r.threads
     );
     println!(
         "step {:.3}s, {} (read + written), waited on I/O {:.3}s per step",

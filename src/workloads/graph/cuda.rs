@@ -30,7 +30,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::{Access, DeviceMap, OwnedLaunch};
 use crate::tier::Tier;
 
-const HEADER: &str = include_str!("../../../include/strata_device.cuh");
 const SOURCE: &str = include_str!("../../../kernels/graph.cu");
 
 /// Every kernel of `graph.cu`, loaded when the module is.
@@ -73,28 +72,15 @@ pub enum Flavour {
     Plain,
 }
 
-/// `graph.cu` as NVRTC compiles it: `strata_device.cuh` prepended (its
-/// include guard then skips the file's `#include`), and for
-/// [`Flavour::Plain`] `STRATA_GRAPH_PLAIN` defined.
+/// `graph.cu` as NVRTC compiles it (the runtime's options and header
+/// substitution, `crate::device::nvrtc`), with `STRATA_GRAPH_PLAIN`
+/// defined for [`Flavour::Plain`].
 pub fn compile_ptx(flavour: Flavour) -> Result<cudarc::nvrtc::Ptx> {
-    // SAFETY: only tries to load the NVRTC library; calls nothing in it.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::new(
-            ErrorKind::NoDevice,
-            "the NVRTC library (libnvrtc.so) is not present",
-        ));
-    }
-    let source = format!("{HEADER}\n{SOURCE}");
-    let options = cudarc::nvrtc::CompileOptions {
-        options: match flavour {
-            Flavour::Mapped => Vec::new(),
-            Flavour::Plain => vec!["-DSTRATA_GRAPH_PLAIN".into()],
-        },
-        name: Some("graph.cu".into()),
-        ..Default::default()
+    let source = match flavour {
+        Flavour::Mapped => SOURCE.to_string(),
+        Flavour::Plain => format!("#define STRATA_GRAPH_PLAIN 1\n{SOURCE}"),
     };
-    cudarc::nvrtc::compile_ptx_with_opts(source, options)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("compiling graph.cu: {e:?}")))
+    crate::device::nvrtc::compile("graph.cu", &source)
 }
 
 /// The compiled graph kernels of one context and flavour, and the stream

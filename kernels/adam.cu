@@ -1,0 +1,76 @@
+/*
+ * The offloaded Adam/AdamW update on the GPU (src/device/cuda_adam.rs
+ * launches these; adam_update and the importance-aware step in
+ * src/offload/optim.rs are the CPU reference they must match bit for bit).
+ *
+ * Per element, in this order, every operation rounded to fp32 on its own
+ * (the __f*_rn intrinsics are never contracted into an FMA; the runtime
+ * also compiles with --fmad=false, IEEE division and square root, no
+ * flush to zero):
+ *
+ *   m = b1*m + (1-b1)*g
+ *   v = b2*v + (1-b2)*(g*g)
+ *   w = w - lr*((m/bc1) / (sqrt(v/bc2) + eps) + wd*w)
+ *
+ * strata_adam: every element. strata_adam_importance: an element is
+ * important when all != 0 or |g| >= threshold (the chunk's threshold,
+ * chosen on the host as the CPU path chooses it); important elements are
+ * updated with g, the others add g to their accumulator; on a flush step
+ * the others are then updated with acc/deferred, and every accumulator is
+ * cleared.
+ */
+
+struct strata_adam_scalars {
+    float lr, beta1, beta2, eps, weight_decay, bc1, bc2;
+};
+
+__device__ __forceinline__ void strata_adam_element(float *w, float *m, float *v, float g,
+                                                    const strata_adam_scalars &s) {
+    float c1 = __fsub_rn(1.0f, s.beta1);
+    float c2 = __fsub_rn(1.0f, s.beta2);
+    float mi = __fadd_rn(__fmul_rn(s.beta1, *m), __fmul_rn(c1, g));
+    float vi = __fadd_rn(__fmul_rn(s.beta2, *v), __fmul_rn(c2, __fmul_rn(g, g)));
+    *m = mi;
+    *v = vi;
+    float denom = __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, s.bc2)), s.eps);
+    float step = __fadd_rn(__fdiv_rn(__fdiv_rn(mi, s.bc1), denom), __fmul_rn(s.weight_decay, *w));
+    *w = __fsub_rn(*w, __fmul_rn(s.lr, step));
+}
+
+extern "C" __global__ void strata_adam(float *w, float *m, float *v, const float *g,
+                                       unsigned int n, float lr, float beta1, float beta2,
+                                       float eps, float weight_decay, float bc1, float bc2) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    strata_adam_scalars s = {lr, beta1, beta2, eps, weight_decay, bc1, bc2};
+    strata_adam_element(&w[i], &m[i], &v[i], g[i], s);
+}
+
+extern "C" __global__ void strata_adam_importance(float *w, float *m, float *v, const float *g,
+                                                  float *acc, unsigned int n, float lr,
+                                                  float beta1, float beta2, float eps,
+                                                  float weight_decay, float bc1, float bc2,
+                                                  unsigned int all, float threshold,
+                                                  unsigned int flush, float deferred) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    strata_adam_scalars s = {lr, beta1, beta2, eps, weight_decay, bc1, bc2};
+    float gi = g[i];
+    bool important = all != 0u || fabsf(gi) >= threshold;
+    if (important) {
+        strata_adam_element(&w[i], &m[i], &v[i], gi, s);
+    } else {
+        acc[i] = __fadd_rn(acc[i], gi);
+    }
+    if (flush != 0u) {
+        float mean = __fdiv_rn(acc[i], deferred);
+        if (!important) {
+            strata_adam_element(&w[i], &m[i], &v[i], mean, s);
+        }
+        acc[i] = 0.0f;
+    }
+}

@@ -1,0 +1,526 @@
+//! The offloaded Adam's update on a GPU: `kernels/adam.cu`, compiled with
+//! NVRTC once per process. Semantics (bit for bit) are those of the CPU
+//! update in [`crate::offload::optim`].
+//!
+//! The pipeline: the chunks of a call are cut into tiles of [`TILE`]
+//! elements; two staging sets (pinned host memory, device memory, a
+//! stream, an event) take turns. For tile k on set k mod 2 the host first
+//! waits for tile k−2's results on that set and copies them into their
+//! chunk, then copies tile k's inputs into the pinned buffers and queues
+//! the uploads, the kernel and the downloads on the set's stream. So tile
+//! k+1's upload overlaps tile k's kernel and tile k−1's download, and the
+//! host's copies overlap both. Every tile's results are in its chunk when
+//! [`CudaAdam::update`] returns, before the caller writes the chunk back.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{
+    result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use super::no_device;
+use crate::error::{Error, ErrorKind, Result};
+use crate::offload::optim::StepScalars;
+
+const SOURCE: &str = include_str!("../../kernels/adam.cu");
+
+/// The kernels loaded from `adam.cu` (checked against its PTX by
+/// `tests/kernels.rs`).
+pub const ENTRY_POINTS: &[&str] = &["strata_adam", "strata_adam_importance"];
+
+/// Elements per tile (256 KiB per state array): the unit of the
+/// double-buffered pipeline.
+pub const TILE: usize = 64 << 10;
+
+/// Staged arrays per set: weights, m, v, gradients, accumulators.
+const ARRAYS: usize = 5;
+const W: usize = 0;
+const M: usize = 1;
+const V: usize = 2;
+const G: usize = 3;
+const ACC: usize = 4;
+
+fn driver(call: &str, e: DriverError) -> Error {
+    Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
+}
+
+/// How a chunk's elements update.
+#[derive(Debug)]
+pub enum Rule<'a> {
+    /// Every element with its gradient.
+    Plain,
+    /// The importance-aware step (see `kernels/adam.cu`).
+    Importance {
+        /// The chunk's deferred-gradient sums.
+        acc: &'a mut [f32],
+        /// Elements with |g| at least this are important; `None`: all are.
+        threshold: Option<f32>,
+        /// Whether this step applies the deferred sums.
+        flush: bool,
+        /// Steps the sums cover (their divisor on a flush).
+        deferred: f32,
+    },
+}
+
+/// One chunk's state and gradients, all of the same length.
+#[derive(Debug)]
+pub struct Chunk<'a> {
+    /// Master weights.
+    pub w: &'a mut [f32],
+    /// First moment.
+    pub m: &'a mut [f32],
+    /// Second moment.
+    pub v: &'a mut [f32],
+    /// Gradients.
+    pub g: &'a [f32],
+    /// How its elements update.
+    pub rule: Rule<'a>,
+}
+
+impl<'a> Chunk<'a> {
+    fn check(&self) -> Result<()> {
+        let n = self.w.len();
+        let acc_ok = match &self.rule {
+            Rule::Plain => true,
+            Rule::Importance { acc, .. } => acc.len() == n,
+        };
+        if self.m.len() != n || self.v.len() != n || self.g.len() != n || !acc_ok {
+            return Err(Error::invalid(
+                "a chunk's weights, moments, gradients and accumulators differ in length",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Cuts the chunk into tiles of at most [`TILE`] elements.
+    fn tiles(self, out: &mut Vec<Chunk<'a>>) {
+        let Chunk {
+            mut w,
+            mut m,
+            mut v,
+            mut g,
+            mut rule,
+        } = self;
+        while w.len() > TILE {
+            let (w0, w1) = w.split_at_mut(TILE);
+            let (m0, m1) = m.split_at_mut(TILE);
+            let (v0, v1) = v.split_at_mut(TILE);
+            let (g0, g1) = g.split_at(TILE);
+            let (r0, r1) = match rule {
+                Rule::Plain => (Rule::Plain, Rule::Plain),
+                Rule::Importance {
+                    acc,
+                    threshold,
+                    flush,
+                    deferred,
+                } => {
+                    let (a0, a1) = acc.split_at_mut(TILE);
+                    let r = |acc| Rule::Importance {
+                        acc,
+                        threshold,
+                        flush,
+                        deferred,
+                    };
+                    (r(a0), r(a1))
+                }
+            };
+            out.push(Chunk {
+                w: w0,
+                m: m0,
+                v: v0,
+                g: g0,
+                rule: r0,
+            });
+            (w, m, v, g, rule) = (w1, m1, v1, g1, r1);
+        }
+        if !w.is_empty() {
+            out.push(Chunk { w, m, v, g, rule });
+        }
+    }
+}
+
+/// The PTX of `adam.cu`, compiled on first use.
+fn ptx() -> Result<Ptx> {
+    static PTX: OnceLock<String> = OnceLock::new();
+    if let Some(src) = PTX.get() {
+        return Ok(Ptx::from_src(src.clone()));
+    }
+    let src = super::nvrtc::compile("adam.cu", SOURCE)?.to_src();
+    Ok(Ptx::from_src(PTX.get_or_init(|| src).clone()))
+}
+
+/// One staging set: `ARRAYS × TILE` floats of pinned host memory and of
+/// device memory, the stream its work runs on, and an event recorded after
+/// its last download.
+struct Set {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    done: CudaEvent,
+    host: *mut f32,
+    dev: sys::CUdeviceptr,
+}
+
+// SAFETY: `host` is a pinned allocation owned by this set alone; it is read
+// and written only through `&mut Set` (after the set's event has completed,
+// so no copy engine touches it at the same time). The CUDA objects are
+// usable from any thread once the context is bound, which every method does.
+unsafe impl Send for Set {}
+
+impl Set {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let bytes = ARRAYS * TILE * 4;
+        let stream = ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
+        let done = ctx
+            .new_event(None)
+            .map_err(|e| driver("cuEventCreate", e))?;
+        ctx.bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
+        // SAFETY: a plain allocation in the context bound above; no flags
+        // (not write-combined: the host reads the results back).
+        let host = unsafe { result::malloc_host(bytes, 0) }
+            .map_err(|e| driver("cuMemHostAlloc", e))?
+            .cast::<f32>();
+        // SAFETY: as above.
+        let dev = match unsafe { result::malloc_sync(bytes) } {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: allocated just above, never used.
+                let _ = unsafe { result::free_host(host.cast()) };
+                return Err(driver("cuMemAlloc", e));
+            }
+        };
+        Ok(Self {
+            ctx: ctx.clone(),
+            stream,
+            done,
+            host,
+            dev,
+        })
+    }
+
+    /// The pinned staging memory.
+    ///
+    /// # Safety
+    /// No copy queued on this set's stream is still running (its event has
+    /// completed, or nothing was queued since the stream last synchronized).
+    unsafe fn staging(&mut self) -> &mut [f32] {
+        // SAFETY: `host` holds ARRAYS × TILE floats, owned by this set;
+        // `&mut self` makes this the only reference, and the caller
+        // guarantees no DMA touches it meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.host, ARRAYS * TILE) }
+    }
+
+    fn dev(&self, array: usize) -> u64 {
+        self.dev + (array * TILE * 4) as u64
+    }
+
+    /// The arrays a tile uploads and downloads.
+    fn arrays(tile: &Chunk<'_>) -> (&'static [usize], &'static [usize]) {
+        match tile.rule {
+            Rule::Plain => (&[W, M, V, G], &[W, M, V]),
+            Rule::Importance { .. } => (&[W, M, V, G, ACC], &[W, M, V, ACC]),
+        }
+    }
+
+    /// Stages `tile`'s inputs and queues its uploads, kernel and downloads.
+    ///
+    /// # Safety
+    /// The set's previous work has completed (its results were taken by
+    /// [`finish`](Self::finish), or the stream was synchronized).
+    unsafe fn submit(&mut self, tile: &Chunk<'_>, s: &StepScalars, k: &Kernels) -> Result<()> {
+        let n = tile.w.len();
+        debug_assert!(n <= TILE);
+        let dev: [u64; ARRAYS] = std::array::from_fn(|a| self.dev(a));
+        let stream = self.stream.clone();
+        // SAFETY: this function's contract.
+        let h = unsafe { self.staging() };
+        h[W * TILE..W * TILE + n].copy_from_slice(tile.w);
+        h[M * TILE..M * TILE + n].copy_from_slice(tile.m);
+        h[V * TILE..V * TILE + n].copy_from_slice(tile.v);
+        h[G * TILE..G * TILE + n].copy_from_slice(tile.g);
+        if let Rule::Importance { acc, .. } = &tile.rule {
+            h[ACC * TILE..ACC * TILE + n].copy_from_slice(acc);
+        }
+        let (up, down) = Self::arrays(tile);
+        let cu = stream.cu_stream();
+        for &a in up {
+            let src = &h[a * TILE..a * TILE + n];
+            // SAFETY: `src` is pinned and stays allocated and untouched by
+            // the host until the set's event completes (the contract of
+            // `staging`); the destination is inside this set's device
+            // allocation.
+            unsafe { result::memcpy_htod_async(dev[a], src, cu) }
+                .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+        }
+        let (w, m, v, g, acc) = (dev[W], dev[M], dev[V], dev[G], dev[ACC]);
+        let n32 = n as u32;
+        let p = &s.p;
+        let cfg = LaunchConfig::for_num_elems(n32);
+        match &tile.rule {
+            Rule::Plain => {
+                let mut b = stream.launch_builder(&k.plain);
+                b.arg(&w).arg(&m).arg(&v).arg(&g).arg(&n32);
+                b.arg(&p.lr).arg(&p.beta1).arg(&p.beta2).arg(&p.eps);
+                b.arg(&p.weight_decay).arg(&s.bc1).arg(&s.bc2);
+                // SAFETY: the arguments match strata_adam's signature; the
+                // four arrays hold `n` floats each on the device and the
+                // kernel touches no element at or past `n`.
+                unsafe { b.launch(cfg) }.map_err(|e| driver("strata_adam", e))?;
+            }
+            Rule::Importance {
+                threshold,
+                flush,
+                deferred,
+                ..
+            } => {
+                let all = threshold.is_none() as u32;
+                let threshold = threshold.unwrap_or(0.0);
+                let flush = *flush as u32;
+                let mut b = stream.launch_builder(&k.importance);
+                b.arg(&w).arg(&m).arg(&v).arg(&g).arg(&acc).arg(&n32);
+                b.arg(&p.lr).arg(&p.beta1).arg(&p.beta2).arg(&p.eps);
+                b.arg(&p.weight_decay).arg(&s.bc1).arg(&s.bc2);
+                b.arg(&all).arg(&threshold).arg(&flush).arg(deferred);
+                // SAFETY: as above, for strata_adam_importance's signature
+                // and five arrays.
+                unsafe { b.launch(cfg) }.map_err(|e| driver("strata_adam_importance", e))?;
+            }
+        }
+        for &a in down {
+            let dst = &mut h[a * TILE..a * TILE + n];
+            // SAFETY: as for the uploads; the host reads `dst` only after
+            // the event recorded below has completed.
+            unsafe { result::memcpy_dtoh_async(dst, dev[a], cu) }
+                .map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+        }
+        self.done
+            .record(&self.stream)
+            .map_err(|e| driver("cuEventRecord", e))
+    }
+
+    /// Waits for `tile`'s results and copies them into it.
+    fn finish(&mut self, tile: Chunk<'_>) -> Result<()> {
+        self.done
+            .synchronize()
+            .map_err(|e| driver("cuEventSynchronize", e))?;
+        let n = tile.w.len();
+        // SAFETY: the event recorded after this set's last download has
+        // completed, so no copy touches the staging memory.
+        let h = unsafe { self.staging() };
+        tile.w.copy_from_slice(&h[W * TILE..W * TILE + n]);
+        tile.m.copy_from_slice(&h[M * TILE..M * TILE + n]);
+        tile.v.copy_from_slice(&h[V * TILE..V * TILE + n]);
+        if let Rule::Importance { acc, .. } = tile.rule {
+            acc.copy_from_slice(&h[ACC * TILE..ACC * TILE + n]);
+        }
+        Ok(())
+    }
+
+    /// Waits for everything queued on the set (after a failure).
+    fn quiesce(&self) {
+        // SAFETY: the stream belongs to this set's context, bound by every
+        // caller.
+        let _ = unsafe { result::stream::synchronize(self.stream.cu_stream()) };
+    }
+}
+
+impl Drop for Set {
+    fn drop(&mut self) {
+        // Errors here cannot be returned. Bind the context directly (cudarc's
+        // `bind_to_thread` fails on an unrelated recorded error).
+        // SAFETY: the context outlives the set (we hold an Arc).
+        if unsafe { result::ctx::set_current(self.ctx.cu_ctx()) }.is_ok() {
+            self.quiesce();
+            // SAFETY: both allocations came from this context, and no copy
+            // or kernel uses them any more (the stream was synchronized).
+            unsafe {
+                let _ = result::free_sync(self.dev);
+                let _ = result::free_host(self.host.cast());
+            }
+        }
+    }
+}
+
+struct Kernels {
+    plain: CudaFunction,
+    importance: CudaFunction,
+}
+
+/// The Adam update on GPU `ordinal`: the kernels and two staging sets.
+pub struct CudaAdam {
+    ctx: Arc<CudaContext>,
+    kernels: Kernels,
+    sets: [Set; 2],
+    name: String,
+}
+
+impl std::fmt::Debug for CudaAdam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaAdam({})", self.description())
+    }
+}
+
+impl CudaAdam {
+    /// Opens GPU `ordinal` and compiles the kernels (NVRTC). `NoDevice`
+    /// ("no CUDA device: …") without a driver, a GPU or NVRTC.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let none = |why: String| no_device(format!("no CUDA device: {why}"));
+        // SAFETY: only tries to load the driver library; calls nothing in it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(none(
+                "the CUDA driver library (libcuda.so) is not present".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| none(format!("GPU {ordinal}: {e:?}")))?;
+        let ptx = ptx().map_err(|e| match e.kind() {
+            ErrorKind::NoDevice => none(e.to_string()),
+            _ => e,
+        })?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| driver("cuModuleLoadData", e))?;
+        let get = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| driver("cuModuleGetFunction", e))
+        };
+        let kernels = Kernels {
+            plain: get(ENTRY_POINTS[0])?,
+            importance: get(ENTRY_POINTS[1])?,
+        };
+        let sets = [Set::new(&ctx)?, Set::new(&ctx)?];
+        let name = result::device::get_name(ctx.cu_device()).unwrap_or_else(|_| "GPU".into());
+        Ok(Self {
+            name: format!("GPU {ordinal} ({name})"),
+            ctx,
+            kernels,
+            sets,
+        })
+    }
+
+    /// "GPU 0 (name)".
+    pub fn description(&self) -> String {
+        self.name.clone()
+    }
+
+    /// Updates `chunks` in place with the step's scalars; every result is
+    /// in its chunk on return. After an error some tiles may be updated
+    /// and others not.
+    pub fn update(&mut self, s: &StepScalars, chunks: Vec<Chunk<'_>>) -> Result<()> {
+        let mut tiles = Vec::new();
+        for c in chunks {
+            c.check()?;
+            c.tiles(&mut tiles);
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
+        let (sets, kernels) = (&mut self.sets, &self.kernels);
+        let mut pending: [Option<Chunk<'_>>; 2] = [None, None];
+        let r = (|| -> Result<()> {
+            for (k, tile) in tiles.into_iter().enumerate() {
+                let i = k % 2;
+                if let Some(done) = pending[i].take() {
+                    sets[i].finish(done)?;
+                }
+                // SAFETY: the set's previous tile was finished just above
+                // (its event completed), or it has run nothing since the
+                // last call, which ended with every set finished or
+                // quiesced.
+                unsafe { sets[i].submit(&tile, s, kernels)? };
+                pending[i] = Some(tile);
+            }
+            for i in [0, 1] {
+                if let Some(done) = pending[i].take() {
+                    sets[i].finish(done)?;
+                }
+            }
+            Ok(())
+        })();
+        if r.is_err() {
+            // Nothing may still be copying into the staging memory when
+            // the next call writes it.
+            for set in sets.iter() {
+                set.quiesce();
+            }
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_cover_the_chunk_in_order() {
+        let n = 2 * TILE + 5;
+        let (mut w, mut m, mut v, mut acc) =
+            (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+        let g: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let chunk = Chunk {
+            w: &mut w,
+            m: &mut m,
+            v: &mut v,
+            g: &g,
+            rule: Rule::Importance {
+                acc: &mut acc,
+                threshold: Some(1.5),
+                flush: true,
+                deferred: 3.0,
+            },
+        };
+        chunk.check().unwrap();
+        let mut tiles = Vec::new();
+        chunk.tiles(&mut tiles);
+        assert_eq!(
+            tiles.iter().map(|t| t.w.len()).collect::<Vec<_>>(),
+            [TILE, TILE, 5]
+        );
+        for (k, t) in tiles.iter_mut().enumerate() {
+            t.check().unwrap();
+            assert_eq!(t.g[0], (k * TILE) as f32);
+            let Rule::Importance {
+                acc,
+                threshold,
+                flush,
+                deferred,
+            } = &mut t.rule
+            else {
+                panic!("the rule changed");
+            };
+            assert_eq!((*threshold, *flush, *deferred), (Some(1.5), true, 3.0));
+            acc.fill(k as f32 + 1.0);
+            t.w.fill(k as f32 + 1.0);
+        }
+        drop(tiles);
+        assert_eq!((w[0], w[TILE], w[n - 1]), (1.0, 2.0, 3.0));
+        assert_eq!((acc[0], acc[TILE], acc[n - 1]), (1.0, 2.0, 3.0));
+        let mut none = Vec::new();
+        let (mut e1, mut e2, mut e3) = (vec![], vec![], vec![]);
+        Chunk {
+            w: &mut e1,
+            m: &mut e2,
+            v: &mut e3,
+            g: &[],
+            rule: Rule::Plain,
+        }
+        .tiles(&mut none);
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn unequal_lengths_are_refused() {
+        let (mut w, mut m, mut v) = (vec![0f32; 4], vec![0f32; 4], vec![0f32; 3]);
+        let c = Chunk {
+            w: &mut w,
+            m: &mut m,
+            v: &mut v,
+            g: &[0.0; 4],
+            rule: Rule::Plain,
+        };
+        assert_eq!(c.check().unwrap_err().kind(), ErrorKind::InvalidArgument);
+    }
+}
