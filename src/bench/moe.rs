@@ -3,9 +3,12 @@
 //! pool of slots, lookahead prefetch from an activation-aware predictor)
 //! beside a per-layer LRU cache without prefetch (the mixtral-offloading
 //! design) and no cache at all. Stall and decode times are **modelled**:
-//! transfers on the simulated PCIe link (25 GB/s, 5 µs each), per-layer
-//! compute as the graph benchmark's [`GpuModel`] (a launch plus reading the
-//! layer's active experts from HBM).
+//! transfers on the simulated PCIe link (25 GB/s, 5 µs each; demand
+//! transfers ahead of queued prefetches, which cross a page at a time —
+//! `--fifo-link` for one FIFO of whole transfers), per-layer compute as the
+//! graph benchmark's [`GpuModel`] (a launch plus reading the layer's active
+//! experts from HBM). The report carries offline bounds on the same fetch
+//! sequence ([`MoeBounds`]: Belady's MIN, the best fixed set of experts).
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
