@@ -377,3 +377,114 @@ fn trace_errors_name_the_line() {
     let err = parse_trace("1 0 1\n0 0 2\n", "t").unwrap_err();
     assert!(err.to_string().contains("t:2"), "{err}");
 }
+
+/// Two layers of four 256 KiB experts (four 64 KiB pages each), byte
+/// `16 × layer + expert` throughout.
+fn paged_cache(slots: usize, link_priority: bool) -> ExpertCache {
+    let mut cfg = MoeConfig::new(slots, 256 << 10, 8 << 20);
+    cfg.layers = 2;
+    cfg.link_priority = link_priority;
+    let mut c = ExpertCache::new(cfg).unwrap();
+    for l in 0..2u32 {
+        for e in 0..4u32 {
+            c.register(l, e, &vec![(l * 16 + e) as u8; 256 << 10])
+                .unwrap();
+        }
+    }
+    c
+}
+
+/// Modelled link seconds of `bytes` crossing as one transfer.
+fn link_seconds(bytes: usize) -> f64 {
+    strata::device::sim::PCIE_GEN4_X16.time(bytes).as_secs_f64()
+}
+
+#[test]
+fn a_demand_fetch_overtakes_queued_prefetches() {
+    let expert = link_seconds(256 << 10);
+    let page = link_seconds(64 << 10);
+    for priority in [true, false] {
+        let c = paged_cache(4, priority);
+        assert_eq!(c.prefetch(1, &[0, 1]).unwrap(), 2);
+        // The first prefetch's first page is on the wire when the demand
+        // fetch comes.
+        c.advance(1e-6);
+        drop(c.fetch(0, 2).unwrap());
+        let stall = c.stats().stall_seconds;
+        if priority {
+            // It waits for that page, not for the two queued experts.
+            let bound = page - 1e-6 + expert;
+            assert!(
+                (stall - bound).abs() < 1e-9,
+                "stall {stall} vs one page then the expert {bound}"
+            );
+        } else {
+            // One FIFO: both prefetches cross whole first.
+            let fifo = 3.0 * expert - 1e-6;
+            assert!((stall - fifo).abs() < 1e-9, "stall {stall} vs {fifo}");
+        }
+        // The prefetches still arrive and hold the right bytes.
+        let p = c.fetch(1, 1).unwrap();
+        let mut b = [0u8; 4];
+        p.buffer().read((256 << 10) - 4, &mut b).unwrap();
+        assert_eq!(b, [17; 4]);
+    }
+}
+
+#[test]
+fn a_fetch_of_a_prefetch_in_flight_waits_only_for_its_rest() {
+    let expert = link_seconds(256 << 10);
+    let c = paged_cache(4, true);
+    assert_eq!(c.prefetch(1, &[0]).unwrap(), 1);
+    // Halfway through its modelled transfer.
+    c.advance(expert / 2.0);
+    drop(c.fetch(1, 0).unwrap());
+    let s = c.stats();
+    assert_eq!((s.hits, s.late_prefetch_hits, s.prefetches_used), (1, 1, 1));
+    assert!(
+        s.stall_seconds > 0.0 && s.stall_seconds <= expert / 2.0 + 1e-9,
+        "stall {} for half an expert of {expert}",
+        s.stall_seconds
+    );
+}
+
+#[test]
+fn a_cancelled_prefetch_frees_its_slot_and_never_returns_stale_data() {
+    let c = paged_cache(2, true);
+    assert_eq!(c.prefetch(1, &[0, 1]).unwrap(), 2);
+    // Both slots hold unused prefetches: another prediction is dropped.
+    assert_eq!(c.prefetch(1, &[2]).unwrap(), 0);
+    assert_eq!(c.cancel_prefetches(1).unwrap(), 2);
+    assert!(!c.is_resident(1, 0).unwrap() && !c.is_resident(1, 1).unwrap());
+    let s = c.stats();
+    assert_eq!((s.prefetches_cancelled, s.bytes_moved), (2, 0));
+    // The slots are free again.
+    assert_eq!(c.prefetch(1, &[2, 3]).unwrap(), 2);
+    // A cancelled expert is a miss that moves it whole, from the host copy.
+    let before = c.stats();
+    for e in [0u32, 1] {
+        let p = c.fetch(1, e).unwrap();
+        assert_eq!(p.buffer().tier_of(0).unwrap(), Some(strata::Tier::Device));
+        for page in 0..4u64 {
+            let mut b = [0u8; 2];
+            p.buffer().read(page * (64 << 10) + 7, &mut b).unwrap();
+            assert_eq!(b, [16 + e as u8; 2], "page {page} of expert (1, {e})");
+        }
+    }
+    let s = c.stats();
+    assert_eq!(s.hits, before.hits, "cancelled prefetches are not hits");
+}
+
+#[test]
+fn a_finished_prefetch_is_not_cancelled() {
+    let c = paged_cache(2, true);
+    assert_eq!(c.prefetch(1, &[3]).unwrap(), 1);
+    c.advance(1e-3);
+    assert_eq!(c.cancel_prefetches(1).unwrap(), 0);
+    let before = c.stats().stall_seconds;
+    drop(c.fetch(1, 3).unwrap());
+    let s = c.stats();
+    assert_eq!((s.hits, s.late_prefetch_hits), (1, 0));
+    assert_eq!(s.stall_seconds, before);
+    assert_eq!(s.bytes_moved, 256 << 10);
+}

@@ -3,11 +3,15 @@
 //! pool of slots, lookahead prefetch from an activation-aware predictor)
 //! beside a per-layer LRU cache without prefetch (the mixtral-offloading
 //! design) and no cache at all. Stall and decode times are **modelled**:
-//! transfers on the simulated PCIe link (25 GB/s, 5 µs each), per-layer
-//! compute as the graph benchmark's [`GpuModel`] (a launch plus reading the
-//! layer's active experts from HBM).
+//! transfers on the simulated PCIe link (25 GB/s, 5 µs each; demand
+//! transfers ahead of queued prefetches, which cross a page at a time —
+//! `--fifo-link` for one FIFO of whole transfers), per-layer compute as the
+//! graph benchmark's [`GpuModel`] (a launch plus reading the layer's active
+//! experts from HBM). The report carries offline bounds on the same fetch
+//! sequence ([`MoeBounds`]: Belady's MIN, the best fixed set of experts).
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Instant;
@@ -82,6 +86,10 @@ pub struct MoeParams {
     pub seed: u64,
     /// Runtime page size.
     pub page_size: usize,
+    /// Model the link as one FIFO of whole transfers (no demand priority,
+    /// no page-sized prefetch chunks): the model before chunking, for
+    /// comparison. Configurations without prefetch move the same.
+    pub fifo_link: bool,
 }
 
 /// One configuration's results.
@@ -140,6 +148,79 @@ pub struct MoeReport {
     pub model: GpuModel,
     /// One entry per configuration.
     pub results: Vec<MoeResult>,
+    /// What perfect caching reaches on the same fetch sequence.
+    pub bounds: MoeBounds,
+}
+
+/// Offline bounds on the same fetch sequence and slot count (one pool of
+/// slots), in the same model.
+///
+/// No cache, with or without prefetch, moves fewer experts than Belady's
+/// MIN misses (a prefetch is a transfer too). The link carries one expert
+/// at a time and can overlap transfers only with compute, so decoding
+/// takes at least `transfers × transfer_seconds`, and the stall is at least
+/// that minus all compute time.
+#[derive(Debug, Clone, Serialize)]
+pub struct MoeBounds {
+    /// Belady's MIN: the fewest transfers any cache can make, as hits.
+    pub belady_hit_rate: f64,
+    /// The best fixed set of `device_slots` experts, chosen from the whole
+    /// run's counts and loaded before it starts: what a frequency policy
+    /// approaches online when routing is close to independent draws.
+    pub static_oracle_hit_rate: f64,
+    /// Modelled link time of one expert.
+    pub transfer_seconds: f64,
+    /// Modelled compute of all layers of all tokens.
+    pub compute_seconds: f64,
+    /// Belady's misses as demand transfers (perfect caching, no prefetch).
+    pub belady_stall_seconds: f64,
+    /// Belady's misses with perfect prefetch: at least
+    /// `max(0, misses × transfer − compute)`.
+    pub belady_prefetch_stall_floor_seconds: f64,
+    /// The static oracle's misses with perfect prefetch, likewise.
+    pub static_oracle_prefetch_stall_floor_seconds: f64,
+}
+
+/// Belady and static-oracle figures of `routes` for `slots` slots.
+fn bounds(
+    routes: &[Vec<Vec<u32>>],
+    experts: usize,
+    slots: usize,
+    expert_bytes: u64,
+    compute_seconds: f64,
+) -> MoeBounds {
+    use crate::policy::{belady::Belady, Policy};
+    let trace: Vec<u64> = routes
+        .iter()
+        .flat_map(|tok| {
+            tok.iter()
+                .enumerate()
+                .flat_map(move |(l, es)| es.iter().map(move |&e| (l * experts) as u64 + e as u64))
+        })
+        .collect();
+    let n = trace.len().max(1) as f64;
+    let mut min = Belady::new(slots, &trace);
+    let belady_hits = trace.iter().filter(|&&x| min.access(x).is_hit()).count();
+    let mut counts: HashMap<u64, usize> = HashMap::new();
+    for &x in &trace {
+        *counts.entry(x).or_default() += 1;
+    }
+    let mut c: Vec<usize> = counts.into_values().collect();
+    c.sort_unstable_by(|a, b| b.cmp(a));
+    let static_hits: usize = c.iter().take(slots).sum();
+    let transfer = crate::device::sim::PCIE_GEN4_X16
+        .time(expert_bytes as usize)
+        .as_secs_f64();
+    let floor = |hits: usize| ((trace.len() - hits) as f64 * transfer - compute_seconds).max(0.0);
+    MoeBounds {
+        belady_hit_rate: belady_hits as f64 / n,
+        static_oracle_hit_rate: static_hits as f64 / n,
+        transfer_seconds: transfer,
+        compute_seconds,
+        belady_stall_seconds: (trace.len() - belady_hits) as f64 * transfer,
+        belady_prefetch_stall_floor_seconds: floor(belady_hits),
+        static_oracle_prefetch_stall_floor_seconds: floor(static_hits),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -161,6 +242,11 @@ impl Config {
 
 /// A prediction is prefetched only above this estimated probability.
 const MIN_CONFIDENCE: f32 = 0.6;
+/// LRFU half-life of a use, in passes over all experts' fetch counts
+/// (16 × 1,024 fetches = 256 tokens at the defaults): popularity drifts
+/// slowly, so a long memory (nearly LFU) keeps the hot set; 4 passes
+/// moved 0.5 points fewer hits at the defaults.
+const HALF_LIFE_PASSES: f64 = 16.0;
 /// Every this many fetches, the expert's bytes are read back and checked.
 const VERIFY_EVERY: u64 = 64;
 
@@ -245,6 +331,13 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
             &mut |f| progress(c.name(), base + step * f),
         )?);
     }
+    let bounds = bounds(
+        &routes,
+        experts,
+        slots,
+        params.expert_bytes,
+        (routes.len() * layers) as f64 * compute,
+    );
     progress("done", 1.0);
     let total = all as u64 * params.expert_bytes;
     Ok(MoeReport {
@@ -260,6 +353,7 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         layer_compute_seconds: compute,
         model,
         results,
+        bounds,
     })
 }
 
@@ -279,12 +373,13 @@ fn run_config(
     let mut cfg = MoeConfig::new(slots, p.expert_bytes, host);
     cfg.page_size = p.page_size;
     cfg.layers = layers;
+    cfg.link_priority = !p.fifo_link;
     let top_k = routes[0].iter().map(Vec::len).max().unwrap_or(1).max(1);
     cfg.protect_fetches = 2 * top_k as u64;
     match config {
         Config::Strata => {
-            // Half-life of a use: four passes over all experts' fetch share.
-            let half_life = 4.0 * (layers * experts) as f64;
+            // Half-life of a use, in fetches: passes over all experts.
+            let half_life = HALF_LIFE_PASSES * (layers * experts) as f64;
             cfg.eviction = Eviction::Lrfu {
                 decay: 0.5f64.powf(1.0 / half_life),
             };
@@ -325,13 +420,14 @@ fn run_config(
                     verified += 1;
                 }
             }
-            // Prefetch only while the link would drain within this layer's
-            // compute: a prefetch queued behind a backlog delays the next
-            // layer's demand fetches more than it can hide.
-            let idle = cache.link_backlog().is_none_or(|b| b <= compute);
-            if config == Config::Strata && l + 1 < layers && idle {
-                let guess = pred.predict(l, routed, top_k, MIN_CONFIDENCE);
-                cache.prefetch(l as u32 + 1, &guess)?;
+            if config == Config::Strata {
+                // Layer l has run: its prefetches still on the link came
+                // too late or were wrong.
+                cache.cancel_prefetches(l as u32)?;
+                if l + 1 < layers {
+                    let guess = pred.predict(l, routed, top_k, MIN_CONFIDENCE);
+                    cache.prefetch(l as u32 + 1, &guess)?;
+                }
             }
             pred.observe(l, (l > 0).then(|| &tok[l - 1][..]), routed);
             cache.advance(compute);
@@ -360,4 +456,70 @@ fn run_config(
         verified_fetches: verified,
         wall_seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> MoeParams {
+        MoeParams {
+            layers: Some(4),
+            experts: Some(16),
+            top_k: 2,
+            expert_bytes: 64 << 10,
+            device_slots: Some(16),
+            tokens: 96,
+            routing: Routing::Zipf { alpha: 1.0 },
+            baselines: true,
+            seed: 3,
+            page_size: 16 << 10,
+            fifo_link: false,
+        }
+    }
+
+    #[test]
+    fn no_configuration_beats_the_bounds() {
+        let r = run(&params(), &mut |_, _| {}).unwrap();
+        let b = &r.bounds;
+        assert!(b.belady_hit_rate >= b.static_oracle_hit_rate - 0.05);
+        assert!(b.belady_prefetch_stall_floor_seconds <= b.belady_stall_seconds);
+        for x in &r.results {
+            // Every fetch that was not a hit moved its expert whole, and
+            // every hit found it moved whole: at least MIN's transfers.
+            let belady_misses = (x.fetches as f64 * (1.0 - b.belady_hit_rate)).round();
+            assert!(
+                x.bytes_moved as f64 >= belady_misses * (64 << 10) as f64,
+                "{}: moved {} < MIN's misses {belady_misses}",
+                x.config,
+                x.bytes_moved
+            );
+            assert!(
+                x.stall_seconds >= b.belady_prefetch_stall_floor_seconds - 1e-9,
+                "{}: stall {} below the floor {}",
+                x.config,
+                x.stall_seconds,
+                b.belady_prefetch_stall_floor_seconds
+            );
+            assert_eq!(x.fetches, (96 * 4 * 2) as u64);
+        }
+    }
+
+    #[test]
+    fn the_fifo_link_moves_the_baselines_the_same() {
+        let a = run(&params(), &mut |_, _| {}).unwrap();
+        let b = run(
+            &MoeParams {
+                fifo_link: true,
+                ..params()
+            },
+            &mut |_, _| {},
+        )
+        .unwrap();
+        for (x, y) in a.results.iter().zip(&b.results).skip(1) {
+            assert_eq!(x.config, y.config);
+            assert_eq!(x.stall_seconds, y.stall_seconds, "{}", x.config);
+            assert_eq!(x.bytes_moved, y.bytes_moved, "{}", x.config);
+        }
+    }
 }

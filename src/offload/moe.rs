@@ -26,13 +26,18 @@
 //! and device residency can never disagree. Prefetches only queue moves.
 //!
 //! **Stall time.** On the simulated device the cache runs a modelled clock:
-//! host→device transfers queue on one link (PCIe gen4 x16: 25 GB/s, 5 µs
+//! host→device transfers share one link (PCIe gen4 x16: 25 GB/s, 5 µs
 //! per transfer, one transfer per expert), the caller advances the clock
 //! by its compute time ([`ExpertCache::advance`]), and a fetch stalls for
 //! the modelled time until the bytes it waits for have crossed the link
-//! (its own transfer, or the rest of a prefetch in flight). On a real GPU
-//! stall time is the wall time `fetch` waited. [`MoeStats::stall_modelled`]
-//! says which.
+//! (its own transfer, or the rest of a prefetch in flight). Demand
+//! transfers go ahead of queued prefetches, which cross one runtime page
+//! at a time, so a wrong prefetch delays a demand fetch by at most the page
+//! on the wire (priority copy streams, page-sized prefetch copies; see
+//! [`MoeConfig::link_priority`]); a prefetch whose layer has run can be
+//! cancelled ([`ExpertCache::cancel_prefetches`]). On a real GPU stall
+//! time is the wall time `fetch` waited. [`MoeStats::stall_modelled`] says
+//! which.
 //!
 //! **The synthetic router** ([`SyntheticRouter`]) of `strata bench moe`:
 //! each layer has its own popularity order over its experts, and a token's
@@ -47,7 +52,7 @@
 //! experts follow which across layers, as MoE-Infinity does) look ahead.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -100,6 +105,11 @@ pub struct MoeConfig {
     pub protect_fetches: u64,
     /// Number of layers (needed for `per_layer`).
     pub layers: usize,
+    /// Modelled link (simulated device): demand transfers go ahead of
+    /// queued prefetches, which cross a page at a time; off, one FIFO of
+    /// whole transfers. Configurations without prefetch move the same
+    /// either way.
+    pub link_priority: bool,
 }
 
 impl MoeConfig {
@@ -117,6 +127,7 @@ impl MoeConfig {
             per_layer: false,
             protect_fetches: 16,
             layers: 1,
+            link_priority: true,
         }
     }
 }
@@ -137,9 +148,12 @@ pub struct MoeStats {
     pub prefetches_used: u64,
     /// Predictions not prefetched because no slot could be freed.
     pub prefetches_dropped: u64,
+    /// Prefetches cancelled before they finished (their slot freed).
+    pub prefetches_cancelled: u64,
     /// Experts evicted.
     pub evictions: u64,
-    /// Bytes moved into device memory (demand and prefetch).
+    /// Bytes moved into device memory (demand and prefetch; of a cancelled
+    /// prefetch, what crossed the modelled link before it was cancelled).
     pub bytes_moved: u64,
     /// Time `fetch` waited, seconds (modelled on the simulated device).
     pub stall_seconds: f64,
@@ -184,21 +198,149 @@ struct Meta {
     ticket: Option<Ticket>,
     /// Modelled time its last transfer completes.
     ready_at: f64,
+    /// Its prefetch is still queued on the modelled link.
+    in_flight: bool,
+}
+
+/// A prefetch the modelled link has not finished.
+struct Pending {
+    expert: usize,
+    /// Bytes still to cross the link.
+    left: u64,
+    /// Modelled time it was queued.
+    issued: f64,
 }
 
 /// The modelled link and clock of the simulated device.
+///
+/// Two priority classes share one link. Demand transfers (a fetch that
+/// waits) go first; prefetches queue behind them and cross in chunks of
+/// one runtime page, so a demand transfer waits at most for the prefetch
+/// chunk already on the wire — the behaviour of a copy engine fed from a
+/// high-priority stream for demand and page-sized copies on a low-priority
+/// stream for prefetch. A transfer pays the link latency once per
+/// contiguous run: a prefetch interrupted by a demand transfer pays it
+/// again when it resumes. With `priority` off the link is one FIFO and
+/// every transfer crosses whole (the model before chunking).
 struct Clock {
     now: f64,
+    /// When the link ends its committed work: demand transfers and the
+    /// prefetch chunk on the wire.
     link_free: f64,
     link: LinkModel,
+    /// Bytes a prefetch crosses between preemption points.
+    chunk: u64,
+    priority: bool,
+    /// Prefetches not yet fully across, oldest first.
+    queue: VecDeque<Pending>,
+    /// The expert whose prefetch chunk crossed last, while the link keeps
+    /// streaming it (its next chunk pays no latency).
+    streaming: Option<usize>,
 }
 
 impl Clock {
-    /// Queues a transfer; returns when it completes.
-    fn transfer(&mut self, bytes: u64) -> f64 {
+    /// Link time of `bytes`, with or without the per-transfer latency.
+    fn time(&self, bytes: u64, setup: bool) -> f64 {
+        let t = self.link.time(bytes as usize).as_secs_f64();
+        if setup {
+            t
+        } else {
+            t - self.link.latency_ns as f64 * 1e-9
+        }
+    }
+
+    /// Moves the queued prefetch chunks that start before `t` (a chunk on
+    /// the wire runs to its end), recording when each prefetch completes.
+    fn run_until(&mut self, t: f64, meta: &mut [Meta]) {
+        while let Some(p) = self.queue.front() {
+            let start = self.link_free.max(p.issued);
+            if start >= t {
+                break;
+            }
+            let (expert, bytes) = (p.expert, p.left.min(self.chunk));
+            let setup = self.streaming != Some(expert);
+            self.link_free = start + self.time(bytes, setup);
+            self.streaming = Some(expert);
+            let p = self.queue.front_mut().expect("peeked");
+            p.left -= bytes;
+            if p.left == 0 {
+                self.queue.pop_front();
+                meta[expert].in_flight = false;
+                meta[expert].ready_at = self.link_free;
+            }
+        }
+    }
+
+    /// A demand transfer of `bytes`, ahead of queued prefetches; returns
+    /// when it completes.
+    fn demand(&mut self, bytes: u64, meta: &mut [Meta]) -> f64 {
+        self.run_until(self.now, meta);
         let start = self.now.max(self.link_free);
-        self.link_free = start + self.link.time(bytes as usize).as_secs_f64();
+        self.link_free = start + self.time(bytes, true);
+        self.streaming = None;
         self.link_free
+    }
+
+    /// Queues a prefetch of `bytes` for `expert`. Without priority it
+    /// crosses whole, in order with demand transfers; returns when it
+    /// completes in that case.
+    fn prefetch(&mut self, expert: usize, bytes: u64, meta: &mut [Meta]) {
+        if self.priority {
+            self.run_until(self.now, meta);
+            self.queue.push_back(Pending {
+                expert,
+                left: bytes,
+                issued: self.now,
+            });
+            meta[expert].in_flight = true;
+        } else {
+            let done = self.demand(bytes, meta);
+            meta[expert].ready_at = done;
+        }
+    }
+
+    /// A fetch needs `expert`, whose prefetch is still queued: the rest of
+    /// it moves now, at demand priority. Returns when it completes.
+    fn promote(&mut self, expert: usize, meta: &mut [Meta]) -> f64 {
+        self.run_until(self.now, meta);
+        let Some(at) = self.queue.iter().position(|p| p.expert == expert) else {
+            return meta[expert].ready_at;
+        };
+        let p = self.queue.remove(at).expect("found");
+        let setup = !(at == 0 && self.streaming == Some(expert) && self.link_free >= self.now);
+        let start = self.now.max(self.link_free);
+        self.link_free = start + self.time(p.left, setup);
+        self.streaming = None;
+        meta[expert].in_flight = false;
+        meta[expert].ready_at = self.link_free;
+        self.link_free
+    }
+
+    /// Drops the rest of `expert`'s queued prefetch (the chunk on the wire
+    /// still finishes); returns the bytes that will not cross.
+    fn cancel(&mut self, expert: usize, meta: &mut [Meta]) -> u64 {
+        self.run_until(self.now, meta);
+        let mut dropped = 0;
+        self.queue.retain(|p| {
+            if p.expert == expert {
+                dropped += p.left;
+            }
+            p.expert != expert
+        });
+        if self.streaming == Some(expert) {
+            self.streaming = None;
+        }
+        meta[expert].in_flight = false;
+        dropped
+    }
+
+    /// Modelled seconds until the link is idle, queued prefetches included.
+    fn backlog(&self) -> f64 {
+        let mut t = (self.link_free - self.now).max(0.0);
+        for p in &self.queue {
+            t += self.time(p.left, self.streaming != Some(p.expert));
+        }
+        t
     }
 }
 
@@ -330,6 +472,10 @@ impl ExpertCache {
             now: 0.0,
             link_free: 0.0,
             link: crate::device::sim::PCIE_GEN4_X16,
+            chunk: config.page_size as u64,
+            priority: config.link_priority,
+            queue: VecDeque::new(),
+            streaming: None,
         });
         let layers = config.layers.max(1);
         Ok(Self {
@@ -461,6 +607,9 @@ impl ExpertCache {
 
     /// Evicts `victim` back to the host tier (or below).
     fn evict(&self, s: &mut State, victim: usize) -> Result<()> {
+        if let (Some(c), true) = (&mut s.clock, s.meta[victim].in_flight) {
+            s.stats.bytes_moved -= c.cancel(victim, &mut s.meta);
+        }
         let m = &mut s.meta[victim];
         if let Some(t) = m.ticket.take() {
             t.wait()?;
@@ -553,10 +702,16 @@ impl ExpertCache {
                 t.wait()?;
             }
             if let Some(c) = &mut s.clock {
-                if s.meta[i].ready_at > c.now {
+                c.run_until(c.now, &mut s.meta);
+                let ready = if s.meta[i].in_flight {
+                    c.promote(i, &mut s.meta)
+                } else {
+                    s.meta[i].ready_at
+                };
+                if ready > c.now {
                     s.stats.late_prefetch_hits += 1;
-                    s.stats.stall_seconds += s.meta[i].ready_at - c.now;
-                    c.now = s.meta[i].ready_at;
+                    s.stats.stall_seconds += ready - c.now;
+                    c.now = ready;
                 }
             }
         } else {
@@ -564,7 +719,7 @@ impl ExpertCache {
             self.mark_resident(s, i);
             s.stats.bytes_moved += bytes;
             if let Some(c) = &mut s.clock {
-                let done = c.transfer(bytes);
+                let done = c.demand(bytes, &mut s.meta);
                 s.stats.stall_seconds += done - c.now;
                 c.now = done;
                 s.meta[i].ready_at = done;
@@ -614,7 +769,7 @@ impl ExpertCache {
             m.protected_since = Some(tick);
             m.ticket = Some(b.prefetch(0..b.len(), Tier::Device));
             if let Some(c) = &mut s.clock {
-                m.ready_at = c.transfer(b.len());
+                c.prefetch(i, b.len(), &mut s.meta);
             }
             s.stats.prefetches += 1;
             s.stats.bytes_moved += b.len();
@@ -623,11 +778,52 @@ impl ExpertCache {
         Ok(started)
     }
 
+    /// Cancels the prefetches of `layer` that no fetch has used and whose
+    /// transfer has not finished — call it once the layer has run, when
+    /// they can only be late or wrong. The rest of each transfer is dropped
+    /// and its slot freed; the expert stays in host memory, whose copy is
+    /// the one a later fetch moves again, so a cancelled prefetch never
+    /// leaves a partial expert behind. (On a real GPU the runtime's page
+    /// moves cannot be aborted: this waits for the pages on the way, then
+    /// frees the slot.) Returns how many were cancelled.
+    pub fn cancel_prefetches(&self, layer: u32) -> Result<usize> {
+        let mut s = self.state.lock();
+        let s = &mut *s;
+        if let Some(c) = &mut s.clock {
+            c.run_until(c.now, &mut s.meta);
+        }
+        let mut cancelled = 0;
+        for i in 0..self.experts.len() {
+            let m = &s.meta[i];
+            if self.experts[i].layer != layer
+                || !m.resident
+                || m.pins > 0
+                || m.protected_since.is_none()
+            {
+                continue;
+            }
+            let unfinished = match &s.clock {
+                Some(_) => m.in_flight,
+                None => m.ticket.as_ref().is_some_and(|t| t.poll().is_none()),
+            };
+            if unfinished {
+                self.evict(s, i)?;
+                s.stats.evictions -= 1;
+                s.stats.prefetches_cancelled += 1;
+                cancelled += 1;
+            }
+        }
+        Ok(cancelled)
+    }
+
     /// Advances the modelled clock by the caller's compute time (simulated
     /// device only; a no-op on a real GPU, where time passes by itself).
     pub fn advance(&self, seconds: f64) {
-        if let Some(c) = &mut self.state.lock().clock {
+        let mut s = self.state.lock();
+        let s = &mut *s;
+        if let Some(c) = &mut s.clock {
             c.now += seconds.max(0.0);
+            c.run_until(c.now, &mut s.meta);
         }
     }
 
@@ -640,11 +836,7 @@ impl ExpertCache {
     /// Modelled seconds until the host→device link is idle (simulated
     /// device); `None` on a real GPU.
     pub fn link_backlog(&self) -> Option<f64> {
-        self.state
-            .lock()
-            .clock
-            .as_ref()
-            .map(|c| (c.link_free - c.now).max(0.0))
+        self.state.lock().clock.as_ref().map(Clock::backlog)
     }
 
     /// Whether the expert is in device memory (or on its way).

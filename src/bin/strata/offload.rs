@@ -41,6 +41,10 @@ pub struct MoeArgs {
     /// Runtime page size.
     #[arg(long, default_value = "64k")]
     page_size: String,
+    /// Model the link as one FIFO of whole transfers (no demand priority or
+    /// page-sized prefetch chunks), for comparison.
+    #[arg(long)]
+    fifo_link: bool,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -67,6 +71,7 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         page_size: size_arg(&a.page_size, "--page-size")?
             .try_into()
             .map_err(|_| Error::invalid("--page-size is too large"))?,
+        fifo_link: a.fifo_link,
     };
     let json = crate::open_json(&a.json)?;
     let r = crate::with_progress(a.quiet, |progress| moe::run(&params, progress))?;
@@ -81,22 +86,53 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         r.tokens
     );
     println!("backend: simulated — stall and decode times are modelled (PCIe 25 GB/s link); wall is this machine");
+    let lru = r.results.iter().find(|x| x.config == "lru");
+    let vs_lru = |stall: f64| match lru {
+        Some(l) if l.stall_seconds > 0.0 => format!("{:.3}×", stall / l.stall_seconds),
+        _ => "—".into(),
+    };
     println!(
-        "{:<9} {:>9} {:>12} {:>10} {:>10} {:>11} {:>8}",
-        "config", "hit rate", "stall", "moved", "prefetch", "tokens/s", "wall"
+        "{:<9} {:>9} {:>12} {:>8} {:>10} {:>10} {:>11} {:>8}",
+        "config", "hit rate", "stall", "÷lru", "moved", "prefetch", "tokens/s", "wall"
     );
     for x in &r.results {
         println!(
-            "{:<9} {:>8.1}% {:>10.3}ms {:>10} {:>9.1}% {:>11.1} {:>7.2}s",
+            "{:<9} {:>8.1}% {:>10.3}ms {:>8} {:>10} {:>9.1}% {:>11.1} {:>7.2}s",
             x.config,
             100.0 * x.hit_rate,
             x.stall_seconds * 1e3,
+            vs_lru(x.stall_seconds),
             format_size(x.bytes_moved),
             100.0 * x.prefetch_accuracy,
             x.tokens_per_sec,
             x.wall_seconds
         );
     }
+    let b = &r.bounds;
+    println!(
+        "bounds, same fetches and {} slots in one pool (modelled; a transfer {:.1} µs, all compute {:.1} ms):",
+        r.device_slots,
+        b.transfer_seconds * 1e6,
+        b.compute_seconds * 1e3
+    );
+    println!(
+        "  belady        {:>8.1}% {:>10.3}ms {:>8}   demand transfers only",
+        100.0 * b.belady_hit_rate,
+        b.belady_stall_seconds * 1e3,
+        vs_lru(b.belady_stall_seconds)
+    );
+    println!(
+        "  belady        {:>8.1}% ≥{:>9.3}ms {:>8}   with perfect prefetch",
+        100.0 * b.belady_hit_rate,
+        b.belady_prefetch_stall_floor_seconds * 1e3,
+        vs_lru(b.belady_prefetch_stall_floor_seconds)
+    );
+    println!(
+        "  best fixed set{:>8.1}% ≥{:>9.3}ms {:>8}   with perfect prefetch",
+        100.0 * b.static_oracle_hit_rate,
+        b.static_oracle_prefetch_stall_floor_seconds * 1e3,
+        vs_lru(b.static_oracle_prefetch_stall_floor_seconds)
+    );
     crate::write_json(json, &r)?;
     Ok(())
 }
