@@ -99,6 +99,9 @@ pub struct MoeResult {
     pub config: &'static str,
     /// Fetches that needed no transfer of their own.
     pub hit_rate: f64,
+    /// Fetches that found the expert whole in device memory (hits less
+    /// those that waited for a prefetch still in flight).
+    pub ready_rate: f64,
     /// Modelled seconds `fetch` waited.
     pub stall_seconds: f64,
     /// Bytes moved into device memory.
@@ -441,6 +444,7 @@ fn run_config(
     Ok(MoeResult {
         config: config.name(),
         hit_rate: s.hit_rate(),
+        ready_rate: (s.hits - s.late_prefetch_hits) as f64 / s.fetches.max(1) as f64,
         stall_seconds: s.stall_seconds,
         bytes_moved: s.bytes_moved,
         prefetch_accuracy: s.prefetch_accuracy(),

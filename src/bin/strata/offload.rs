@@ -92,14 +92,15 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         _ => "—".into(),
     };
     println!(
-        "{:<9} {:>9} {:>12} {:>8} {:>10} {:>10} {:>11} {:>8}",
-        "config", "hit rate", "stall", "÷lru", "moved", "prefetch", "tokens/s", "wall"
+        "{:<9} {:>9} {:>9} {:>12} {:>8} {:>10} {:>10} {:>11} {:>8}",
+        "config", "hit rate", "ready", "stall", "÷lru", "moved", "prefetch", "tokens/s", "wall"
     );
     for x in &r.results {
         println!(
-            "{:<9} {:>8.1}% {:>10.3}ms {:>8} {:>10} {:>9.1}% {:>11.1} {:>7.2}s",
+            "{:<9} {:>8.1}% {:>8.1}% {:>10.3}ms {:>8} {:>10} {:>9.1}% {:>11.1} {:>7.2}s",
             x.config,
             100.0 * x.hit_rate,
+            100.0 * x.ready_rate,
             x.stall_seconds * 1e3,
             vs_lru(x.stall_seconds),
             format_size(x.bytes_moved),
