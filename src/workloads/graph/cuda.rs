@@ -757,10 +757,17 @@ impl RawAlloc {
                 self.ctx
                     .bind_to_thread()
                     .map_err(|e| driver("cuCtxSetCurrent", e))?;
-                // SAFETY: `device` holds `len >= data.len()` bytes; the copy
-                // is synchronous.
+                // SAFETY: `device` holds `len >= data.len()` bytes; `data`
+                // is staged before the call returns.
                 unsafe { result::memcpy_htod_sync(self.device, data) }
-                    .map_err(|e| driver("cuMemcpyHtoD", e))
+                    .map_err(|e| driver("cuMemcpyHtoD", e))?;
+                // From pageable memory cuMemcpyHtoD returns once the data is
+                // staged, before the DMA ends, and the kernels' stream is a
+                // non-blocking one that does not wait for the legacy stream
+                // the copy ran on: wait for it here.
+                self.ctx
+                    .synchronize()
+                    .map_err(|e| driver("cuCtxSynchronize", e))
             }
             PlainKind::Managed | PlainKind::HostMapped => {
                 let dst = match self.kind {
