@@ -699,9 +699,12 @@ fn bench_optim_update_cuda_runs_on_a_gpu_or_says_there_is_none() {
         "--quiet",
     ]);
     if !out.status.success() {
-        assert_eq!(out.status.code(), Some(1));
+        // No GPU here: one line naming it, exit status 2 (as for every
+        // command asked for a device the machine does not have).
+        assert_eq!(out.status.code(), Some(2));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("no CUDA device"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     }
 }
 
