@@ -523,12 +523,14 @@ typedef struct strata_optim_config {
      */
     float weight_decay;
     /**
-     * Importance-aware mode: share of each chunk updated every step
-     * (0 turns the mode off; otherwise in (0, 1]).
+     * Importance-aware mode: share of each chunk kept resident and
+     * updated every step, chosen by |gradient| at each flush (0 turns the
+     * mode off; otherwise in (0, 1]).
      */
     double importance_fraction;
     /**
-     * Importance-aware mode: the rest is updated every this many steps.
+     * Importance-aware mode: the rest is updated, and the state in its
+     * tier read and written, every this many steps.
      */
     uint64_t importance_every;
     /**

@@ -12,12 +12,10 @@
  *   v = b2*v + (1-b2)*(g*g)
  *   w = w - lr*((m/bc1) / (sqrt(v/bc2) + eps) + wd*w)
  *
- * strata_adam: every element. strata_adam_importance: an element is
- * important when all != 0 or |g| >= threshold (the chunk's threshold,
- * chosen on the host as the CPU path chooses it); important elements are
- * updated with g, the others add g to their accumulator; on a flush step
- * the others are then updated with acc/deferred, and every accumulator is
- * cleared.
+ * strata_adam: every element of the arrays it is given. Importance-aware
+ * mode needs nothing more: between flushes it updates the compact arrays
+ * of the resident elements, and on a flush every element of a chunk with
+ * the gradient the host chose for it (src/offload/optim.rs).
  */
 
 struct strata_adam_scalars {
@@ -46,31 +44,4 @@ extern "C" __global__ void strata_adam(float *w, float *m, float *v, const float
     }
     strata_adam_scalars s = {lr, beta1, beta2, eps, weight_decay, bc1, bc2};
     strata_adam_element(&w[i], &m[i], &v[i], g[i], s);
-}
-
-extern "C" __global__ void strata_adam_importance(float *w, float *m, float *v, const float *g,
-                                                  float *acc, unsigned int n, float lr,
-                                                  float beta1, float beta2, float eps,
-                                                  float weight_decay, float bc1, float bc2,
-                                                  unsigned int all, float threshold,
-                                                  unsigned int flush, float deferred) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) {
-        return;
-    }
-    strata_adam_scalars s = {lr, beta1, beta2, eps, weight_decay, bc1, bc2};
-    float gi = g[i];
-    bool important = all != 0u || fabsf(gi) >= threshold;
-    if (important) {
-        strata_adam_element(&w[i], &m[i], &v[i], gi, s);
-    } else {
-        acc[i] = __fadd_rn(acc[i], gi);
-    }
-    if (flush != 0u) {
-        float mean = __fdiv_rn(acc[i], deferred);
-        if (!important) {
-            strata_adam_element(&w[i], &m[i], &v[i], mean, s);
-        }
-        acc[i] = 0.0f;
-    }
 }

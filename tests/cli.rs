@@ -744,5 +744,37 @@ fn bench_optim_reports_throughput_beside_the_limits() {
         }
         assert!(v["io_wait_seconds"].as_f64().unwrap() >= 0.0);
         assert_eq!(v["nvme_seq_read_bytes_per_sec"].is_f64(), tier == "nvme");
+        // A plain step reads and writes the whole state.
+        let state = v["state_bytes"].as_f64().unwrap();
+        assert_eq!(v["state_bytes_per_step"].as_f64().unwrap(), 2.0 * state);
+    }
+    // Importance-aware: whole windows are timed (3 steps asked, windows of
+    // 2: 4 timed), and one step in two moves the state.
+    let json = dir.path().join("imp.json");
+    let out = strata(&[
+        "bench",
+        "optim",
+        "--params",
+        "200000",
+        "--chunk",
+        "64k",
+        "--steps",
+        "3",
+        "--importance",
+        "0.25:2",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let v = report(&out, &json);
+    assert_eq!(v["timed_steps"], 4);
+    assert_eq!(v["params"]["importance"]["every"], 2);
+    let state = v["state_bytes"].as_f64().unwrap();
+    assert_eq!(v["state_bytes_per_step"].as_f64().unwrap(), state);
+    for bad in ["0.1", "0:4", "1.5:2", "0.1:0", "x:y"] {
+        assert_bad_input(
+            &strata(&["bench", "optim", "--importance", bad, "--quiet"]),
+            "--importance",
+        );
     }
 }

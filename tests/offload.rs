@@ -120,6 +120,165 @@ impl Regression {
     }
 }
 
+/// Importance-aware mode as documented, element by element: windows of
+/// `every` steps; a flush (the first step, then every `every`-th) updates
+/// every element once — resident ones with this step's gradient, the rest
+/// with the mean of what they accumulated — and chooses each chunk's next
+/// resident set by this step's |g|; inside a window only resident elements
+/// update and the rest accumulate.
+struct ImportanceReference {
+    w: Vec<f32>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    acc: Vec<f32>,
+    resident: Option<Vec<bool>>,
+    deferred: u64,
+    t: i32,
+    p: AdamParams,
+    imp: Importance,
+    chunk: usize,
+}
+
+impl ImportanceReference {
+    fn update(&mut self, i: usize, g: f32) {
+        let (w, m, v) = (&mut self.w[i..=i], &mut self.m[i..=i], &mut self.v[i..=i]);
+        reference_step(w, m, v, &[g], self.p, self.t);
+    }
+
+    /// Returns whether the step was a flush.
+    fn step(&mut self, g: &[f32]) -> bool {
+        self.t += 1;
+        self.deferred += 1;
+        let flush = self.resident.is_none() || self.deferred >= self.imp.every;
+        let resident = self.resident.take().unwrap_or_else(|| vec![false; g.len()]);
+        for i in 0..g.len() {
+            if resident[i] {
+                self.update(i, g[i]);
+            } else if flush {
+                let mean = (self.acc[i] + g[i]) / self.deferred as f32;
+                self.update(i, mean);
+                self.acc[i] = 0.0;
+            } else {
+                self.acc[i] += g[i];
+            }
+        }
+        if !flush {
+            self.resident = Some(resident);
+            return false;
+        }
+        // Each chunk's top `fraction` by |g| (at least one; ties kept).
+        let mut next = vec![false; g.len()];
+        for (c, gc) in g.chunks(self.chunk).enumerate() {
+            let keep = ((gc.len() as f64 * self.imp.fraction).ceil() as usize).clamp(1, gc.len());
+            let mut mags: Vec<f32> = gc.iter().map(|x| x.abs()).collect();
+            mags.sort_by(f32::total_cmp);
+            let threshold = mags[gc.len() - keep];
+            for (k, x) in gc.iter().enumerate() {
+                next[c * self.chunk + k] = x.abs() >= threshold;
+            }
+        }
+        self.resident = Some(next);
+        self.deferred = 0;
+        true
+    }
+}
+
+fn importance_exact_on(tier: StateTier) {
+    let n = 3 * 4096 + 123;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let p = AdamParams {
+        lr: 1e-2,
+        weight_decay: 0.01,
+        ..AdamParams::default()
+    };
+    let imp = Importance {
+        fraction: 0.1,
+        every: 3,
+    };
+    let mut cfg = OptimConfig::new(tier.clone());
+    cfg.chunk_bytes = 16 << 10;
+    cfg.adam = p;
+    cfg.importance = Some(imp);
+    let mut opt = OffloadedAdam::new(&w0, cfg).unwrap();
+    let mut reference = ImportanceReference {
+        w: w0.clone(),
+        m: vec![0.0; n],
+        v: vec![0.0; n],
+        acc: vec![0.0; n],
+        resident: None,
+        deferred: 0,
+        t: 0,
+        p,
+        imp,
+        chunk: 4096,
+    };
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    // Four chunks (the last partial) × three arrays × 16 KiB.
+    let state_bytes = 4 * 3 * (16u64 << 10);
+    for t in 1..=8u64 {
+        let g = grads(n, t);
+        let s = opt.step(&g).unwrap();
+        let flush = reference.step(&g);
+        // Flushes at steps 1, 4 and 7 stream the state; the others do not.
+        assert_eq!(flush, t % 3 == 1, "step {t}");
+        let moved = if flush { state_bytes } else { 0 };
+        assert_eq!((s.bytes_read, s.bytes_written), (moved, moved), "step {t}");
+        let what = format!("{} step {t}", tier.name());
+        assert_eq!(
+            bits(&opt.weights().unwrap()),
+            bits(&reference.w),
+            "{what}: weights"
+        );
+        assert_eq!(
+            bits(&opt.read_state(1).unwrap()),
+            bits(&reference.m),
+            "{what}: m"
+        );
+        assert_eq!(
+            bits(&opt.read_state(2).unwrap()),
+            bits(&reference.v),
+            "{what}: v"
+        );
+    }
+}
+
+#[test]
+fn importance_mode_is_bitwise_its_definition_and_skips_the_tier_inside_a_window() {
+    let dir = tempfile::tempdir().unwrap();
+    importance_exact_on(StateTier::Host);
+    importance_exact_on(StateTier::Cxl);
+    importance_exact_on(StateTier::Nvme(dir.path().to_path_buf()));
+}
+
+#[test]
+fn importance_mode_with_windows_of_one_step_is_plain_adam() {
+    let n = 2 * 4096 + 7;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let build = |importance| {
+        let mut cfg = OptimConfig::new(StateTier::Host);
+        cfg.chunk_bytes = 16 << 10;
+        cfg.importance = importance;
+        OffloadedAdam::new(&w0, cfg).unwrap()
+    };
+    let mut plain = build(None);
+    let mut windows = build(Some(Importance {
+        fraction: 0.3,
+        every: 1,
+    }));
+    for t in 1..=4 {
+        let g = grads(n, t);
+        plain.step(&g).unwrap();
+        windows.step(&g).unwrap();
+    }
+    for k in 0..3 {
+        let (a, b) = (plain.read_state(k).unwrap(), windows.read_state(k).unwrap());
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "state {k}"
+        );
+    }
+}
+
 fn train(importance: Option<Importance>, steps: usize) -> f64 {
     let prob = Regression::new(256, 64);
     let mut cfg = OptimConfig::new(StateTier::Host);

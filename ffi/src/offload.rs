@@ -36,10 +36,12 @@ pub struct strata_optim_config {
     pub eps: f32,
     /// Decoupled weight decay (AdamW); 0 for Adam.
     pub weight_decay: f32,
-    /// Importance-aware mode: share of each chunk updated every step
-    /// (0 turns the mode off; otherwise in (0, 1]).
+    /// Importance-aware mode: share of each chunk kept resident and
+    /// updated every step, chosen by |gradient| at each flush (0 turns the
+    /// mode off; otherwise in (0, 1]).
     pub importance_fraction: f64,
-    /// Importance-aware mode: the rest is updated every this many steps.
+    /// Importance-aware mode: the rest is updated, and the state in its
+    /// tier read and written, every this many steps.
     pub importance_every: u64,
     /// Where the update runs: `STRATA_UPDATE_CPU` or `STRATA_UPDATE_CUDA`
     /// (a GPU; `STRATA_ERR_NO_DEVICE` from `strata_optim_create` where there

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::io::{AlignedBuf, IoOp};
-use crate::offload::optim::{OffloadedAdam, OptimConfig, StateTier, Updater};
+use crate::offload::optim::{Importance, OffloadedAdam, OptimConfig, StateTier, Updater};
 use crate::tier::{NvmeConfig, NvmeStore, PageStore};
 
 /// Parameters.
@@ -31,6 +31,8 @@ pub struct OptimParams {
     pub steps: usize,
     /// Where the update runs.
     pub update: Updater,
+    /// Importance-aware mode (ZenFlow), or plain.
+    pub importance: Option<Importance>,
 }
 
 /// The report.
@@ -48,8 +50,12 @@ pub struct OptimReport {
     pub params: OptimParams,
     /// Bytes of weights and moments.
     pub state_bytes: u64,
+    /// Timed steps (with importance-aware mode, whole windows).
+    pub timed_steps: usize,
     /// Mean seconds per timed step.
     pub step_seconds: f64,
+    /// Mean state bytes read plus written per timed step.
+    pub state_bytes_per_step: f64,
     /// State bytes read plus written per second of step time.
     pub bytes_per_sec: f64,
     /// Mean seconds per step the update waited on I/O.
@@ -97,15 +103,22 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     let mut cfg = OptimConfig::new(tier);
     cfg.chunk_bytes = p.chunk;
     cfg.updater = p.update;
+    cfg.importance = p.importance;
     let mut opt = OffloadedAdam::new(&w, cfg)?;
     drop(w);
     let g: Vec<f32> = (0..p.params)
         .map(|i| (((i * 7) % 13) as f32 - 6.0) * 1e-3)
         .collect();
     opt.step(&g)?;
+    // Importance-aware mode: whole windows (the untimed step was a flush,
+    // so every `every`-th timed step is one).
+    let steps = match p.importance {
+        Some(imp) => p.steps.max(1).div_ceil(imp.every as usize) * imp.every as usize,
+        None => p.steps,
+    };
     let (mut secs, mut wait, mut bytes) = (0.0, 0.0, 0u64);
-    for s in 0..p.steps {
-        progress("steps", 0.3 + 0.7 * s as f64 / p.steps as f64);
+    for s in 0..steps {
+        progress("steps", 0.3 + 0.7 * s as f64 / steps as f64);
         let st = opt.step(&g)?;
         secs += st.seconds;
         wait += st.io_wait_seconds;
@@ -120,9 +133,11 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         emulated: opt.emulated(),
         params: p.clone(),
         state_bytes,
-        step_seconds: secs / p.steps as f64,
+        timed_steps: steps,
+        step_seconds: secs / steps as f64,
+        state_bytes_per_step: bytes as f64 / steps as f64,
         bytes_per_sec: bps,
-        io_wait_seconds: wait / p.steps as f64,
+        io_wait_seconds: wait / steps as f64,
         memcpy_bytes_per_sec: memcpy,
         ratio_to_memcpy: bps / memcpy,
         nvme_seq_read_bytes_per_sec: nvme_seq,

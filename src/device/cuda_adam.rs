@@ -28,40 +28,24 @@ const SOURCE: &str = include_str!("../../kernels/adam.cu");
 
 /// The kernels loaded from `adam.cu` (checked against its PTX by
 /// `tests/kernels.rs`).
-pub const ENTRY_POINTS: &[&str] = &["strata_adam", "strata_adam_importance"];
+pub const ENTRY_POINTS: &[&str] = &["strata_adam"];
 
 /// Elements per tile (256 KiB per state array): the unit of the
 /// double-buffered pipeline.
 pub const TILE: usize = 64 << 10;
 
-/// Staged arrays per set: weights, m, v, gradients, accumulators.
-const ARRAYS: usize = 5;
+/// Staged arrays per set: weights, m, v, gradients.
+const ARRAYS: usize = 4;
 const W: usize = 0;
 const M: usize = 1;
 const V: usize = 2;
 const G: usize = 3;
-const ACC: usize = 4;
+/// What a tile uploads, and what it downloads.
+const UP: [usize; 4] = [W, M, V, G];
+const DOWN: [usize; 3] = [W, M, V];
 
 fn driver(call: &str, e: DriverError) -> Error {
     Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
-}
-
-/// How a chunk's elements update.
-#[derive(Debug)]
-pub enum Rule<'a> {
-    /// Every element with its gradient.
-    Plain,
-    /// The importance-aware step (see `kernels/adam.cu`).
-    Importance {
-        /// The chunk's deferred-gradient sums.
-        acc: &'a mut [f32],
-        /// Elements with |g| at least this are important; `None`: all are.
-        threshold: Option<f32>,
-        /// Whether this step applies the deferred sums.
-        flush: bool,
-        /// Steps the sums cover (their divisor on a flush).
-        deferred: f32,
-    },
 }
 
 /// One chunk's state and gradients, all of the same length.
@@ -75,20 +59,14 @@ pub struct Chunk<'a> {
     pub v: &'a mut [f32],
     /// Gradients.
     pub g: &'a [f32],
-    /// How its elements update.
-    pub rule: Rule<'a>,
 }
 
 impl<'a> Chunk<'a> {
     fn check(&self) -> Result<()> {
         let n = self.w.len();
-        let acc_ok = match &self.rule {
-            Rule::Plain => true,
-            Rule::Importance { acc, .. } => acc.len() == n,
-        };
-        if self.m.len() != n || self.v.len() != n || self.g.len() != n || !acc_ok {
+        if self.m.len() != n || self.v.len() != n || self.g.len() != n {
             return Err(Error::invalid(
-                "a chunk's weights, moments, gradients and accumulators differ in length",
+                "a chunk's weights, moments and gradients differ in length",
             ));
         }
         Ok(())
@@ -101,42 +79,22 @@ impl<'a> Chunk<'a> {
             mut m,
             mut v,
             mut g,
-            mut rule,
         } = self;
         while w.len() > TILE {
             let (w0, w1) = w.split_at_mut(TILE);
             let (m0, m1) = m.split_at_mut(TILE);
             let (v0, v1) = v.split_at_mut(TILE);
             let (g0, g1) = g.split_at(TILE);
-            let (r0, r1) = match rule {
-                Rule::Plain => (Rule::Plain, Rule::Plain),
-                Rule::Importance {
-                    acc,
-                    threshold,
-                    flush,
-                    deferred,
-                } => {
-                    let (a0, a1) = acc.split_at_mut(TILE);
-                    let r = |acc| Rule::Importance {
-                        acc,
-                        threshold,
-                        flush,
-                        deferred,
-                    };
-                    (r(a0), r(a1))
-                }
-            };
             out.push(Chunk {
                 w: w0,
                 m: m0,
                 v: v0,
                 g: g0,
-                rule: r0,
             });
-            (w, m, v, g, rule) = (w1, m1, v1, g1, r1);
+            (w, m, v, g) = (w1, m1, v1, g1);
         }
         if !w.is_empty() {
-            out.push(Chunk { w, m, v, g, rule });
+            out.push(Chunk { w, m, v, g });
         }
     }
 }
@@ -216,14 +174,6 @@ impl Set {
         self.dev + (array * TILE * 4) as u64
     }
 
-    /// The arrays a tile uploads and downloads.
-    fn arrays(tile: &Chunk<'_>) -> (&'static [usize], &'static [usize]) {
-        match tile.rule {
-            Rule::Plain => (&[W, M, V, G], &[W, M, V]),
-            Rule::Importance { .. } => (&[W, M, V, G, ACC], &[W, M, V, ACC]),
-        }
-    }
-
     /// Stages `tile`'s inputs and queues its uploads, kernel and downloads.
     ///
     /// # Safety
@@ -240,12 +190,8 @@ impl Set {
         h[M * TILE..M * TILE + n].copy_from_slice(tile.m);
         h[V * TILE..V * TILE + n].copy_from_slice(tile.v);
         h[G * TILE..G * TILE + n].copy_from_slice(tile.g);
-        if let Rule::Importance { acc, .. } = &tile.rule {
-            h[ACC * TILE..ACC * TILE + n].copy_from_slice(acc);
-        }
-        let (up, down) = Self::arrays(tile);
         let cu = stream.cu_stream();
-        for &a in up {
+        for a in UP {
             let src = &h[a * TILE..a * TILE + n];
             // SAFETY: `src` is pinned and stays allocated and untouched by
             // the host until the set's event completes (the contract of
@@ -254,41 +200,19 @@ impl Set {
             unsafe { result::memcpy_htod_async(dev[a], src, cu) }
                 .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
         }
-        let (w, m, v, g, acc) = (dev[W], dev[M], dev[V], dev[G], dev[ACC]);
+        let (w, m, v, g) = (dev[W], dev[M], dev[V], dev[G]);
         let n32 = n as u32;
         let p = &s.p;
         let cfg = LaunchConfig::for_num_elems(n32);
-        match &tile.rule {
-            Rule::Plain => {
-                let mut b = stream.launch_builder(&k.plain);
-                b.arg(&w).arg(&m).arg(&v).arg(&g).arg(&n32);
-                b.arg(&p.lr).arg(&p.beta1).arg(&p.beta2).arg(&p.eps);
-                b.arg(&p.weight_decay).arg(&s.bc1).arg(&s.bc2);
-                // SAFETY: the arguments match strata_adam's signature; the
-                // four arrays hold `n` floats each on the device and the
-                // kernel touches no element at or past `n`.
-                unsafe { b.launch(cfg) }.map_err(|e| driver("strata_adam", e))?;
-            }
-            Rule::Importance {
-                threshold,
-                flush,
-                deferred,
-                ..
-            } => {
-                let all = threshold.is_none() as u32;
-                let threshold = threshold.unwrap_or(0.0);
-                let flush = *flush as u32;
-                let mut b = stream.launch_builder(&k.importance);
-                b.arg(&w).arg(&m).arg(&v).arg(&g).arg(&acc).arg(&n32);
-                b.arg(&p.lr).arg(&p.beta1).arg(&p.beta2).arg(&p.eps);
-                b.arg(&p.weight_decay).arg(&s.bc1).arg(&s.bc2);
-                b.arg(&all).arg(&threshold).arg(&flush).arg(deferred);
-                // SAFETY: as above, for strata_adam_importance's signature
-                // and five arrays.
-                unsafe { b.launch(cfg) }.map_err(|e| driver("strata_adam_importance", e))?;
-            }
-        }
-        for &a in down {
+        let mut b = stream.launch_builder(&k.plain);
+        b.arg(&w).arg(&m).arg(&v).arg(&g).arg(&n32);
+        b.arg(&p.lr).arg(&p.beta1).arg(&p.beta2).arg(&p.eps);
+        b.arg(&p.weight_decay).arg(&s.bc1).arg(&s.bc2);
+        // SAFETY: the arguments match strata_adam's signature; the four
+        // arrays hold `n` floats each on the device and the kernel touches
+        // no element at or past `n`.
+        unsafe { b.launch(cfg) }.map_err(|e| driver("strata_adam", e))?;
+        for a in DOWN {
             let dst = &mut h[a * TILE..a * TILE + n];
             // SAFETY: as for the uploads; the host reads `dst` only after
             // the event recorded below has completed.
@@ -312,9 +236,6 @@ impl Set {
         tile.w.copy_from_slice(&h[W * TILE..W * TILE + n]);
         tile.m.copy_from_slice(&h[M * TILE..M * TILE + n]);
         tile.v.copy_from_slice(&h[V * TILE..V * TILE + n]);
-        if let Rule::Importance { acc, .. } = tile.rule {
-            acc.copy_from_slice(&h[ACC * TILE..ACC * TILE + n]);
-        }
         Ok(())
     }
 
@@ -345,7 +266,6 @@ impl Drop for Set {
 
 struct Kernels {
     plain: CudaFunction,
-    importance: CudaFunction,
 }
 
 /// The Adam update on GPU `ordinal`: the kernels and two staging sets.
@@ -388,7 +308,6 @@ impl CudaAdam {
         };
         let kernels = Kernels {
             plain: get(ENTRY_POINTS[0])?,
-            importance: get(ENTRY_POINTS[1])?,
         };
         let sets = [Set::new(&ctx)?, Set::new(&ctx)?];
         let name = result::device::get_name(ctx.cu_device()).unwrap_or_else(|_| "GPU".into());
@@ -457,20 +376,13 @@ mod tests {
     #[test]
     fn tiles_cover_the_chunk_in_order() {
         let n = 2 * TILE + 5;
-        let (mut w, mut m, mut v, mut acc) =
-            (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+        let (mut w, mut m, mut v) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         let g: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let chunk = Chunk {
             w: &mut w,
             m: &mut m,
             v: &mut v,
             g: &g,
-            rule: Rule::Importance {
-                acc: &mut acc,
-                threshold: Some(1.5),
-                flush: true,
-                deferred: 3.0,
-            },
         };
         chunk.check().unwrap();
         let mut tiles = Vec::new();
@@ -482,22 +394,12 @@ mod tests {
         for (k, t) in tiles.iter_mut().enumerate() {
             t.check().unwrap();
             assert_eq!(t.g[0], (k * TILE) as f32);
-            let Rule::Importance {
-                acc,
-                threshold,
-                flush,
-                deferred,
-            } = &mut t.rule
-            else {
-                panic!("the rule changed");
-            };
-            assert_eq!((*threshold, *flush, *deferred), (Some(1.5), true, 3.0));
-            acc.fill(k as f32 + 1.0);
             t.w.fill(k as f32 + 1.0);
+            t.v.fill(k as f32 + 2.0);
         }
         drop(tiles);
         assert_eq!((w[0], w[TILE], w[n - 1]), (1.0, 2.0, 3.0));
-        assert_eq!((acc[0], acc[TILE], acc[n - 1]), (1.0, 2.0, 3.0));
+        assert_eq!((v[0], v[TILE], v[n - 1]), (2.0, 3.0, 4.0));
         let mut none = Vec::new();
         let (mut e1, mut e2, mut e3) = (vec![], vec![], vec![]);
         Chunk {
@@ -505,7 +407,6 @@ mod tests {
             m: &mut e2,
             v: &mut e3,
             g: &[],
-            rule: Rule::Plain,
         }
         .tiles(&mut none);
         assert!(none.is_empty());
@@ -519,7 +420,6 @@ mod tests {
             m: &mut m,
             v: &mut v,
             g: &[0.0; 4],
-            rule: Rule::Plain,
         };
         assert_eq!(c.check().unwrap_err().kind(), ErrorKind::InvalidArgument);
     }

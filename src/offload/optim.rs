@@ -35,12 +35,23 @@
 //! w = w − lr·((m / bc1) / (sqrt(v / bc2) + ε) + wd·w)      (wd = 0: Adam)
 //! ```
 //!
-//! **Importance-aware mode** (ZenFlow's idea): per chunk, the `fraction` of
-//! elements with the largest |g| are updated this step; the rest add their
-//! gradient to an accumulator (host memory) and are updated every `every`
-//! steps with the mean of what accumulated. The update math is the same;
-//! the important part is not split off to a device of its own, and every
-//! step still streams every chunk.
+//! **Importance-aware mode** (ZenFlow's idea): the steps come in windows
+//! of `every` steps. The last step of a window (and the first step ever)
+//! is a *flush*: it streams every chunk, as a plain step does, and updates
+//! every element once — the resident elements (below) with this step's
+//! gradient, the others with the mean of the gradients they accumulated
+//! over the window (this step's included) — and then chooses, per chunk,
+//! the `fraction` of elements with the largest |g| of this step as the
+//! next window's resident set, keeping their weights and moments in
+//! memory beside the optimizer (on the GPU's side with `Updater::Cuda`,
+//! which updates them there). The other steps of the window touch no
+//! state in the tier at all: the resident elements update with their
+//! gradient (every step, as plain Adam would), the others add theirs to an
+//! accumulator in host memory. A window of `every` steps therefore reads
+//! and writes the tier's state once instead of `every` times. Between
+//! flushes the resident copy is the truth; [`OffloadedAdam::read_state`]
+//! merges it in. (ZenFlow picks its important set periodically too:
+//! choosing anew every step would need every chunk every step.)
 //!
 //! **Where the update runs** ([`Updater`]): on the CPU (a loop the
 //! compiler vectorizes; host-tier chunks over rayon's threads), or on a
@@ -138,35 +149,6 @@ pub fn adam_update(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], s: &S
         m[i] = mi;
         v[i] = vi;
         w[i] -= lr * ((mi / s.bc1) / ((vi / s.bc2).sqrt() + eps) + weight_decay * w[i]);
-    }
-}
-
-/// The update for the elements whose `mask` is set.
-fn adam_update_masked(
-    w: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    g: &[f32],
-    mask: &[bool],
-    s: &StepScalars,
-) {
-    let AdamParams {
-        lr,
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
-    } = s.p;
-    let (c1, c2) = (1.0 - beta1, 1.0 - beta2);
-    for i in 0..w.len().min(g.len()) {
-        if mask[i] {
-            let gi = g[i];
-            let mi = beta1 * m[i] + c1 * gi;
-            let vi = beta2 * v[i] + c2 * (gi * gi);
-            m[i] = mi;
-            v[i] = vi;
-            w[i] -= lr * ((mi / s.bc1) / ((vi / s.bc2).sqrt() + eps) + weight_decay * w[i]);
-        }
     }
 }
 
@@ -310,9 +292,12 @@ pub struct OffloadedAdam {
     chunk: usize,
     t: u64,
     config: OptimConfig,
-    /// Importance mode: deferred gradient sums, and steps since applied.
+    /// Importance mode: deferred gradient sums, steps since the last
+    /// flush, and per chunk the resident elements (empty before the first
+    /// flush).
     accum: Vec<f32>,
     deferred_steps: u64,
+    resident: Vec<Resident>,
     /// Set after a failed write: the state is no longer whole.
     broken: bool,
     /// The GPU update (`Updater::Cuda`).
@@ -340,15 +325,54 @@ fn open_gpu(updater: Updater) -> Result<Option<Gpu>> {
     }
 }
 
-/// What a step does to each chunk, shared by the CPU and GPU updates.
+/// Importance mode: one chunk's resident elements (their indices in the
+/// chunk, ascending) and their weights and moments, the truth between
+/// flushes.
+#[derive(Debug, Default, Clone)]
+struct Resident {
+    idx: Vec<u32>,
+    w: Vec<f32>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Resident {
+    /// Puts the resident values back into the chunk's state.
+    fn scatter(&self, w: &mut [f32], m: &mut [f32], v: &mut [f32]) {
+        for (j, &i) in self.idx.iter().enumerate() {
+            let i = i as usize;
+            (w[i], m[i], v[i]) = (self.w[j], self.m[j], self.v[j]);
+        }
+    }
+
+    /// Chooses the next window's resident elements by this step's |g| and
+    /// copies their state out of the chunk.
+    fn choose(g: &[f32], fraction: f64, w: &[f32], m: &[f32], v: &[f32]) -> Self {
+        let idx: Vec<u32> = match importance_threshold(g, fraction) {
+            None => (0..g.len() as u32).collect(),
+            Some(t) => (0..g.len() as u32)
+                .filter(|&i| g[i as usize].abs() >= t)
+                .collect(),
+        };
+        let pick = |a: &[f32]| idx.iter().map(|&i| a[i as usize]).collect();
+        Self {
+            w: pick(w),
+            m: pick(m),
+            v: pick(v),
+            idx,
+        }
+    }
+}
+
+/// What a streamed step does to each chunk, shared by the CPU and GPU
+/// updates.
 #[derive(Clone, Copy)]
 struct StepPlan {
     chunk: usize,
     params: usize,
-    /// Importance mode: its settings and whether this step flushes.
-    importance: Option<(Importance, bool)>,
-    /// Steps the accumulators cover.
-    deferred: u64,
+    /// Importance mode's flush: the share of elements to keep resident,
+    /// and the steps the accumulators cover.
+    flush: Option<(f64, u64)>,
 }
 
 impl StepPlan {
@@ -357,36 +381,42 @@ impl StepPlan {
         c * self.chunk..((c + 1) * self.chunk).min(self.params)
     }
 
-    /// Chunk `c` as the GPU update takes it.
-    #[cfg(feature = "cuda")]
-    fn gpu_chunk<'a>(
+    /// Before chunk `c`'s update: the gradient each element updates with.
+    /// Plain: this step's. A flush: the resident values go back into the
+    /// chunk, resident elements take this step's gradient and the others
+    /// the mean of their accumulated ones (this step's added); the
+    /// accumulators are cleared.
+    fn gradient<'g>(
         &self,
         c: usize,
-        grads: &'a [f32],
-        w: &'a mut [f32],
-        m: &'a mut [f32],
-        v: &'a mut [f32],
-        acc: &'a mut [f32],
-    ) -> crate::device::cuda_adam::Chunk<'a> {
-        use crate::device::cuda_adam::{Chunk, Rule};
+        grads: &'g [f32],
+        state: [&mut [f32]; 3],
+        acc: &mut [f32],
+        resident: Option<&Resident>,
+    ) -> std::borrow::Cow<'g, [f32]> {
+        let g = &grads[self.range(c)];
+        let Some((_, deferred)) = self.flush else {
+            return g.into();
+        };
+        let [w, m, v] = state;
+        let n = g.len();
+        let mut eff: Vec<f32> = (0..n).map(|i| (acc[i] + g[i]) / deferred as f32).collect();
+        if let Some(r) = resident {
+            r.scatter(w, m, v);
+            for &i in &r.idx {
+                eff[i as usize] = g[i as usize];
+            }
+        }
+        acc[..n].fill(0.0);
+        eff.into()
+    }
+
+    /// After chunk `c`'s update on a flush: its next resident set.
+    fn choose(&self, c: usize, grads: &[f32], w: &[f32], m: &[f32], v: &[f32]) -> Option<Resident> {
+        let (fraction, _) = self.flush?;
         let g = &grads[self.range(c)];
         let n = g.len();
-        let rule = match self.importance {
-            None => Rule::Plain,
-            Some((imp, flush)) => Rule::Importance {
-                acc: &mut acc[..n],
-                threshold: importance_threshold(g, imp.fraction),
-                flush,
-                deferred: self.deferred as f32,
-            },
-        };
-        Chunk {
-            w: &mut w[..n],
-            m: &mut m[..n],
-            v: &mut v[..n],
-            g,
-            rule,
-        }
+        Some(Resident::choose(g, fraction, &w[..n], &m[..n], &v[..n]))
     }
 }
 
@@ -401,9 +431,16 @@ impl std::fmt::Debug for OffloadedAdam {
     }
 }
 
-fn as_f32(b: &[u8]) -> &[f32] {
-    bytemuck::cast_slice(b)
+/// A host-tier chunk's three state arrays, writable in place.
+fn host_state<'a>(h: &'a HostStore, set: &'a mut [Option<Slot>; 3]) -> Result<[&'a mut [f32]; 3]> {
+    let [w, m, v] = set;
+    Ok([
+        as_f32_mut(h.bytes_mut(w.as_mut().expect("slot home"))?),
+        as_f32_mut(h.bytes_mut(m.as_mut().expect("slot home"))?),
+        as_f32_mut(h.bytes_mut(v.as_mut().expect("slot home"))?),
+    ])
 }
+
 fn as_f32_mut(b: &mut [u8]) -> &mut [f32] {
     bytemuck::cast_slice_mut(b)
 }
@@ -481,6 +518,7 @@ impl OffloadedAdam {
             config,
             accum,
             deferred_steps: 0,
+            resident: Vec::new(),
             broken: false,
             gpu,
         })
@@ -546,119 +584,126 @@ impl OffloadedAdam {
         let start = Instant::now();
         self.t += 1;
         let s = StepScalars::new(self.config.adam, self.t);
-        // Importance mode: which elements update now, with which gradient.
-        let importance = self.config.importance.map(|imp| {
+        let mut flush = None;
+        if let Some(imp) = self.config.importance {
             self.deferred_steps += 1;
-            let flush = self.deferred_steps >= imp.every;
-            (imp, flush)
-        });
+            if self.resident.is_empty() || self.deferred_steps >= imp.every {
+                flush = Some((imp.fraction, self.deferred_steps));
+            } else {
+                // A step inside a window: no state I/O.
+                if let Err(e) = self.resident_step(grads, &s) {
+                    self.broken = true;
+                    return Err(e);
+                }
+                return Ok(StepStats {
+                    seconds: start.elapsed().as_secs_f64(),
+                    ..Default::default()
+                });
+            }
+        }
         let plan = StepPlan {
             chunk: self.chunk,
             params: self.params,
-            importance,
-            deferred: self.deferred_steps,
+            flush,
         };
-        // The per-chunk update on the CPU, given the chunk's state slices.
-        let update = |c: usize, w: &mut [f32], m: &mut [f32], v: &mut [f32], acc: &mut [f32]| {
-            let g = &grads[plan.range(c)];
+        let n_chunks = self.slots.len();
+        let mut acc_chunks: Vec<&mut [f32]> = self.accum.chunks_mut(plan.chunk).collect();
+        acc_chunks.resize_with(n_chunks, || &mut []);
+        let old = std::mem::take(&mut self.resident);
+        let mut chosen: Vec<Option<Resident>> = vec![None; n_chunks];
+        #[cfg_attr(not(feature = "cuda"), allow(unused_variables, unused_mut))]
+        let mut gpu = self.gpu.as_mut();
+        // The update of one chunk's state buffers, on the CPU or the GPU;
+        // the resident set it leaves for the next window, on a flush.
+        let update_one = |c: usize,
+                          w: &mut [f32],
+                          m: &mut [f32],
+                          v: &mut [f32],
+                          acc: &mut [f32],
+                          gpu: Option<&mut Gpu>|
+         -> Result<Option<Resident>> {
+            let g = plan.gradient(c, grads, [&mut *w, &mut *m, &mut *v], acc, old.get(c));
             let n = g.len();
-            match plan.importance {
-                None => adam_update(&mut w[..n], &mut m[..n], &mut v[..n], g, &s),
-                Some((imp, flush)) => {
-                    let mask = important(g, imp.fraction);
-                    adam_update_masked(w, m, v, g, &mask, &s);
-                    for i in 0..n {
-                        if !mask[i] {
-                            acc[i] += g[i];
-                        }
-                    }
-                    if flush {
-                        let mean: Vec<f32> = acc.iter().map(|a| a / plan.deferred as f32).collect();
-                        let rest: Vec<bool> = mask.iter().map(|m| !m).collect();
-                        adam_update_masked(w, m, v, &mean, &rest, &s);
-                        acc.fill(0.0);
-                    }
+            match gpu {
+                #[cfg(feature = "cuda")]
+                Some(gpu) => {
+                    use crate::device::cuda_adam::Chunk;
+                    gpu.update(
+                        &s,
+                        vec![Chunk {
+                            w: &mut w[..n],
+                            m: &mut m[..n],
+                            v: &mut v[..n],
+                            g: &g,
+                        }],
+                    )?;
                 }
+                #[cfg(not(feature = "cuda"))]
+                Some(gpu) => match *gpu {},
+                None => adam_update(&mut w[..n], &mut m[..n], &mut v[..n], &g, &s),
             }
+            Ok(plan.choose(c, grads, w, m, v))
         };
-        let accum = &mut self.accum;
-        let mut acc_chunks: Vec<&mut [f32]> = if accum.is_empty() {
-            Vec::new()
-        } else {
-            accum.chunks_mut(plan.chunk).collect()
-        };
-        #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-        let gpu = &mut self.gpu;
         // A failure past this point may leave some chunks updated and
         // others not: the optimizer refuses further steps.
         let streamed = match &self.store {
             #[cfg(feature = "cuda")]
             Store::Host(h) if gpu.is_some() => {
-                let gpu = gpu.as_mut().expect("checked");
-                let mut chunks = Vec::with_capacity(self.slots.len());
-                let mut accs = acc_chunks.into_iter();
-                for (c, set) in self.slots.iter_mut().enumerate() {
-                    let [w, m, v] = set;
-                    let w = as_f32_mut(h.bytes_mut(w.as_mut().expect("slot home"))?);
-                    let m = as_f32_mut(h.bytes_mut(m.as_mut().expect("slot home"))?);
-                    let v = as_f32_mut(h.bytes_mut(v.as_mut().expect("slot home"))?);
-                    let acc = accs.next().unwrap_or(&mut []);
-                    chunks.push(plan.gpu_chunk(c, grads, w, m, v, acc));
-                }
-                gpu.update(&s, chunks).map(|()| Duration::ZERO)
+                // Every chunk in one pipeline of tiles: the gradients
+                // first, then one update, then the next resident sets.
+                let gpu = gpu.take().expect("checked");
+                (|| -> Result<Duration> {
+                    let mut grads_eff = Vec::with_capacity(n_chunks);
+                    for (c, (set, acc)) in self.slots.iter_mut().zip(&mut acc_chunks).enumerate() {
+                        let [w, m, v] = host_state(h, set)?;
+                        grads_eff.push(plan.gradient(c, grads, [w, m, v], acc, old.get(c)));
+                    }
+                    let mut chunks = Vec::with_capacity(n_chunks);
+                    for (set, g) in self.slots.iter_mut().zip(&grads_eff) {
+                        let [w, m, v] = host_state(h, set)?;
+                        let n = g.len();
+                        chunks.push(crate::device::cuda_adam::Chunk {
+                            w: &mut w[..n],
+                            m: &mut m[..n],
+                            v: &mut v[..n],
+                            g,
+                        });
+                    }
+                    gpu.update(&s, chunks)?;
+                    for (c, set) in self.slots.iter_mut().enumerate() {
+                        let [w, m, v] = host_state(h, set)?;
+                        chosen[c] = plan.choose(c, grads, w, m, v);
+                    }
+                    Ok(Duration::ZERO)
+                })()
             }
-            Store::Host(h) => {
-                let mut acc_iter: Vec<Option<&mut [f32]>> =
-                    acc_chunks.drain(..).map(Some).collect();
-                acc_iter.resize_with(self.slots.len(), || None);
-                self.slots
-                    .par_iter_mut()
-                    .zip(acc_iter.into_par_iter())
-                    .enumerate()
-                    .try_for_each(|(c, (set, acc))| -> Result<()> {
-                        let [w, m, v] = set;
-                        let (w, m, v) = (
-                            w.as_mut().expect("slot home"),
-                            m.as_mut().expect("slot home"),
-                            v.as_mut().expect("slot home"),
-                        );
-                        let w = as_f32_mut(h.bytes_mut(w)?);
-                        let m = as_f32_mut(h.bytes_mut(m)?);
-                        let v = as_f32_mut(h.bytes_mut(v)?);
-                        let mut none: [f32; 0] = [];
-                        update(c, w, m, v, acc.unwrap_or(&mut none));
-                        Ok(())
-                    })?;
-                Ok(Duration::ZERO)
-            }
+            Store::Host(h) => self
+                .slots
+                .par_iter_mut()
+                .zip(acc_chunks.par_iter_mut())
+                .zip(chosen.par_iter_mut())
+                .enumerate()
+                .try_for_each(|(c, ((set, acc), out))| -> Result<()> {
+                    let [w, m, v] = host_state(h, set)?;
+                    let g = plan.gradient(c, grads, [&mut *w, &mut *m, &mut *v], acc, old.get(c));
+                    let n = g.len();
+                    adam_update(&mut w[..n], &mut m[..n], &mut v[..n], &g, &s);
+                    *out = plan.choose(c, grads, w, m, v);
+                    Ok(())
+                })
+                .map(|()| Duration::ZERO),
             Store::Cxl(x) => {
                 let page = self.config.chunk_bytes;
                 staged(x, &mut self.slots, page, &mut |c, bufs| {
-                    let acc: &mut [f32] = match acc_chunks.get_mut(c) {
-                        Some(a) => a,
-                        None => &mut [],
-                    };
                     let [w, m, v] = bufs;
-                    #[cfg(feature = "cuda")]
-                    if let Some(gpu) = gpu.as_mut() {
-                        return gpu.update(&s, vec![plan.gpu_chunk(c, grads, w, m, v, acc)]);
-                    }
-                    update(c, w, m, v, acc);
+                    chosen[c] = update_one(c, w, m, v, acc_chunks[c], gpu.as_deref_mut())?;
                     Ok(())
                 })
             }
             Store::Nvme(n) => streamed(n, &mut self.slots, &mut |c, bufs| {
-                let acc: &mut [f32] = match acc_chunks.get_mut(c) {
-                    Some(a) => a,
-                    None => &mut [],
-                };
                 let [w, m, v] = bufs;
                 let (w, m, v) = (as_f32_mut(w), as_f32_mut(m), as_f32_mut(v));
-                #[cfg(feature = "cuda")]
-                if let Some(gpu) = gpu.as_mut() {
-                    return gpu.update(&s, vec![plan.gpu_chunk(c, grads, w, m, v, acc)]);
-                }
-                update(c, w, m, v, acc);
+                chosen[c] = update_one(c, w, m, v, acc_chunks[c], gpu.as_deref_mut())?;
                 Ok(())
             }),
         };
@@ -669,7 +714,8 @@ impl OffloadedAdam {
                 return Err(e);
             }
         };
-        if let Some((_, true)) = importance {
+        if flush.is_some() {
+            self.resident = chosen.into_iter().map(Option::unwrap_or_default).collect();
             self.deferred_steps = 0;
         }
         let bytes = self.slots.len() as u64 * 3 * self.config.chunk_bytes as u64;
@@ -679,6 +725,60 @@ impl OffloadedAdam {
             bytes_written: bytes,
             io_wait_seconds: io_wait.as_secs_f64(),
         })
+    }
+
+    /// A step inside an importance window: the resident elements update
+    /// with their gradients (on the GPU with `Updater::Cuda`), the others
+    /// accumulate theirs. No state in the tier is touched.
+    fn resident_step(&mut self, grads: &[f32], s: &StepScalars) -> Result<()> {
+        let chunk = self.chunk;
+        let gathered: Vec<Vec<f32>> = self
+            .resident
+            .par_iter()
+            .enumerate()
+            .map(|(c, r)| {
+                let g = &grads[c * chunk..];
+                r.idx.iter().map(|&i| g[i as usize]).collect()
+            })
+            .collect();
+        match self.gpu.as_mut() {
+            #[cfg(feature = "cuda")]
+            Some(gpu) => {
+                let chunks = self
+                    .resident
+                    .iter_mut()
+                    .zip(&gathered)
+                    .map(|(r, g)| crate::device::cuda_adam::Chunk {
+                        w: &mut r.w,
+                        m: &mut r.m,
+                        v: &mut r.v,
+                        g,
+                    })
+                    .collect();
+                gpu.update(s, chunks)?;
+            }
+            #[cfg(not(feature = "cuda"))]
+            Some(gpu) => match *gpu {},
+            None => self
+                .resident
+                .par_iter_mut()
+                .zip(&gathered)
+                .for_each(|(r, g)| adam_update(&mut r.w, &mut r.m, &mut r.v, g, s)),
+        }
+        // The others accumulate; a resident element's accumulator stays 0.
+        self.accum
+            .par_chunks_mut(chunk)
+            .zip(grads.par_chunks(chunk))
+            .zip(self.resident.par_iter())
+            .for_each(|((acc, g), r)| {
+                for (a, x) in acc.iter_mut().zip(g) {
+                    *a += x;
+                }
+                for &i in &r.idx {
+                    acc[i as usize] = 0.0;
+                }
+            });
+        Ok(())
     }
 
     /// Reads the master weights back.
@@ -694,9 +794,17 @@ impl OffloadedAdam {
         let ps = self.store.pages();
         let mut out = Vec::with_capacity(self.slots.len() * self.chunk);
         let mut page = vec![0u8; self.config.chunk_bytes];
-        for set in &self.slots {
+        for (c, set) in self.slots.iter().enumerate() {
             ps.read_page(set[which].as_ref().expect("slot home"), &mut page)?;
-            out.extend_from_slice(as_f32(&page));
+            let vals = as_f32_mut(&mut page);
+            // Between flushes the resident copy is the truth.
+            if let Some(r) = self.resident.get(c) {
+                let src = [&r.w, &r.m, &r.v][which];
+                for (j, &i) in r.idx.iter().enumerate() {
+                    vals[i as usize] = src[j];
+                }
+            }
+            out.extend_from_slice(vals);
         }
         out.truncate(self.params);
         Ok(out)
@@ -715,14 +823,6 @@ fn importance_threshold(g: &[f32], fraction: f64) -> Option<f32> {
     let mut mags: Vec<f32> = g.iter().map(|x| x.abs()).collect();
     let (_, &mut threshold, _) = mags.select_nth_unstable_by(n - keep, f32::total_cmp);
     Some(threshold)
-}
-
-/// The mask of the `fraction` largest-|g| elements (at least one).
-fn important(g: &[f32], fraction: f64) -> Vec<bool> {
-    match importance_threshold(g, fraction) {
-        None => vec![true; g.len()],
-        Some(t) => g.iter().map(|x| x.abs() >= t).collect(),
-    }
 }
 
 /// The update of chunk `c`, given its three state buffers.

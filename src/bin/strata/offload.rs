@@ -6,6 +6,7 @@ use clap::Args;
 
 use strata::bench::moe::{self, MoeParams};
 use strata::bench::optim::{self, OptimParams};
+use strata::offload::optim::Importance;
 use strata::size::{format_rate, format_size, parse_size};
 use strata::Error;
 
@@ -158,12 +159,34 @@ pub struct OptimArgs {
     /// Where the update runs: cpu, or cuda (a GPU; needs the cuda feature).
     #[arg(long, default_value = "cpu")]
     update: String,
+    /// Importance-aware mode, FRACTION:EVERY (e.g. 0.1:4): per chunk the
+    /// FRACTION of largest gradients stays resident and updates every step,
+    /// the rest every EVERY steps.
+    #[arg(long)]
+    importance: Option<String>,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+fn parse_importance(s: &str) -> Result<Importance, Error> {
+    let bad = || {
+        Error::invalid(format!(
+            "--importance {s:?}: use FRACTION:EVERY, e.g. 0.1:4"
+        ))
+    };
+    let (f, e) = s.split_once(':').ok_or_else(bad)?;
+    let fraction: f64 = f.parse().map_err(|_| bad())?;
+    let every: u64 = e.parse().map_err(|_| bad())?;
+    if !(fraction > 0.0 && fraction <= 1.0) || every == 0 {
+        return Err(Error::invalid(format!(
+            "--importance {s:?}: FRACTION must be in (0, 1] and EVERY at least 1"
+        )));
+    }
+    Ok(Importance { fraction, every })
 }
 
 pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
@@ -176,6 +199,7 @@ pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
         path: a.path.clone(),
         steps: a.steps,
         update: a.update.parse().map_err(|e: Error| e.context("--update"))?,
+        importance: a.importance.as_deref().map(parse_importance).transpose()?,
     };
     let json = crate::open_json(&a.json)?;
     let r = crate::with_progress(a.quiet, |progress| optim::run(&params, progress))?;
@@ -191,6 +215,15 @@ pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
         if r.emulated { " (emulated)" } else { "" },
         format_size(params.chunk as u64),
     );
+    if let Some(imp) = &params.importance {
+        println!(
+            "importance-aware: {:.0}% of each chunk resident, the rest every {} steps; {} timed steps, {} of state moved per step",
+            imp.fraction * 100.0,
+            imp.every,
+            r.timed_steps,
+            format_size(r.state_bytes_per_step as u64)
+        );
+    }
     println!(
         "step {:.3}s, {} (read + written), waited on I/O {:.3}s per step",
         r.step_seconds,
