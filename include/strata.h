@@ -1351,6 +1351,19 @@ int strata_map_prepare(const struct strata_map *map,
 int strata_launch_map_address(const struct strata_launch *launch, uint64_t *address);
 
 /**
+ * Stores in `*address` where kernels count their accesses (the
+ * `counters` argument of `strata_touch` / `strata_load` in
+ * `strata_device.cuh`: one `uint32_t` per page): device memory on CUDA,
+ * added to the buffer's counts (the balancer's input) when the buffer's
+ * last launch ends; on the simulated device the buffer's counters in host
+ * memory. Valid until the launch ends. Thread-safe.
+ *
+ * # Safety
+ * `address` is NULL or points to a writable `uint64_t`.
+ */
+int strata_launch_counters_address(const struct strata_launch *launch, uint64_t *address);
+
+/**
  * Stores page `page`'s current map entry (the address kernels use for it)
  * in `*entry`. Thread-safe.
  *

@@ -60,7 +60,10 @@ __device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int sh
 }
 
 /* Records an access to `page` in the buffer's counters (one u32 per page;
- * null: not counting). */
+ * null: not counting). The counters of a launch are at
+ * strata_launch_counters_address (Launch::counters_address in Rust): device
+ * memory on a GPU, added to the buffer's counts, which the balancer
+ * harvests, when the buffer's last launch ends. */
 __device__ __forceinline__ void strata_touch(unsigned int *counters, unsigned long long page,
                                              strata_sampler *s, unsigned int shift) {
     if (counters != 0 && strata_sample(s, shift)) {

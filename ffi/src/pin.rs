@@ -245,6 +245,28 @@ pub unsafe extern "C" fn strata_launch_map_address(
     })
 }
 
+/// Stores in `*address` where kernels count their accesses (the
+/// `counters` argument of `strata_touch` / `strata_load` in
+/// `strata_device.cuh`: one `uint32_t` per page): device memory on CUDA,
+/// added to the buffer's counts (the balancer's input) when the buffer's
+/// last launch ends; on the simulated device the buffer's counters in host
+/// memory. Valid until the launch ends. Thread-safe.
+///
+/// # Safety
+/// `address` is NULL or points to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_launch_counters_address(
+    launch: *const strata_launch,
+    address: *mut u64,
+) -> c_int {
+    boundary("strata_launch_counters_address", || {
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out(address, "address") }?;
+        out.set(objects::with(launch, |l| l.counters_address())?);
+        Ok(STRATA_OK)
+    })
+}
+
 /// Stores page `page`'s current map entry (the address kernels use for it)
 /// in `*entry`. Thread-safe.
 ///

@@ -419,6 +419,8 @@ fuzz_target!(|input: Input| {
                         let mut a = 0;
                         // SAFETY: a writable u64.
                         st(unsafe { strata_launch_map_address(l, &mut a) });
+                        // SAFETY: a writable u64.
+                        st(unsafe { strata_launch_counters_address(l, &mut a) });
                     }
                 }
             }

@@ -311,6 +311,74 @@ impl DeviceWords {
     }
 }
 
+/// A buffer's access counters in device memory (one u32 per page) for
+/// CUDA kernels to bump (`strata_touch` / `strata_load` in
+/// `include/strata_device.cuh`); the host drains them into the runtime's
+/// counters when the buffer's launches end.
+pub struct DeviceCounters {
+    memory: parking_lot::Mutex<Box<dyn DeviceMemory>>,
+    len: usize,
+    address: u64,
+}
+
+impl std::fmt::Debug for DeviceCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceCounters({} at {:#x})", self.len, self.address)
+    }
+}
+
+impl DeviceCounters {
+    /// `len` counters of `backend`'s memory, zeroed.
+    pub fn new(backend: &dyn DeviceBackend, len: usize) -> Result<Self> {
+        let bytes = len
+            .checked_mul(4)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::invalid(format!("a device array of {len} counters")))?;
+        let memory = backend.alloc(bytes)?;
+        if memory.len() < bytes {
+            return Err(Error::invalid("device allocation shorter than asked"));
+        }
+        let address = memory.device_address(0);
+        let c = Self {
+            memory: parking_lot::Mutex::new(memory),
+            len,
+            address,
+        };
+        c.zero()?;
+        Ok(c)
+    }
+
+    /// The device address of counter 0.
+    pub fn address(&self) -> u64 {
+        self.address
+    }
+
+    fn zero(&self) -> Result<()> {
+        let zeros = vec![0u8; self.len * 4];
+        let memory = self.memory.lock();
+        // SAFETY: the range is the allocation's first `len * 4` bytes
+        // (checked in `new`); host-side access is serialized by the lock.
+        unsafe { memory.copy_in(0, &zeros) }
+    }
+
+    /// Reads the counts and sets them back to zero. Counts a kernel adds
+    /// between the read and the reset are lost (call it when no kernel
+    /// runs; they are access samples, never data).
+    pub fn drain(&self) -> Result<Vec<u32>> {
+        let mut counts = vec![0u32; self.len];
+        {
+            let memory = self.memory.lock();
+            // SAFETY: as in `zero`; the destination is a host vector of
+            // exactly `len * 4` bytes.
+            unsafe { memory.copy_out(0, bytemuck::cast_slice_mut(&mut counts))? };
+        }
+        if counts.iter().any(|&c| c != 0) {
+            self.zero()?;
+        }
+        Ok(counts)
+    }
+}
+
 impl std::fmt::Debug for dyn DeviceMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "DeviceMemory({} bytes)", self.len())

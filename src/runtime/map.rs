@@ -15,14 +15,18 @@
 //!
 //! On the simulated device the map is host memory and "kernels" are Rust
 //! code reading through [`Launch::load`]; on cuda the map is also copied to
-//! device memory ([`Launch::map_address`]) for CUDA kernels.
+//! device memory ([`Launch::map_address`]) for CUDA kernels, which count
+//! their accesses into per-page counters in device memory
+//! ([`Launch::counters_address`]); when the buffer's last launch ends the
+//! runtime adds those counts to the buffer's own, which the balancer and
+//! `harvest` read.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::table::{lost, Lost, Resident, Table, Zero};
-use crate::device::DeviceWords;
+use crate::device::{DeviceCounters, DeviceWords};
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::{DeviceStore, Tier};
 
@@ -44,6 +48,9 @@ pub(crate) struct MapShared {
     on_device: Box<[std::sync::atomic::AtomicBool]>,
     /// Its copy in device memory, on cuda.
     device: Option<DeviceWords>,
+    /// Per-page access counters in device memory for CUDA kernels, on
+    /// cuda; drained into the buffer's counters when its launches end.
+    device_counters: Option<DeviceCounters>,
     page_size: usize,
 }
 
@@ -82,17 +89,22 @@ impl DeviceMap {
             Some(s) => s.clone(),
             None => {
                 let n = table.pages.len();
-                let device = table
+                let cuda = table
                     .rt
                     .store(Tier::Device)
                     .and_then(|s| s.as_any().downcast_ref::<DeviceStore>())
-                    .filter(|d| d.backend() == crate::device::BackendKind::Cuda)
+                    .filter(|d| d.backend() == crate::device::BackendKind::Cuda);
+                let device = cuda
                     .map(|d| DeviceWords::new(d.backend_handle(), n))
+                    .transpose()?;
+                let device_counters = cuda
+                    .map(|d| DeviceCounters::new(d.backend_handle(), n))
                     .transpose()?;
                 let s = Arc::new(MapShared {
                     entries: (0..n).map(|_| AtomicU64::new(0)).collect(),
                     on_device: (0..n).map(|_| Default::default()).collect(),
                     device,
+                    device_counters,
                     page_size: table.rt.page_size(),
                 });
                 *slot = Some(s.clone());
@@ -343,6 +355,18 @@ impl<'a> Launch<'a> {
         self.entries[p].load(Ordering::Acquire)
     }
 
+    /// Where kernels count their accesses (`counters` of `strata_touch` /
+    /// `strata_load`, one u32 per page): device memory on cuda, added to
+    /// the buffer's counters when its last launch ends; on the simulated
+    /// device the buffer's counters themselves, in host memory (Rust
+    /// kernels count through [`load`](Self::load) and [`reader`](Self::reader)).
+    pub fn counters_address(&self) -> u64 {
+        match &self.map.shared.device_counters {
+            Some(c) => c.address(),
+            None => self.counters.as_ptr() as u64,
+        }
+    }
+
     /// Reads element `index` of the buffer seen as an array of `T`, the way
     /// a kernel does: through the map, bumping the page's counter. Simulated
     /// device and read-only launches only (cuda kernels read device memory
@@ -462,12 +486,30 @@ impl Drop for Launch<'_> {
                 Access::ReadWrite => l.read_write -= 1,
             }
             if l.read_only + l.read_write == 0 {
-                std::mem::take(&mut l.retired)
+                Some(std::mem::take(&mut l.retired))
             } else {
-                Vec::new()
+                None
             }
         };
+        let Some(retired) = retired else {
+            return;
+        };
         table.free_retired(retired);
+        // The last launch ended: what CUDA kernels counted goes to the
+        // balancer. A failed copy loses samples, not data: counted in the
+        // runtime's errors.
+        if let Some(c) = &self.map.shared.device_counters {
+            match c.drain() {
+                Ok(counts) => {
+                    for (h, n) in self.counters.iter().zip(counts) {
+                        if n != 0 {
+                            h.fetch_add(n, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Err(_) => table.rt.note_lost_counts(),
+            }
+        }
     }
 }
 
@@ -509,6 +551,11 @@ impl OwnedLaunch {
     /// As [`Launch::entry`].
     pub fn entry(&self, p: usize) -> u64 {
         self.launch().entry(p)
+    }
+
+    /// As [`Launch::counters_address`].
+    pub fn counters_address(&self) -> u64 {
+        self.launch().counters_address()
     }
 }
 

@@ -323,6 +323,15 @@ struct Counters {
     promotions: AtomicU64,
     demotions: AtomicU64,
     bypasses: AtomicU64,
+    /// Read-backs of CUDA kernels' access counters that failed.
+    lost_counts: AtomicU64,
+}
+
+impl Inner {
+    /// A CUDA launch's access counts could not be read back.
+    pub(crate) fn note_lost_counts(&self) {
+        self.counters.lost_counts.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 pub(crate) struct Inner {
@@ -536,6 +545,9 @@ pub struct Stats {
     pub demotions: u64,
     /// Balancer: touched pages left in place (served zero-copy).
     pub bypasses: u64,
+    /// Read-backs of CUDA kernels' per-page access counts that failed at
+    /// the end of a launch (those access samples are lost; no data is).
+    pub lost_count_readbacks: u64,
     /// Host→device and device→host link traffic, if there is a device tier
     /// (as the backend counts it: every copy, moves and accesses alike).
     pub device_links: Option<(LinkStats, LinkStats)>,
@@ -659,6 +671,7 @@ impl Runtime {
             reserved_pages: inner.reserved.lock().promised,
             moves: inner.counters.moves.load(Ordering::Relaxed),
             failed_moves: inner.counters.failed_moves.load(Ordering::Relaxed),
+            lost_count_readbacks: inner.counters.lost_counts.load(Ordering::Relaxed),
             first_writes: inner.counters.first_writes.load(Ordering::Relaxed),
             abandoned_moves: inner.counters.abandoned.load(Ordering::Relaxed),
             faults: inner.counters.faults.load(Ordering::Relaxed),

@@ -9,6 +9,7 @@
  * for valgrind, which does not follow io_uring)
  */
 #define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,7 +161,26 @@ int main(int argc, char **argv) {
     }
     FAILS(strata_write(small_buf, 0, "x", 1), STRATA_ERR_INVALID_ARGUMENT, "read-only");
     FAILS(strata_launch_entry(launch, 8, &entry), STRATA_ERR_INVALID_ARGUMENT, "beyond");
+    /* A "kernel" counts its accesses where the launch says (one uint32_t
+     * per page; on the simulated device the buffer's counters in host
+     * memory, updated atomically): page 5 read 40 times. */
+    uint64_t counters = 0;
+    OK(strata_launch_counters_address(launch, &counters));
+    CHECK(counters != 0, "counters address");
+    if (counters != 0) {
+        _Atomic uint32_t *count = (_Atomic uint32_t *)(uintptr_t)counters;
+        for (int i = 0; i < 40; i++) {
+            atomic_fetch_add_explicit(&count[5], 1u, memory_order_relaxed);
+        }
+    }
     OK(strata_launch_end(launch));
+    uint64_t hot_page = 0, cold_page = 0;
+    float hot_score = 0, cold_score = 0;
+    size_t hot_len = 0, cold_len = 0;
+    OK(strata_buffer_harvest(small_buf, 1.0f, 1, &hot_page, &hot_score, &hot_len, &cold_page,
+                             &cold_score, &cold_len));
+    CHECK(hot_len == 1 && hot_page == 5 && hot_score >= 40.0f, "hottest page %llu (%g)",
+          (unsigned long long)hot_page, hot_score);
     OK(strata_write(small_buf, 0, "x", 1));
     OK(strata_map_free(map));
     OK(strata_buffer_free(small_buf));

@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
-    result, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    result, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 
 use super::algo::{BfsResult, PrResult, SsspResult};
@@ -518,7 +518,8 @@ pub struct StrataGpu<'g> {
     kernels: Arc<GraphKernels>,
     maps: Vec<Option<DeviceMap>>,
     launches: Vec<Option<OwnedLaunch>>,
-    counters: Vec<Option<CudaSlice<u32>>>,
+    /// Whether kernels count accesses (the runtime samples).
+    counting: bool,
     view: GraphView,
     edges: u64,
     launch_seed: u64,
@@ -538,16 +539,7 @@ impl<'g> StrataGpu<'g> {
             ));
         }
         let maps = graph.maps()?;
-        let s = kernels.stream().clone();
         let counting = graph.rt.sampling().is_some();
-        let counters = graph
-            .buffers()
-            .iter()
-            .map(|b| match b {
-                Some(b) if counting => zeros::<u32>(&s, b.page_count()).map(Some),
-                _ => Ok(None),
-            })
-            .collect::<Result<Vec<_>>>()?;
         let edges = match &graph.buffers()[1] {
             Some(b) => b.len() / 4,
             None => 0,
@@ -557,7 +549,7 @@ impl<'g> StrataGpu<'g> {
             kernels,
             maps,
             launches: Vec::new(),
-            counters,
+            counting,
             view: GraphView {
                 vertices: graph.vertices() as u64,
                 page_shift: graph.rt.page_size().trailing_zeros(),
@@ -583,10 +575,15 @@ impl<'g> StrataGpu<'g> {
                     .transpose()
             })
             .collect::<Result<_>>()?;
-        let s = self.kernels.stream().clone();
         for a in 0..5 {
-            self.view.base[a] = self.launches[a].as_ref().map_or(0, |l| l.map_address());
-            self.view.counters[a] = self.counters[a].as_ref().map_or(0, |c| c.device_ptr(&s).0);
+            let launch = self.launches[a].as_ref();
+            self.view.base[a] = launch.map_or(0, |l| l.map_address());
+            // The runtime's per-page counters in device memory, drained
+            // into the buffer's counters when the launch ends.
+            self.view.counters[a] = match launch {
+                Some(l) if self.counting => l.counters_address(),
+                _ => 0,
+            };
         }
         if !self.graph.directed() {
             // The transpose of an undirected graph is the graph.
@@ -636,21 +633,18 @@ impl GpuGraph for StrataGpu<'_> {
     }
 
     fn between_steps(&mut self) -> Result<()> {
-        let s = self.kernels.stream().clone();
-        sync(&s)?;
-        // The launch's counts to the runtime, noting where the pages were.
+        sync(self.kernels.stream())?;
+        // The launches end: the kernels' counts land in the buffers'
+        // counters (the runtime drains its device counters), where this
+        // step's accesses are tallied by where the pages were, and the
+        // balancer harvests them; the next launches begin.
+        self.launches.clear();
         for a in 0..5 {
-            let (Some(counters), Some(map), Some(buf)) = (
-                self.counters[a].as_mut(),
-                self.maps[a].as_ref(),
-                self.graph.buffers()[a].as_ref(),
-            ) else {
+            let (Some(map), Some(buf)) = (self.maps[a].as_ref(), self.graph.buffers()[a].as_ref())
+            else {
                 continue;
             };
-            let counts = s
-                .clone_dtoh(&*counters)
-                .map_err(|e| driver("cuMemcpyDtoH", e))?;
-            for (p, &c) in counts.iter().enumerate() {
+            for (p, c) in map.counts().into_iter().enumerate() {
                 if c != 0 {
                     self.sampled_accesses += c as u64;
                     if buf.tier_of(p)? == Some(Tier::Device) {
@@ -658,11 +652,7 @@ impl GpuGraph for StrataGpu<'_> {
                     }
                 }
             }
-            map.add_counts(&counts)?;
-            clear(&s, counters)?;
         }
-        // The launch ends; the balancer moves pages; the next begins.
-        self.launches.clear();
         self.graph.rt.balance_once()?;
         self.prepare()
     }
