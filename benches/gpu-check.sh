@@ -33,10 +33,26 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 export STRATA_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-"$here/strata" info
-if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then
-    echo "note: ldconfig lists no libnvrtc; kernels compile only if LD_LIBRARY_PATH has it"
+# NVRTC: cudarc opens libnvrtc.so or libnvrtc.so.12 (.11, ...), not .so.13.
+# Where the loader finds neither, look in the CUDA toolkit, then in Python's
+# NVIDIA wheels, and put the first folder with a libnvrtc.so.N first on the
+# library path, under the name cudarc opens (a link in gpu-carry/lib).
+if ! ldconfig -p 2>/dev/null | grep -Eq 'libnvrtc\.so(\.12)? '; then
+    wheels=$(python3 -c 'import glob, site
+for d in site.getsitepackages():
+    print(" ".join(glob.glob(d + "/nvidia/*/lib") + glob.glob(d + "/nvidia/cu*/lib")))' 2>/dev/null || true)
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/*/lib $wheels; do
+        lib=$(ls "$d"/libnvrtc.so.[0-9]* 2>/dev/null | sort | head -1)
+        if [ -n "$lib" ]; then
+            mkdir -p "$here/lib"
+            ln -sf "$lib" "$here/lib/libnvrtc.so"
+            export LD_LIBRARY_PATH="$here/lib:$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            echo "nvrtc: using $lib"
+            break
+        fi
+    done
 fi
+"$here/strata" info
 status=0
 # offload: the CUDA Adam update bitwise against the CPU update.
 for t in device hotness runtime graph offload; do

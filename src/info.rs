@@ -36,6 +36,10 @@ pub struct Info {
     pub gpus: Vec<GpuInfo>,
     /// Why there is no GPU, when there is none.
     pub gpu_absent_reason: Option<String>,
+    /// NVRTC's version ("12.8") where the library loads (the CUDA kernels
+    /// compile with it at run time); null where it does not, or without
+    /// the cuda feature.
+    pub nvrtc: Option<String>,
     /// Whether io_uring works here.
     pub io_uring: bool,
     /// Why io_uring does not work, when it doesn't.
@@ -57,6 +61,7 @@ pub fn gather(config: &Config) -> Info {
         Ok(g) => (g, None),
         Err(e) => (Vec::new(), Some(e.message().to_string())),
     };
+    let nvrtc = crate::device::nvrtc_version().map(|(a, b)| format!("{a}.{b}"));
     let uring = crate::io::uring::probe();
     let io_engine = crate::io::engine(config.nvme.engine)
         .map(|e| e.kind().to_string())
@@ -124,6 +129,7 @@ pub fn gather(config: &Config) -> Info {
         gpu: gpus.first().cloned(),
         gpus,
         gpu_absent_reason,
+        nvrtc,
         io_uring: uring.is_ok(),
         io_uring_error: uring.err().map(|e| e.message().to_string()),
         io_engine,

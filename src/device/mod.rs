@@ -64,6 +64,19 @@ pub fn probe_gpus() -> Result<Vec<GpuInfo>> {
     }
 }
 
+/// NVRTC's (major, minor) version where the library loads; `None` where
+/// it does not, or without the `cuda` feature.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    #[cfg(feature = "cuda")]
+    {
+        nvrtc::version()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        None
+    }
+}
+
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn no_device(why: impl Into<String>) -> Error {
     Error::new(ErrorKind::NoDevice, why)

@@ -43,6 +43,18 @@ pub fn available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
+/// NVRTC's (major, minor) version, where the library loads.
+pub fn version() -> Option<(i32, i32)> {
+    if !available() {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is loaded (checked above); both pointers are to
+    // live c_ints this call may write.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
 /// `source` with `#include "strata_device.cuh"` (or `<…>`) replaced by the
 /// header's text.
 pub fn expand_includes(source: &str) -> String {

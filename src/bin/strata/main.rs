@@ -418,6 +418,13 @@ fn print_info(info: &strata::info::Info) {
         ),
     }
     println!(
+        "nvrtc:     {}",
+        match &info.nvrtc {
+            Some(v) => format!("{v} (the CUDA kernels compile at run time)"),
+            None => "not loaded (CUDA kernels cannot compile; needs the cuda feature and libnvrtc.so or libnvrtc.so.12 on the library path)".into(),
+        }
+    );
+    println!(
         "io_uring:  {}",
         if info.io_uring {
             "yes".to_string()
