@@ -23,6 +23,9 @@ for l in sys.stdin:
         print(m["executable"])' | tail -1)
     cp "$exe" "gpu-carry/test-$t"
 done
+# Without debug info the folder is about 12 MiB (with it, about 170 MiB:
+# over the device tool's 64 MiB carry limit).
+strip gpu-carry/strata gpu-carry/test-*
 # The hotness test reads tests/vectors/hotness.json from the working
 # directory when the build's source path is absent: run.sh runs from the
 # repository root, where the working tree has it.
@@ -74,4 +77,4 @@ done
 exit $status
 SH
 chmod +x gpu-carry/run.sh
-echo "gpu-carry/ is ready: pass it in the device tool's carry list and run gpu-carry/run.sh"
+echo "gpu-carry/ ($(du -sh gpu-carry | cut -f1)) is ready: pass it in the device tool's carry list and run gpu-carry/run.sh"
