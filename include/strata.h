@@ -617,6 +617,10 @@ typedef struct strata_moe_stats {
      */
     uint64_t hits;
     /**
+     * Hits on a prefetch still in flight (they waited for the rest).
+     */
+    uint64_t late_prefetch_hits;
+    /**
      * Prefetches started.
      */
     uint64_t prefetches;
@@ -624,6 +628,10 @@ typedef struct strata_moe_stats {
      * Prefetched experts fetched before they were evicted.
      */
     uint64_t prefetches_used;
+    /**
+     * Prefetches cancelled before they finished (`strata_moe_cancel_prefetches`).
+     */
+    uint64_t prefetches_cancelled;
     /**
      * Bytes moved into device memory.
      */
@@ -1218,6 +1226,18 @@ int strata_moe_prefetch(const struct strata_moe *moe,
                         const uint32_t *experts,
                         size_t n,
                         size_t *started);
+
+/**
+ * Cancels the prefetches of `layer` that no fetch has used and whose
+ * transfer has not finished (call it once the layer has run: they can
+ * only be late or wrong); their slots are freed and a later fetch moves
+ * the expert whole. Stores how many were cancelled in `*cancelled` if not
+ * NULL. Thread-safe.
+ *
+ * # Safety
+ * `cancelled` is NULL or points to a writable `size_t`.
+ */
+int strata_moe_cancel_prefetches(const struct strata_moe *moe, uint32_t layer, size_t *cancelled);
 
 /**
  * Stores the cache's counters in `*stats`. Thread-safe.

@@ -425,6 +425,26 @@ fn cache(slots: usize, eviction: Eviction) -> ExpertCache {
     c
 }
 
+/// One pool of slots (the default) takes experts of any layer, whatever
+/// `layers` says (it sizes per-layer slots only): fetch, prefetch and
+/// eviction across layers work (a C client, which has no `layers` field,
+/// found these panicking).
+#[test]
+fn one_pool_takes_experts_of_any_layer() {
+    let mut c = ExpertCache::new(MoeConfig::new(2, 64 << 10, 8 << 20)).unwrap();
+    for l in 0..3u32 {
+        c.register(l, 0, &vec![l as u8 + 1; 64 << 10]).unwrap();
+    }
+    assert_eq!(c.prefetch(2, &[0]).unwrap(), 1);
+    for l in [0u32, 1, 2, 0] {
+        let pin = c.fetch(l, 0).unwrap();
+        let mut got = vec![0u8; 64 << 10];
+        pin.buffer().read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == l as u8 + 1), "layer {l}");
+    }
+    assert!(c.stats().evictions >= 1);
+}
+
 #[test]
 fn fetch_returns_device_pages_holding_the_expert() {
     let c = cache(2, Eviction::Lrfu { decay: 0.99 });

@@ -258,10 +258,14 @@ pub struct strata_moe_stats {
     pub fetches: u64,
     /// Fetches that found the expert resident or on its way.
     pub hits: u64,
+    /// Hits on a prefetch still in flight (they waited for the rest).
+    pub late_prefetch_hits: u64,
     /// Prefetches started.
     pub prefetches: u64,
     /// Prefetched experts fetched before they were evicted.
     pub prefetches_used: u64,
+    /// Prefetches cancelled before they finished (`strata_moe_cancel_prefetches`).
+    pub prefetches_cancelled: u64,
     /// Bytes moved into device memory.
     pub bytes_moved: u64,
     /// Time fetches waited, seconds (modelled on the simulated device).
@@ -430,6 +434,30 @@ pub unsafe extern "C" fn strata_moe_prefetch(
     })
 }
 
+/// Cancels the prefetches of `layer` that no fetch has used and whose
+/// transfer has not finished (call it once the layer has run: they can
+/// only be late or wrong); their slots are freed and a later fetch moves
+/// the expert whole. Stores how many were cancelled in `*cancelled` if not
+/// NULL. Thread-safe.
+///
+/// # Safety
+/// `cancelled` is NULL or points to a writable `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_cancel_prefetches(
+    moe: *const objects::strata_moe,
+    layer: u32,
+    cancelled: *mut usize,
+) -> c_int {
+    boundary("strata_moe_cancel_prefetches", || {
+        let k = objects::get(moe)?.read().cancel_prefetches(layer)?;
+        if !cancelled.is_null() {
+            // SAFETY: writable (this function's contract).
+            unsafe { cast::out(cancelled, "cancelled") }?.set(k);
+        }
+        Ok(STRATA_OK)
+    })
+}
+
 /// Stores the cache's counters in `*stats`. Thread-safe.
 ///
 /// # Safety
@@ -446,8 +474,10 @@ pub unsafe extern "C" fn strata_moe_get_stats(
         out.set(strata_moe_stats {
             fetches: s.fetches,
             hits: s.hits,
+            late_prefetch_hits: s.late_prefetch_hits,
             prefetches: s.prefetches,
             prefetches_used: s.prefetches_used,
+            prefetches_cancelled: s.prefetches_cancelled,
             bytes_moved: s.bytes_moved,
             stall_seconds: s.stall_seconds,
             stall_modelled: s.stall_modelled as c_int,

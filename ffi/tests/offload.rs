@@ -142,6 +142,21 @@ fn the_expert_cache_through_the_c_abi() {
     // SAFETY: a writable stats struct.
     assert_eq!(unsafe { strata_moe_get_stats(moe, &mut stats) }, STRATA_OK);
     assert_eq!((stats.fetches, stats.stall_modelled), (1, 1));
+    assert_eq!(stats.prefetches as usize, started);
+    // Layer 0 has run: whatever of its prefetches has not finished is
+    // cancelled, and the counters agree.
+    let mut cancelled = usize::MAX;
+    // SAFETY: a writable count.
+    let s = unsafe { strata_moe_cancel_prefetches(moe, 0, &mut cancelled) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    assert!(cancelled <= started);
+    // SAFETY: a writable stats struct.
+    assert_eq!(unsafe { strata_moe_get_stats(moe, &mut stats) }, STRATA_OK);
+    assert_eq!(stats.prefetches_cancelled as usize, cancelled);
+    assert!(stats.late_prefetch_hits <= stats.hits);
+    // SAFETY: a NULL count is allowed.
+    let s = unsafe { strata_moe_cancel_prefetches(moe, 0, std::ptr::null_mut()) };
+    assert_eq!(s, STRATA_OK);
     // SAFETY: as above, for an expert never registered.
     let s = unsafe { strata_moe_fetch(moe, 5, 5, addresses.as_mut_ptr(), 4, &mut n, &mut pin) };
     assert!(s < 0);

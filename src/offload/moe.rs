@@ -536,7 +536,13 @@ impl ExpertCache {
             buffer: std::sync::Arc::new(buffer),
         });
         self.index.insert((layer, expert), i);
-        self.state.get_mut().meta.push(Meta::default());
+        let st = self.state.get_mut();
+        st.meta.push(Meta::default());
+        // One pool for all layers: any layer may register (per-layer slots
+        // checked the layer above).
+        if st.resident_per_layer.len() <= layer as usize {
+            st.resident_per_layer.resize(layer as usize + 1, 0);
+        }
         Ok(())
     }
 
