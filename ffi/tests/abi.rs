@@ -205,7 +205,8 @@ fn device_maps_and_launches() {
         assert_eq!(write(buf, 0, b"x"), STRATA_OK);
         assert_eq!(strata_map_free(map), STRATA_OK);
     }
-    assert!(stats(rt)["faults"].as_u64().unwrap() >= 6);
+    let st = stats(rt);
+    assert!(st["faults"].as_u64().unwrap() >= 6, "{st}");
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
 }
 

@@ -310,7 +310,23 @@ impl Buffer {
         // First everything that fits into `tier` itself, in batches; then
         // page by page down the slower tiers for what did not fit.
         let pages: Vec<usize> = pages.collect();
-        let full = self.table.move_batched(&pages, tier, &|t| t < tier)?;
+        let mut full = self.table.move_batched(&pages, tier, &|t| t < tier)?;
+        // A move abandoned because its page changed meanwhile (a write, or
+        // background eviction moving it first) left the page above `tier`:
+        // try those again, a few times (pinned pages stay, as said).
+        for _ in 0..3 {
+            let skip: std::collections::HashSet<usize> = full.iter().copied().collect();
+            let again: Vec<usize> = pages
+                .iter()
+                .copied()
+                .filter(|p| !skip.contains(p))
+                .filter(|&p| matches!(self.tier_of(p), Ok(Some(t)) if t < tier))
+                .collect();
+            if again.is_empty() {
+                break;
+            }
+            full.extend(self.table.move_batched(&again, tier, &|t| t < tier)?);
+        }
         if full.is_empty() {
             return Ok(());
         }
