@@ -367,26 +367,30 @@ impl DeviceCounters {
     }
 
     fn zero(&self) -> Result<()> {
-        let zeros = vec![0u8; self.len * 4];
-        let memory = self.memory.lock();
+        Self::zero_locked(&**self.memory.lock(), self.len)
+    }
+
+    fn zero_locked(memory: &dyn DeviceMemory, len: usize) -> Result<()> {
+        let zeros = vec![0u8; len * 4];
         // SAFETY: the range is the allocation's first `len * 4` bytes
-        // (checked in `new`); host-side access is serialized by the lock.
+        // (checked in `new`); host-side access is serialized by the lock
+        // the caller holds.
         unsafe { memory.copy_in(0, &zeros) }
     }
 
     /// Reads the counts and sets them back to zero. Counts a kernel adds
     /// between the read and the reset are lost (call it when no kernel
-    /// runs; they are access samples, never data).
+    /// runs; they are access samples, never data). Two drains never both
+    /// return the same counts: the read and the reset are one step under
+    /// the lock.
     pub fn drain(&self) -> Result<Vec<u32>> {
         let mut counts = vec![0u32; self.len];
-        {
-            let memory = self.memory.lock();
-            // SAFETY: as in `zero`; the destination is a host vector of
-            // exactly `len * 4` bytes.
-            unsafe { memory.copy_out(0, bytemuck::cast_slice_mut(&mut counts))? };
-        }
+        let memory = self.memory.lock();
+        // SAFETY: as in `zero_locked`; the destination is a host vector of
+        // exactly `len * 4` bytes.
+        unsafe { memory.copy_out(0, bytemuck::cast_slice_mut(&mut counts))? };
         if counts.iter().any(|&c| c != 0) {
-            self.zero()?;
+            Self::zero_locked(&**memory, self.len)?;
         }
         Ok(counts)
     }

@@ -711,6 +711,19 @@ impl OffloadedAdam {
             Ok(d) => d,
             Err(e) => {
                 self.broken = true;
+                if flush.is_some() {
+                    // What `read_state` merges in: the new resident copy
+                    // of the chunks this flush updated, the old one (still
+                    // the truth) of the others.
+                    let mut old = old.into_iter();
+                    self.resident = chosen
+                        .into_iter()
+                        .map(|new| {
+                            let old = old.next().unwrap_or_default();
+                            new.unwrap_or(old)
+                        })
+                        .collect();
+                }
                 return Err(e);
             }
         };
@@ -830,14 +843,17 @@ type ChunkUpdate<'a, B> = dyn FnMut(usize, &mut [B; 3]) -> Result<()> + 'a;
 
 /// The CXL pipeline: reader, updater (this thread), writer, three
 /// staging sets. Slots travel with their chunk through the stages and come
-/// back in `slots`. Returns the time the updater waited for the reader.
+/// back in `slots`, also when a read, an update or a write fails (the
+/// stages then stop; a chunk after a failed write is not written). Returns
+/// the time the updater waited for the reader.
 fn staged(
     store: &CxlStore,
     slots: &mut [[Option<Slot>; 3]],
     page: usize,
     update: &mut ChunkUpdate<'_, Vec<f32>>,
 ) -> Result<Duration> {
-    use crossbeam::channel::bounded;
+    use crossbeam::channel::{bounded, SendError};
+    use std::sync::atomic::{AtomicBool, Ordering};
     const SETS: usize = 3;
     type Set = [Vec<f32>; 3];
     type Item = (usize, [Slot; 3], Set);
@@ -853,68 +869,98 @@ fn staged(
         .iter_mut()
         .map(|s| s.each_mut().map(|x| x.take().expect("slot home")))
         .collect();
-    let (waited, back, err, failed) = std::thread::scope(|sc| {
-        let reader = sc.spawn(move || -> Result<()> {
-            for (c, set) in owned.into_iter().enumerate() {
-                let Ok(mut bufs) = free_rx.recv() else {
-                    return Ok(());
-                };
-                for k in 0..3 {
-                    store.read_page(&set[k], bytemuck::cast_slice_mut(&mut bufs[k]))?;
+    // Set when an update or a write fails: the reader and the updater
+    // stop at their next chunk.
+    let stop = AtomicBool::new(false);
+    let stop = &stop;
+    let (waited, back, err) = std::thread::scope(|sc| {
+        // The reader hands back the chunks it did not pass on.
+        let reader = sc.spawn(move || -> (Vec<(usize, [Slot; 3])>, Result<()>) {
+            let mut left = Vec::new();
+            let mut result = Ok(());
+            let mut owned = owned.into_iter().enumerate();
+            for (c, set) in owned.by_ref() {
+                if stop.load(Ordering::Relaxed) {
+                    left.push((c, set));
+                    break;
                 }
-                if full_tx.send((c, set, bufs)).is_err() {
-                    return Ok(());
+                let Ok(mut bufs) = free_rx.recv() else {
+                    left.push((c, set));
+                    break;
+                };
+                let read = (0..3).try_for_each(|k| {
+                    store.read_page(&set[k], bytemuck::cast_slice_mut(&mut bufs[k]))
+                });
+                if let Err(e) = read {
+                    // The chunks read before still update and go back.
+                    left.push((c, set));
+                    result = Err(e);
+                    break;
+                }
+                if let Err(SendError((c, set, _))) = full_tx.send((c, set, bufs)) {
+                    left.push((c, set));
+                    break;
                 }
             }
-            Ok(())
+            left.extend(owned);
+            (left, result)
         });
+        // The writer hands back every chunk it was given, written or (after
+        // a failed write) not.
         let writer = sc.spawn(move || -> (Vec<(usize, [Slot; 3])>, Result<()>) {
             let mut back = Vec::with_capacity(n);
+            let mut result = Ok(());
             for (c, mut set, bufs) in done_rx.iter() {
-                for k in 0..3 {
+                if result.is_ok() {
                     // In place: an emulated medium paces the copy.
-                    if let Err(e) = store.write_page(&mut set[k], bytemuck::cast_slice(&bufs[k])) {
-                        back.push((c, set));
-                        return (back, Err(e));
+                    result = (0..3).try_for_each(|k| {
+                        store.write_page(&mut set[k], bytemuck::cast_slice(&bufs[k]))
+                    });
+                    if result.is_err() {
+                        stop.store(true, Ordering::Relaxed);
                     }
                 }
                 back.push((c, set));
                 let _ = free_tx.send(bufs);
             }
-            (back, Ok(()))
+            (back, result)
         });
         let mut waited = Duration::ZERO;
-        // A chunk whose update failed: not written back, its slots kept here.
-        let mut failed = None;
+        let mut here = Vec::new();
+        let mut failed = Ok(());
         for _ in 0..n {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
             let t = Instant::now();
             let Ok((c, set, mut bufs)) = full_rx.recv() else {
                 break;
             };
             waited += t.elapsed();
             if let Err(e) = update(c, &mut bufs) {
-                failed = Some((c, set, e));
+                // Not written back.
+                stop.store(true, Ordering::Relaxed);
+                here.push((c, set));
+                failed = Err(e);
                 break;
             }
-            if done_tx.send((c, set, bufs)).is_err() {
+            if let Err(SendError((c, set, _))) = done_tx.send((c, set, bufs)) {
+                here.push((c, set));
                 break;
             }
         }
+        // The writer finishes (its free sets let a waiting reader see the
+        // stop); chunks read but not updated come home from here.
         drop(done_tx);
-        drop(full_rx);
-        let r = reader.join().expect("reader thread");
-        let (back, w) = writer.join().expect("writer thread");
-        (waited, back, r.and(w), failed)
-    });
-    let failed = failed.map(|(c, set, e)| {
-        back_home(slots, c, set);
-        e
+        here.extend(full_rx.iter().map(|(c, set, _)| (c, set)));
+        let (left, r) = reader.join().expect("reader thread");
+        let (written, w) = writer.join().expect("writer thread");
+        here.extend(left);
+        here.extend(written);
+        (waited, here, failed.and(r).and(w))
     });
     for (c, set) in back {
         back_home(slots, c, set);
-    }
-    if let Some(e) = failed {
-        return Err(e);
     }
     err?;
     if slots.iter().any(|s| s.iter().any(Option::is_none)) {
@@ -1074,5 +1120,104 @@ fn streamed(
     match st.first_err {
         Some(e) => Err(e),
         None => Ok(waited),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: usize = 4096;
+
+    fn emulated_cxl(pages: u64) -> CxlStore {
+        let config = CxlConfig::new(CxlMode::Emulated, pages * PAGE as u64, PAGE);
+        CxlStore::new(&config, &Topology::detect()).unwrap()
+    }
+
+    fn home(slots: &[[Option<Slot>; 3]]) -> bool {
+        slots.iter().all(|s| s.iter().all(Option::is_some))
+    }
+
+    /// A slot of another store: reading it fails.
+    fn foreign_slot() -> Slot {
+        let other = HostStore::new(&HostConfig::new(PAGE as u64, PAGE)).unwrap();
+        other.alloc().unwrap()
+    }
+
+    #[test]
+    fn staged_brings_every_slot_home_when_an_update_fails() {
+        let store = emulated_cxl(3 * 8);
+        let mut slots: Vec<[Option<Slot>; 3]> = (0..8)
+            .map(|_| [(); 3].map(|()| Some(store.alloc().unwrap())))
+            .collect();
+        let r = staged(&store, &mut slots, PAGE, &mut |c, _| {
+            if c == 2 {
+                Err(Error::invalid("injected"))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_err());
+        assert!(home(&slots), "a failed update lost slots");
+    }
+
+    #[test]
+    fn staged_brings_every_slot_home_when_a_read_fails() {
+        let store = emulated_cxl(3 * 8);
+        let mut slots: Vec<[Option<Slot>; 3]> = (0..8)
+            .map(|_| [(); 3].map(|()| Some(store.alloc().unwrap())))
+            .collect();
+        slots[3][1] = Some(foreign_slot());
+        let r = staged(&store, &mut slots, PAGE, &mut |_, _| Ok(()));
+        assert!(r.is_err());
+        assert!(home(&slots), "a failed read lost slots");
+    }
+
+    /// A flush that fails half-way leaves each chunk readable as it is:
+    /// the chunks it wrote as after the step, the others as before it
+    /// (their resident elements included), and refuses further steps.
+    #[test]
+    fn a_failed_flush_leaves_each_chunk_readable() {
+        let chunk = PAGE / 4;
+        let n = 3 * chunk + 100;
+        let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let grads = |t: u64| -> Vec<f32> {
+            (0..n as u64)
+                .map(|i| ((i * 2654435761 + t * 97) % 10007) as f32 / 10007.0 - 0.5)
+                .collect()
+        };
+        let mut cfg = OptimConfig::new(StateTier::Cxl);
+        cfg.chunk_bytes = PAGE;
+        cfg.adam.lr = 1e-2;
+        cfg.importance = Some(Importance {
+            fraction: 0.25,
+            every: 3,
+        });
+        let mut a = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
+        let mut b = OffloadedAdam::new(&w0, cfg).unwrap();
+        // Step 1 flushes, 2 and 3 update only the resident elements, 4
+        // flushes again.
+        for t in 1..=3 {
+            a.step(&grads(t)).unwrap();
+            b.step(&grads(t)).unwrap();
+        }
+        let before: Vec<Vec<f32>> = (0..3).map(|k| a.read_state(k).unwrap()).collect();
+        b.step(&grads(4)).unwrap();
+        let after: Vec<Vec<f32>> = (0..3).map(|k| b.read_state(k).unwrap()).collect();
+        // The last chunk's second moment cannot be read: the flush fails
+        // after writing the other chunks.
+        let last = a.slots.len() - 1;
+        let good = a.slots[last][2].replace(foreign_slot());
+        assert!(a.step(&grads(4)).is_err());
+        assert!(a.slots[last][2].is_some(), "the failed step lost the slot");
+        a.slots[last][2] = good;
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let cut = last * chunk;
+        for k in 0..3 {
+            let got = a.read_state(k).unwrap();
+            assert_eq!(bits(&got[..cut]), bits(&after[k][..cut]), "state {k}");
+            assert_eq!(bits(&got[cut..]), bits(&before[k][cut..]), "state {k}");
+        }
+        assert_eq!(a.step(&grads(5)).unwrap_err().kind(), ErrorKind::Closed);
     }
 }
