@@ -565,7 +565,7 @@ impl OffloadedAdam {
         if self.broken {
             return Err(Error::new(
                 ErrorKind::Closed,
-                "an earlier step failed writing the optimizer state; it is no longer whole",
+                "an earlier step failed part-way (reading, updating or writing the state); it is no longer whole",
             ));
         }
         if grads.len() != self.params {
@@ -826,7 +826,7 @@ impl OffloadedAdam {
 
 /// The |g| from which an element is among the `fraction` largest (at
 /// least one); `None` when that is every element. Ties at the threshold
-/// may keep a few more. The GPU update takes the same threshold.
+/// may keep a few more. Flushes choose resident elements with it.
 fn importance_threshold(g: &[f32], fraction: f64) -> Option<f32> {
     let n = g.len();
     let keep = ((n as f64 * fraction).ceil() as usize).clamp(1, n.max(1));
