@@ -301,7 +301,9 @@ impl Buffer {
     /// Moves the pages of `range` that live in tiers faster than `tier`
     /// down to `tier`, or — where it is full — to the next slower tier with
     /// room; `OutOfCapacity` when none has. Pages never written stay
-    /// unmaterialized, and pinned pages stay where they are pinned.
+    /// unmaterialized, and pinned pages stay where they are pinned. A page
+    /// written (or moved by background eviction) while it moves is moved
+    /// again as it now is, a few times at most.
     pub fn evict(&self, range: Range<u64>, tier: Tier) -> Result<()> {
         let pages = self.table.page_range(&range)?;
         if self.rt().store(tier).is_none() {
