@@ -70,6 +70,8 @@ echo "== migration, cuda"
 echo "== graph, cuda"
 "$here/strata" bench graph --device cuda --graph kron:23 --algo bfs,pr --device-budget 40% \
     --baselines --verify --trials 2 --quiet --json "${OUT:-/tmp}/graph-cuda.json" || status=1
+echo "== MoE expert cache with real device slots (stall measured), beside lru and no-cache"
+"$here/strata" bench moe --device cuda --baselines --quiet --json "${OUT:-/tmp}/moe-cuda.json" || status=1
 echo "== offloaded Adam, update on the GPU and, as the peer, on the CPU"
 for u in cuda cpu; do
     "$here/strata" bench optim --update "$u" --tier host --quiet --json "${OUT:-/tmp}/optim-$u.json" || status=1

@@ -690,6 +690,45 @@ fn bench_moe_and_optim_reject_bad_input() {
         &strata(&["bench", "optim", "--update", "gpu", "--quiet"]),
         "--update",
     );
+    assert_bad_input(
+        &strata(&["bench", "moe", "--device", "gpu", "--quiet"]),
+        "--device",
+    );
+}
+
+#[test]
+fn bench_moe_device_cuda_runs_on_a_gpu_or_says_there_is_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("moe.json");
+    let out = strata(&[
+        "bench",
+        "moe",
+        "--device",
+        "cuda",
+        "--layers",
+        "2",
+        "--experts",
+        "8",
+        "--tokens",
+        "8",
+        "--expert-bytes",
+        "64k",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    if out.status.success() {
+        let v = report(&out, &json);
+        assert_eq!(
+            (v["backend"].as_str(), v["modelled"].as_bool()),
+            (Some("cuda"), Some(false))
+        );
+    } else {
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("strata: --device cuda: "), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
 }
 
 #[test]

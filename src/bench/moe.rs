@@ -90,6 +90,10 @@ pub struct MoeParams {
     /// no page-sized prefetch chunks): the model before chunking, for
     /// comparison. Configurations without prefetch move the same.
     pub fifo_link: bool,
+    /// The device: `sim` (modelled time), `cuda` (a GPU: real device slots,
+    /// measured stall; each layer's compute is a spin of the modelled
+    /// length) or `auto`.
+    pub device: crate::device::DeviceChoice,
 }
 
 /// One configuration's results.
@@ -114,8 +118,11 @@ pub struct MoeResult {
     pub late_prefetch_hits: u64,
     /// Fetches.
     pub fetches: u64,
-    /// Modelled decode time of all tokens, seconds.
+    /// Decode time of all tokens, seconds: modelled on the simulated
+    /// device, measured (wall) on a GPU.
     pub modelled_seconds: f64,
+    /// Whether stall and decode times are modelled (simulated device).
+    pub modelled: bool,
     /// Tokens per modelled second.
     pub tokens_per_sec: f64,
     /// Fetches whose bytes were read back and checked.
@@ -343,9 +350,10 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
     );
     progress("done", 1.0);
     let total = all as u64 * params.expert_bytes;
+    let modelled = results.iter().all(|r| r.modelled);
     Ok(MoeReport {
-        backend: "simulated",
-        modelled: true,
+        backend: if modelled { "simulated" } else { "cuda" },
+        modelled,
         params: params.clone(),
         layers,
         experts,
@@ -374,6 +382,7 @@ fn run_config(
     let page = p.page_size as u64;
     let host = (layers * experts) as u64 * p.expert_bytes.div_ceil(page) * page + (4 << 20);
     let mut cfg = MoeConfig::new(slots, p.expert_bytes, host);
+    cfg.device = p.device;
     cfg.page_size = p.page_size;
     cfg.layers = layers;
     cfg.link_priority = !p.fifo_link;
@@ -402,6 +411,7 @@ fn run_config(
         }
     }
     let mut pred = TransitionPredictor::new(layers, experts);
+    let measured = cache.modelled_now().is_none();
     let start = Instant::now();
     let mut verified = 0u64;
     let mut n = 0u64;
@@ -433,6 +443,14 @@ fn run_config(
                 }
             }
             pred.observe(l, (l > 0).then(|| &tok[l - 1][..]), routed);
+            if measured {
+                // A real GPU: the layer's compute takes real time, while
+                // prefetches cross the link.
+                let until = Instant::now() + std::time::Duration::from_secs_f64(compute);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
             cache.advance(compute);
         }
         if t % 16 == 0 {
@@ -440,7 +458,10 @@ fn run_config(
         }
     }
     let s = cache.stats();
-    let modelled = cache.modelled_now().unwrap_or(0.0);
+    // Decode time: modelled on the simulated device, measured on a GPU.
+    let modelled = cache
+        .modelled_now()
+        .unwrap_or_else(|| start.elapsed().as_secs_f64());
     Ok(MoeResult {
         config: config.name(),
         hit_rate: s.hit_rate(),
@@ -452,6 +473,7 @@ fn run_config(
         late_prefetch_hits: s.late_prefetch_hits,
         fetches: s.fetches,
         modelled_seconds: modelled,
+        modelled: !measured,
         tokens_per_sec: if modelled > 0.0 {
             routes.len() as f64 / modelled
         } else {
@@ -479,6 +501,7 @@ mod tests {
             seed: 3,
             page_size: 16 << 10,
             fifo_link: false,
+            device: crate::device::DeviceChoice::Sim,
         }
     }
 

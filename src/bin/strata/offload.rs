@@ -46,6 +46,10 @@ pub struct MoeArgs {
     /// page-sized prefetch chunks), for comparison.
     #[arg(long)]
     fifo_link: bool,
+    /// The device: sim (modelled time), cuda (a GPU: real device slots,
+    /// measured stall) or auto.
+    #[arg(long, default_value = "sim")]
+    device: String,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -73,9 +77,16 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
             .try_into()
             .map_err(|_| Error::invalid("--page-size is too large"))?,
         fifo_link: a.fifo_link,
+        device: a.device.parse().map_err(|e: Error| e.context("--device"))?,
     };
     let json = crate::open_json(&a.json)?;
-    let r = crate::with_progress(a.quiet, |progress| moe::run(&params, progress))?;
+    let r = crate::with_progress(a.quiet, |progress| moe::run(&params, progress)).map_err(|e| {
+        if e.kind() == strata::ErrorKind::NoDevice {
+            e.context(format!("--device {}", a.device))
+        } else {
+            e
+        }
+    })?;
     println!(
         "{} layers × {} experts of {} ({} in all), {} device slots ({:.0}%), {} tokens",
         r.layers,
@@ -86,7 +97,11 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         100.0 * r.device_fraction,
         r.tokens
     );
-    println!("backend: simulated — stall and decode times are modelled (PCIe 25 GB/s link); wall is this machine");
+    if r.modelled {
+        println!("backend: simulated — stall and decode times are modelled (PCIe 25 GB/s link); wall is this machine");
+    } else {
+        println!("backend: cuda — stall and decode times measured on the GPU (each layer's compute a {:.1} µs spin); bounds below modelled", r.layer_compute_seconds * 1e6);
+    }
     let lru = r.results.iter().find(|x| x.config == "lru");
     let vs_lru = |stall: f64| match lru {
         Some(l) if l.stall_seconds > 0.0 => format!("{:.3}×", stall / l.stall_seconds),
