@@ -521,9 +521,20 @@ fn run_cuda(
             Config::Uvm => {
                 let mut p = PlainGpu::new(&ctx, g, PlainKind::Managed, weights)?;
                 // Unified Memory gets the budget, as strata's device tier,
-                // beside the kernels' working memory.
-                p.hold_back(&ctx, budget + cuda::working_bytes(g.vertices()))?;
-                Some(p)
+                // beside the kernels' working memory. Where HBM cannot be
+                // held back to that, this configuration is skipped, with
+                // the reason, rather than the whole run.
+                match p.hold_back(&ctx, budget + cuda::working_bytes(g.vertices())) {
+                    Ok(_) => Some(p),
+                    Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
+                        skipped.push(format!(
+                            "{}: device memory could not be held back to the budget ({e})",
+                            config.name()
+                        ));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             Config::ZeroCopy => Some(PlainGpu::new(&ctx, g, PlainKind::HostMapped, weights)?),
             _ => match PlainGpu::new(&ctx, g, PlainKind::Device, weights) {
