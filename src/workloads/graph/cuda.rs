@@ -265,6 +265,19 @@ fn sync(s: &Arc<CudaStream>) -> Result<()> {
         .map_err(|e| driver("cuStreamSynchronize", e))
 }
 
+/// Waits for everything queued on `s`, for `Drop`s that free what the
+/// kernels read (the launches' pages, the arrays). Through the driver
+/// directly: cudarc's `CudaStream::synchronize` first reports (and clears)
+/// an error an unrelated call recorded earlier, and then returns without
+/// waiting, which would let the drop free memory a kernel still reads.
+fn sync_for_drop(s: &CudaStream) {
+    // SAFETY: the stream's context outlives it (the stream holds an Arc).
+    if unsafe { result::ctx::set_current(s.context().cu_ctx()) }.is_ok() {
+        // SAFETY: the stream belongs to the context made current above.
+        let _ = unsafe { result::stream::synchronize(s.cu_stream()) };
+    }
+}
+
 /// Vertex ids are u32 (as the CSR's neighbours).
 fn vertex_count(g: &dyn GpuGraph) -> Result<usize> {
     let n = g.vertices();
@@ -661,8 +674,9 @@ impl GpuGraph for StrataGpu<'_> {
 impl Drop for StrataGpu<'_> {
     fn drop(&mut self) {
         // A kernel may still read through the maps (a run that failed
-        // half-way): the launches must outlive it.
-        let _ = self.kernels.stream().synchronize();
+        // half-way): the launches must outlive it (they drop after this,
+        // freeing retired pages and draining the device counters).
+        sync_for_drop(self.kernels.stream());
     }
 }
 
@@ -920,6 +934,6 @@ impl GpuGraph for PlainGpu {
 impl Drop for PlainGpu {
     fn drop(&mut self) {
         // Kernels may still read the arrays: wait for them before freeing.
-        let _ = self.kernels.stream().synchronize();
+        sync_for_drop(self.kernels.stream());
     }
 }
