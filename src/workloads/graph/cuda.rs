@@ -889,12 +889,15 @@ impl PlainGpu {
             return Ok(());
         }
         let s = self.kernels.stream();
+        // The prefetches below are raw driver calls: they need the context
+        // current on this thread.
+        s.context()
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
         for a in self.arrays.iter().flatten() {
             // SAFETY: a managed range of this context; no kernel runs (the
             // stream is synchronized below before anything reads it).
-            unsafe { sys::cuMemPrefetchAsync(a.device, a.len, CU_DEVICE_CPU, s.cu_stream()) }
-                .result()
-                .map_err(|e| driver("cuMemPrefetchAsync", e))?;
+            unsafe { prefetch_to_host(a.device, a.len, s) }?;
         }
         sync(s)
     }
@@ -902,6 +905,34 @@ impl PlainGpu {
 
 /// `CU_DEVICE_CPU` of cuda.h: the host as a prefetch target.
 const CU_DEVICE_CPU: sys::CUdevice = -1;
+
+/// Queues a prefetch of managed memory to the host on `s`.
+///
+/// CUDA 13's headers name only the `CUmemLocation` form
+/// (`cuMemPrefetchAsync_v2`, CUDA 12.2+), and cudarc panics on a driver
+/// symbol that is missing: the `_v2` entry point where the driver exports
+/// it, the legacy one (a device ordinal) on older drivers.
+///
+/// # Safety
+/// `device..device+len` is managed memory of `s`'s context, which is
+/// current.
+unsafe fn prefetch_to_host(device: u64, len: usize, s: &CudaStream) -> Result<()> {
+    // SAFETY: only looks a symbol up in the loaded driver library.
+    let v2 =
+        unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuMemPrefetchAsync_v2") }.is_ok();
+    let r = if v2 {
+        let host = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        };
+        // SAFETY: the caller's contract; the symbol exists (checked above).
+        unsafe { sys::cuMemPrefetchAsync_v2(device, len, host, 0, s.cu_stream()) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuMemPrefetchAsync(device, len, CU_DEVICE_CPU, s.cu_stream()) }
+    };
+    r.result().map_err(|e| driver("cuMemPrefetchAsync", e))
+}
 
 impl GpuGraph for PlainGpu {
     fn kernels(&self) -> &Arc<GraphKernels> {
