@@ -401,3 +401,31 @@ impl std::fmt::Debug for dyn DeviceMemory {
         write!(f, "DeviceMemory({} bytes)", self.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// The drain at the end of a buffer's last launch: counts come back once,
+    /// the counters read zero afterwards (on the simulated device the
+    /// counters' address is host memory, so a "kernel" bumps them directly).
+    #[test]
+    fn device_counters_start_at_zero_and_a_drain_resets_them() {
+        let sim = sim::SimBackend::new(1 << 20, sim::PCIE_GEN4_X16).unwrap();
+        let c = DeviceCounters::new(&sim, 5).unwrap();
+        assert_eq!(c.drain().unwrap(), [0; 5]);
+        let counters = c.address() as *const AtomicU32;
+        for (page, n) in [(0usize, 3u32), (4, 1), (0, 2)] {
+            // SAFETY: `page` < 5 counters, 4-byte aligned host memory that
+            // lives as long as `c`; only atomics touch it meanwhile.
+            unsafe { &*counters.add(page) }.fetch_add(n, Ordering::Relaxed);
+        }
+        assert_eq!(c.drain().unwrap(), [5, 0, 0, 0, 1]);
+        assert_eq!(c.drain().unwrap(), [0; 5]);
+        assert_eq!(
+            DeviceCounters::new(&sim, 0).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+}

@@ -265,6 +265,19 @@ fn sync(s: &Arc<CudaStream>) -> Result<()> {
         .map_err(|e| driver("cuStreamSynchronize", e))
 }
 
+/// Waits for everything queued on `s`, for `Drop`s that free what the
+/// kernels read (the launches' pages, the arrays). Through the driver
+/// directly: cudarc's `CudaStream::synchronize` first reports (and clears)
+/// an error an unrelated call recorded earlier, and then returns without
+/// waiting, which would let the drop free memory a kernel still reads.
+fn sync_for_drop(s: &CudaStream) {
+    // SAFETY: the stream's context outlives it (the stream holds an Arc).
+    if unsafe { result::ctx::set_current(s.context().cu_ctx()) }.is_ok() {
+        // SAFETY: the stream belongs to the context made current above.
+        let _ = unsafe { result::stream::synchronize(s.cu_stream()) };
+    }
+}
+
 /// Vertex ids are u32 (as the CSR's neighbours).
 fn vertex_count(g: &dyn GpuGraph) -> Result<usize> {
     let n = g.vertices();
@@ -661,8 +674,9 @@ impl GpuGraph for StrataGpu<'_> {
 impl Drop for StrataGpu<'_> {
     fn drop(&mut self) {
         // A kernel may still read through the maps (a run that failed
-        // half-way): the launches must outlive it.
-        let _ = self.kernels.stream().synchronize();
+        // half-way): the launches must outlive it (they drop after this,
+        // freeing retired pages and draining the device counters).
+        sync_for_drop(self.kernels.stream());
     }
 }
 
@@ -875,12 +889,15 @@ impl PlainGpu {
             return Ok(());
         }
         let s = self.kernels.stream();
+        // The prefetches below are raw driver calls: they need the context
+        // current on this thread.
+        s.context()
+            .bind_to_thread()
+            .map_err(|e| driver("cuCtxSetCurrent", e))?;
         for a in self.arrays.iter().flatten() {
             // SAFETY: a managed range of this context; no kernel runs (the
             // stream is synchronized below before anything reads it).
-            unsafe { sys::cuMemPrefetchAsync(a.device, a.len, CU_DEVICE_CPU, s.cu_stream()) }
-                .result()
-                .map_err(|e| driver("cuMemPrefetchAsync", e))?;
+            unsafe { prefetch_to_host(a.device, a.len, s) }?;
         }
         sync(s)
     }
@@ -888,6 +905,34 @@ impl PlainGpu {
 
 /// `CU_DEVICE_CPU` of cuda.h: the host as a prefetch target.
 const CU_DEVICE_CPU: sys::CUdevice = -1;
+
+/// Queues a prefetch of managed memory to the host on `s`.
+///
+/// CUDA 13's headers name only the `CUmemLocation` form
+/// (`cuMemPrefetchAsync_v2`, CUDA 12.2+), and cudarc panics on a driver
+/// symbol that is missing: the `_v2` entry point where the driver exports
+/// it, the legacy one (a device ordinal) on older drivers.
+///
+/// # Safety
+/// `device..device+len` is managed memory of `s`'s context, which is
+/// current.
+unsafe fn prefetch_to_host(device: u64, len: usize, s: &CudaStream) -> Result<()> {
+    // SAFETY: only looks a symbol up in the loaded driver library.
+    let v2 =
+        unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuMemPrefetchAsync_v2") }.is_ok();
+    let r = if v2 {
+        let host = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        };
+        // SAFETY: the caller's contract; the symbol exists (checked above).
+        unsafe { sys::cuMemPrefetchAsync_v2(device, len, host, 0, s.cu_stream()) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuMemPrefetchAsync(device, len, CU_DEVICE_CPU, s.cu_stream()) }
+    };
+    r.result().map_err(|e| driver("cuMemPrefetchAsync", e))
+}
 
 impl GpuGraph for PlainGpu {
     fn kernels(&self) -> &Arc<GraphKernels> {
@@ -920,6 +965,6 @@ impl GpuGraph for PlainGpu {
 impl Drop for PlainGpu {
     fn drop(&mut self) {
         // Kernels may still read the arrays: wait for them before freeing.
-        let _ = self.kernels.stream().synchronize();
+        sync_for_drop(self.kernels.stream());
     }
 }
