@@ -35,6 +35,13 @@ fn harvest_trace_and_balancer() {
     let stopped = unsafe { strata_trace_stop(rt, std::ptr::null_mut()) };
     fails(stopped, STRATA_ERR_INVALID_ARGUMENT, "no trace");
 
+    // Hot pages are those not in device memory: make sure page 9 is not
+    // (background eviction may free a device slot while the pages are
+    // first written, and page 9 may land there).
+    assert_eq!(
+        strata_evict(buf, 9 * PAGE, PAGE, STRATA_TIER_HOST),
+        STRATA_OK
+    );
     let (mut hp, mut hs, mut cp, mut cs) = ([0u64; 2], [0f32; 2], [0u64; 2], [0f32; 2]);
     let (mut hl, mut cl) = (0usize, 0usize);
     // SAFETY: arrays of 2 and writable lengths.

@@ -1,7 +1,7 @@
 //! Placement policies: pure decision code (no I/O, no `unsafe`) for a cache
 //! of N pages in front of an unbounded slower tier.
 //!
-//! The same [`Policy`] trait serves trace replay ([`replay`]) now and the
+//! The same [`Policy`] trait serves trace replay ([`replay`](mod@replay)) now and the
 //! runtime's balancer later: the caller reports each access and learns
 //! whether it hit, missed (and which page, if any, left to make room), or
 //! missed without being admitted ([`Access::Bypass`], served from the slower

@@ -67,7 +67,8 @@ impl MapShared {
     }
 }
 
-/// A buffer's device map; see the [module docs](self).
+/// A buffer's device map: one address per page that kernels translate
+/// through; see [`DeviceMap::prepare`] and [`Launch`].
 pub struct DeviceMap {
     table: Arc<Table>,
     shared: Arc<MapShared>,
