@@ -42,12 +42,13 @@
 //! gradient, the others with the mean of the gradients they accumulated
 //! over the window (this step's included) — and then chooses, per chunk,
 //! the `fraction` of elements with the largest |g| of this step as the
-//! next window's resident set, keeping their weights and moments in
-//! memory beside the optimizer (on the GPU's side with `Updater::Cuda`,
-//! which updates them there). The other steps of the window touch no
-//! state in the tier at all: the resident elements update with their
-//! gradient (every step, as plain Adam would), the others add theirs to an
-//! accumulator in host memory. A window of `every` steps therefore reads
+//! next window's resident set, keeping their weights and moments in host
+//! memory beside the optimizer (with `Updater::Cuda` their update runs on
+//! the GPU, the compact arrays crossing PCIe each step; keeping them in
+//! device memory between steps is not done yet). The other steps of the
+//! window touch no state in the tier at all: the resident elements update
+//! with their gradient (every step, as plain Adam would), the others add
+//! theirs to an accumulator in host memory. A window of `every` steps therefore reads
 //! and writes the tier's state once instead of `every` times. Between
 //! flushes the resident copy is the truth; [`OffloadedAdam::read_state`]
 //! merges it in. (ZenFlow picks its important set periodically too:
