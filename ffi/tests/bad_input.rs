@@ -589,14 +589,15 @@ fn destroying_a_runtime_while_threads_use_it() {
                 // Until this thread sees its buffer closed (or a generous
                 // deadline on a loaded machine).
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                // A handle swept by the destruction reads CLOSED until its
+                // slot is reused by another object (other tests run in
+                // parallel), then INVALID_HANDLE: both mean "gone".
+                let gone = |s| s == STRATA_ERR_CLOSED || s == STRATA_ERR_INVALID_HANDLE;
                 while std::time::Instant::now() < deadline {
                     let s = read(b, 0, &mut out);
-                    assert!(
-                        s == STRATA_OK || s == STRATA_ERR_CLOSED,
-                        "{s}: {}",
-                        last_error()
-                    );
-                    if s == STRATA_ERR_CLOSED {
+                    assert!(s == STRATA_OK || gone(s), "{s}: {}", last_error());
+                    if gone(s) {
+                        assert!(!first, "the buffer was gone before its first read");
                         return true;
                     }
                     if first {
@@ -606,29 +607,12 @@ fn destroying_a_runtime_while_threads_use_it() {
                     let mut t = null_mut();
                     // SAFETY: a writable out-pointer.
                     let s = unsafe { strata_prefetch(b, 0, PAGE, STRATA_TIER_DEVICE, &mut t) };
-                    assert!(
-                        s == STRATA_OK || s == STRATA_ERR_CLOSED,
-                        "{s}: {}",
-                        last_error()
-                    );
+                    assert!(s == STRATA_OK || gone(s), "{s}: {}", last_error());
                     if s == STRATA_OK {
                         let s = strata_ticket_wait(t);
-                        assert!(
-                            s == STRATA_OK || s == STRATA_ERR_CLOSED,
-                            "{s}: {}",
-                            last_error()
-                        );
+                        assert!(s == STRATA_OK || gone(s), "{s}: {}", last_error());
                         let s = strata_ticket_free(t);
-                        // A handle swept by the destruction reads CLOSED
-                        // until its slot is reused by another object (other
-                        // tests run in parallel), then INVALID_HANDLE.
-                        assert!(
-                            s == STRATA_OK
-                                || s == STRATA_ERR_CLOSED
-                                || s == STRATA_ERR_INVALID_HANDLE,
-                            "{s}: {}",
-                            last_error()
-                        );
+                        assert!(s == STRATA_OK || gone(s), "{s}: {}", last_error());
                     }
                 }
                 false
