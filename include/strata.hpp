@@ -118,6 +118,12 @@ public:
         check(strata_launch_entry(get(), page, &e));
         return e;
     }
+    /* Where kernels count their accesses (one uint32_t per page). */
+    uint64_t counters_address() const {
+        uint64_t a = 0;
+        check(strata_launch_counters_address(get(), &a));
+        return a;
+    }
 };
 
 class Map : public Owned<strata_map, strata_map_free> {

@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
             small.write(0, values.data(), 4 * kPage);
             strata::Map map = small.device_map();
             strata::Launch launch = map.prepare(STRATA_ACCESS_READ_WRITE);
-            CHECK(launch.map_address() != 0 && launch.entry(3) != 0);
+            CHECK(launch.map_address() != 0 && launch.entry(3) != 0 && launch.counters_address() != 0);
             CHECK(map.counts().size() == 4);
             EXPECT_ERROR(launch.entry(4), STRATA_ERR_INVALID_ARGUMENT, "beyond");
         }
