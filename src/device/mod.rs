@@ -260,6 +260,26 @@ fn open_cuda(capacity_cap: u64) -> Result<Arc<dyn DeviceBackend>> {
     }
 }
 
+/// `len` elements of `size` bytes of `backend`'s memory (at least one),
+/// and its device address.
+fn device_array(
+    backend: &dyn DeviceBackend,
+    len: usize,
+    size: usize,
+    what: &str,
+) -> Result<(Box<dyn DeviceMemory>, u64)> {
+    let bytes = len
+        .checked_mul(size)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| Error::invalid(format!("a device array of {len} {what}")))?;
+    let memory = backend.alloc(bytes)?;
+    if memory.len() < bytes {
+        return Err(Error::invalid("device allocation shorter than asked"));
+    }
+    let address = memory.device_address(0);
+    Ok((memory, address))
+}
+
 /// An array of 64-bit words in device memory that the host updates one
 /// word at a time while kernels may read it (a device map on a GPU).
 /// Host-side writes are serialized; kernels' reads are outside Rust's view.
@@ -278,15 +298,7 @@ impl std::fmt::Debug for DeviceWords {
 impl DeviceWords {
     /// `len` words of `backend`'s memory.
     pub fn new(backend: &dyn DeviceBackend, len: usize) -> Result<Self> {
-        let bytes = len
-            .checked_mul(8)
-            .filter(|&b| b > 0)
-            .ok_or_else(|| Error::invalid(format!("a device array of {len} words")))?;
-        let memory = backend.alloc(bytes)?;
-        if memory.len() < bytes {
-            return Err(Error::invalid("device allocation shorter than asked"));
-        }
-        let address = memory.device_address(0);
+        let (memory, address) = device_array(backend, len, 8, "words")?;
         Ok(Self {
             memory: parking_lot::Mutex::new(memory),
             len,
@@ -343,15 +355,7 @@ impl std::fmt::Debug for DeviceCounters {
 impl DeviceCounters {
     /// `len` counters of `backend`'s memory, zeroed.
     pub fn new(backend: &dyn DeviceBackend, len: usize) -> Result<Self> {
-        let bytes = len
-            .checked_mul(4)
-            .filter(|&b| b > 0)
-            .ok_or_else(|| Error::invalid(format!("a device array of {len} counters")))?;
-        let memory = backend.alloc(bytes)?;
-        if memory.len() < bytes {
-            return Err(Error::invalid("device allocation shorter than asked"));
-        }
-        let address = memory.device_address(0);
+        let (memory, address) = device_array(backend, len, 4, "counters")?;
         let c = Self {
             memory: parking_lot::Mutex::new(memory),
             len,
