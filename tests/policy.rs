@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use strata::policy::{self, replay, Access, Policy, PolicyKind};
+use strata::policy::{self, replay, Outcome, Policy, PolicyKind};
 use strata::trace;
 
 /// A reference cache: `access` says whether the page was resident.
@@ -282,15 +282,15 @@ fn every_policy_keeps_its_capacity_and_reports_evictions() {
         for &x in &t {
             let hit_expected = resident.contains(&x);
             match p.access(x) {
-                Access::Hit => assert!(hit_expected, "{kind}: hit on a page not resident"),
-                Access::Miss { evicted } => {
+                Outcome::Hit => assert!(hit_expected, "{kind}: hit on a page not resident"),
+                Outcome::Miss { evicted } => {
                     assert!(!hit_expected, "{kind}: miss on a resident page");
                     if let Some(e) = evicted {
                         assert!(resident.remove(&e), "{kind}: evicted {e}, not resident");
                     }
                     resident.insert(x);
                 }
-                Access::Bypass => assert!(!hit_expected, "{kind}: bypass of a resident page"),
+                Outcome::Bypass => assert!(!hit_expected, "{kind}: bypass of a resident page"),
             }
             assert!(resident.len() <= 64 && p.len() == resident.len(), "{kind}");
         }

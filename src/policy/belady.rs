@@ -3,7 +3,7 @@
 //! With the whole trace known, a miss in a full cache evicts the resident
 //! page whose next use is farthest in the future — or, when the missing page
 //! itself is used again later than every resident page, does not admit it
-//! ([`Access::Bypass`]). Counting the demand miss either way, MIN with and
+//! ([`Outcome::Bypass`]). Counting the demand miss either way, MIN with and
 //! without bypass miss equally often, and that count is the minimum any
 //! policy can reach (`tests/policy.rs` checks it against exhaustive search).
 //!
@@ -15,7 +15,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{next_uses, Access, Policy, NEVER};
+use super::{next_uses, Outcome, Policy, NEVER};
 
 /// Belady's MIN over a known trace. Its accesses must follow the trace.
 pub struct Belady {
@@ -69,7 +69,7 @@ impl Policy for Belady {
 
     /// # Panics
     /// If `page` is not the next page of the trace.
-    fn access(&mut self, page: u64) -> Access {
+    fn access(&mut self, page: u64) -> Outcome {
         let i = self.pos;
         assert!(
             self.trace.get(i) == Some(&page),
@@ -79,19 +79,19 @@ impl Policy for Belady {
         let key = self.key(i);
         if self.resident.remove(&i) {
             self.resident.insert(key);
-            return Access::Hit;
+            return Outcome::Hit;
         }
         if self.resident.len() < self.capacity {
             self.resident.insert(key);
-            return Access::Miss { evicted: None };
+            return Outcome::Miss { evicted: None };
         }
         let farthest = *self.resident.last().expect("a full cache");
         if key > farthest {
-            return Access::Bypass;
+            return Outcome::Bypass;
         }
         self.resident.pop_last();
         self.resident.insert(key);
-        Access::Miss {
+        Outcome::Miss {
             evicted: Some(self.page_of(farthest)),
         }
     }
@@ -105,8 +105,8 @@ mod tests {
     fn evicts_the_farthest_and_bypasses() {
         let t = [1, 2, 3, 1, 2, 4, 3, 1];
         let mut p = Belady::new(2, &t);
-        let got: Vec<Access> = t.iter().map(|&x| p.access(x)).collect();
-        use Access::*;
+        let got: Vec<Outcome> = t.iter().map(|&x| p.access(x)).collect();
+        use Outcome::*;
         assert_eq!(
             got,
             [
@@ -126,8 +126,8 @@ mod tests {
     fn evicts_a_page_never_used_again() {
         let t = [1, 2, 3, 3, 1];
         let mut p = Belady::new(2, &t);
-        let got: Vec<Access> = t.iter().map(|&x| p.access(x)).collect();
-        assert_eq!(got[2], Access::Miss { evicted: Some(2) });
+        let got: Vec<Outcome> = t.iter().map(|&x| p.access(x)).collect();
+        assert_eq!(got[2], Outcome::Miss { evicted: Some(2) });
         assert!(got[3].is_hit() && got[4].is_hit());
     }
 

@@ -33,7 +33,7 @@
 
 use super::counts::Counts;
 use super::list::{Arena, List};
-use super::{mix64, page_map, Access, PageMap, Policy};
+use super::{mix64, page_map, Outcome, PageMap, Policy};
 
 /// Knobs of [`DefaultPolicy`]; [`Config::default`] is what the runtime uses.
 #[derive(Clone, Debug)]
@@ -143,7 +143,7 @@ impl Policy for DefaultPolicy {
         self.core.map.len()
     }
 
-    fn access(&mut self, page: u64) -> Access {
+    fn access(&mut self, page: u64) -> Outcome {
         self.counts.record(page);
         if let Some(t) = &mut self.tuner {
             if let Some(share) = t.observe(page, &self.counts) {
@@ -471,7 +471,7 @@ impl Core {
         self.stamps[i] = self.now;
     }
 
-    fn access(&mut self, page: u64, counts: &Counts) -> Access {
+    fn access(&mut self, page: u64, counts: &Counts) -> Outcome {
         if let Some(&i) = self.map.get(&page) {
             self.stamp(i);
             match self.arena.get(i).tag {
@@ -484,7 +484,7 @@ impl Core {
                 }
                 _ => self.protected.move_to_front(&mut self.arena, i),
             }
-            return Access::Hit;
+            return Outcome::Hit;
         }
         let i = self.arena.alloc(page, WINDOW);
         self.stamp(i);
@@ -497,7 +497,7 @@ impl Core {
             c
         });
         let evicted = (self.len_total() > self.capacity).then(|| self.evict(candidate, counts));
-        Access::Miss { evicted }
+        Outcome::Miss { evicted }
     }
 }
 
@@ -549,7 +549,7 @@ mod tests {
         assert_eq!(p.len(), 10);
         // Pages 5..10 were used least recently, 5 first.
         for (new, old) in (100..105).zip(5..10) {
-            assert_eq!(p.access(new), Access::Miss { evicted: Some(old) });
+            assert_eq!(p.access(new), Outcome::Miss { evicted: Some(old) });
         }
         assert!((0..5).all(|page| p.access(page).is_hit()));
     }

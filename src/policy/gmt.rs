@@ -5,7 +5,7 @@
 //!
 //! Model for one cache in front of one slower tier: the cache plays the part
 //! of the tier that is worth a copy, and a page predicted not to be reused
-//! soon is not admitted ([`Access::Bypass`]: served from the slower tier in
+//! soon is not admitted ([`Outcome::Bypass`]: served from the slower tier in
 //! place). Concretely:
 //! - every page remembers when it was last accessed and a predicted reuse
 //!   distance, the mean of its observed reuse distances (in accesses) with
@@ -26,7 +26,7 @@
 #![forbid(unsafe_code)]
 
 use super::list::{Arena, List};
-use super::{page_map, Access, PageMap, Policy};
+use super::{page_map, Outcome, PageMap, Policy};
 
 /// Reuse-distance admission in front of LRU.
 pub struct Gmt {
@@ -103,7 +103,7 @@ impl Policy for Gmt {
         self.lru.len()
     }
 
-    fn access(&mut self, page: u64) -> Access {
+    fn access(&mut self, page: u64) -> Outcome {
         self.now += 1;
         let now = self.now;
         let h = self.history.entry(page).or_insert(History {
@@ -123,19 +123,19 @@ impl Policy for Gmt {
         if h.node != NOT_RESIDENT {
             let node = h.node;
             self.lru.move_to_front(&mut self.arena, node);
-            return Access::Hit;
+            return Outcome::Hit;
         }
         let full = self.lru.len() == self.capacity;
         // A page with no observed reuse (infinite prediction) never gets in
         // a full cache, even while the horizon is still infinite.
         if full && (h.predicted.is_infinite() || h.predicted > self.horizon) {
-            return Access::Bypass;
+            return Outcome::Bypass;
         }
         let evicted = full.then(|| self.evict());
         let node = self.arena.alloc(page, 0);
         self.lru.push_front(&mut self.arena, node);
         self.history.get_mut(&page).expect("just inserted").node = node;
-        Access::Miss { evicted }
+        Outcome::Miss { evicted }
     }
 }
 
@@ -167,7 +167,7 @@ mod tests {
             }
         }
         for page in 100..200 {
-            assert_eq!(p.access(page), Access::Bypass);
+            assert_eq!(p.access(page), Outcome::Bypass);
         }
         assert!((0..4).all(|page| p.access(page).is_hit()));
     }

@@ -16,7 +16,7 @@
 #![forbid(unsafe_code)]
 
 use super::list::{Arena, List};
-use super::{page_map, Access, PageMap, Policy};
+use super::{page_map, Outcome, PageMap, Policy};
 
 /// Scores saturate here (a page this hot is never the victim anyway).
 pub const MAX_SCORE: u32 = u16::MAX as u32;
@@ -132,7 +132,7 @@ impl Policy for Lfu {
         self.map.len()
     }
 
-    fn access(&mut self, page: u64) -> Access {
+    fn access(&mut self, page: u64) -> Outcome {
         self.now += 1;
         if self.now >= self.next_decay {
             self.next_decay += self.interval;
@@ -146,7 +146,7 @@ impl Policy for Lfu {
             let new = n.score;
             self.unlink(old.index, old.score);
             self.link(old.index, new);
-            return Access::Hit;
+            return Outcome::Hit;
         }
         let evicted = if self.map.len() == self.capacity {
             let s = self.nonempty.first().expect("a full cache has a bucket");
@@ -171,7 +171,7 @@ impl Policy for Lfu {
                 stamp,
             },
         );
-        Access::Miss { evicted }
+        Outcome::Miss { evicted }
     }
 }
 
@@ -219,11 +219,11 @@ mod tests {
         p.access(1);
         p.access(1);
         p.access(2);
-        assert_eq!(p.access(3), Access::Miss { evicted: Some(2) });
-        assert_eq!(p.access(4), Access::Miss { evicted: Some(3) });
+        assert_eq!(p.access(3), Outcome::Miss { evicted: Some(2) });
+        assert_eq!(p.access(4), Outcome::Miss { evicted: Some(3) });
         assert!(p.access(1).is_hit());
         // Page 2 comes back with its remembered score of 1 plus this access.
-        assert_eq!(p.access(2), Access::Miss { evicted: Some(4) });
+        assert_eq!(p.access(2), Outcome::Miss { evicted: Some(4) });
         assert_eq!(p.score(2), 2);
     }
 

@@ -22,7 +22,7 @@
 use std::collections::BTreeSet;
 
 use super::list::{Arena, List};
-use super::{next_uses, page_map, Access, PageMap, Policy, NEVER};
+use super::{next_uses, page_map, Outcome, PageMap, Policy, NEVER};
 
 /// The window trace replay uses: twice the capacity, in accesses.
 pub fn default_window(capacity: usize) -> usize {
@@ -184,7 +184,7 @@ impl Policy for Lookahead {
 
     /// # Panics
     /// With a future, if `page` is not the next page of the trace.
-    fn access(&mut self, page: u64) -> Access {
+    fn access(&mut self, page: u64) -> Outcome {
         let i = self.pos;
         let next = if self.trace.is_empty() {
             NEVER
@@ -199,19 +199,19 @@ impl Policy for Lookahead {
         let access = if let Some(e) = self.map.get(&page).copied() {
             self.detach(e);
             self.attach(page, e.node, next);
-            Access::Hit
+            Outcome::Hit
         } else if let Ok(evicted) = self.make_room(next, true) {
             let node = self.arena.alloc(page, 0);
             self.attach(page, node, next);
-            Access::Miss { evicted }
+            Outcome::Miss { evicted }
         } else {
-            Access::Bypass
+            Outcome::Bypass
         };
         self.pos += 1;
         access
     }
 
-    fn hint(&mut self, page: u64) -> Access {
+    fn hint(&mut self, page: u64) -> Outcome {
         if let Some(e) = self.map.get(&page).copied() {
             self.detach(e);
             self.hinted.push_front(&mut self.arena, e.node);
@@ -223,7 +223,7 @@ impl Policy for Lookahead {
                     ..e
                 },
             );
-            return Access::Hit;
+            return Outcome::Hit;
         }
         let evicted = self.make_room(NEVER, false).unwrap_or(None);
         let node = self.arena.alloc(page, 0);
@@ -236,7 +236,7 @@ impl Policy for Lookahead {
                 group: Group::Hinted,
             },
         );
-        Access::Miss { evicted }
+        Outcome::Miss { evicted }
     }
 }
 
@@ -249,12 +249,12 @@ mod tests {
         let mut p = Lookahead::new(2);
         p.access(1);
         p.access(2);
-        assert_eq!(p.hint(3), Access::Miss { evicted: Some(1) });
+        assert_eq!(p.hint(3), Outcome::Miss { evicted: Some(1) });
         // 3 is protected until used: 2 goes first.
-        assert_eq!(p.access(4), Access::Miss { evicted: Some(2) });
+        assert_eq!(p.access(4), Outcome::Miss { evicted: Some(2) });
         assert!(p.access(3).is_hit());
-        assert_eq!(p.access(5), Access::Miss { evicted: Some(4) });
-        assert_eq!(p.hint(5), Access::Hit);
+        assert_eq!(p.access(5), Outcome::Miss { evicted: Some(4) });
+        assert_eq!(p.hint(5), Outcome::Hit);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 #![forbid(unsafe_code)]
 
 use super::list::{Arena, List};
-use super::{page_map, Access, PageMap, Policy};
+use super::{page_map, Outcome, PageMap, Policy};
 
 /// Least recently used groups of pages.
 pub struct Lru {
@@ -76,11 +76,11 @@ impl Policy for Lru {
         self.list.len() * self.group_pages as usize
     }
 
-    fn access(&mut self, page: u64) -> Access {
+    fn access(&mut self, page: u64) -> Outcome {
         let group = page / self.group_pages;
         if let Some(&i) = self.map.get(&group) {
             self.list.move_to_front(&mut self.arena, i);
-            return Access::Hit;
+            return Outcome::Hit;
         }
         let evicted = if self.list.len() == self.slots {
             let victim = self
@@ -97,7 +97,7 @@ impl Policy for Lru {
         let i = self.arena.alloc(group, 0);
         self.list.push_front(&mut self.arena, i);
         self.map.insert(group, i);
-        Access::Miss { evicted }
+        Outcome::Miss { evicted }
     }
 }
 
@@ -108,11 +108,11 @@ mod tests {
     #[test]
     fn evicts_the_least_recently_used() {
         let mut p = Lru::new(2);
-        assert_eq!(p.access(1), Access::Miss { evicted: None });
-        assert_eq!(p.access(2), Access::Miss { evicted: None });
-        assert_eq!(p.access(1), Access::Hit);
-        assert_eq!(p.access(3), Access::Miss { evicted: Some(2) });
-        assert_eq!(p.access(1), Access::Hit);
+        assert_eq!(p.access(1), Outcome::Miss { evicted: None });
+        assert_eq!(p.access(2), Outcome::Miss { evicted: None });
+        assert_eq!(p.access(1), Outcome::Hit);
+        assert_eq!(p.access(3), Outcome::Miss { evicted: Some(2) });
+        assert_eq!(p.access(1), Outcome::Hit);
         assert_eq!(p.len(), 2);
     }
 
@@ -124,7 +124,7 @@ mod tests {
         assert!(p.access(3).is_hit(), "same group as page 1");
         assert!(!p.access(4).is_hit());
         assert_eq!(p.len(), 8);
-        assert_eq!(p.access(9), Access::Miss { evicted: Some(0) });
+        assert_eq!(p.access(9), Outcome::Miss { evicted: Some(0) });
         assert!(!p.access(2).is_hit());
     }
 }

@@ -4,7 +4,7 @@
 //! The same [`Policy`] trait serves trace replay ([`replay`](mod@replay)) now and the
 //! runtime's balancer later: the caller reports each access and learns
 //! whether it hit, missed (and which page, if any, left to make room), or
-//! missed without being admitted ([`Access::Bypass`], served from the slower
+//! missed without being admitted ([`Outcome::Bypass`], served from the slower
 //! tier in place — zero-copy from host memory on a GPU).
 //!
 //! | policy | file | idea |
@@ -39,7 +39,7 @@ pub use replay::{replay, ReplayReport};
 
 /// What one access did to the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
+pub enum Outcome {
     /// The page was resident.
     Hit,
     /// The page was not resident and is now; `evicted` left to make room
@@ -54,10 +54,10 @@ pub enum Access {
     Bypass,
 }
 
-impl Access {
+impl Outcome {
     /// Whether the page was resident.
     pub fn is_hit(self) -> bool {
-        matches!(self, Access::Hit)
+        matches!(self, Outcome::Hit)
     }
 }
 
@@ -78,17 +78,17 @@ pub trait Policy: Send {
     }
 
     /// Records an access to `page` and decides what moves.
-    fn access(&mut self, page: u64) -> Access;
+    fn access(&mut self, page: u64) -> Outcome;
 
     /// A hint that `page` will be accessed soon (a prefetch request, e.g.
     /// the experts the router of an earlier layer chose). A policy that
-    /// honours hints may load the page now ([`Access::Miss`], with what it
-    /// evicted), report it already resident ([`Access::Hit`]) or decline
-    /// ([`Access::Bypass`], the default). A hint is not an access: it does
+    /// honours hints may load the page now ([`Outcome::Miss`], with what it
+    /// evicted), report it already resident ([`Outcome::Hit`]) or decline
+    /// ([`Outcome::Bypass`], the default). A hint is not an access: it does
     /// not count as a hit or a miss.
-    fn hint(&mut self, page: u64) -> Access {
+    fn hint(&mut self, page: u64) -> Outcome {
         let _ = page;
-        Access::Bypass
+        Outcome::Bypass
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{Access, Policy};
+use super::{Outcome, Policy};
 
 /// The outcome of replaying a trace against one policy. A bypass (a miss
 /// not admitted) counts as a miss.
@@ -31,7 +31,7 @@ pub fn replay(policy: &mut dyn Policy, trace: &[u64]) -> ReplayReport {
     let start = Instant::now();
     let mut hits = 0u64;
     for &page in trace {
-        if let Access::Hit = policy.access(page) {
+        if let Outcome::Hit = policy.access(page) {
             hits += 1;
         }
     }

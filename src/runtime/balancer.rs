@@ -24,7 +24,7 @@ use super::table::Table;
 use super::Inner;
 use crate::error::{Error, Result};
 use crate::hotness::HarvestParams;
-use crate::policy::{self, Access, Policy, PolicyKind};
+use crate::policy::{self, Outcome, Policy, PolicyKind};
 use crate::tier::Tier;
 
 /// Accesses replayed per touched page per interval, at most.
@@ -152,10 +152,10 @@ impl Balancer {
         for &(count, page) in &touched {
             for _ in 0..count.min(MAX_REPEAT) {
                 match self.policy.access(page) {
-                    Access::Hit => {
+                    Outcome::Hit => {
                         want.insert(page, true);
                     }
-                    Access::Miss { evicted } => {
+                    Outcome::Miss { evicted } => {
                         self.held.insert(page);
                         want.insert(page, true);
                         if let Some(e) = evicted {
@@ -163,7 +163,7 @@ impl Balancer {
                             want.insert(e, false);
                         }
                     }
-                    Access::Bypass => {
+                    Outcome::Bypass => {
                         report.bypasses += 1;
                         break;
                     }

@@ -30,7 +30,7 @@ use super::algo::{Mem, Read};
 use super::Csr;
 use crate::device::DeviceChoice;
 use crate::error::{Error, Result};
-use crate::policy::{lru::Lru, Access as PolicyAccess, Policy};
+use crate::policy::{lru::Lru, Outcome, Policy};
 use crate::runtime::{Access, Buffer, DeviceMap, Launch, Placement, Reader, Runtime};
 use crate::tier::Tier;
 
@@ -434,7 +434,7 @@ impl TieredRead<'_> {
                         self.last_group[array] = group;
                         self.uvm_accesses += 1;
                         let id = (array as u64) << 40 | group;
-                        if let PolicyAccess::Miss { evicted } = uvm.lock().access(id) {
+                        if let Outcome::Miss { evicted } = uvm.lock().access(id) {
                             self.uvm_faults += 1;
                             let m = self.mem;
                             let start = group * m.group_bytes;
