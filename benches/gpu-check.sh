@@ -12,10 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf gpu-carry
 mkdir -p gpu-carry
-cargo build --release --features cuda
+cargo build --release -p strata-bench --features strata-bench/cuda
 cp target/release/strata gpu-carry/
 for t in device hotness runtime graph offload; do
-    exe=$(cargo test --release --features cuda --test "$t" --no-run --message-format=json 2>/dev/null |
+    # graph's tests live beside the graph kernels in strata-bench.
+    pkg=strata; [ "$t" = graph ] && pkg=strata-bench
+    exe=$(cargo test --release -p "$pkg" --features "$pkg/cuda" --test "$t" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

@@ -4,7 +4,7 @@
 # at 1/2, 1/4 and 1/8 of its footprint (distinct pages), and prints
 # markdown tables: misses per policy beside Belady, the default policy
 # against the targets (the reference LRU, perfect LFU and perfect
-# LFU with admission of tests/policy.rs), and replay speed.
+# LFU with admission of benches/strata-bench/tests/policy.rs), and replay speed.
 #
 # usage: benches/trace-replay.sh DIR
 set -euo pipefail

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --example moe`
 
-use strata::offload::moe::{ExpertCache, MoeConfig, SyntheticRouter, TransitionPredictor};
+use strata::offload::moe::{ExpertCache, MoeConfig, TransitionPredictor};
 
 fn main() -> strata::Result<()> {
     let (layers, experts, top_k, bytes) = (4usize, 16usize, 2usize, 64 << 10);
@@ -16,10 +16,14 @@ fn main() -> strata::Result<()> {
             cache.register(l, e, &vec![e as u8; bytes])?;
         }
     }
-    let mut router = SyntheticRouter::new(layers, experts, top_k, 1.0, 42)?;
+    let mut router = Router {
+        state: 42,
+        experts,
+        top_k,
+    };
     let mut predictor = TransitionPredictor::new(layers, experts);
     for _token in 0..200 {
-        let routing = router.token();
+        let routing: Vec<Vec<u32>> = (0..layers).map(|_| router.layer()).collect();
         for l in 0..layers {
             for &e in &routing[l] {
                 let pinned = cache.fetch(l as u32, e)?;
@@ -49,4 +53,30 @@ fn main() -> strata::Result<()> {
         }
     );
     Ok(())
+}
+
+/// A toy router: skewed towards low expert ids (u² of a uniform u), top-k
+/// distinct. (`strata bench moe` has a fuller synthetic router.)
+struct Router {
+    state: u64,
+    experts: usize,
+    top_k: usize,
+}
+
+impl Router {
+    fn layer(&mut self) -> Vec<u32> {
+        let mut chosen = Vec::with_capacity(self.top_k);
+        while chosen.len() < self.top_k {
+            self.state = self
+                .state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (self.state >> 11) as f64 / (1u64 << 53) as f64;
+            let e = (u * u * self.experts as f64) as u32;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        chosen
+    }
 }

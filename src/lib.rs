@@ -16,13 +16,12 @@
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
 //!  Placement policies (pure: no I/O, no unsafe)         src/policy/
 //!    lru (UVM-like) | lfu | gmt | lookahead | belady | default (W-TinyLFU)
-//!  Page-access traces: format, generators, replay       src/trace.rs, policy/replay.rs
+//!  Page-access traces: format, replay                   src/trace.rs, policy/replay.rs
 //!  Offloading: MoE expert cache, offloaded Adam         src/offload/
 //! ```
 //!
 //! | cargo feature | what it adds |
 //! |---------------|--------------|
-//! | `cli` (default) | the `strata` command-line tool |
 //! | `cuda` | the CUDA backend via cudarc, loading `libcuda` at run time (builds without a toolkit) |
 //!
 //! ```
@@ -35,7 +34,6 @@
 //! # Ok::<(), strata::Error>(())
 //! ```
 
-pub mod bench;
 pub mod config;
 pub mod device;
 pub mod error;
@@ -50,7 +48,6 @@ pub mod size;
 pub mod sys;
 pub mod tier;
 pub mod trace;
-pub mod workloads;
 
 pub use error::{Error, ErrorKind, Result};
 pub use runtime::{Buffer, Runtime};

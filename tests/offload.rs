@@ -1,7 +1,7 @@
 //! The offloading modules: the optimizer against a plain reference Adam on
 //! every tier, importance-aware convergence, the expert cache's contract.
 
-use strata::offload::moe::{parse_trace, Eviction, ExpertCache, MoeConfig, SyntheticRouter};
+use strata::offload::moe::{parse_trace, Eviction, ExpertCache, MoeConfig};
 use strata::offload::optim::{
     AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier, Updater,
 };
@@ -524,27 +524,6 @@ fn no_cache_moves_every_fetch() {
     }
     let s = c.stats();
     assert_eq!((s.hits, s.bytes_moved), (0, 3 * (64 << 10)));
-}
-
-#[test]
-fn router_is_skewed_and_deterministic() {
-    let mut a = SyntheticRouter::new(4, 16, 2, 1.2, 7).unwrap();
-    let mut b = SyntheticRouter::new(4, 16, 2, 1.2, 7).unwrap();
-    let mut counts = [0u32; 16];
-    for _ in 0..500 {
-        let t = a.token();
-        assert_eq!(t, b.token());
-        assert_eq!(t.len(), 4);
-        for l in &t {
-            assert_eq!(l.len(), 2);
-            assert_ne!(l[0], l[1]);
-        }
-        for &e in &t[0] {
-            counts[e as usize] += 1;
-        }
-    }
-    counts.sort_unstable();
-    assert!(counts[15] > 4 * counts[8].max(1), "{counts:?}");
 }
 
 #[test]

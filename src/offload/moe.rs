@@ -39,24 +39,17 @@
 //! time is the wall time `fetch` waited. [`MoeStats::stall_modelled`] says
 //! which.
 //!
-//! **The synthetic router** ([`SyntheticRouter`]) of `strata bench moe`:
-//! each layer has its own popularity order over its experts, and a token's
-//! expert at rank r is drawn from Zipf(α) over ranks (top-k distinct
-//! experts by rejection). *Drift*: before each token, each layer swaps two
-//! adjacent ranks with probability `drift` (0.05 by default), so the
-//! popular set changes slowly over a run. *Cross-layer correlation*: with
-//! probability `correlation` (0.5) a token's j-th expert at layer l+1 is
-//! π_l(its j-th expert at layer l), for a fixed random permutation π_l per
-//! layer boundary, instead of a fresh Zipf draw — the structure that lets
-//! an activation-aware predictor ([`TransitionPredictor`], counting which
-//! experts follow which across layers, as MoE-Infinity does) look ahead.
+//! **Lookahead.** [`TransitionPredictor`] counts which experts follow
+//! which across layers (as MoE-Infinity does) and predicts the next layer's
+//! experts from the current layer's routing, for [`ExpertCache::prefetch`].
+//! (The synthetic router `strata bench moe` draws from lives in the
+//! `strata-bench` crate.)
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::device::{BackendKind, DeviceChoice};
@@ -64,7 +57,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::link::LinkModel;
 use crate::runtime::{Buffer, Pin, Placement, Runtime, Ticket};
 use crate::tier::{NvmeConfig, Tier};
-use crate::workloads::recsys::Zipf;
 
 /// How the cache picks victims.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -934,110 +926,6 @@ impl TransitionPredictor {
             .take(n)
             .filter(|&x| score[x as usize] >= min_confidence && score[x as usize] > 0.0)
             .collect()
-    }
-}
-
-/// The synthetic router of `strata bench moe`; see the module docs.
-pub struct SyntheticRouter {
-    layers: usize,
-    experts: usize,
-    top_k: usize,
-    zipf: Zipf,
-    /// `[layer][rank]` → expert.
-    order: Vec<Vec<u32>>,
-    /// `[layer boundary][expert]` → expert.
-    next: Vec<Vec<u32>>,
-    correlation: f64,
-    drift: f64,
-    rng: rand::rngs::SmallRng,
-}
-
-impl std::fmt::Debug for SyntheticRouter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SyntheticRouter")
-            .field("layers", &self.layers)
-            .field("experts", &self.experts)
-            .field("top_k", &self.top_k)
-            .field("correlation", &self.correlation)
-            .field("drift", &self.drift)
-            .finish()
-    }
-}
-
-impl SyntheticRouter {
-    /// Zipf(`alpha`) popularity, correlation 0.5, drift 0.05.
-    pub fn new(layers: usize, experts: usize, top_k: usize, alpha: f64, seed: u64) -> Result<Self> {
-        if layers == 0 || experts == 0 || top_k == 0 || top_k > experts {
-            return Err(Error::invalid(format!(
-                "a router needs layers ≥ 1 and 1 ≤ top-k ≤ experts (layers {layers}, experts {experts}, top-k {top_k})"
-            )));
-        }
-        if !(alpha.is_finite() && alpha >= 0.0) {
-            return Err(Error::invalid(format!("zipf alpha {alpha} must be ≥ 0")));
-        }
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-        let perm = |rng: &mut rand::rngs::SmallRng| {
-            let mut p: Vec<u32> = (0..experts as u32).collect();
-            rand::seq::SliceRandom::shuffle(&mut p[..], rng);
-            p
-        };
-        let order = (0..layers).map(|_| perm(&mut rng)).collect();
-        let next = (1..layers).map(|_| perm(&mut rng)).collect();
-        Ok(Self {
-            layers,
-            experts,
-            top_k,
-            zipf: Zipf::new(experts, alpha),
-            order,
-            next,
-            correlation: 0.5,
-            drift: 0.05,
-            rng,
-        })
-    }
-
-    /// Sets the cross-layer correlation and the per-token drift probability.
-    pub fn with_model(mut self, correlation: f64, drift: f64) -> Self {
-        self.correlation = correlation.clamp(0.0, 1.0);
-        self.drift = drift.clamp(0.0, 1.0);
-        self
-    }
-
-    /// One token: its top-k experts at every layer.
-    pub fn token(&mut self) -> TokenRoute {
-        for l in 0..self.layers {
-            if self.experts > 1 && self.rng.random::<f64>() < self.drift {
-                let r = self.rng.random_range(0..self.experts - 1);
-                self.order[l].swap(r, r + 1);
-            }
-        }
-        let mut out: Vec<Vec<u32>> = Vec::with_capacity(self.layers);
-        for l in 0..self.layers {
-            let mut chosen = Vec::with_capacity(self.top_k);
-            let prev: Option<&Vec<u32>> = l.checked_sub(1).map(|p| &out[p]);
-            for j in 0..self.top_k {
-                let mut pick = None;
-                if let Some(prev) = prev.filter(|_| self.rng.random::<f64>() < self.correlation) {
-                    let x = self.next[l - 1][prev[j] as usize];
-                    if !chosen.contains(&x) {
-                        pick = Some(x);
-                    }
-                }
-                let x = match pick {
-                    Some(x) => x,
-                    None => loop {
-                        let r = self.zipf.sample(self.rng.random::<f64>());
-                        let x = self.order[l][r];
-                        if !chosen.contains(&x) {
-                            break x;
-                        }
-                    },
-                };
-                chosen.push(x);
-            }
-            out.push(chosen);
-        }
-        out
     }
 }
 

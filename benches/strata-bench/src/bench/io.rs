@@ -12,14 +12,13 @@
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::error::{Error, Result};
-use crate::io::{AlignedBuf, EngineChoice, IoOp};
-use crate::tier::nvme::NvmeCompletion;
-use crate::tier::{NvmeConfig, NvmeStore, PageStore, Slot};
+use crate::gen::Rng;
+use strata::error::{Error, Result};
+use strata::io::{AlignedBuf, EngineChoice, IoOp};
+use strata::tier::nvme::NvmeCompletion;
+use strata::tier::{NvmeConfig, NvmeStore, PageStore, Slot};
 
 /// Access pattern, as fio's `rw=`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -126,7 +125,7 @@ pub struct IoReport {
 
 /// Runs the benchmark; `progress` is told the fraction done now and then.
 pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoReport> {
-    crate::size::check_page_size(params.bs).map_err(|e| e.context("--bs"))?;
+    strata::size::check_page_size(params.bs).map_err(|e| e.context("--bs"))?;
     let duration = Duration::try_from_secs_f64(params.seconds)
         .ok()
         .filter(|d| !d.is_zero() && *d <= Duration::from_secs(7 * 86400))
@@ -169,11 +168,11 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
     let mut slots: Vec<Option<Slot>> = (0..pages)
         .map(|_| store.alloc().map(Some))
         .collect::<Result<_>>()?;
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed);
+    let mut rng = Rng::new(params.seed);
     // Buffers hold random bytes, and every write stamps a counter into its
     // page (fio's scramble_buffers): a virtual disk that detects zero or
     // duplicate blocks must not see any, or reads would measure its shortcut.
-    let new_buffers = |n: usize, rng: &mut rand::rngs::SmallRng| {
+    let new_buffers = |n: usize, rng: &mut Rng| {
         (0..n)
             .map(|_| {
                 let mut b = store.buffer()?;
@@ -216,26 +215,25 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
     let mut done: Vec<NvmeCompletion> = Vec::with_capacity(depth);
     let mut order: Vec<u32> = (0..pages as u32).collect();
     let mut cursor = 0usize;
-    let mut next_index =
-        |rng: &mut rand::rngs::SmallRng, slots: &mut [Option<Slot>]| -> Option<usize> {
-            // A slot still in flight is skipped (only possible when the file
-            // has no more blocks than the queue depth).
-            for _ in 0..pages {
-                if cursor == 0 && params.pattern.is_random() {
-                    order.shuffle(rng);
-                }
-                let i = order[cursor] as usize;
-                cursor = (cursor + 1) % pages;
-                if slots[i].is_some() {
-                    return Some(i);
-                }
+    let mut next_index = |rng: &mut Rng, slots: &mut [Option<Slot>]| -> Option<usize> {
+        // A slot still in flight is skipped (only possible when the file
+        // has no more blocks than the queue depth).
+        for _ in 0..pages {
+            if cursor == 0 && params.pattern.is_random() {
+                rng.shuffle(&mut order);
             }
-            None
-        };
+            let i = order[cursor] as usize;
+            cursor = (cursor + 1) % pages;
+            if slots[i].is_some() {
+                return Some(i);
+            }
+        }
+        None
+    };
     let mut started: Vec<Instant> = vec![Instant::now(); pages];
     let mut ops = 0u64;
     let mut latency_total = Duration::ZERO;
-    let cpu0 = crate::sys::process_cpu_time();
+    let cpu0 = strata::sys::process_cpu_time();
     let t0 = Instant::now();
     let mut last_progress = t0;
     loop {
@@ -280,7 +278,7 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
         }
     }
     let wall = t0.elapsed().as_secs_f64();
-    let cpu1 = crate::sys::process_cpu_time();
+    let cpu1 = strata::sys::process_cpu_time();
     let elapsed = params.seconds.min(wall);
     drop(session);
     for slot in slots.into_iter().flatten() {

@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use strata::bench::moe::{self, MoeParams};
-use strata::bench::optim::{self, OptimParams};
 use strata::offload::optim::Importance;
 use strata::size::{format_rate, format_size, parse_size};
 use strata::Error;
+use strata_bench::bench::moe::{self, MoeParams};
+use strata_bench::bench::optim::{self, OptimParams};
 
 #[derive(Args)]
 pub struct MoeArgs {

@@ -9,10 +9,10 @@ pub mod moe;
 pub mod optim;
 pub mod recsys;
 
-use crate::error::Result;
-use crate::io::{AlignedBuf, IoOp};
-use crate::tier::nvme::NvmeSession;
-use crate::tier::Slot;
+use strata::error::Result;
+use strata::io::{AlignedBuf, IoOp};
+use strata::tier::nvme::NvmeSession;
+use strata::tier::Slot;
 
 /// One pass over every slot, in order, through `session` at its full
 /// depth: each slot is written (after `prepare` fills its buffer) or read

@@ -4,12 +4,12 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use strata::bench::graph::{self, Algo, Budget, GraphParams, GraphReport};
 use strata::device::DeviceChoice;
 use strata::policy::PolicyKind;
 use strata::size::{format_size, parse_size};
-use strata::workloads::graph::GraphSpec;
 use strata::Error;
+use strata_bench::bench::graph::{self, Algo, Budget, GraphParams, GraphReport};
+use strata_bench::workloads::graph::GraphSpec;
 
 #[derive(Args)]
 pub struct GraphArgs {
@@ -119,7 +119,7 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         .transpose()?;
     let (reports, dump) = crate::with_progress(a.quiet, |progress| {
         progress("graph", 0.0);
-        let g = strata::workloads::graph::Csr::load(&spec, a.seed)?;
+        let g = strata_bench::workloads::graph::Csr::load(&spec, a.seed)?;
         let mut reports = Vec::new();
         let mut last = None;
         for (i, &algo) in algos.iter().enumerate() {

@@ -28,11 +28,11 @@ use serde::Serialize;
 
 use super::algo::{Mem, Read};
 use super::Csr;
-use crate::device::DeviceChoice;
-use crate::error::{Error, Result};
-use crate::policy::{lru::Lru, Outcome, Policy};
-use crate::runtime::{Access, Buffer, DeviceMap, Launch, Placement, Reader, Runtime};
-use crate::tier::Tier;
+use strata::device::DeviceChoice;
+use strata::error::{Error, Result};
+use strata::policy::{lru::Lru, Outcome, Policy};
+use strata::runtime::{Access, Buffer, DeviceMap, Launch, Placement, Reader, Runtime};
+use strata::tier::Tier;
 
 /// The configurations compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -92,7 +92,7 @@ impl Default for GpuModel {
     fn default() -> Self {
         Self {
             hbm_bandwidth: 2.0e12,
-            pcie_bandwidth: crate::device::sim::PCIE_GEN4_X16.bandwidth,
+            pcie_bandwidth: strata::device::sim::PCIE_GEN4_X16.bandwidth,
             line: 128,
             fault_seconds: 25e-6,
             uvm_group: 2 << 20,
@@ -222,14 +222,14 @@ impl TieredGraph {
     /// Starts a trial cold: for strata, the device emptied (uncharged: it
     /// is the state before any trial), the access counts of the writes and
     /// of earlier trials folded away, and the balancer's policy fresh.
-    pub fn reset(&self, balancer: crate::runtime::BalancerConfig) -> Result<()> {
+    pub fn reset(&self, balancer: strata::runtime::BalancerConfig) -> Result<()> {
         if self.config != Config::Strata {
             return Ok(());
         }
         for b in self.bufs.iter().flatten() {
             b.evict(0..b.len(), Tier::Host)?;
             // Decay 1e-9 leaves no trace of the counts in the scores.
-            let _ = b.harvest(crate::hotness::HarvestParams {
+            let _ = b.harvest(strata::hotness::HarvestParams {
                 decay: 1e-9,
                 k: 0,
                 shift: 0,

@@ -17,13 +17,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::device::DeviceChoice;
-use crate::error::{Error, ErrorKind, Result};
-use crate::policy::PolicyKind;
-use crate::runtime::BalancerConfig;
 use crate::workloads::graph::algo::{self, Mem};
 use crate::workloads::graph::tiered::{Accounting, Config, GpuModel, TieredGraph, TieredMem};
 use crate::workloads::graph::{verify, Csr, GraphSpec};
+use strata::device::DeviceChoice;
+use strata::error::{Error, ErrorKind, Result};
+use strata::policy::PolicyKind;
+use strata::runtime::BalancerConfig;
 
 /// The kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -78,7 +78,7 @@ impl std::str::FromStr for Budget {
             }
             return Ok(Budget::Percent(v));
         }
-        Ok(Budget::Bytes(crate::size::parse_size(s)?))
+        Ok(Budget::Bytes(strata::size::parse_size(s)?))
     }
 }
 
@@ -247,7 +247,7 @@ pub fn run(
     if params.trials == 0 {
         return Err(Error::invalid("--trials must be at least 1"));
     }
-    crate::size::check_page_size(params.page_size)?;
+    strata::size::check_page_size(params.page_size)?;
     progress("generating the graph", 0.0);
     let g = Csr::load(&params.graph, params.seed)?;
     run_on(&g, params, progress)
@@ -262,7 +262,7 @@ pub fn run_on(
     if params.trials == 0 {
         return Err(Error::invalid("--trials must be at least 1"));
     }
-    crate::size::check_page_size(params.page_size)?;
+    strata::size::check_page_size(params.page_size)?;
     let n = g.vertices();
     if let Some(s) = params.source {
         if s >= n {
@@ -283,12 +283,12 @@ pub fn run_on(
     let sources: Vec<Option<usize>> = (0..params.trials)
         .map(|t| match params.algo {
             Algo::Bfs | Algo::Sssp => Some(params.source.unwrap_or_else(|| {
-                let mut s = crate::hotness::mix(params.seed ^ (t as u64 + 1) << 20);
+                let mut s = strata::hotness::mix(params.seed ^ (t as u64 + 1) << 20);
                 // Random vertices first; the first with an edge otherwise
                 // (there is one: edgeless graphs are refused on loading).
                 (0..64)
                     .map(|_| {
-                        s = crate::hotness::mix(s);
+                        s = strata::hotness::mix(s);
                         (s % n as u64) as usize
                     })
                     .find(|&v| g.degree(v) > 0)
@@ -341,7 +341,7 @@ pub fn run_on(
             drop(mem);
             drop(maps);
             let after = tg.rt.stats().device_links.unwrap_or_default();
-            let ld = |f: fn(&crate::link::LinkStats) -> f64| {
+            let ld = |f: fn(&strata::link::LinkStats) -> f64| {
                 f(&after.0) - f(&before.0) + f(&after.1) - f(&before.1)
             };
             let get =
@@ -444,10 +444,10 @@ fn resolve(device: DeviceChoice) -> Result<DeviceChoice> {
     match device {
         DeviceChoice::Sim => Ok(DeviceChoice::Sim),
         DeviceChoice::Cuda => {
-            crate::device::probe_gpus()?;
+            strata::device::probe_gpus()?;
             Ok(DeviceChoice::Cuda)
         }
-        DeviceChoice::Auto => Ok(match crate::device::probe_gpus() {
+        DeviceChoice::Auto => Ok(match strata::device::probe_gpus() {
             Ok(_) => DeviceChoice::Cuda,
             Err(_) => DeviceChoice::Sim,
         }),
@@ -483,7 +483,7 @@ fn run_cuda(
 
     let weights = params.algo == Algo::Sssp;
     let ctx = cuda::context()?;
-    let gpu = crate::device::probe_gpus()?
+    let gpu = strata::device::probe_gpus()?
         .into_iter()
         .next()
         .map(|i| format!("GPU {} ({}, {} bytes)", i.ordinal, i.name, i.memory_bytes));

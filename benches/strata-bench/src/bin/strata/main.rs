@@ -17,12 +17,12 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use strata::bench;
 use strata::config::Config;
 use strata::io::EngineChoice;
 use strata::size::{check_page_size, format_rate, format_size, parse_size};
 use strata::tier::CxlMode;
 use strata::{Error, ErrorKind};
+use strata_bench::bench;
 
 #[derive(Parser)]
 #[command(

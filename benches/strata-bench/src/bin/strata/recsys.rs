@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use strata::bench::graph::Budget;
-use strata::bench::recsys::{self, RecsysParams, RecsysReport};
 use strata::policy::PolicyKind;
 use strata::size::{format_size, parse_size};
 use strata::Error;
+use strata_bench::bench::graph::Budget;
+use strata_bench::bench::recsys::{self, RecsysParams, RecsysReport};
 
 #[derive(Args)]
 pub struct RecsysArgs {

@@ -18,11 +18,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
-use crate::offload::moe::{
-    parse_trace, Eviction, ExpertCache, MoeConfig, SyntheticRouter, TransitionPredictor,
-};
 use crate::workloads::graph::tiered::GpuModel;
+use crate::workloads::moe::SyntheticRouter;
+use strata::error::{Error, Result};
+use strata::offload::moe::{parse_trace, Eviction, ExpertCache, MoeConfig, TransitionPredictor};
 
 /// Where the routing comes from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -93,7 +92,7 @@ pub struct MoeParams {
     /// The device: `sim` (modelled time), `cuda` (a GPU: real device slots,
     /// measured stall; each layer's compute is a spin of the modelled
     /// length) or `auto`.
-    pub device: crate::device::DeviceChoice,
+    pub device: strata::device::DeviceChoice,
 }
 
 /// One configuration's results.
@@ -199,7 +198,7 @@ fn bounds(
     expert_bytes: u64,
     compute_seconds: f64,
 ) -> MoeBounds {
-    use crate::policy::{belady::Belady, Policy};
+    use strata::policy::{belady::Belady, Policy};
     let trace: Vec<u64> = routes
         .iter()
         .flat_map(|tok| {
@@ -218,7 +217,7 @@ fn bounds(
     let mut c: Vec<usize> = counts.into_values().collect();
     c.sort_unstable_by(|a, b| b.cmp(a));
     let static_hits: usize = c.iter().take(slots).sum();
-    let transfer = crate::device::sim::PCIE_GEN4_X16
+    let transfer = strata::device::sim::PCIE_GEN4_X16
         .time(expert_bytes as usize)
         .as_secs_f64();
     let floor = |hits: usize| ((trace.len() - hits) as f64 * transfer - compute_seconds).max(0.0);
@@ -266,7 +265,7 @@ fn pattern(layer: usize, expert: usize) -> u8 {
 
 /// Runs every configuration.
 pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<MoeReport> {
-    crate::size::check_page_size(params.page_size).map_err(|e| e.context("--page-size"))?;
+    strata::size::check_page_size(params.page_size).map_err(|e| e.context("--page-size"))?;
     if params.expert_bytes == 0 || params.expert_bytes > 1 << 30 {
         return Err(Error::invalid("--expert-bytes must be 1 byte to 1 GiB"));
     }
@@ -426,7 +425,7 @@ fn run_config(
                     pin.buffer().read(p.expert_bytes - 1, &mut b)?;
                     if b[0] != pattern(l, e as usize) {
                         return Err(Error::new(
-                            crate::error::ErrorKind::Corrupted,
+                            strata::error::ErrorKind::Corrupted,
                             format!("expert ({l}, {e}) read back wrong bytes"),
                         ));
                     }
@@ -501,7 +500,7 @@ mod tests {
             seed: 3,
             page_size: 16 << 10,
             fifo_link: false,
-            device: crate::device::DeviceChoice::Sim,
+            device: strata::device::DeviceChoice::Sim,
         }
     }
 

@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::error::Result;
-use crate::sys::{Arena, Topology};
-use crate::tier::{
+use strata::error::Result;
+use strata::sys::{Arena, Topology};
+use strata::tier::{
     CxlConfig, CxlMode, CxlStore, HostConfig, HostStore, LinkModel, PageStore, Slot,
 };
 

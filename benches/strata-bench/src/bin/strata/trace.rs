@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use strata::policy::{self, lookahead, lru::Lru, Policy, PolicyKind, ReplayReport};
 use strata::size::parse_size;
-use strata::trace::{self, GenKind, GenParams};
+use strata::trace;
 use strata::Error;
+use strata_bench::gen::{self, GenKind, GenParams};
 
 use super::{open_json, write_json};
 
@@ -207,7 +208,7 @@ fn gen(a: GenArgs) -> Result<(), Error> {
     if !graph_kind && params.pages == 0 {
         return Err(Error::invalid("--pages must be at least 1"));
     }
-    let t = trace::generate(&params)?;
+    let t = gen::generate(&params)?;
     trace::write_file(
         &a.out,
         &t,

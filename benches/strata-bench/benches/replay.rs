@@ -4,7 +4,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use strata::policy::{self, PolicyKind};
-use strata::trace;
+use strata_bench::gen;
 
 fn replay(c: &mut Criterion) {
     // Small in debug builds, where `cargo test --benches` runs each once.
@@ -13,7 +13,7 @@ fn replay(c: &mut Criterion) {
     } else {
         (1 << 20, 4 << 20)
     };
-    let t = trace::zipf(1.0, pages, accesses, 1).unwrap();
+    let t = gen::zipf(1.0, pages, accesses, 1).unwrap();
     let mut distinct = t.clone();
     distinct.sort_unstable();
     distinct.dedup();

@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
-use crate::io::{AlignedBuf, IoOp};
-use crate::offload::optim::{Importance, OffloadedAdam, OptimConfig, StateTier, Updater};
-use crate::tier::{NvmeConfig, NvmeStore, PageStore};
+use strata::error::{Error, Result};
+use strata::io::{AlignedBuf, IoOp};
+use strata::offload::optim::{Importance, OffloadedAdam, OptimConfig, StateTier, Updater};
+use strata::tier::{NvmeConfig, NvmeStore, PageStore};
 
 /// Parameters.
 #[derive(Debug, Clone, Serialize)]
@@ -77,7 +77,7 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     if p.params == 0 || p.steps == 0 {
         return Err(Error::invalid("--params and --steps must be at least 1"));
     }
-    crate::size::check_page_size(p.chunk).map_err(|e| e.context("--chunk"))?;
+    strata::size::check_page_size(p.chunk).map_err(|e| e.context("--chunk"))?;
     let tier = match p.tier.as_str() {
         "host" => StateTier::Host,
         "cxl" => StateTier::Cxl,
@@ -89,7 +89,7 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         }
     };
     progress("memcpy", 0.0);
-    let memcpy = crate::tier::cxl::local_memcpy_bandwidth();
+    let memcpy = strata::tier::cxl::local_memcpy_bandwidth();
     let chunk_elems = p.chunk / 4;
     let state_bytes = p.params.div_ceil(chunk_elems) as u64 * 3 * p.chunk as u64;
     let nvme_seq = if matches!(tier, StateTier::Nvme(_)) {

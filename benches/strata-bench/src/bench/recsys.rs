@@ -11,12 +11,12 @@ use parking_lot::Mutex;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::device::DeviceChoice;
-use crate::error::{Error, ErrorKind, Result};
-use crate::policy::{lru::Lru, Policy, PolicyKind};
-use crate::runtime::{Access, BalancerConfig, Buffer, Placement, Runtime};
 use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::recsys::{self, Batch, Dist};
+use strata::device::DeviceChoice;
+use strata::error::{Error, ErrorKind, Result};
+use strata::policy::{lru::Lru, Policy, PolicyKind};
+use strata::runtime::{Access, BalancerConfig, Buffer, Placement, Runtime};
 
 use super::graph::Budget;
 
@@ -144,7 +144,7 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
     if params.rows > u32::MAX as usize {
         return Err(Error::invalid("--rows is at most 2^32 − 1"));
     }
-    crate::size::check_page_size(params.page_size)?;
+    strata::size::check_page_size(params.page_size)?;
     let row_bytes = params.dim * 4;
     if params.page_size % row_bytes != 0 {
         return Err(Error::invalid(format!(
@@ -271,7 +271,7 @@ fn run_config(
             // strata starts with the device empty, as the row cache does,
             // and lets the balancer fill it with what the batches touch.
             let placement = match config {
-                Config::Strata => Placement::Prefer(crate::tier::Tier::Host),
+                Config::Strata => Placement::Prefer(strata::tier::Tier::Host),
                 _ => Placement::Fastest,
             };
             let b = rt.alloc_with(table_bytes, placement)?;

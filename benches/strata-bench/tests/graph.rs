@@ -12,9 +12,11 @@
 #![cfg(feature = "cuda")]
 
 use strata::device::DeviceChoice;
-use strata::workloads::graph::cuda::{self, Flavour, GpuGraph, PlainGpu, PlainKind, StrataGpu};
-use strata::workloads::graph::tiered::{Config, TieredGraph};
-use strata::workloads::graph::{verify, Csr};
+use strata_bench::workloads::graph::cuda::{
+    self, Flavour, GpuGraph, PlainGpu, PlainKind, StrataGpu,
+};
+use strata_bench::workloads::graph::tiered::{Config, TieredGraph};
+use strata_bench::workloads::graph::{verify, Csr};
 
 fn skip(what: &str, why: impl std::fmt::Display) {
     assert!(

@@ -15,7 +15,9 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::error::{Error, Result};
+use strata::{Error, Result};
+
+use crate::gen::{Rng, Zipf};
 
 /// How indices are drawn.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -67,35 +69,6 @@ impl std::str::FromStr for Dist {
 /// flattened (`ids[table][bag * pooling + k]`).
 pub type Batch = Vec<Vec<u32>>;
 
-/// A Zipf sampler over `0..n` by inverse transform on the cumulative
-/// weights (exact, O(log n) per draw).
-pub struct Zipf {
-    cdf: Vec<f64>,
-}
-
-impl Zipf {
-    /// Zipf(α) over `n` ranks.
-    pub fn new(n: usize, alpha: f64) -> Self {
-        let mut acc = 0.0;
-        let mut cdf: Vec<f64> = (1..=n)
-            .map(|k| {
-                acc += 1.0 / (k as f64).powf(alpha);
-                acc
-            })
-            .collect();
-        let total = acc;
-        for c in &mut cdf {
-            *c /= total;
-        }
-        Self { cdf }
-    }
-
-    /// The rank for a uniform `u` in [0, 1).
-    pub fn sample(&self, u: f64) -> usize {
-        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
-    }
-}
-
 /// Generates `batches` batches.
 pub fn generate(
     dist: &Dist,
@@ -107,7 +80,7 @@ pub fn generate(
     seed: u64,
 ) -> Result<Vec<Batch>> {
     let zipf = match dist {
-        Dist::Zipf { alpha } => Some(Zipf::new(rows, *alpha)),
+        Dist::Zipf { alpha } => Some(Zipf::new(rows as u64, *alpha)?),
         Dist::Uniform => None,
         Dist::File { path } => return read_batches(path, tables, rows, batch, pooling),
     };
@@ -116,15 +89,11 @@ pub fn generate(
         .map(|b| {
             (0..tables)
                 .map(|t| {
-                    let mut s = crate::hotness::mix(seed ^ ((b as u64) << 20 | t as u64));
+                    let mut rng = Rng::new(seed ^ ((b as u64) << 20 | t as u64));
                     (0..batch * pooling)
-                        .map(|_| {
-                            s = crate::hotness::mix(s);
-                            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
-                            match &zipf {
-                                Some(z) => z.sample(u) as u32,
-                                None => (u * rows as f64) as u32,
-                            }
+                        .map(|_| match &zipf {
+                            Some(z) => (z.sample(&mut rng) - 1) as u32,
+                            None => rng.below(rows as u64) as u32,
                         })
                         .collect()
                 })
@@ -187,7 +156,7 @@ fn read_batches(
 /// with it, and verification recomputes it).
 #[inline]
 pub fn value(t: usize, r: usize, d: usize) -> f32 {
-    let h = crate::hotness::mix((t as u64) << 40 ^ (r as u64) << 12 ^ d as u64);
+    let h = strata::hotness::mix((t as u64) << 40 ^ (r as u64) << 12 ^ d as u64);
     (h >> 40) as f32 / (1u64 << 24) as f32 - 0.5
 }
 
@@ -197,10 +166,9 @@ mod tests {
 
     #[test]
     fn zipf_puts_most_mass_on_low_ranks() {
-        let z = Zipf::new(1000, 1.05);
-        let draws: Vec<usize> = (0..10_000)
-            .map(|i| z.sample((i as f64 + 0.5) / 10_000.0))
-            .collect();
+        let b = generate(&Dist::Zipf { alpha: 1.05 }, 1, 1000, 100, 100, 1, 7).unwrap();
+        let draws = &b[0][0];
+        assert_eq!(draws.len(), 10_000);
         let top = draws.iter().filter(|&&r| r < 100).count();
         assert!(top > 6_000, "{top}");
         assert!(draws.iter().all(|&r| r < 1000));

@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::device::DeviceChoice;
-use crate::error::{Error, Result};
-use crate::io::{AlignedBuf, IoOp};
-use crate::runtime::{Placement, Runtime};
-use crate::tier::{CxlConfig, CxlMode, NvmeConfig, NvmeStore, PageStore, Slot, Tier};
+use strata::device::DeviceChoice;
+use strata::error::{Error, Result};
+use strata::io::{AlignedBuf, IoOp};
+use strata::runtime::{Placement, Runtime};
+use strata::tier::{CxlConfig, CxlMode, NvmeConfig, NvmeStore, PageStore, Slot, Tier};
 
 /// Parameters.
 #[derive(Debug, Clone, Serialize)]
@@ -69,7 +69,7 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
     let mut backend = "simulated";
     for (i, &page) in params.page_sizes.iter().enumerate() {
         progress("migrate", i as f64 / params.page_sizes.len() as f64);
-        crate::size::check_page_size(page)?;
+        strata::size::check_page_size(page)?;
         let pages = (params.size / page as u64).max(1);
         let bytes = pages * page as u64;
         let mut cxl = CxlConfig::new(CxlMode::Emulated, bytes, page);
@@ -125,7 +125,7 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         // (from the registered host arena, one page per synchronized copy;
         // not yet a separate whole-buffer `cudaMemcpyAsync` peer).
         let (raw_up, raw_down) = if sim {
-            let b = crate::device::sim::PCIE_GEN4_X16.bandwidth;
+            let b = strata::device::sim::PCIE_GEN4_X16.bandwidth;
             (b, b)
         } else {
             (
@@ -154,8 +154,8 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         push("device->host", down, raw_down, time);
 
         // host <-> cxl (emulated: the cap is the link's limit).
-        let cap = crate::tier::cxl::local_memcpy_bandwidth()
-            * crate::tier::cxl::CXL_DEFAULT_BANDWIDTH_FRACTION;
+        let cap = strata::tier::cxl::local_memcpy_bandwidth()
+            * strata::tier::cxl::CXL_DEFAULT_BANDWIDTH_FRACTION;
         // Down to `tier` and back up to host, each timed.
         let round_trip = |tier: Tier| -> Result<(f64, f64)> {
             let t = Instant::now();

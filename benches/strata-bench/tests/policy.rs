@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use strata::policy::{self, replay, Outcome, Policy, PolicyKind};
 use strata::trace;
+use strata_bench::gen;
 
 /// A reference cache: `access` says whether the page was resident.
 trait Reference {
@@ -229,7 +230,7 @@ fn belady_equals_the_exhaustive_optimum() {
 
 #[test]
 fn belady_is_a_lower_bound_on_longer_traces() {
-    let t = trace::zipf(0.9, 2000, 50_000, 3).unwrap();
+    let t = gen::zipf(0.9, 2000, 50_000, 3).unwrap();
     for cap in [10, 100, 1000] {
         let opt = misses(PolicyKind::Belady, cap, &t);
         for kind in PolicyKind::ALL {
@@ -252,7 +253,7 @@ fn lru_equals_the_reference_lru() {
             assert_eq!(p.access(x).is_hit(), r.access(x), "access {i}");
         }
     }
-    let t = trace::zipf(1.0, 20_000, 100_000, 5).unwrap();
+    let t = gen::zipf(1.0, 20_000, 100_000, 5).unwrap();
     for cap in [1, 100, 5000] {
         assert_eq!(
             misses(PolicyKind::Lru, cap, &t),
@@ -275,7 +276,7 @@ fn grouped_lru_is_lru_over_groups() {
 
 #[test]
 fn every_policy_keeps_its_capacity_and_reports_evictions() {
-    let t = trace::mix(1.0, 300, 20_000, 0.3, 100, 2).unwrap();
+    let t = gen::mix(1.0, 300, 20_000, 0.3, 100, 2).unwrap();
     for kind in PolicyKind::ALL {
         let mut p = policy::build(kind, 64, Some(&t)).unwrap();
         let mut resident = std::collections::HashSet::new();
@@ -314,8 +315,8 @@ fn footprint(t: &[u64]) -> usize {
     v.len()
 }
 
-fn graph_trace(kind: trace::GenKind, scale: u32, seed: u64) -> Vec<u64> {
-    trace::generate(&trace::GenParams {
+fn graph_trace(kind: gen::GenKind, scale: u32, seed: u64) -> Vec<u64> {
+    gen::generate(&gen::GenParams {
         kind,
         scale,
         edge_factor: 8,
@@ -324,7 +325,7 @@ fn graph_trace(kind: trace::GenKind, scale: u32, seed: u64) -> Vec<u64> {
         iterations: 2,
         accesses: 0,
         seed,
-        ..trace::GenParams::default()
+        ..gen::GenParams::default()
     })
     .unwrap()
 }
@@ -334,29 +335,29 @@ fn suite(seed: u64, size: u64) -> Vec<Case> {
     for alpha in [0.8, 1.0, 1.2] {
         v.push(Case {
             name: format!("zipf {alpha}"),
-            trace: trace::zipf(alpha, 2 * size, 20 * size as usize, seed).unwrap(),
+            trace: gen::zipf(alpha, 2 * size, 20 * size as usize, seed).unwrap(),
             beats_lru: false,
         });
     }
     v.push(Case {
         name: "loop".into(),
-        trace: trace::looping(size, 10 * size as usize).unwrap(),
+        trace: gen::looping(size, 10 * size as usize).unwrap(),
         beats_lru: true,
     });
     v.push(Case {
         name: "mix".into(),
-        trace: trace::mix(1.0, size, 20 * size as usize, 0.2, size / 2, seed).unwrap(),
+        trace: gen::mix(1.0, size, 20 * size as usize, 0.2, size / 2, seed).unwrap(),
         beats_lru: true,
     });
     let scale = 63 - size.leading_zeros() + 1;
     v.push(Case {
         name: "bfs".into(),
-        trace: graph_trace(trace::GenKind::Bfs, scale, seed),
+        trace: graph_trace(gen::GenKind::Bfs, scale, seed),
         beats_lru: false,
     });
     v.push(Case {
         name: "pr".into(),
-        trace: graph_trace(trace::GenKind::Pr, scale, seed),
+        trace: graph_trace(gen::GenKind::Pr, scale, seed),
         beats_lru: false,
     });
     if std::env::var_os("SUITE_EXTRA").is_some() {
@@ -374,7 +375,7 @@ fn extra(seed: u64, size: u64) -> Vec<Case> {
     let mut v = Vec::new();
     // A Zipf hot set of `size` pages whose ids drift by one page every 4
     // accesses.
-    let z = trace::zipf(1.0, size, 20 * size as usize, seed).unwrap();
+    let z = gen::zipf(1.0, size, 20 * size as usize, seed).unwrap();
     v.push(Case {
         name: "drift".into(),
         trace: z
@@ -393,11 +394,11 @@ fn extra(seed: u64, size: u64) -> Vec<Case> {
     ] {
         v.push(Case {
             name: name.into(),
-            trace: trace::generate(&trace::GenParams {
+            trace: gen::generate(&gen::GenParams {
                 kind: if name.starts_with("bfs") {
-                    trace::GenKind::Bfs
+                    gen::GenKind::Bfs
                 } else {
-                    trace::GenKind::Pr
+                    gen::GenKind::Pr
                 },
                 graph: graph.parse().unwrap(),
                 scale: if page == 4096 { scale + 1 } else { scale },
@@ -407,7 +408,7 @@ fn extra(seed: u64, size: u64) -> Vec<Case> {
                 iterations: roots,
                 accesses: 0,
                 seed,
-                ..trace::GenParams::default()
+                ..gen::GenParams::default()
             })
             .unwrap(),
             beats_lru: false,
@@ -415,7 +416,7 @@ fn extra(seed: u64, size: u64) -> Vec<Case> {
     }
     v.push(Case {
         name: "mix-long".into(),
-        trace: trace::mix(0.8, size, 20 * size as usize, 0.4, 2 * size, seed).unwrap(),
+        trace: gen::mix(0.8, size, 20 * size as usize, 0.4, 2 * size, seed).unwrap(),
         beats_lru: true,
     });
     for (name, alpha, frac, len) in [
@@ -426,23 +427,23 @@ fn extra(seed: u64, size: u64) -> Vec<Case> {
     ] {
         v.push(Case {
             name: name.into(),
-            trace: trace::mix(alpha, size, 20 * size as usize, frac, len, seed).unwrap(),
+            trace: gen::mix(alpha, size, 20 * size as usize, frac, len, seed).unwrap(),
             beats_lru: true,
         });
     }
     v.push(Case {
         name: "zipf-long".into(),
-        trace: trace::zipf(0.9, 2 * size, 100 * size as usize, seed).unwrap(),
+        trace: gen::zipf(0.9, 2 * size, 100 * size as usize, seed).unwrap(),
         beats_lru: false,
     });
     v.push(Case {
         name: "loop-long".into(),
-        trace: trace::looping(size + 17, 50 * size as usize).unwrap(),
+        trace: gen::looping(size + 17, 50 * size as usize).unwrap(),
         beats_lru: true,
     });
     // Loops over a hot Zipf set: a working set scanned in order and random
     // lookups.
-    let z = trace::zipf(1.0, size, 10 * size as usize, seed).unwrap();
+    let z = gen::zipf(1.0, size, 10 * size as usize, seed).unwrap();
     v.push(Case {
         name: "loop+zipf".into(),
         trace: z
@@ -454,7 +455,7 @@ fn extra(seed: u64, size: u64) -> Vec<Case> {
     });
     v.push(Case {
         name: "zipf-short".into(),
-        trace: trace::zipf(0.9, 4 * size, 8 * size as usize, seed).unwrap(),
+        trace: gen::zipf(0.9, 4 * size, 8 * size as usize, seed).unwrap(),
         beats_lru: false,
     });
     v

@@ -26,11 +26,11 @@ use cudarc::driver::{
 use super::algo::{BfsResult, PrResult, SsspResult};
 use super::tiered::TieredGraph;
 use super::Csr;
-use crate::error::{Error, ErrorKind, Result};
-use crate::runtime::{Access, DeviceMap, OwnedLaunch};
-use crate::tier::Tier;
+use strata::error::{Error, ErrorKind, Result};
+use strata::runtime::{Access, DeviceMap, OwnedLaunch};
+use strata::tier::Tier;
 
-const SOURCE: &str = include_str!("../../../kernels/graph.cu");
+const SOURCE: &str = include_str!("../../../../../kernels/graph.cu");
 
 /// Every kernel of `graph.cu`, loaded when the module is.
 const KERNELS: [&str; 16] = [
@@ -73,14 +73,14 @@ pub enum Flavour {
 }
 
 /// `graph.cu` as NVRTC compiles it (the runtime's options and header
-/// substitution, `crate::device::nvrtc`), with `STRATA_GRAPH_PLAIN`
+/// substitution, `strata::device::nvrtc`), with `STRATA_GRAPH_PLAIN`
 /// defined for [`Flavour::Plain`].
 pub fn compile_ptx(flavour: Flavour) -> Result<cudarc::nvrtc::Ptx> {
     let source = match flavour {
         Flavour::Mapped => SOURCE.to_string(),
         Flavour::Plain => format!("#define STRATA_GRAPH_PLAIN 1\n{SOURCE}"),
     };
-    crate::device::nvrtc::compile("graph.cu", &source)
+    strata::device::nvrtc::compile("graph.cu", &source)
 }
 
 /// The compiled graph kernels of one context and flavour, and the stream
@@ -546,7 +546,7 @@ impl<'g> StrataGpu<'g> {
     /// Starts a run over `graph` (built on a cuda runtime) with `kernels`
     /// of the mapped flavour: one read-only launch per array.
     pub fn new(graph: &'g TieredGraph, kernels: Arc<GraphKernels>) -> Result<Self> {
-        if graph.rt.device_backend() != Some(crate::device::BackendKind::Cuda) {
+        if graph.rt.device_backend() != Some(strata::device::BackendKind::Cuda) {
             return Err(Error::invalid(
                 "the GPU kernels need the graph on a cuda runtime",
             ));
@@ -625,7 +625,7 @@ impl GpuGraph for StrataGpu<'_> {
 
     fn view(&mut self) -> GraphView {
         self.launch_seed += 1;
-        self.view.seed = crate::hotness::mix(self.launch_seed);
+        self.view.seed = strata::hotness::mix(self.launch_seed);
         self.view
     }
 
@@ -941,7 +941,7 @@ impl GpuGraph for PlainGpu {
 
     fn view(&mut self) -> GraphView {
         self.launch_seed += 1;
-        self.view.seed = crate::hotness::mix(self.launch_seed);
+        self.view.seed = strata::hotness::mix(self.launch_seed);
         self.view
     }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::error::{Error, Result};
+use strata::error::{Error, Result};
 
 /// Graph500's Kronecker initiator probabilities (D = 1 − A − B − C).
 pub const KRON_A: f64 = 0.57;
@@ -203,7 +203,7 @@ fn compress(n: usize, sorted: &[(u32, u32, u32)]) -> (Vec<u64>, Vec<u32>, Vec<u3
 /// A weight in 1..=255 for the undirected edge {u, v}, the same both ways.
 fn weight(u: u32, v: u32, seed: u64) -> u32 {
     let (a, b) = if u < v { (u, v) } else { (v, u) };
-    (crate::hotness::mix(((a as u64) << 32 | b as u64) ^ seed) % 255) as u32 + 1
+    (strata::hotness::mix(((a as u64) << 32 | b as u64) ^ seed) % 255) as u32 + 1
 }
 
 /// Kronecker (Graph500 initiator, vertex labels permuted) or uniform random
@@ -214,23 +214,23 @@ fn generate(scale: u32, edge_factor: u32, seed: u64, kron: bool) -> Csr {
     // A random permutation of vertex labels, so that degree does not follow
     // the id (Graph500 does this too).
     let mut perm: Vec<u32> = (0..n as u32).collect();
-    let mut s = crate::hotness::mix(seed ^ 0x5EED);
+    let mut s = strata::hotness::mix(seed ^ 0x5EED);
     for i in (1..n).rev() {
-        s = crate::hotness::mix(s);
+        s = strata::hotness::mix(s);
         perm.swap(i, (s % (i as u64 + 1)) as usize);
     }
     let chunk = 1u64 << 16;
     let edges: Vec<(u32, u32, u32)> = (0..m.div_ceil(chunk))
         .into_par_iter()
         .flat_map_iter(|c| {
-            let mut s = crate::hotness::mix(seed ^ (c + 1).wrapping_mul(0x9E37_79B9));
+            let mut s = strata::hotness::mix(seed ^ (c + 1).wrapping_mul(0x9E37_79B9));
             let end = ((c + 1) * chunk).min(m);
             let perm = &perm;
             (c * chunk..end).flat_map(move |_| {
                 let (mut u, mut v) = (0u64, 0u64);
                 if kron {
                     for _ in 0..scale {
-                        s = crate::hotness::mix(s);
+                        s = strata::hotness::mix(s);
                         let r = (s >> 11) as f64 / (1u64 << 53) as f64;
                         let (bu, bv) = if r < KRON_A {
                             (0, 0)
@@ -245,9 +245,9 @@ fn generate(scale: u32, edge_factor: u32, seed: u64, kron: bool) -> Csr {
                         v = v << 1 | bv;
                     }
                 } else {
-                    s = crate::hotness::mix(s);
+                    s = strata::hotness::mix(s);
                     u = s % n as u64;
-                    s = crate::hotness::mix(s);
+                    s = strata::hotness::mix(s);
                     v = s % n as u64;
                 }
                 let (u, v) = (perm[u as usize], perm[v as usize]);

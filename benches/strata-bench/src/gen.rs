@@ -1,0 +1,716 @@
+//! Synthetic data: one random-number generator, one Zipf sampler and the
+//! page-access trace generators (Zipf, loops, scan-polluted hot sets, and
+//! the page traces of BFS and PageRank over a CSR graph) in the trace format
+//! of [`strata::trace`].
+//!
+//! ```
+//! let z = strata_bench::gen::zipf(1.0, 1000, 10_000, 7)?;
+//! assert_eq!(z.len(), 10_000);
+//! assert!(z.iter().all(|&p| p < 1000));
+//! # Ok::<(), strata::Error>(())
+//! ```
+//!
+//! Generators are deterministic for a seed, on every platform and release
+//! (their random numbers come from a SplitMix64 defined here).
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::str::FromStr;
+
+use strata::{Error, Result};
+
+use crate::workloads::graph::{Csr, GraphSpec};
+
+/// SplitMix64: small, fast, and fixed forever, so traces are reproducible.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x5851_f42d_4c95_7f2d)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+
+    /// Fills `bytes` with random bytes.
+    pub fn fill(&mut self, bytes: &mut [u8]) {
+        let mut chunks = bytes.chunks_exact_mut(8);
+        for c in &mut chunks {
+            c.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let rest = chunks.into_remainder();
+        let last = self.next_u64().to_le_bytes();
+        rest.copy_from_slice(&last[..rest.len()]);
+    }
+
+    /// Shuffles `items` uniformly (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.below(i as u64 + 1) as usize);
+        }
+    }
+}
+
+/// Zipf(α) over ranks `1..=n` by rejection-inversion (Hörmann and
+/// Derflinger, 1996): O(1) per sample and no table, for any α > 0.
+#[derive(Clone, Debug)]
+pub struct Zipf {
+    n: f64,
+    s: f64,
+    h_x1: f64,
+    h_n: f64,
+    cut: f64,
+}
+
+impl Zipf {
+    /// Ranks `1..=n` with P(k) ∝ k^-alpha.
+    pub fn new(n: u64, alpha: f64) -> Result<Self> {
+        if n == 0 {
+            return Err(Error::invalid("zipf needs at least 1 page"));
+        }
+        if !(alpha.is_finite() && alpha > 0.0) {
+            return Err(Error::invalid(format!(
+                "zipf exponent {alpha} must be a positive number"
+            )));
+        }
+        let mut z = Self {
+            n: n as f64,
+            s: alpha,
+            h_x1: 0.0,
+            h_n: 0.0,
+            cut: 0.0,
+        };
+        z.h_x1 = z.h_integral(1.5) - 1.0;
+        z.h_n = z.h_integral(n as f64 + 0.5);
+        z.cut = 2.0 - z.h_integral_inv(z.h_integral(2.5) - z.h(2.0));
+        Ok(z)
+    }
+
+    fn h(&self, x: f64) -> f64 {
+        (-self.s * x.ln()).exp()
+    }
+
+    fn h_integral(&self, x: f64) -> f64 {
+        let lx = x.ln();
+        helper2((1.0 - self.s) * lx) * lx
+    }
+
+    fn h_integral_inv(&self, x: f64) -> f64 {
+        let t = (x * (1.0 - self.s)).max(-1.0);
+        (helper1(t) * x).exp()
+    }
+
+    /// A rank in `1..=n`.
+    pub fn sample(&self, rng: &mut Rng) -> u64 {
+        loop {
+            let u = self.h_n + rng.unit() * (self.h_x1 - self.h_n);
+            let x = self.h_integral_inv(u);
+            let k = (x + 0.5).floor().clamp(1.0, self.n);
+            if k - x <= self.cut || u >= self.h_integral(k + 0.5) - self.h(k) {
+                return k as u64;
+            }
+        }
+    }
+}
+
+/// `ln(1 + x) / x`, accurate near 0.
+fn helper1(x: f64) -> f64 {
+    if x.abs() > 1e-8 {
+        x.ln_1p() / x
+    } else {
+        1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x))
+    }
+}
+
+/// `(e^x - 1) / x`, accurate near 0.
+fn helper2(x: f64) -> f64 {
+    if x.abs() > 1e-8 {
+        x.exp_m1() / x
+    } else {
+        1.0 + x * 0.5 * (1.0 + x / 3.0 * (1.0 + 0.25 * x))
+    }
+}
+
+/// A bijection of `0..n` that spreads neighbouring ranks far apart:
+/// `r ↦ (a·r + b) mod n` with `a` near `n / φ` and coprime to `n`.
+#[derive(Clone, Copy, Debug)]
+pub struct Scramble {
+    n: u64,
+    a: u64,
+    b: u64,
+}
+
+impl Scramble {
+    /// A scramble of `0..n` (offset chosen by `rng`).
+    pub fn new(n: u64, rng: &mut Rng) -> Self {
+        let mut a = ((n as f64 * 0.618_033_988_749_895) as u64).max(1);
+        while gcd(a, n) != 1 {
+            a += 1;
+        }
+        Self {
+            n,
+            a,
+            b: rng.below(n.max(1)),
+        }
+    }
+
+    /// The image of `r` (`r < n`).
+    pub fn apply(&self, r: u64) -> u64 {
+        ((u128::from(r) * u128::from(self.a) + u128::from(self.b)) % u128::from(self.n)) as u64
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// `accesses` accesses to `pages` pages drawn Zipf(`alpha`), the hottest
+/// pages scattered over `0..pages`.
+pub fn zipf(alpha: f64, pages: u64, accesses: usize, seed: u64) -> Result<Vec<u64>> {
+    let z = Zipf::new(pages, alpha)?;
+    let mut rng = Rng::new(seed);
+    let scramble = Scramble::new(pages, &mut rng);
+    Ok((0..accesses)
+        .map(|_| scramble.apply(z.sample(&mut rng) - 1))
+        .collect())
+}
+
+/// A cyclic scan of pages `0..pages`, `accesses` long.
+pub fn looping(pages: u64, accesses: usize) -> Result<Vec<u64>> {
+    if pages == 0 {
+        return Err(Error::invalid("a loop needs at least 1 page"));
+    }
+    Ok((0..accesses as u64).map(|i| i % pages).collect())
+}
+
+/// A Zipf(`alpha`) hot set of `pages` pages polluted by one-pass scans:
+/// `scan_fraction` of the `accesses` belong to scans of `scan_length` pages
+/// each, never used again (ids from `pages` up), placed at random points.
+pub fn mix(
+    alpha: f64,
+    pages: u64,
+    accesses: usize,
+    scan_fraction: f64,
+    scan_length: u64,
+    seed: u64,
+) -> Result<Vec<u64>> {
+    if !(0.0..1.0).contains(&scan_fraction) {
+        return Err(Error::invalid(format!(
+            "scan fraction {scan_fraction} is not in [0, 1)"
+        )));
+    }
+    if scan_length == 0 {
+        return Err(Error::invalid("scan length must be at least 1 page"));
+    }
+    let z = Zipf::new(pages, alpha)?;
+    let mut rng = Rng::new(seed);
+    let scramble = Scramble::new(pages, &mut rng);
+    let scans = (accesses as f64 * scan_fraction / scan_length as f64).round() as usize;
+    let hot = accesses.saturating_sub(scans * scan_length as usize);
+    let mut starts: Vec<usize> = (0..scans)
+        .map(|_| rng.below(hot as u64 + 1) as usize)
+        .collect();
+    starts.sort_unstable();
+    let mut out = Vec::with_capacity(accesses);
+    let mut next_scan_page = pages;
+    let mut s = 0;
+    for i in 0..=hot {
+        while s < starts.len() && starts[s] == i {
+            out.extend(next_scan_page..next_scan_page + scan_length);
+            next_scan_page += scan_length;
+            s += 1;
+        }
+        if i < hot {
+            out.push(scramble.apply(z.sample(&mut rng) - 1));
+        }
+    }
+    Ok(out)
+}
+
+/// The graph shapes [`generate`] builds its graph traces over (with the
+/// benchmarks' one generator, [`Csr::load`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphKind {
+    /// Kronecker (Graph500: A = 0.57, B = C = 0.19), vertex ids permuted.
+    Kronecker,
+    /// Endpoints uniform at random.
+    Uniform,
+}
+
+impl FromStr for GraphKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "kron" | "kronecker" => Ok(GraphKind::Kronecker),
+            "uniform" | "urand" => Ok(GraphKind::Uniform),
+            _ => Err(Error::invalid(format!(
+                "unknown graph {s:?} (choose kron or uniform)"
+            ))),
+        }
+    }
+}
+
+/// The undirected graph of `2^scale` vertices and `edge_factor · 2^scale`
+/// generated edges of `kind`.
+pub fn graph(kind: GraphKind, scale: u32, edge_factor: u32, seed: u64) -> Result<Csr> {
+    if !(1..=28).contains(&scale) {
+        return Err(Error::invalid(format!(
+            "graph scale {scale} is not in 1..=28"
+        )));
+    }
+    if edge_factor == 0 || u64::from(edge_factor) << scale > 1 << 31 {
+        return Err(Error::invalid(format!(
+            "edge factor {edge_factor} must be at least 1 and give under 2^31 edges"
+        )));
+    }
+    let spec = match kind {
+        GraphKind::Kronecker => GraphSpec::Kron { scale, edge_factor },
+        GraphKind::Uniform => GraphSpec::Urand { scale, edge_factor },
+    };
+    Csr::load(&spec, seed)
+}
+
+/// Indices of `v`'s neighbours in `g.neighbors`.
+fn edge_range(g: &Csr, v: usize) -> std::ops::Range<usize> {
+    g.offsets[v] as usize..g.offsets[v + 1] as usize
+}
+
+/// Arrays laid out one after another in a virtual address space, each
+/// starting on a page boundary, and the trace of pages their accesses touch
+/// (a run of accesses to one page is one page access).
+struct Layout {
+    page_size: u64,
+    next_base: u64,
+    trace: Vec<u64>,
+    limit: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Array {
+    base: u64,
+    elem: u64,
+}
+
+impl Layout {
+    fn new(page_size: u64, limit: usize) -> Self {
+        Self {
+            page_size,
+            next_base: 0,
+            trace: Vec::new(),
+            limit,
+        }
+    }
+
+    fn array(&mut self, len: usize, elem: u64) -> Array {
+        let a = Array {
+            base: self.next_base,
+            elem,
+        };
+        self.next_base += (len as u64 * elem).div_ceil(self.page_size) * self.page_size;
+        a
+    }
+
+    /// Records an access to element `i` of `a`; false once the trace is full.
+    #[inline]
+    fn touch(&mut self, a: Array, i: usize) -> bool {
+        let page = (a.base + i as u64 * a.elem) / self.page_size;
+        if self.trace.last() != Some(&page) {
+            if self.trace.len() == self.limit {
+                return false;
+            }
+            self.trace.push(page);
+        }
+        true
+    }
+}
+
+fn check_page_size(page_size: u64) -> Result<()> {
+    if page_size < 8 {
+        return Err(Error::invalid(format!(
+            "page size {page_size} must be at least 8 bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// The page trace of `roots` top-down breadth-first searches over `g` from
+/// random roots with edges: arrays `offsets` (8 B per vertex),
+/// `neighbours` (4 B per entry), `parent` (4 B per vertex, reset by a sweep
+/// before each search) and the frontier queue (4 B per vertex), in pages of
+/// `page_size` bytes. Stops after `limit` accesses.
+pub fn bfs(g: &Csr, page_size: u64, roots: usize, seed: u64, limit: usize) -> Result<Vec<u64>> {
+    check_page_size(page_size)?;
+    let n = g.vertices();
+    let mut l = Layout::new(page_size, limit);
+    let offsets = l.array(n + 1, 8);
+    let neighbours = l.array(g.neighbors.len(), 4);
+    let parent_a = l.array(n, 4);
+    let queue_a = l.array(n, 4);
+    let mut rng = Rng::new(seed);
+    let mut parent = vec![u32::MAX; n];
+    let mut queue = Vec::with_capacity(n);
+    'roots: for _ in 0..roots {
+        let root = (0..64)
+            .map(|_| rng.below(n as u64) as usize)
+            .find(|&v| !edge_range(g, v).is_empty())
+            .unwrap_or(0);
+        // The reset sweep over `parent`.
+        for (v, p) in parent.iter_mut().enumerate() {
+            *p = u32::MAX;
+            if !l.touch(parent_a, v) {
+                break 'roots;
+            }
+        }
+        parent[root] = root as u32;
+        queue.clear();
+        queue.push(root as u32);
+        let mut head = 0;
+        while head < queue.len() {
+            let u = queue[head] as usize;
+            let ok = l.touch(queue_a, head) && l.touch(offsets, u) && l.touch(offsets, u + 1);
+            if !ok {
+                break 'roots;
+            }
+            head += 1;
+            for j in edge_range(g, u) {
+                let v = g.neighbors[j] as usize;
+                if !(l.touch(neighbours, j) && l.touch(parent_a, v)) {
+                    break 'roots;
+                }
+                if parent[v] == u32::MAX {
+                    parent[v] = u as u32;
+                    if !l.touch(queue_a, queue.len()) {
+                        break 'roots;
+                    }
+                    queue.push(v as u32);
+                }
+            }
+        }
+    }
+    Ok(l.trace)
+}
+
+/// The page trace of `iterations` pull-style PageRank sweeps over `g`: for
+/// each vertex `v` in order, `offsets[v]`, then every neighbour `u` and
+/// `contrib[u]`, then `rank[v]`; after each sweep, a pass computing
+/// `contrib[v] = rank[v] / degree(v)` in order. 8 B offsets, 4 B neighbours,
+/// ranks and contributions, in pages of `page_size` bytes. Stops after
+/// `limit` accesses.
+pub fn pagerank(g: &Csr, page_size: u64, iterations: usize, limit: usize) -> Result<Vec<u64>> {
+    check_page_size(page_size)?;
+    let n = g.vertices();
+    let mut l = Layout::new(page_size, limit);
+    let offsets = l.array(n + 1, 8);
+    let neighbours = l.array(g.neighbors.len(), 4);
+    let contrib = l.array(n, 4);
+    let rank = l.array(n, 4);
+    'sweeps: for _ in 0..iterations {
+        for v in 0..n {
+            if !(l.touch(offsets, v) && l.touch(offsets, v + 1)) {
+                break 'sweeps;
+            }
+            for j in edge_range(g, v) {
+                if !(l.touch(neighbours, j) && l.touch(contrib, g.neighbors[j] as usize)) {
+                    break 'sweeps;
+                }
+            }
+            if !l.touch(rank, v) {
+                break 'sweeps;
+            }
+        }
+        for v in 0..n {
+            let ok = l.touch(rank, v) && l.touch(offsets, v) && l.touch(contrib, v);
+            if !ok {
+                break 'sweeps;
+            }
+        }
+    }
+    Ok(l.trace)
+}
+
+/// The kinds of trace [`generate`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenKind {
+    /// [`zipf`].
+    Zipf,
+    /// [`looping`].
+    Loop,
+    /// [`mix`].
+    Mix,
+    /// [`bfs`] over a generated graph.
+    Bfs,
+    /// [`pagerank`] over a generated graph.
+    Pr,
+}
+
+impl GenKind {
+    /// The name as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GenKind::Zipf => "zipf",
+            GenKind::Loop => "loop",
+            GenKind::Mix => "mix",
+            GenKind::Bfs => "bfs",
+            GenKind::Pr => "pr",
+        }
+    }
+}
+
+impl fmt::Display for GenKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for GenKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        [
+            GenKind::Zipf,
+            GenKind::Loop,
+            GenKind::Mix,
+            GenKind::Bfs,
+            GenKind::Pr,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown trace kind {s:?} (choose zipf, loop, mix, bfs or pr)"
+            ))
+        })
+    }
+}
+
+/// Parameters of [`generate`]; each kind reads the fields it needs.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    /// What to generate.
+    pub kind: GenKind,
+    /// Pages: of the Zipf distribution, the loop, the hot set of a mix.
+    pub pages: u64,
+    /// Accesses (for bfs and pr: at most this many; 0 means no limit).
+    pub accesses: usize,
+    /// Zipf exponent (zipf, mix).
+    pub alpha: f64,
+    /// Seed of the random choices.
+    pub seed: u64,
+    /// Share of accesses in scans (mix).
+    pub scan_fraction: f64,
+    /// Pages per scan (mix).
+    pub scan_length: u64,
+    /// The graph (bfs, pr).
+    pub graph: GraphKind,
+    /// log2 of the graph's vertices (bfs, pr).
+    pub scale: u32,
+    /// Edges per vertex (bfs, pr).
+    pub edge_factor: u32,
+    /// Bytes per page (bfs, pr).
+    pub page_size: u64,
+    /// Searches (bfs).
+    pub roots: usize,
+    /// Sweeps (pr).
+    pub iterations: usize,
+}
+
+impl Default for GenParams {
+    fn default() -> Self {
+        Self {
+            kind: GenKind::Zipf,
+            pages: 65_536,
+            accesses: 1_000_000,
+            alpha: 1.0,
+            seed: 1,
+            scan_fraction: 0.2,
+            scan_length: 16_384,
+            graph: GraphKind::Kronecker,
+            scale: 16,
+            edge_factor: 16,
+            page_size: 4096,
+            roots: 2,
+            iterations: 2,
+        }
+    }
+}
+
+impl GenParams {
+    /// One line naming the parameters that matter for the kind, for the
+    /// trace file's header.
+    pub fn describe(&self) -> String {
+        match self.kind {
+            GenKind::Zipf => format!(
+                "zipf pages={} accesses={} alpha={} seed={}",
+                self.pages, self.accesses, self.alpha, self.seed
+            ),
+            GenKind::Loop => format!("loop pages={} accesses={}", self.pages, self.accesses),
+            GenKind::Mix => format!(
+                "mix pages={} accesses={} alpha={} scan_fraction={} scan_length={} seed={}",
+                self.pages,
+                self.accesses,
+                self.alpha,
+                self.scan_fraction,
+                self.scan_length,
+                self.seed
+            ),
+            GenKind::Bfs | GenKind::Pr => format!(
+                "{} graph={} scale={} edge_factor={} page_size={} {}={} seed={}",
+                self.kind,
+                match self.graph {
+                    GraphKind::Kronecker => "kron",
+                    GraphKind::Uniform => "uniform",
+                },
+                self.scale,
+                self.edge_factor,
+                self.page_size,
+                if self.kind == GenKind::Bfs {
+                    "roots"
+                } else {
+                    "iterations"
+                },
+                if self.kind == GenKind::Bfs {
+                    self.roots
+                } else {
+                    self.iterations
+                },
+                self.seed
+            ),
+        }
+    }
+}
+
+/// Generates the trace `p` describes.
+pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
+    let limit = if p.accesses == 0 {
+        usize::MAX
+    } else {
+        p.accesses
+    };
+    match p.kind {
+        GenKind::Zipf => zipf(p.alpha, p.pages, p.accesses, p.seed),
+        GenKind::Loop => looping(p.pages, p.accesses),
+        GenKind::Mix => mix(
+            p.alpha,
+            p.pages,
+            p.accesses,
+            p.scan_fraction,
+            p.scan_length,
+            p.seed,
+        ),
+        GenKind::Bfs => {
+            let g = graph(p.graph, p.scale, p.edge_factor, p.seed)?;
+            bfs(&g, p.page_size, p.roots, p.seed, limit)
+        }
+        GenKind::Pr => {
+            let g = graph(p.graph, p.scale, p.edge_factor, p.seed)?;
+            pagerank(&g, p.page_size, p.iterations, limit)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_is_skewed_like_zipf() {
+        let n = 1000;
+        let z = Zipf::new(n, 1.0).unwrap();
+        let mut rng = Rng::new(3);
+        let mut counts = vec![0u32; n as usize + 1];
+        let samples = 200_000;
+        for _ in 0..samples {
+            counts[z.sample(&mut rng) as usize] += 1;
+        }
+        let h: f64 = (1..=n).map(|k| 1.0 / k as f64).sum();
+        for k in [1usize, 2, 10] {
+            let expect = samples as f64 / (k as f64 * h);
+            let got = f64::from(counts[k]);
+            assert!(
+                (got - expect).abs() < 0.05 * expect,
+                "rank {k}: {got} vs {expect}"
+            );
+        }
+        assert!(Zipf::new(10, 0.0).is_err() && Zipf::new(0, 1.0).is_err());
+    }
+
+    #[test]
+    fn scramble_is_a_bijection() {
+        for n in [1u64, 2, 10, 64, 1000, 4096] {
+            let s = Scramble::new(n, &mut Rng::new(n));
+            let mut seen: Vec<u64> = (0..n).map(|r| s.apply(r)).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn mix_scans_are_never_reused() {
+        let t = mix(1.0, 100, 10_000, 0.3, 50, 1).unwrap();
+        assert_eq!(t.len(), 10_000);
+        let scan: Vec<u64> = t.iter().copied().filter(|&p| p >= 100).collect();
+        assert_eq!(scan.len(), 3000);
+        assert!(scan.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn graph_traces_touch_every_array() {
+        let g = graph(GraphKind::Kronecker, 8, 4, 1).unwrap();
+        assert_eq!(g.vertices(), 256);
+        assert_eq!(g.neighbors.len() as u64, g.offsets[256]);
+        let b = bfs(&g, 256, 2, 1, usize::MAX).unwrap();
+        let p = pagerank(&g, 256, 2, usize::MAX).unwrap();
+        let pages = |t: &[u64]| {
+            let mut v = t.to_vec();
+            v.sort_unstable();
+            v.dedup();
+            v.len()
+        };
+        // offsets 9 pages, neighbours ~gs, two 4-page vertex arrays
+        let expect = (257 * 8usize).div_ceil(256) + (g.neighbors.len() * 4).div_ceil(256) + 8;
+        assert!(pages(&p) == expect, "{} vs {expect}", pages(&p));
+        assert!(pages(&b) <= expect);
+        assert!(b.windows(2).all(|w| w[0] != w[1]));
+        assert_eq!(pagerank(&g, 256, 2, 100).unwrap().len(), 100);
+    }
+
+    #[test]
+    fn generators_are_deterministic() {
+        let p = GenParams {
+            kind: GenKind::Bfs,
+            scale: 8,
+            edge_factor: 4,
+            page_size: 512,
+            roots: 2,
+            ..GenParams::default()
+        };
+        assert_eq!(generate(&p).unwrap(), generate(&p).unwrap());
+        assert_eq!(
+            zipf(0.8, 50, 100, 9).unwrap(),
+            zipf(0.8, 50, 100, 9).unwrap()
+        );
+    }
+}

@@ -1,0 +1,17 @@
+//! # strata-bench
+//!
+//! The benchmarks bundled with [strata] and the `strata`
+//! command-line tool that runs them, built only on strata's public API:
+//!
+//! | module | what |
+//! |---|---|
+//! | [`bench`](mod@bench) | `strata bench io|copy|migrate|graph|recsys|moe|optim`: each runs a workload beside its baselines and returns a report (the JSON `--json` writes) |
+//! | [`workloads`] | graph analytics over tiered CSR graphs (BFS, SSSP, PageRank, CC; on the simulated device and as CUDA kernels), DLRM-style embedding bags, a synthetic MoE router |
+//! | [`gen`] | synthetic data: one random-number generator, one Zipf sampler, page-trace generators |
+//!
+//! The library crate `strata` holds the runtime and does not depend on this
+//! one; nothing here is needed to use it.
+
+pub mod bench;
+pub mod gen;
+pub mod workloads;
