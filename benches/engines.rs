@@ -9,7 +9,7 @@ use strata::tier::{NvmeConfig, NvmeStore, PageStore};
 
 fn engines(c: &mut Criterion) {
     let mut choices = vec![EngineChoice::Psync];
-    if io::uring::probe().is_ok() {
+    if io::engine(EngineChoice::Uring).is_ok() {
         choices.push(EngineChoice::Uring);
     } else {
         eprintln!("skipping io_uring: unavailable here");

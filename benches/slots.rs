@@ -1,7 +1,8 @@
 //! Slot allocation: one alloc + free pair, uncontended (target ≤ 100 ns each).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use strata::tier::{HostConfig, HostStore, PageStore, SlotAllocator};
+use strata::lowlevel::SlotAllocator;
+use strata::tier::{HostConfig, HostStore, PageStore};
 
 fn slots(c: &mut Criterion) {
     let mut g = c.benchmark_group("slots");

@@ -41,6 +41,7 @@ pub mod hotness;
 pub mod info;
 pub mod io;
 pub mod link;
+pub mod lowlevel;
 pub mod offload;
 pub mod policy;
 pub mod runtime;

@@ -128,8 +128,8 @@ fn sampling_counts_a_fraction_and_off_counts_nothing() {
 #[cfg(feature = "cuda")]
 #[test]
 fn the_cuda_harvest_matches_the_shared_vectors() {
-    use strata::device::cuda_hotness::CudaHotness;
     use strata::device::CudaBackend;
+    use strata::lowlevel::cuda_hotness::CudaHotness;
     let backend = match CudaBackend::new(0, 1 << 30) {
         Ok(b) => b,
         Err(e) => {

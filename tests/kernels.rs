@@ -113,8 +113,8 @@ fn compile_and_check(path: &Path, runtime_loads: &[&str]) -> Vec<String> {
 /// The kernels the runtime loads by name, per file.
 fn runtime_loads(file: &str) -> &'static [&'static str] {
     match file {
-        "hotness.cu" => strata::device::cuda_hotness::ENTRY_POINTS,
-        "adam.cu" => strata::device::cuda_adam::ENTRY_POINTS,
+        "hotness.cu" => strata::lowlevel::cuda_hotness::ENTRY_POINTS,
+        "adam.cu" => strata::lowlevel::cuda_adam::ENTRY_POINTS,
         _ => &[],
     }
 }

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata::device::DeviceChoice;
-use strata::io::{BufPool, EngineChoice, IoEngine, IoOp, RawOp, RawQueue};
+use strata::io::{EngineChoice, IoEngine, IoOp};
+use strata::lowlevel::{BufPool, RawOp, RawQueue};
 use strata::runtime::{Access, Watermarks};
 use strata::tier::NvmeConfig;
 use strata::{ErrorKind, Runtime, Tier};

@@ -174,7 +174,7 @@ fn uring_sessions_use_registered_file_and_buffers() {
     };
     let dir = tempfile::tempdir().unwrap();
     let file = std::sync::Arc::new(tempfile::tempfile_in(dir.path()).unwrap());
-    let pool = strata::io::BufPool::new(4096, 4).unwrap();
+    let pool = strata::lowlevel::BufPool::new(4096, 4).unwrap();
     let q = strata::io::IoQueue::new(&*engine, &file, 4, Some(&pool)).unwrap();
     let (files, buffers) = q.registered();
     assert!(files, "registered file");

@@ -16,9 +16,9 @@
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
-pub mod cuda_adam;
+pub(crate) mod cuda_adam;
 #[cfg(feature = "cuda")]
-pub mod cuda_hotness;
+pub(crate) mod cuda_hotness;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod sim;

@@ -2,10 +2,10 @@
 //! sysfs, and anonymous memory arenas with huge pages and NUMA binding.
 //! Only `arena.rs` contains `unsafe` code.
 
-pub mod arena;
-pub mod numa;
+pub(crate) mod arena;
+pub(crate) mod numa;
 
-pub use arena::Arena;
+pub(crate) use arena::Arena;
 pub use numa::{MemoryTierInfo, NumaNode, Topology};
 
 use std::ffi::CString;

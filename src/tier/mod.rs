@@ -7,11 +7,11 @@
 //! | Cxl    | [`CxlStore`]        | a HostStore on a CPU-less NUMA node, or emulated  |
 //! | Nvme   | [`NvmeStore`]       | an O_DIRECT file or block device over an IoEngine |
 
-pub mod cxl;
-pub mod device;
-pub mod host;
-pub mod nvme;
-pub mod slots;
+pub(crate) mod cxl;
+pub(crate) mod device;
+pub(crate) mod host;
+pub(crate) mod nvme;
+pub(crate) mod slots;
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,11 +21,15 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 pub use crate::link::LinkModel;
-pub use cxl::{CxlConfig, CxlMode, CxlStore};
+pub use cxl::{
+    CxlConfig, CxlMode, CxlStore, CXL_DEFAULT_BANDWIDTH_FRACTION, CXL_DEFAULT_LATENCY_NS,
+};
 pub use device::DeviceStore;
-pub use host::{ArenaRegistrar, HostConfig, HostStore};
-pub use nvme::{NvmeConfig, NvmeSession, NvmeStore};
-pub use slots::{Slot, SlotAllocator};
+pub use host::{HostConfig, HostStore};
+pub use nvme::{NvmeConfig, NvmeStore};
+pub use slots::Slot;
+
+pub(crate) use slots::SlotAllocator;
 
 /// A memory tier, ordered fastest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

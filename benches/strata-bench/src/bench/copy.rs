@@ -12,7 +12,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use strata::error::Result;
-use strata::sys::{Arena, Topology};
+use strata::lowlevel::Arena;
+use strata::sys::Topology;
 use strata::tier::{
     CxlConfig, CxlMode, CxlStore, HostConfig, HostStore, LinkModel, PageStore, Slot,
 };

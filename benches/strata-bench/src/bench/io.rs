@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::gen::Rng;
 use strata::error::{Error, Result};
 use strata::io::{AlignedBuf, EngineChoice, IoOp};
-use strata::tier::nvme::NvmeCompletion;
+use strata::lowlevel::NvmeCompletion;
 use strata::tier::{NvmeConfig, NvmeStore, PageStore, Slot};
 
 /// Access pattern, as fio's `rw=`.
@@ -233,7 +233,7 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
     let mut started: Vec<Instant> = vec![Instant::now(); pages];
     let mut ops = 0u64;
     let mut latency_total = Duration::ZERO;
-    let cpu0 = strata::sys::process_cpu_time();
+    let cpu0 = strata::lowlevel::process_cpu_time();
     let t0 = Instant::now();
     let mut last_progress = t0;
     loop {
@@ -278,7 +278,7 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
         }
     }
     let wall = t0.elapsed().as_secs_f64();
-    let cpu1 = strata::sys::process_cpu_time();
+    let cpu1 = strata::lowlevel::process_cpu_time();
     let elapsed = params.seconds.min(wall);
     drop(session);
     for slot in slots.into_iter().flatten() {

@@ -125,7 +125,7 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         // (from the registered host arena, one page per synchronized copy;
         // not yet a separate whole-buffer `cudaMemcpyAsync` peer).
         let (raw_up, raw_down) = if sim {
-            let b = strata::device::sim::PCIE_GEN4_X16.bandwidth;
+            let b = strata::lowlevel::PCIE_GEN4_X16.bandwidth;
             (b, b)
         } else {
             (
@@ -154,8 +154,8 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         push("device->host", down, raw_down, time);
 
         // host <-> cxl (emulated: the cap is the link's limit).
-        let cap = strata::tier::cxl::local_memcpy_bandwidth()
-            * strata::tier::cxl::CXL_DEFAULT_BANDWIDTH_FRACTION;
+        let cap = strata::lowlevel::local_memcpy_bandwidth()
+            * strata::tier::CXL_DEFAULT_BANDWIDTH_FRACTION;
         // Down to `tier` and back up to host, each timed.
         let round_trip = |tier: Tier| -> Result<(f64, f64)> {
             let t = Instant::now();

@@ -11,7 +11,7 @@ pub mod recsys;
 
 use strata::error::Result;
 use strata::io::{AlignedBuf, IoOp};
-use strata::tier::nvme::NvmeSession;
+use strata::lowlevel::NvmeSession;
 use strata::tier::Slot;
 
 /// One pass over every slot, in order, through `session` at its full

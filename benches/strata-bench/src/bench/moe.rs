@@ -217,7 +217,7 @@ fn bounds(
     let mut c: Vec<usize> = counts.into_values().collect();
     c.sort_unstable_by(|a, b| b.cmp(a));
     let static_hits: usize = c.iter().take(slots).sum();
-    let transfer = strata::device::sim::PCIE_GEN4_X16
+    let transfer = strata::lowlevel::PCIE_GEN4_X16
         .time(expert_bytes as usize)
         .as_secs_f64();
     let floor = |hits: usize| ((trace.len() - hits) as f64 * transfer - compute_seconds).max(0.0);

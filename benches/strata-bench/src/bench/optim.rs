@@ -89,7 +89,7 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         }
     };
     progress("memcpy", 0.0);
-    let memcpy = strata::tier::cxl::local_memcpy_bandwidth();
+    let memcpy = strata::lowlevel::local_memcpy_bandwidth();
     let chunk_elems = p.chunk / 4;
     let state_bytes = p.params.div_ceil(chunk_elems) as u64 * 3 * p.chunk as u64;
     let nvme_seq = if matches!(tier, StateTier::Nvme(_)) {

@@ -140,7 +140,7 @@ struct CopyArgs {
     #[arg(long)]
     cxl_bandwidth: Option<String>,
     /// Emulated CXL added latency per transfer, ns.
-    #[arg(long, default_value_t = strata::tier::cxl::CXL_DEFAULT_LATENCY_NS)]
+    #[arg(long, default_value_t = strata::tier::CXL_DEFAULT_LATENCY_NS)]
     cxl_latency_ns: u64,
     /// Also write the report as JSON to this file.
     #[arg(long)]

@@ -92,7 +92,7 @@ impl Default for GpuModel {
     fn default() -> Self {
         Self {
             hbm_bandwidth: 2.0e12,
-            pcie_bandwidth: strata::device::sim::PCIE_GEN4_X16.bandwidth,
+            pcie_bandwidth: strata::lowlevel::PCIE_GEN4_X16.bandwidth,
             line: 128,
             fault_seconds: 25e-6,
             uvm_group: 2 << 20,
