@@ -10,6 +10,7 @@ use crate::tier::Tier;
 
 /// One configured tier.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct TierInfo {
     /// Tier name.
     pub tier: Tier,
@@ -23,6 +24,7 @@ pub struct TierInfo {
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Info {
     /// strata's version.
     pub version: &'static str,

@@ -25,14 +25,29 @@
 //! | `cuda` | the CUDA backend via cudarc, loading `libcuda` at run time (builds without a toolkit) |
 //!
 //! ```
-//! use strata::tier::{HostConfig, HostStore, PageStore};
-//! let store = HostStore::new(&HostConfig::new(1 << 20, 64 << 10))?;
-//! let mut slot = store.alloc()?;
-//! store.write_page(&mut slot, &vec![7u8; 64 << 10])?;
-//! assert_eq!(store.bytes(&slot)?[0], 7);
-//! store.free(slot)?;
+//! use strata::{Placement, Runtime, Tier};
+//!
+//! // 1 MiB of (simulated, on a machine without a GPU) device memory, 8 MiB
+//! // of host DRAM; a 4 MiB buffer spills from the device into DRAM.
+//! let rt = Runtime::builder()
+//!     .device(strata::DeviceChoice::Sim, 1 << 20)
+//!     .host(8 << 20)
+//!     .build()?;
+//! let buf = rt.alloc_with(4 << 20, Placement::Prefer(Tier::Device))?;
+//! buf.write_as(0, &[1.5f32; 1024])?;
+//! buf.prefetch(0..buf.len(), Tier::Host).wait()?;
+//! let mut back = [0f32; 4];
+//! buf.read_as(0, &mut back)?;
+//! assert_eq!(back, [1.5; 4]);
+//! assert!(buf.residency().in_tier(Tier::Host) >= 1);
 //! # Ok::<(), strata::Error>(())
 //! ```
+//!
+//! The crate root re-exports what a program needs; the modules below hold
+//! the rest of the public API (per-tier configs and stores in [`tier`], I/O
+//! engines in [`io`], policies in [`policy`], offloading in [`offload`]).
+//! [`lowlevel`] is the machinery under the runtime, public for strata's own
+//! benchmarks and tests and outside the stable API.
 
 pub mod config;
 pub mod device;
@@ -50,6 +65,27 @@ pub mod sys;
 pub mod tier;
 pub mod trace;
 
+pub use config::Config;
+pub use device::{BackendKind, DeviceChoice};
 pub use error::{Error, ErrorKind, Result};
-pub use runtime::{Buffer, Runtime};
-pub use tier::Tier;
+pub use io::EngineChoice;
+pub use policy::PolicyKind;
+pub use runtime::{
+    Access, BalanceReport, BalancerConfig, Buffer, DeviceMap, Launch, Pin, Placement, Residency,
+    Runtime, RuntimeBuilder, Stats, Ticket, Watermarks,
+};
+pub use tier::{CxlConfig, CxlMode, HostConfig, NvmeConfig, Tier};
+
+// What users share across threads is shareable.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    const fn send<T: Send>() {}
+    send_sync::<Runtime>();
+    send_sync::<Buffer>();
+    send_sync::<Ticket>();
+    send_sync::<DeviceMap>();
+    send_sync::<Error>();
+    send_sync::<offload::moe::ExpertCache>();
+    // Stepped through `&mut`: moves between threads, is not shared.
+    send::<offload::optim::OffloadedAdam>();
+};

@@ -13,7 +13,7 @@ pub use crate::device::{DeviceCounters, DeviceMemory, DeviceWords, HostRegistrat
 pub use crate::io::buf::BufPool;
 pub use crate::io::raw::{RawOp, RawQueue};
 pub use crate::link::{LinkCounter, Throttle};
-pub use crate::sys::arena::Arena;
+pub use crate::sys::arena::{Arena, ARENA_ALIGN};
 pub use crate::sys::{fs_free_bytes, process_cpu_time};
 pub use crate::tier::cxl::local_memcpy_bandwidth;
 pub use crate::tier::host::ArenaRegistrar;

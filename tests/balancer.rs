@@ -78,11 +78,12 @@ fn the_rate_limit_defers_promotions() {
         .alloc_with(16 * PAGE as u64, Placement::Prefer(Tier::Host))
         .unwrap();
     b.write(0, &vec![1; 16 * PAGE]).unwrap();
-    rt.start_balancer(BalancerConfig {
-        interval: Duration::from_secs(3600), // rounds only when asked
-        rate_limit: Some(PAGE as u64),       // one page a second
-        ..Default::default()
-    })
+    rt.start_balancer(
+        // Rounds only when asked; one page a second.
+        BalancerConfig::default()
+            .with_interval(Duration::from_secs(3600))
+            .with_rate_limit(Some(PAGE as u64)),
+    )
     .unwrap();
     touch(&b, 0..6, 10);
     let r = rt.balance_once().unwrap();
@@ -98,11 +99,11 @@ fn the_background_balancer_promotes_what_is_hot() {
         .alloc_with(16 * PAGE as u64, Placement::Prefer(Tier::Host))
         .unwrap();
     b.write(0, &vec![1; 16 * PAGE]).unwrap();
-    rt.start_balancer(BalancerConfig {
-        interval: Duration::from_millis(5),
-        policy: PolicyKind::Lfu,
-        ..Default::default()
-    })
+    rt.start_balancer(
+        BalancerConfig::default()
+            .with_interval(Duration::from_millis(5))
+            .with_policy(PolicyKind::Lfu),
+    )
     .unwrap();
     // Bounded wait for the background rounds.
     for _ in 0..400 {
@@ -120,17 +121,11 @@ fn the_background_balancer_promotes_what_is_hot() {
 fn bad_configurations_are_refused() {
     let rt = runtime();
     let e = rt
-        .start_balancer(BalancerConfig {
-            policy: PolicyKind::Belady,
-            ..Default::default()
-        })
+        .start_balancer(BalancerConfig::default().with_policy(PolicyKind::Belady))
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     let e = rt
-        .start_balancer(BalancerConfig {
-            decay: 0.0,
-            ..Default::default()
-        })
+        .start_balancer(BalancerConfig::default().with_decay(0.0))
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     let host_only = Runtime::builder().page_size(PAGE).build().unwrap();

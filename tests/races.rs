@@ -198,10 +198,7 @@ fn a_dropped_buffer_gives_its_capacity_back_at_once() {
         .device(DeviceChoice::Sim, 8 * PAGE as u64)
         .host(8 * PAGE as u64)
         .nvme(NvmeConfig::new(dir.path(), 32 * PAGE as u64, PAGE))
-        .watermarks(Watermarks {
-            low: 0.1,
-            high: 0.2,
-        })
+        .watermarks(Watermarks::new(0.1, 0.2))
         .build()
         .unwrap();
     let total: u64 = rt.stats().tiers.iter().map(|t| t.free_pages as u64).sum();

@@ -486,10 +486,7 @@ fn background_eviction_keeps_tiers_between_watermarks() {
         .device(DeviceChoice::Sim, 20 * PAGE as u64)
         .host(20 * PAGE as u64)
         .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
-        .watermarks(strata::runtime::Watermarks {
-            low: 0.5,
-            high: 0.75,
-        })
+        .watermarks(strata::runtime::Watermarks::new(0.5, 0.75))
         .build()
         .unwrap();
     let b = rt.alloc(36 * PAGE as u64).unwrap();
@@ -510,10 +507,7 @@ fn background_eviction_keeps_tiers_between_watermarks() {
     assert_eq!(out, data);
     assert_eq!(
         Runtime::builder()
-            .watermarks(strata::runtime::Watermarks {
-                low: 0.9,
-                high: 0.5
-            })
+            .watermarks(strata::runtime::Watermarks::new(0.9, 0.5))
             .build()
             .unwrap_err()
             .kind(),
@@ -803,4 +797,38 @@ fn batches_respect_a_shallow_queue_and_a_full_slowest_tier_is_an_error() {
         0,
         "a full tier is a refusal, not a failure"
     );
+}
+
+#[test]
+fn typed_views_and_residency_report_what_users_see() {
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 2 * PAGE as u64)
+        .host(16 * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let b = rt
+        .alloc_with(8 * PAGE as u64, Placement::Prefer(Tier::Device))
+        .unwrap();
+    let r = b.residency();
+    assert_eq!((r.unwritten, r.lost, r.pages), (8, 0, [0; 4]));
+    // An unaligned offset, spanning a page boundary.
+    let values: Vec<u64> = (0..1000).map(|i| i * 0x0101_0101).collect();
+    let at = PAGE as u64 - 13;
+    b.write_as(at, &values).unwrap();
+    let mut back = vec![0u64; 1000];
+    b.read_as(at, &mut back).unwrap();
+    assert_eq!(back, values);
+    let r = b.residency();
+    // 8000 bytes from PAGE - 13 touch pages 0 and 1 (and 2 when pages are
+    // small); the device holds two, the rest went to the host.
+    let touched = (at + 8000).div_ceil(PAGE as u64);
+    assert_eq!(r.in_tier(Tier::Device) + r.in_tier(Tier::Host), touched);
+    assert_eq!(r.unwritten, 8 - touched);
+    b.evict(0..b.len(), Tier::Host).unwrap();
+    assert_eq!(b.residency().in_tier(Tier::Device), 0);
+    assert_eq!(b.residency().in_tier(Tier::Host), touched);
+    assert!(b.write_as(8 * PAGE as u64 - 4, &[1u64]).is_err());
+    assert_eq!(rt.stats().lost_pages, 0);
 }

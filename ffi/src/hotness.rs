@@ -153,12 +153,10 @@ pub extern "C" fn strata_balancer_start(
         if interval_us == 0 {
             return Err(Fail::invalid("interval_us must be at least 1"));
         }
-        let config = BalancerConfig {
-            interval: Duration::from_micros(interval_us),
-            rate_limit: (rate_limit > 0).then_some(rate_limit),
-            policy: enums::policy(policy)?,
-            ..Default::default()
-        };
+        let config = BalancerConfig::default()
+            .with_interval(Duration::from_micros(interval_us))
+            .with_rate_limit((rate_limit > 0).then_some(rate_limit))
+            .with_policy(enums::policy(policy)?);
         objects::get(rt)?.rt.start_balancer(config)?;
         Ok(STRATA_OK)
     })

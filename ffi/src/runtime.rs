@@ -95,10 +95,7 @@ fn builder(c: &strata_config) -> R<RuntimeBuilder> {
         .page_size(page)
         .device(device(c.device)?, c.device_capacity)
         .host(c.host_capacity)
-        .watermarks(Watermarks {
-            low: c.watermark_low,
-            high: c.watermark_high,
-        })
+        .watermarks(Watermarks::new(c.watermark_low, c.watermark_high))
         .background_eviction(background);
     match cxl_mode(c.cxl_mode)? {
         CxlMode::Off => {}

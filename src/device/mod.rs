@@ -36,6 +36,7 @@ pub use cuda::CudaBackend;
 
 /// One GPU as `strata info` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct GpuInfo {
     /// Device ordinal.
     pub ordinal: u32,

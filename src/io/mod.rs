@@ -3,7 +3,7 @@
 //! Two layers, so that the logic every engine needs is written once:
 //! - [`RawQueue`]: what an engine implements — start single `pread`/`pwrite`
 //!   style operations on raw pointers and report how many bytes each moved.
-//!   `io_uring` ([`uring`]) and a thread pool of `pread`/`pwrite` ([`psync`]).
+//!   `io_uring` ([`UringEngine`]) and a thread pool of `pread`/`pwrite` ([`PsyncEngine`]).
 //! - [`IoQueue`]: the safe queue callers use. It takes owned
 //!   [`AlignedBuf`]s and hands them back with the result (what makes
 //!   io_uring sound: the kernel may write into a buffer until its completion

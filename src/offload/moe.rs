@@ -126,6 +126,7 @@ impl MoeConfig {
 
 /// What the cache reports.
 #[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
 pub struct MoeStats {
     /// Calls to `fetch`.
     pub fetches: u64,

@@ -11,6 +11,7 @@ use super::{Outcome, Policy};
 /// The outcome of replaying a trace against one policy. A bypass (a miss
 /// not admitted) counts as a miss.
 #[derive(Clone, Debug, Serialize, PartialEq)]
+#[non_exhaustive]
 pub struct ReplayReport {
     /// The policy's name.
     pub policy: String,

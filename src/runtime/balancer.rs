@@ -30,8 +30,11 @@ use crate::tier::Tier;
 /// Accesses replayed per touched page per interval, at most.
 pub const MAX_REPEAT: u32 = 8;
 
-/// How the balancer runs.
+/// How the balancer runs. Start from [`BalancerConfig::default`] and set
+/// what differs (`BalancerConfig::default().with_policy(PolicyKind::Lfu)`,
+/// or assign the fields); new fields may be added in any release.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct BalancerConfig {
     /// Time between rounds (background mode).
     pub interval: Duration,
@@ -62,8 +65,41 @@ impl Default for BalancerConfig {
     }
 }
 
+impl BalancerConfig {
+    /// With `interval` between background rounds.
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// With promotions limited to `bytes_per_sec` (`None`: no limit).
+    pub fn with_rate_limit(mut self, bytes_per_sec: Option<u64>) -> Self {
+        self.rate_limit = bytes_per_sec;
+        self
+    }
+
+    /// With `policy` placing the pages.
+    pub fn with_policy(mut self, policy: PolicyKind) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// With harvest decay `decay`.
+    pub fn with_decay(mut self, decay: f32) -> Self {
+        self.decay = decay;
+        self
+    }
+
+    /// With promotion candidates needing `min_accesses` accesses a round.
+    pub fn with_min_accesses(mut self, min_accesses: u64) -> Self {
+        self.min_accesses = min_accesses;
+        self
+    }
+}
+
 /// What one round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct BalanceReport {
     /// Pages moved into device memory.
     pub promotions: u64,

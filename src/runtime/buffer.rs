@@ -78,6 +78,32 @@ impl Buffer {
         }
     }
 
+    /// How many of the buffer's pages live in each tier right now (pages
+    /// never written are in none; lost pages are counted apart).
+    pub fn residency(&self) -> Residency {
+        let mut r = Residency::default();
+        for entry in self.table.pages.iter() {
+            match &entry.lock().loc {
+                Zero => r.unwritten += 1,
+                Lost => r.lost += 1,
+                Resident { tier, .. } => r.pages[*tier as usize] += 1,
+            }
+        }
+        r
+    }
+
+    /// Reads `out.len()` values of `T` starting at byte `offset` (any
+    /// alignment: the bytes are copied).
+    pub fn read_as<T: bytemuck::Pod>(&self, offset: u64, out: &mut [T]) -> Result<()> {
+        self.read(offset, bytemuck::cast_slice_mut(out))
+    }
+
+    /// Writes the values of `data` starting at byte `offset`; as
+    /// [`write`](Self::write).
+    pub fn write_as<T: bytemuck::Pod>(&self, offset: u64, data: &[T]) -> Result<()> {
+        self.write(offset, bytemuck::cast_slice(data))
+    }
+
     fn check_range(&self, offset: u64, len: usize) -> Result<()> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.table.len => Ok(()),
@@ -427,6 +453,25 @@ impl Buffer {
             tier,
             addresses,
         })
+    }
+}
+
+/// Where a buffer's pages are: [`Buffer::residency`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Residency {
+    /// Pages per tier, indexed by [`Tier`] (`pages[Tier::Host as usize]`).
+    pub pages: [u64; 4],
+    /// Pages never written (they read as zeros and take no slot).
+    pub unwritten: u64,
+    /// Pages lost to I/O errors (see [`Stats::lost_pages`](super::Stats::lost_pages)).
+    pub lost: u64,
+}
+
+impl Residency {
+    /// Pages resident in `tier`.
+    pub fn in_tier(&self, tier: Tier) -> u64 {
+        self.pages[tier as usize]
     }
 }
 

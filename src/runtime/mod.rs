@@ -57,7 +57,7 @@ use crate::tier::{
 };
 
 pub use balancer::{BalanceReport, BalancerConfig};
-pub use buffer::{Buffer, Pin};
+pub use buffer::{Buffer, Pin, Residency};
 pub use map::{Access, DeviceMap, Launch, Reader};
 pub use mover::Ticket;
 pub use reclaim::Watermarks;
@@ -325,12 +325,19 @@ struct Counters {
     bypasses: AtomicU64,
     /// Read-backs of CUDA kernels' access counters that failed.
     lost_counts: AtomicU64,
+    /// Pages whose data was lost to I/O errors, with their slots.
+    lost_pages: AtomicU64,
 }
 
 impl Inner {
     /// A CUDA launch's access counts could not be read back.
     pub(crate) fn note_lost_counts(&self) {
         self.counters.lost_counts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` pages' data (and their slots) were lost to I/O errors.
+    pub(crate) fn note_lost_pages(&self, n: u64) {
+        self.counters.lost_pages.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -498,6 +505,7 @@ pub enum Placement {
 
 /// Per-tier use.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct TierStats {
     /// The tier.
     pub tier: Tier,
@@ -513,6 +521,7 @@ pub struct TierStats {
 
 /// What `rt.stats()` reports.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Stats {
     /// The device backend ("simulated", "cuda"), if there is a device tier.
     pub backend: Option<&'static str>,
@@ -548,6 +557,11 @@ pub struct Stats {
     /// Read-backs of CUDA kernels' per-page access counts that failed at
     /// the end of a launch (those access samples are lost; no data is).
     pub lost_count_readbacks: u64,
+    /// Pages whose data was lost to I/O errors that left their reads
+    /// unanswered: reading them fails with `Corrupted`, and their NVMe
+    /// slots are gone from the tier's capacity (never reused, as the
+    /// engine may still write into them).
+    pub lost_pages: u64,
     /// Host→device and device→host link traffic, if there is a device tier
     /// (as the backend counts it: every copy, moves and accesses alike).
     pub device_links: Option<(LinkStats, LinkStats)>,
@@ -557,6 +571,7 @@ pub struct Stats {
 
 /// Page moves over one link.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct LinkUse {
     /// Source tier.
     pub from: Tier,
@@ -672,6 +687,7 @@ impl Runtime {
             moves: inner.counters.moves.load(Ordering::Relaxed),
             failed_moves: inner.counters.failed_moves.load(Ordering::Relaxed),
             lost_count_readbacks: inner.counters.lost_counts.load(Ordering::Relaxed),
+            lost_pages: inner.counters.lost_pages.load(Ordering::Relaxed),
             first_writes: inner.counters.first_writes.load(Ordering::Relaxed),
             abandoned_moves: inner.counters.abandoned.load(Ordering::Relaxed),
             faults: inner.counters.faults.load(Ordering::Relaxed),

@@ -29,6 +29,7 @@ const PERIOD: Duration = Duration::from_millis(50);
 /// Fractions of a tier's capacity: above `high` the reclaimer demotes pages
 /// until use is at `low`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Watermarks {
     /// Where reclaim stops.
     pub low: f64,
@@ -46,6 +47,12 @@ impl Default for Watermarks {
 }
 
 impl Watermarks {
+    /// Reclaim starting at `high` and stopping at `low` (shares of a tier's
+    /// capacity; checked when the runtime is built: `0 < low <= high <= 1`).
+    pub fn new(low: f64, high: f64) -> Self {
+        Self { low, high }
+    }
+
     /// `0 < low <= high <= 1`, or an error naming the values.
     pub fn check(&self) -> Result<()> {
         if self.low > 0.0 && self.low <= self.high && self.high <= 1.0 {

@@ -602,6 +602,13 @@ impl Table {
                         first_err.get_or_insert(e);
                     }
                 }
+                // Reads still in flight never came back: their pages stay
+                // lost (reads of them fail with `Corrupted`), and their
+                // NVMe slots went with the requests. The stats say so.
+                let never_reaped = session.in_flight() as u64;
+                if never_reaped > 0 {
+                    self.rt.note_lost_pages(never_reaped);
+                }
                 if direct.is_some() {
                     // Direct reads never reaped hold their new host slots
                     // (leaked with the request): those keep their

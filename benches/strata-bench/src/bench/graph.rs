@@ -312,14 +312,12 @@ pub fn run_on(
     let steps = (configs.len() * params.trials as usize) as f64;
     for (ci, &config) in configs.iter().enumerate() {
         let tg = TieredGraph::build(g, config, budget, params.page_size, weights)?;
-        let balancer = BalancerConfig {
-            policy: params.policy,
+        let balancer = BalancerConfig::default()
+            .with_policy(params.policy)
             // Promote only pages read through at least once a round
             // (4-byte neighbours): anything less costs more to move than
             // to read in place.
-            min_accesses: params.page_size as u64 / 4,
-            ..Default::default()
-        };
+            .with_min_accesses(params.page_size as u64 / 4);
         let mut trials = Vec::new();
         for (t, &source) in sources.iter().enumerate() {
             // Every trial starts cold, in every configuration.
@@ -497,11 +495,9 @@ fn run_cuda(
     let mut skipped = Vec::new();
     let mut dump = None;
     let steps = (configs.len() * params.trials as usize) as f64;
-    let balancer = BalancerConfig {
-        policy: params.policy,
-        min_accesses: params.page_size as u64 / 4,
-        ..Default::default()
-    };
+    let balancer = BalancerConfig::default()
+        .with_policy(params.policy)
+        .with_min_accesses(params.page_size as u64 / 4);
     for (ci, &config) in configs.iter().enumerate() {
         // What each trial needs: strata's tiered graph, or a baseline's
         // plain arrays.

@@ -287,13 +287,13 @@ fn run_config(
         })
         .collect::<Result<_>>()?;
     if config == Config::Strata {
-        rt.configure_balancer(BalancerConfig {
-            policy: p.policy,
-            // A page with a sixteenth of its floats read in a batch is a
-            // candidate (found best of 1/1, 1/4, 1/16 on the default run).
-            min_accesses: (p.page_size / 4 / 16) as u64,
-            ..Default::default()
-        })?;
+        rt.configure_balancer(
+            BalancerConfig::default()
+                .with_policy(p.policy)
+                // A page with a sixteenth of its floats read in a batch is a
+                // candidate (found best of 1/1, 1/4, 1/16 on the default run).
+                .with_min_accesses((p.page_size / 4 / 16) as u64),
+        )?;
         rt.balance_once()?;
     }
     // The row cache holds as many rows as the device budget does (20% of
