@@ -14,6 +14,9 @@
 //! | `gmt` | [`gmt`] | reuse-distance prediction decides admission (the GMT idea) |
 //! | `lookahead` | [`lookahead`] | prefetch hints and a window of the known future; LRU otherwise |
 //! | `belady` | [`belady`] | Belady's MIN over a whole trace: the offline optimum |
+//! | `arc` | [`arc`] | ARC (Megiddo & Modha, FAST 2003): recency and frequency lists with ghosts, an adaptive split |
+//! | `s3fifo` | [`s3fifo`] | S3-FIFO (Yang et al., SOSP 2023): small, main and ghost FIFOs, 2-bit counters |
+//! | `sieve` | [`sieve`] | SIEVE (Zhang et al., NSDI 2024): one FIFO, a visited bit, a sifting hand |
 //! | `default` | [`default`] | W-TinyLFU with an adaptive window; what the runtime uses when none is named |
 
 #![forbid(unsafe_code)]
@@ -25,6 +28,7 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
+pub mod arc;
 pub mod belady;
 mod counts;
 pub mod default;
@@ -34,6 +38,10 @@ pub(crate) mod list;
 pub mod lookahead;
 pub mod lru;
 pub mod replay;
+pub mod s3fifo;
+pub mod sieve;
+#[cfg(test)]
+mod testkit;
 
 pub use replay::{replay, ReplayReport};
 
@@ -103,6 +111,12 @@ pub enum PolicyKind {
     Gmt,
     /// [`lookahead::Lookahead`].
     Lookahead,
+    /// [`arc::Arc`].
+    Arc,
+    /// [`s3fifo::S3Fifo`].
+    S3Fifo,
+    /// [`sieve::Sieve`].
+    Sieve,
     /// [`belady::Belady`] (offline: needs the whole trace).
     Belady,
     /// [`default::DefaultPolicy`], the policy used when none is named.
@@ -111,11 +125,14 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 6] = [
+    pub const ALL: [PolicyKind; 9] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Gmt,
         PolicyKind::Lookahead,
+        PolicyKind::Arc,
+        PolicyKind::S3Fifo,
+        PolicyKind::Sieve,
         PolicyKind::Default,
         PolicyKind::Belady,
     ];
@@ -127,6 +144,9 @@ impl PolicyKind {
             PolicyKind::Lfu => "lfu",
             PolicyKind::Gmt => "gmt",
             PolicyKind::Lookahead => "lookahead",
+            PolicyKind::Arc => "arc",
+            PolicyKind::S3Fifo => "s3fifo",
+            PolicyKind::Sieve => "sieve",
             PolicyKind::Belady => "belady",
             PolicyKind::Default => "default",
         }
@@ -160,7 +180,8 @@ impl FromStr for PolicyKind {
             .find(|k| k.name() == s)
             .ok_or_else(|| {
                 Error::invalid(format!(
-                    "unknown policy {s:?} (choose lru, lfu, gmt, lookahead, belady or default)"
+                    "unknown policy {s:?} (choose lru, lfu, gmt, lookahead, arc, s3fifo, \
+                     sieve, belady or default)"
                 ))
             })
     }
@@ -190,6 +211,9 @@ pub fn build(kind: PolicyKind, capacity: usize, trace: Option<&[u64]>) -> Result
             capacity,
             trace.ok_or_else(|| Error::invalid("belady needs the whole trace in advance"))?,
         )),
+        PolicyKind::Arc => Box::new(arc::Arc::new(capacity)),
+        PolicyKind::S3Fifo => Box::new(s3fifo::S3Fifo::new(capacity)),
+        PolicyKind::Sieve => Box::new(sieve::Sieve::new(capacity)),
         PolicyKind::Default => Box::new(default::DefaultPolicy::new(capacity)),
     })
 }
@@ -262,6 +286,7 @@ mod tests {
         let e = "mru".parse::<PolicyKind>().unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
         assert!(e.message().contains("\"mru\"") && e.message().contains("belady"));
+        assert!(e.message().contains("s3fifo") && e.message().contains("sieve"));
     }
 
     #[test]
