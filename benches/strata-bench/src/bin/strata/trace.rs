@@ -29,8 +29,8 @@ pub struct ReplayArgs {
     /// Pages the cache holds.
     #[arg(long)]
     capacity_pages: usize,
-    /// lru, lfu, gmt, lookahead, belady, default, or all (default: the
-    /// default policy).
+    /// lru, lfu, gmt, lookahead, arc, s3fifo, sieve, belady, default, or
+    /// all (default: the default policy).
     #[arg(long)]
     policy: Option<String>,
     /// lru: pages per group, the unit of residency and eviction (2 MiB /
