@@ -109,9 +109,10 @@ struct ReplayJson<'a> {
     misses: u64,
     hit_rate: f64,
     capacity_pages: usize,
-    /// The capacity replayed: `capacity_pages`, or the pages the trace
-    /// touches where it is smaller (a larger cache behaves the same).
-    effective_capacity_pages: usize,
+    /// Only where the capacity was clamped: the pages (of groups) the
+    /// trace touches, which a larger cache behaves exactly like.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    effective_capacity_pages: Option<usize>,
     trace: String,
     seconds: f64,
 }
@@ -220,7 +221,7 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
             misses: r.misses,
             hit_rate: r.hit_rate,
             capacity_pages: a.capacity_pages,
-            effective_capacity_pages: *used,
+            effective_capacity_pages: (*used < a.capacity_pages).then_some(*used),
             trace: a.trace.display().to_string(),
             seconds: r.seconds,
         })
