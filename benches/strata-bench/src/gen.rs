@@ -609,6 +609,41 @@ pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
     } else {
         p.accesses
     };
+    // The trace (8 bytes an access) and the caller's sorted copy of it; a
+    // graph trace has at most a few accesses per edge and vertex per sweep.
+    let accesses = match p.kind {
+        GenKind::Zipf | GenKind::Loop | GenKind::Mix => p.accesses as u64,
+        GenKind::Bfs | GenKind::Pr => {
+            let n = 1u64 << p.scale.min(40);
+            let sweep = n
+                .saturating_mul(p.edge_factor as u64)
+                .saturating_mul(2)
+                .saturating_add(n)
+                .saturating_mul(4);
+            let sweeps = if p.kind == GenKind::Bfs {
+                p.roots
+            } else {
+                p.iterations
+            };
+            sweep.saturating_mul(sweeps as u64).min(limit as u64)
+        }
+    };
+    let what = match p.kind {
+        GenKind::Bfs => format!(
+            "--scale {} --roots {} ({accesses} accesses)",
+            p.scale, p.roots
+        ),
+        GenKind::Pr => format!(
+            "--scale {} --iterations {} ({accesses} accesses)",
+            p.scale, p.iterations
+        ),
+        _ => format!("--accesses {accesses}"),
+    };
+    crate::machine::check_memory(
+        what,
+        "the trace and a sorted copy",
+        accesses.saturating_mul(16),
+    )?;
     match p.kind {
         GenKind::Zipf => zipf(p.alpha, p.pages, p.accesses, p.seed),
         GenKind::Loop => looping(p.pages, p.accesses),

@@ -817,3 +817,645 @@ fn bench_optim_reports_throughput_beside_the_limits() {
         );
     }
 }
+
+/// Where a case's stdout goes.
+#[derive(Clone, Copy, PartialEq)]
+enum Stdout {
+    /// Captured.
+    Pipe,
+    /// A pipe whose reader has already gone (EPIPE on the first write).
+    ClosedPipe,
+    /// `/dev/full` (ENOSPC on the first write).
+    Full,
+}
+
+/// What a case must give.
+enum Expect {
+    /// Status 2, one stderr line containing this.
+    Bad(&'static str),
+    /// Status 1 (an output that could not be written), one line with this.
+    Failed(&'static str),
+    /// Status 0, nothing on stderr.
+    Ok,
+    /// Status 0 and one warning line containing this.
+    Warns(&'static str),
+}
+
+struct Case {
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+    stdout: Stdout,
+    expect: Expect,
+    /// An output path the run must leave absent.
+    refused: Option<std::path::PathBuf>,
+}
+
+fn case(args: &[&str], expect: Expect) -> Case {
+    Case {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        env: Vec::new(),
+        stdout: Stdout::Pipe,
+        expect,
+        refused: None,
+    }
+}
+
+impl Case {
+    fn env(mut self, key: &'static str, value: &str) -> Self {
+        self.env.push((key, value.to_string()));
+        self
+    }
+    fn stdout(mut self, s: Stdout) -> Self {
+        self.stdout = s;
+        self
+    }
+    fn refuses(mut self, path: &std::path::Path) -> Self {
+        self.refused = Some(path.to_path_buf());
+        self
+    }
+}
+
+/// A pipe's write end whose read end is already closed.
+fn closed_pipe() -> std::process::Stdio {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is writable storage for the two descriptors pipe(2)
+    // returns.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: pipe(2) succeeded, so both descriptors are open and ours;
+    // each is owned by exactly one OwnedFd.
+    let (read, write) = unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    drop(read);
+    std::process::Stdio::from(write)
+}
+
+/// Every class of bad input (issue 17): each gives its documented status
+/// and exactly one stderr line naming the flag or path, never a panic or
+/// an abort, and leaves no file at an output path it refused.
+#[test]
+fn no_input_crashes_it_and_every_refusal_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = |name: &str| d.join(name).to_str().unwrap().to_string();
+    std::fs::write(d.join("two.txt"), "1\n2\n").unwrap();
+    std::fs::write(d.join("bad.txt"), "1\nseven\n").unwrap();
+    std::fs::write(d.join("empty.txt"), "").unwrap();
+    std::fs::write(
+        d.join("bad.toml"),
+        "page_size = \"64k\"\n[host]\ncapacity = \"3q\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("nvme.toml"),
+        format!("[nvme]\npath = {:?}\n", p("cfgdir")),
+    )
+    .unwrap();
+    std::fs::create_dir(d.join("cfgdir")).unwrap();
+    let two = p("two.txt");
+    let out_json = d.join("out.json");
+    let json = out_json.to_str().unwrap().to_string();
+    let missing = "/nonexistent-strata-dir/x.svg";
+    let s = |v: &str| v.to_string();
+    let a = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let with = |base: &[&str], extra: &[String]| {
+        let mut v = a(base);
+        v.extend_from_slice(extra);
+        v
+    };
+    let mut cases = vec![
+        // Sizes that would abort on a failed allocation.
+        case(
+            &["bench", "optim", "--params", "10000000000000"],
+            Expect::Bad("--params 10000000000000 needs about"),
+        ),
+        case(
+            &["bench", "recsys", "--rows", "4294967295"],
+            Expect::Bad("--rows 4294967295"),
+        ),
+        case(
+            &["bench", "graph", "--graph", "kron:30:1024", "--quiet"],
+            Expect::Bad("--graph kron:30:1024"),
+        ),
+        case(&["bench", "copy", "--size", "100T"], Expect::Bad("--size")),
+        case(
+            &[
+                "bench",
+                "moe",
+                "--layers",
+                "1000",
+                "--experts",
+                "1000",
+                "--expert-bytes",
+                "1G",
+                "--tokens",
+                "1",
+            ],
+            Expect::Bad("--expert-bytes"),
+        ),
+        case(
+            &[
+                "trace",
+                "gen",
+                "--kind",
+                "zipf",
+                "--accesses",
+                "100000000000000",
+                "--out",
+                &p("huge.txt"),
+            ],
+            Expect::Bad("--accesses"),
+        )
+        .refuses(&d.join("huge.txt")),
+        // A capacity far above the trace's pages runs, as if equal to them.
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &two,
+                "--capacity-pages",
+                "1000000000",
+                "--policy",
+                "all",
+            ],
+            Expect::Ok,
+        ),
+        // Negative, zero, malformed and oversized numbers.
+        case(
+            &["bench", "io", "--path", &p(""), "--size", "-5M"],
+            Expect::Bad("--size"),
+        ),
+        case(
+            &["bench", "io", "--size", "1M", "--qd", "-1"],
+            Expect::Bad("--qd"),
+        ),
+        case(
+            &["bench", "io", "--size", "99999999999999999999999"],
+            Expect::Bad("--size"),
+        ),
+        case(
+            &["bench", "io", "--size", "1M", "--bs", "0"],
+            Expect::Bad("--bs"),
+        ),
+        case(
+            &["bench", "migrate", "--page-sizes", "3k", "--size", "1M"],
+            Expect::Bad("--page-sizes"),
+        ),
+        case(
+            &["bench", "migrate", "--page-sizes", "4k", "--size", "0"],
+            Expect::Bad("--size"),
+        ),
+        case(&["bench", "copy", "--size", "-1"], Expect::Bad("--size")),
+        case(
+            &["bench", "graph", "--page-size", "0", "--quiet"],
+            Expect::Bad("--page-size"),
+        ),
+        case(
+            &["bench", "graph", "--device-budget", "-5%", "--quiet"],
+            Expect::Bad("--device-budget"),
+        ),
+        case(
+            &["bench", "graph", "--graph", "kron:99", "--quiet"],
+            Expect::Bad("--graph"),
+        ),
+        case(
+            &["bench", "recsys", "--page-size", "3k", "--quiet"],
+            Expect::Bad("--page-size"),
+        ),
+        case(
+            &["bench", "recsys", "--rows", "0", "--quiet"],
+            Expect::Bad("--rows"),
+        ),
+        case(
+            &["bench", "moe", "--expert-bytes", "-1"],
+            Expect::Bad("--expert-bytes"),
+        ),
+        case(
+            &["bench", "moe", "--expert-bytes", "0"],
+            Expect::Bad("--expert-bytes"),
+        ),
+        case(&["bench", "optim", "--chunk", "3k"], Expect::Bad("--chunk")),
+        case(
+            &["bench", "optim", "--params", "0"],
+            Expect::Bad("--params"),
+        ),
+        case(
+            &["trace", "replay", "--trace", &two, "--capacity-pages", "-4"],
+            Expect::Bad("--capacity-pages"),
+        ),
+        case(
+            &["trace", "replay", "--trace", &two, "--capacity-pages", "0"],
+            Expect::Bad("--capacity-pages"),
+        ),
+        case(
+            &[
+                "trace",
+                "gen",
+                "--kind",
+                "bfs",
+                "--page-size",
+                "-1",
+                "--out",
+                &p("g.txt"),
+            ],
+            Expect::Bad("--page-size"),
+        )
+        .refuses(&d.join("g.txt")),
+        // Bad enums and usage.
+        case(
+            &["bench", "io", "--size", "1M", "--pattern", "sideways"],
+            Expect::Bad("--pattern"),
+        ),
+        case(&["bench", "optim", "--tier", "disk"], Expect::Bad("--tier")),
+        case(
+            &["bench", "graph", "--algo", "dfs", "--quiet"],
+            Expect::Bad("--algo"),
+        ),
+        case(
+            &["bench", "recsys", "--policy", "mru", "--quiet"],
+            Expect::Bad("--policy"),
+        ),
+        case(
+            &["bench", "moe", "--device", "tpu"],
+            Expect::Bad("--device"),
+        ),
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &two,
+                "--capacity-pages",
+                "4",
+                "--policy",
+                "mru",
+            ],
+            Expect::Bad("--policy"),
+        ),
+        case(&["bench", "frobnicate"], Expect::Bad("frobnicate")),
+        case(&["bench", "--frob"], Expect::Bad("--frob")),
+        case(&["bench"], Expect::Bad("bench needs a subcommand")),
+        case(&[], Expect::Bad("subcommand")),
+        case(&["trace", "replay"], Expect::Bad("--trace")),
+        // Input files: a bad line, empty, a directory, nonexistent.
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &p("bad.txt"),
+                "--capacity-pages",
+                "4",
+            ],
+            Expect::Bad("line 2"),
+        ),
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &p("empty.txt"),
+                "--capacity-pages",
+                "4",
+            ],
+            Expect::Ok,
+        ),
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &p(""),
+                "--capacity-pages",
+                "4",
+            ],
+            Expect::Bad("is a directory"),
+        ),
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                "/nonexistent-strata-dir/t",
+                "--capacity-pages",
+                "4",
+            ],
+            Expect::Bad("/nonexistent-strata-dir/t"),
+        ),
+        case(
+            &[
+                "bench",
+                "graph",
+                "--graph",
+                &format!("file:{}", p("")),
+                "--quiet",
+            ],
+            Expect::Bad("is a directory"),
+        ),
+        case(
+            &[
+                "bench",
+                "moe",
+                "--routing",
+                "file:/nonexistent-strata-dir/r",
+            ],
+            Expect::Bad("/nonexistent-strata-dir/r"),
+        ),
+        case(
+            &[
+                "bench",
+                "recsys",
+                "--dist",
+                &format!("file:{}", p("")),
+                "--quiet",
+            ],
+            Expect::Bad("is a directory"),
+        ),
+        // Paths for the NVMe tier.
+        case(
+            &[
+                "bench",
+                "io",
+                "--path",
+                "/nonexistent-strata-dir/d/f",
+                "--size",
+                "1M",
+            ],
+            Expect::Bad("/nonexistent-strata-dir"),
+        ),
+        case(
+            &["bench", "io", "--path", &format!("{two}/f"), "--size", "1M"],
+            Expect::Bad("two.txt"),
+        ),
+        // Output paths, checked before the run and left absent.
+        case(
+            &[
+                "bench", "graph", "--graph", "kron:4", "--trials", "1", "--quiet", "--plot",
+                missing,
+            ],
+            Expect::Bad(missing),
+        ),
+        case(
+            &[
+                "bench",
+                "recsys",
+                "--rows",
+                "64",
+                "--batches",
+                "1",
+                "--quiet",
+                "--plot",
+                &p(""),
+            ],
+            Expect::Bad("--plot"),
+        ),
+        case(
+            &["bench", "optim", "--params", "0", "--json", &json],
+            Expect::Bad("--params"),
+        )
+        .refuses(&out_json),
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &two,
+                "--capacity-pages",
+                "4",
+                "--json",
+                "/nonexistent-strata-dir/r.json",
+            ],
+            Expect::Bad("--json"),
+        ),
+        case(
+            &[
+                "trace",
+                "gen",
+                "--kind",
+                "zipf",
+                "--accesses",
+                "10",
+                "--out",
+                &p(""),
+            ],
+            Expect::Bad("--out"),
+        ),
+        case(
+            &[
+                "bench",
+                "graph",
+                "--graph",
+                "kron:4",
+                "--quiet",
+                "--dump",
+                "/nonexistent-strata-dir/d",
+            ],
+            Expect::Bad("--dump"),
+        ),
+        // Output that cannot be written: status 1, one line.
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &two,
+                "--capacity-pages",
+                "4",
+                "--json",
+                "/dev/full",
+            ],
+            Expect::Failed("writing /dev/full (--json): No space left on device"),
+        ),
+        case(
+            &["info", "--json"],
+            Expect::Failed("writing stdout: No space left on device"),
+        )
+        .stdout(Stdout::Full),
+        case(
+            &["trace", "replay", "--trace", &two, "--capacity-pages", "4"],
+            Expect::Failed("writing stdout"),
+        )
+        .stdout(Stdout::Full),
+        // A reader that left is no failure.
+        case(&["info"], Expect::Ok).stdout(Stdout::ClosedPipe),
+        case(&["info", "--json"], Expect::Ok).stdout(Stdout::ClosedPipe),
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &two,
+                "--capacity-pages",
+                "4",
+                "--json",
+                &p("ok.json"),
+            ],
+            Expect::Ok,
+        )
+        .stdout(Stdout::ClosedPipe),
+        // Configuration: the file's line, the variable.
+        case(
+            &["info", "--config", &p("bad.toml")],
+            Expect::Bad("bad.toml line 3 (--config)"),
+        ),
+        case(&["info"], Expect::Bad("bad.toml line 3 ($STRATA_CONFIG)"))
+            .env("STRATA_CONFIG", &p("bad.toml")),
+        case(&["info", "--config", &p("")], Expect::Bad("is a directory")),
+        case(
+            &["info", "--config", "/nonexistent-strata-dir/c.toml"],
+            Expect::Bad("/nonexistent-strata-dir/c.toml"),
+        ),
+        case(&["info"], Expect::Bad("STRATA_POLICY")).env("STRATA_POLICY", "mru"),
+        case(&["info"], Expect::Bad("STRATA_PAGE_SIZE")).env("STRATA_PAGE_SIZE", "3k"),
+        case(&["info"], Expect::Bad("STRATA_IO_ENGINE")).env("STRATA_IO_ENGINE", "aio"),
+        case(&["info"], Expect::Bad("STRATA_HOST_CAPACITY")).env("STRATA_HOST_CAPACITY", "0"),
+        case(
+            &["bench", "optim", "--tier", "nvme", "--params", "1000"],
+            Expect::Bad("STRATA_NVME_CAPACITY"),
+        )
+        .env("STRATA_NVME_PATH", &p("cfgdir"))
+        .env("STRATA_NVME_CAPACITY", "lots"),
+    ];
+    // The configured NVMe path is used when --path is not given.
+    let small_optim = a(&[
+        "bench", "optim", "--tier", "nvme", "--params", "1000", "--steps", "1", "--chunk", "4k",
+        "--quiet",
+    ]);
+    cases.push(Case {
+        args: with(&[], &small_optim)
+            .into_iter()
+            .chain([s("--config"), p("nvme.toml"), s("--json"), p("cfg.json")])
+            .collect(),
+        ..case(&[], Expect::Ok)
+    });
+    // A RAM-backed NVMe path: one warning line, the run goes on.
+    if std::path::Path::new("/dev/shm").is_dir() {
+        cases.push(Case {
+            args: with(&[], &small_optim)
+                .into_iter()
+                .chain([s("--path"), s("/dev/shm")])
+                .collect(),
+            ..case(&[], Expect::Warns("tmpfs"))
+        });
+        cases.push(
+            case(
+                &["bench", "migrate", "--page-sizes", "4k", "--size", "64k"],
+                Expect::Warns("/dev/shm is on tmpfs"),
+            )
+            .env("STRATA_NVME_PATH", "/dev/shm"),
+        );
+    }
+
+    let mut failures = Vec::new();
+    for c in &cases {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+        cmd.args(&c.args).current_dir(d).env_remove("STRATA_CONFIG");
+        for (k, v) in &c.env {
+            cmd.env(k, v);
+        }
+        match c.stdout {
+            Stdout::Pipe => cmd.stdout(std::process::Stdio::piped()),
+            Stdout::ClosedPipe => cmd.stdout(closed_pipe()),
+            Stdout::Full => cmd.stdout(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/dev/full")
+                    .unwrap(),
+            ),
+        };
+        let out = cmd
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("strata runs");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let lines = err.trim_end().lines().count();
+        let (status, want_lines, needle) = match &c.expect {
+            Expect::Bad(n) => (2, 1, *n),
+            Expect::Failed(n) => (1, 1, *n),
+            Expect::Ok => (0, 0, ""),
+            Expect::Warns(n) => (0, 1, *n),
+        };
+        let mut why = Vec::new();
+        if out.status.code() != Some(status) {
+            why.push(format!("status {:?}, want {status}", out.status.code()));
+        }
+        if lines != want_lines {
+            why.push(format!("{lines} stderr lines, want {want_lines}"));
+        }
+        if !err.contains(needle) {
+            why.push(format!("no {needle:?}"));
+        }
+        if err.contains("panicked") || err.contains("RUST_BACKTRACE") {
+            why.push("a panic".into());
+        }
+        if let Some(path) = &c.refused {
+            if path.exists() {
+                why.push(format!("{} was written", path.display()));
+            }
+        }
+        if !why.is_empty() {
+            failures.push(format!("{:?}: {}\n  stderr: {err}", c.args, why.join("; ")));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The replay that clamped its capacity says so, and the configured
+    // path was the NVMe tier's.
+    assert!(
+        d.join("ok.json").exists(),
+        "a closed stdout still writes --json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("cfg.json")).unwrap()).unwrap();
+    assert_eq!(v["params"]["path"], p("cfgdir"));
+}
+
+#[test]
+fn trace_replay_capacity_above_the_pages_touched_replays_as_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.txt");
+    std::fs::write(&t, "1\n2\n1\n3\n2\n").unwrap();
+    let run = |cap: &str, json: &std::path::Path| {
+        report(
+            &strata(&[
+                "trace",
+                "replay",
+                "--trace",
+                t.to_str().unwrap(),
+                "--capacity-pages",
+                cap,
+                "--policy",
+                "all",
+                "--json",
+                json.to_str().unwrap(),
+            ]),
+            json,
+        )
+    };
+    let big = run("1000000000", &dir.path().join("big.json"));
+    let exact = run("3", &dir.path().join("exact.json"));
+    for (b, e) in big
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(exact.as_array().unwrap())
+    {
+        assert_eq!(b["hits"], e["hits"], "{b} vs {e}");
+        assert_eq!(b["misses"], e["misses"]);
+        assert_eq!(b["capacity_pages"], 1000000000);
+        assert_eq!(b["effective_capacity_pages"], 3);
+    }
+}
+
+#[test]
+fn help_and_version_still_print_with_status_0() {
+    for args in [&["--help"][..], &["--version"], &["bench", "io", "--help"]] {
+        let out = strata(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(!out.stdout.is_empty());
+    }
+}

@@ -82,6 +82,12 @@ pub fn run(params: &CopyParams, progress: &mut dyn FnMut(&str, f64)) -> Result<C
     let mut cxl_desc = String::new();
     let mut cxl_emulation = None;
     let total = params.page_sizes.len() * 3;
+    // Two host stores, the CXL store and memcpy's two arenas, each --size.
+    crate::machine::check_memory(
+        format_args!("--size {}", params.size),
+        "five buffers of --size: two host, one CXL, memcpy's two",
+        params.size.saturating_mul(5),
+    )?;
     for (pi, &page_size) in params.page_sizes.iter().enumerate() {
         let host_a = HostStore::new(&HostConfig::new(params.size, page_size))?;
         let host_b = HostStore::new(&HostConfig::new(params.size, page_size))?;

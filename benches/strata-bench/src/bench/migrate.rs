@@ -65,6 +65,13 @@ fn rate(bytes: u64, secs: f64) -> f64 {
 
 /// Runs every case.
 pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Result<MigrateReport> {
+    // Per page size: the host, emulated CXL and simulated device tiers
+    // each hold --size, beside the source data.
+    crate::machine::check_memory(
+        format_args!("--size {}", params.size),
+        "the host, CXL and device tiers and the data, each --size",
+        params.size.saturating_mul(4),
+    )?;
     let mut cases = Vec::new();
     let mut backend = "simulated";
     for (i, &page) in params.page_sizes.iter().enumerate() {

@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::machine::{check_memory, product};
 use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::moe::SyntheticRouter;
 use strata::error::{Error, Result};
@@ -277,6 +278,19 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
             if params.tokens == 0 {
                 return Err(Error::invalid("--tokens must be at least 1"));
             }
+            check_memory(
+                format_args!(
+                    "--tokens {} --layers {layers} --experts {experts}",
+                    params.tokens
+                ),
+                "the routes and the router's tables",
+                product(&[
+                    params.tokens as u64,
+                    layers as u64,
+                    (params.top_k as u64).saturating_mul(8).saturating_add(24),
+                ])
+                .saturating_add(product(&[layers as u64, experts as u64, 16])),
+            )?;
             let mut r = SyntheticRouter::new(layers, experts, params.top_k, *alpha, params.seed)
                 .map_err(|e| e.context("--layers/--experts/--top-k"))?;
             (
@@ -318,6 +332,23 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
             "--device-slots {slots}: the per-layer baseline needs a slot per layer and a token's {top_k} experts must fit ({layers} layers)"
         )));
     }
+    // Every expert in the host tier, the device slots, the routes.
+    let experts_bytes = product(&[all as u64, params.expert_bytes]);
+    let memory = experts_bytes
+        .saturating_add(product(&[slots as u64, params.expert_bytes]))
+        .saturating_add(product(&[
+            routes.len() as u64,
+            layers as u64,
+            (top_k as u64).saturating_mul(8).saturating_add(24),
+        ]));
+    check_memory(
+        format_args!(
+            "--layers {layers} --experts {experts} --expert-bytes {}",
+            params.expert_bytes
+        ),
+        "every expert in host memory and the device slots",
+        memory,
+    )?;
     let model = GpuModel::default();
     let compute =
         model.launch_seconds + (top_k as u64 * params.expert_bytes) as f64 / model.hbm_bandwidth;

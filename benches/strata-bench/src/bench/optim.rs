@@ -88,10 +88,22 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
             )))
         }
     };
+    let chunk_elems = p.chunk / 4;
+    let state_bytes = (p.params.div_ceil(chunk_elems) as u64).saturating_mul(3 * p.chunk as u64);
+    let params = p.params as u64;
+    // Peak: the initial weights beside the states while laying out, then
+    // the gradients beside the states; the NVMe tier keeps only the
+    // weights' and gradients' arrays in memory.
+    let (memory, what) = match tier {
+        StateTier::Nvme(_) => (params.saturating_mul(8), "weights and gradients"),
+        _ => (
+            state_bytes.saturating_add(params.saturating_mul(4)),
+            "states and gradients",
+        ),
+    };
+    crate::machine::check_memory(format!("--params {}", p.params), what, memory)?;
     progress("memcpy", 0.0);
     let memcpy = strata::lowlevel::local_memcpy_bandwidth();
-    let chunk_elems = p.chunk / 4;
-    let state_bytes = p.params.div_ceil(chunk_elems) as u64 * 3 * p.chunk as u64;
     let nvme_seq = if matches!(tier, StateTier::Nvme(_)) {
         progress("nvme sequential read", 0.05);
         Some(seq_read(&p.path, p.chunk, state_bytes.min(1 << 30))?)

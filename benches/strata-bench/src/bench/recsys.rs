@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::machine::{check_memory, product};
 use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::recsys::{self, Batch, Dist};
 use strata::device::DeviceChoice;
@@ -145,19 +146,41 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
         return Err(Error::invalid("--rows is at most 2^32 − 1"));
     }
     strata::size::check_page_size(params.page_size)?;
-    let row_bytes = params.dim * 4;
+    let row_bytes = params.dim.saturating_mul(4);
     if params.page_size % row_bytes != 0 {
         return Err(Error::invalid(format!(
             "a row of {row_bytes} bytes (--dim {}) must divide the page size {}",
             params.dim, params.page_size
         )));
     }
-    let table_bytes = (params.rows * row_bytes) as u64;
-    let total = table_bytes * params.tables as u64;
+    let table_bytes = (params.rows as u64).saturating_mul(row_bytes as u64);
+    let total = table_bytes.saturating_mul(params.tables as u64);
     let budget = match params.device_budget {
         Budget::Bytes(b) => b,
         Budget::Percent(p) => ((total as f64 * p / 100.0) as u64).max(params.page_size as u64),
     };
+    // Peak, one configuration at a time: the tables in the host tier, the
+    // device's (or the row cache's) copy of up to the budget, the indices.
+    let indices = product(&[
+        params.tables as u64,
+        params.batch as u64,
+        params.pooling as u64,
+        params.batches as u64,
+        4,
+    ])
+    .saturating_add(product(&[params.tables as u64, params.batches as u64, 24]));
+    let memory = total
+        .saturating_add(budget.min(total))
+        .saturating_add(indices)
+        .saturating_add(8 << 20);
+    check_memory(
+        format_args!(
+            "--tables {} --rows {} --dim {}",
+            params.tables, params.rows, params.dim
+        ),
+        "the tables, their device copy and the indices",
+        memory,
+    )?;
     progress("indices", 0.0);
     let batches = recsys::generate(
         &params.dist,

@@ -11,6 +11,8 @@ use strata::Error;
 use strata_bench::bench::graph::{self, Algo, Budget, GraphParams, GraphReport};
 use strata_bench::workloads::graph::GraphSpec;
 
+use crate::out::OutputPath;
+
 #[derive(Args)]
 pub struct GraphArgs {
     /// bfs, sssp, pr or cc; several comma-separated run one after the other
@@ -67,7 +69,10 @@ pub struct GraphArgs {
 }
 
 pub fn run(a: GraphArgs) -> Result<(), Error> {
-    let mut spec: GraphSpec = a.graph.parse()?;
+    let mut spec: GraphSpec = a.graph.parse().map_err(|e: Error| e.context("--graph"))?;
+    if let GraphSpec::File { path, .. } = &spec {
+        crate::cli::input_file("--graph file:", path)?;
+    }
     if let GraphSpec::File { undirected, .. } = &mut spec {
         *undirected = a.undirected;
     } else if a.undirected {
@@ -78,15 +83,18 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
     let algos = a
         .algo
         .split(',')
-        .map(|x| x.trim().parse::<Algo>())
+        .map(|x| x.trim().parse::<Algo>().map_err(|e| e.context("--algo")))
         .collect::<Result<Vec<_>, _>>()?;
     let page_size: usize = parse_size(&a.page_size)
         .map_err(|e| e.context("--page-size"))?
         .try_into()
         .map_err(|_| Error::invalid("--page-size is too large"))?;
-    let budget: Budget = a.device_budget.parse()?;
-    let policy: PolicyKind = a.policy.parse()?;
-    let device: DeviceChoice = a.device.parse()?;
+    let budget: Budget = a
+        .device_budget
+        .parse()
+        .map_err(|e: Error| e.context("--device-budget"))?;
+    let policy: PolicyKind = a.policy.parse().map_err(|e: Error| e.context("--policy"))?;
+    let device: DeviceChoice = a.device.parse().map_err(|e: Error| e.context("--device"))?;
     if device == DeviceChoice::Cuda {
         // Before generating the graph: no GPU is one line, at once.
         strata::device::probe_gpus().map_err(|e| e.context("--device cuda"))?;
@@ -110,13 +118,8 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
     strata::size::check_page_size(page_size).map_err(|e| e.context("--page-size"))?;
     // Output files open before the run: a bad path fails at once.
     let json = crate::open_json(&a.json)?;
-    let dump_file = a
-        .dump
-        .as_ref()
-        .map(|p| {
-            std::fs::File::create(p).map_err(|e| Error::io(format!("--dump {}", p.display()), e))
-        })
-        .transpose()?;
+    let dump_file = OutputPath::check_opt("--dump", &a.dump)?;
+    let plot_file = OutputPath::check_opt("--plot", &a.plot)?;
     let (reports, dump) = crate::with_progress(a.quiet, |progress| {
         progress("graph", 0.0);
         let g = strata_bench::workloads::graph::Csr::load(&spec, a.seed)?;
@@ -133,11 +136,10 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         Ok::<_, Error>((reports, last.expect("at least one algorithm")))
     })?;
     for r in &reports {
-        print_table(r);
+        print_table(r)?;
     }
-    if let (Some(mut f), Some(path)) = (dump_file, &a.dump) {
-        dump.write(&mut f)
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    if let Some(f) = dump_file {
+        f.write_with(|w| dump.write(w))?;
     }
     if reports.len() == 1 {
         crate::write_json(json, &reports[0])?;
@@ -152,8 +154,8 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
             },
         )?;
     }
-    if let Some(path) = &a.plot {
-        plot(&reports, path)?;
+    if let Some(out) = &plot_file {
+        plot(&reports, out)?;
     }
     Ok(())
 }
@@ -168,8 +170,8 @@ struct Combined<'a> {
     reports: &'a [GraphReport],
 }
 
-fn print_table(r: &GraphReport) {
-    println!(
+fn print_table(r: &GraphReport) -> Result<(), Error> {
+    outln!(
         "\n{:?}: {} vertices, {} edges, {} read by the kernel; device budget {} ({:.0}%)",
         r.params.algo,
         r.vertices,
@@ -179,18 +181,18 @@ fn print_table(r: &GraphReport) {
         100.0 * r.budget_bytes as f64 / r.graph_bytes.max(1) as f64
     );
     match &r.model {
-        Some(m) => println!(
+        Some(m) => outln!(
             "backend: simulated — times are modelled GPU time (HBM {:.0} GB/s, PCIe {:.0} GB/s, UVM fault {:.0} µs); wall is this machine",
             m.hbm_bandwidth / 1e9,
             m.pcie_bandwidth / 1e9,
             m.fault_seconds * 1e6
         ),
-        None => println!(
+        None => outln!(
             "backend: cuda, {} — times are measured; strata's hit rate is of sampled accesses",
             r.gpu.as_deref().unwrap_or("GPU")
         ),
     }
-    println!(
+    outln!(
         "{:<11} {:>12} {:>10} {:>12} {:>12} {:>9}",
         "config",
         if r.modelled { "modelled" } else { "measured" },
@@ -200,7 +202,7 @@ fn print_table(r: &GraphReport) {
         "hit rate"
     );
     for c in &r.results {
-        println!(
+        outln!(
             "{:<11} {:>10.3}ms {:>9.3}s {:>12} {:>12} {:>9}",
             c.config,
             c.seconds * 1e3,
@@ -212,14 +214,15 @@ fn print_table(r: &GraphReport) {
         );
     }
     for s in &r.skipped {
-        println!("skipped {s}");
+        outln!("skipped {s}");
     }
     if let Some(v) = r.results[0].trials[0].verified {
-        println!("verified: {}", if v { "every trial" } else { "no" });
+        outln!("verified: {}", if v { "every trial" } else { "no" });
     }
+    Ok(())
 }
 
-fn plot(reports: &[GraphReport], path: &std::path::Path) -> Result<(), Error> {
+fn plot(reports: &[GraphReport], out: &OutputPath) -> Result<(), Error> {
     let panels: Vec<crate::plot::Panel<'_>> = reports
         .iter()
         .map(|r| crate::plot::Panel {
@@ -246,5 +249,5 @@ fn plot(reports: &[GraphReport], path: &std::path::Path) -> Result<(), Error> {
                 .collect(),
         })
         .collect();
-    crate::plot::bars(path, &panels)
+    crate::plot::bars(out, &panels)
 }

@@ -2,22 +2,37 @@
 //! `strata trace …`.
 //!
 //! Exit status: 0 on success, 2 on bad arguments or input (one line on
-//! stderr saying what is wrong), 1 when the work itself failed.
+//! stderr saying what is wrong), 1 when the work itself failed or its
+//! output could not be written (see `out`); a closed stdout ends nothing.
 
+/// `println!` that reports a failed write (`?`: the enclosing function
+/// returns `Result<_, strata::Error>`) instead of panicking.
+macro_rules! outln {
+    () => {
+        $crate::out::line(format_args!(""))?
+    };
+    ($($t:tt)*) => {
+        $crate::out::line(format_args!($($t)*))?
+    };
+}
+
+mod cli;
 mod graph;
 mod offload;
+mod out;
 mod plot;
 mod recsys;
 mod trace;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+
 use indicatif::{ProgressBar, ProgressStyle};
+use out::OutputPath;
 use serde::Serialize;
 
-use strata::config::Config;
 use strata::io::EngineChoice;
 use strata::size::{check_page_size, format_rate, format_size, parse_size};
 use strata::tier::CxlMode;
@@ -83,9 +98,10 @@ struct MigrateArgs {
     /// Bytes migrated per case.
     #[arg(long, default_value = "64M")]
     size: String,
-    /// Directory for the NVMe tier (a disk, not tmpfs).
-    #[arg(long, default_value = ".")]
-    path: PathBuf,
+    /// Directory for the NVMe tier, a disk, not tmpfs (default: the
+    /// configured NVMe path, then the current directory).
+    #[arg(long)]
+    path: Option<PathBuf>,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -93,9 +109,10 @@ struct MigrateArgs {
 
 #[derive(Args)]
 struct IoArgs {
-    /// Directory, new file name or block device to run on.
+    /// Directory, new file name or block device to run on (default: the
+    /// configured NVMe path, then the current directory).
     #[arg(long)]
-    path: PathBuf,
+    path: Option<PathBuf>,
     /// File size (e.g. 1G).
     #[arg(long, default_value = "1G")]
     size: String,
@@ -148,46 +165,61 @@ struct CopyArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli) {
+    let cli = match cli::parse::<Cli>() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match run(cli).and_then(|()| out::flush()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("strata: {e}");
-            // Bad input (including a size the disk cannot hold, or asking
-            // for a GPU where there is none) is 2; a failure of the work
-            // itself (I/O errors, corruption) is 1.
-            match e.kind() {
-                ErrorKind::InvalidArgument
-                | ErrorKind::NoDevice
-                | ErrorKind::NotFound
-                | ErrorKind::Unsupported
-                | ErrorKind::PermissionDenied
-                | ErrorKind::NoSpace => ExitCode::from(2),
-                _ => ExitCode::from(1),
-            }
+            out::warn(format_args!("strata: {e}"));
+            ExitCode::from(exit_status(&e))
         }
     }
 }
 
+/// Bad input (including a size the disk cannot hold, a path that is a
+/// directory where a file belongs, or asking for a GPU where there is
+/// none) is 2; a failure of the work itself (I/O errors, corruption, an
+/// output that could not be written) is 1.
+fn exit_status(e: &Error) -> u8 {
+    if matches!(
+        e.raw_os_error(),
+        Some(libc::EISDIR | libc::ENOTDIR | libc::ENAMETOOLONG | libc::ELOOP)
+    ) {
+        return 2;
+    }
+    match e.kind() {
+        ErrorKind::InvalidArgument
+        | ErrorKind::NoDevice
+        | ErrorKind::NotFound
+        | ErrorKind::Unsupported
+        | ErrorKind::PermissionDenied
+        | ErrorKind::NoSpace => 2,
+        _ => 1,
+    }
+}
+
 fn run(cli: Cli) -> Result<(), Error> {
+    let config = cli.config.as_deref();
     match cli.command {
         Command::Info { json } => {
-            let config = Config::load(cli.config.as_deref())?;
+            let config = cli::load_config(config)?;
             let info = strata::info::gather(&config);
             if json {
-                println!("{}", to_json(&info)?);
+                outln!("{}", to_json(&info)?);
             } else {
-                print_info(&info);
+                print_info(&info)?;
             }
             Ok(())
         }
-        Command::Bench(BenchCommand::Io(a)) => bench_io(a),
+        Command::Bench(BenchCommand::Io(a)) => bench_io(a, config),
         Command::Bench(BenchCommand::Copy(a)) => bench_copy(a),
-        Command::Bench(BenchCommand::Migrate(a)) => bench_migrate(a),
+        Command::Bench(BenchCommand::Migrate(a)) => bench_migrate(a, config),
         Command::Bench(BenchCommand::Graph(a)) => graph::run(a),
         Command::Bench(BenchCommand::Recsys(a)) => recsys::run(a),
         Command::Bench(BenchCommand::Moe(a)) => offload::run_moe(a),
-        Command::Bench(BenchCommand::Optim(a)) => offload::run_optim(a),
+        Command::Bench(BenchCommand::Optim(a)) => offload::run_optim(a, config),
         Command::Trace(c) => trace::run(c),
     }
 }
@@ -196,30 +228,42 @@ fn to_json<T: Serialize>(v: &T) -> Result<String, Error> {
     serde_json::to_string_pretty(v).map_err(|e| Error::invalid(format!("encoding JSON: {e}")))
 }
 
-/// Opens the `--json` file before a run, so a bad path fails at once
+/// Checks the `--json` path before a run, so a bad path fails at once
 /// rather than after minutes of measuring.
-fn open_json(path: &Option<PathBuf>) -> Result<Option<(PathBuf, std::fs::File)>, Error> {
-    path.as_ref()
-        .map(|p| {
-            std::fs::File::create(p)
-                .map(|f| (p.clone(), f))
-                .map_err(|e| Error::io(format!("--json {}", p.display()), e))
-        })
-        .transpose()
+fn open_json(path: &Option<PathBuf>) -> Result<Option<OutputPath>, Error> {
+    OutputPath::check_opt("--json", path)
 }
 
-fn write_json<T: Serialize>(out: Option<(PathBuf, std::fs::File)>, v: &T) -> Result<(), Error> {
-    use std::io::Write;
-    if let Some((path, mut file)) = out {
-        file.write_all((to_json(v)? + "\n").as_bytes())
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+fn write_json<T: Serialize>(out: Option<OutputPath>, v: &T) -> Result<(), Error> {
+    if let Some(out) = out {
+        out.write((to_json(v)? + "\n").as_bytes())?;
     }
     Ok(())
 }
 
+/// The directory for a bench's NVMe tier: `--path`, else the configured
+/// NVMe path (`--config`, `$STRATA_CONFIG`, `STRATA_NVME_PATH`), else the
+/// current directory. Warns (one line, the run goes on) when it is RAM.
+fn nvme_path(flag_path: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, Error> {
+    let path = match flag_path {
+        Some(p) => p,
+        None => cli::configured_nvme_path(config)?.unwrap_or_else(|| PathBuf::from(".")),
+    };
+    if let Some(fs) = strata_bench::machine::ram_filesystem(&path) {
+        out::defer_warning(format!(
+            "strata: warning: {} is on {fs}: the \"NVMe\" tier there is RAM, not a disk",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
 /// Runs `work` with a progress bar on the terminal (none when stderr is not
 /// one), cleared when it ends.
-fn with_progress<T>(quiet: bool, work: impl FnOnce(&mut dyn FnMut(&str, f64)) -> T) -> T {
+fn with_progress<T, E>(
+    quiet: bool,
+    work: impl FnOnce(&mut dyn FnMut(&str, f64)) -> Result<T, E>,
+) -> Result<T, E> {
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
@@ -231,10 +275,15 @@ fn with_progress<T>(quiet: bool, work: impl FnOnce(&mut dyn FnMut(&str, f64)) ->
             .progress_chars("=> "),
     );
     let result = work(&mut |phase, fraction| {
+        // The work has started: what it was warned about can be said.
+        out::flush_warnings();
         bar.set_message(phase.to_string());
         bar.set_position((fraction * 1000.0) as u64);
     });
     bar.finish_and_clear();
+    if result.is_ok() {
+        out::flush_warnings();
+    }
     result
 }
 
@@ -269,15 +318,21 @@ fn page_size_arg(flag: &str, text: &str) -> Result<usize, Error> {
     Ok(v)
 }
 
-fn bench_io(a: IoArgs) -> Result<(), Error> {
+fn bench_io(a: IoArgs, config: Option<&Path>) -> Result<(), Error> {
     let params = bench::io::IoParams {
-        path: a.path,
+        path: nvme_path(a.path, config)?,
         size: size_arg("--size", &a.size)?,
-        pattern: a.pattern.parse()?,
+        pattern: a
+            .pattern
+            .parse()
+            .map_err(|e: Error| e.context("--pattern"))?,
         bs: page_size_arg("--bs", &a.bs)?,
         qd: a.qd,
         seconds: a.seconds,
-        engine: a.engine.parse::<EngineChoice>()?,
+        engine: a
+            .engine
+            .parse::<EngineChoice>()
+            .map_err(|e| e.context("--engine"))?,
         seed: a.seed,
     };
     if params.size == 0 {
@@ -297,11 +352,17 @@ fn bench_io(a: IoArgs) -> Result<(), Error> {
     }
     let json = open_json(&a.json)?;
     let r = with_progress(false, |progress| bench::io::run(&params, progress))?;
-    println!(
+    outln!(
         "{:<9} {:>5} {:>4} {:>7} {:>12} {:>12} {:>10}",
-        "pattern", "bs", "qd", "engine", "iops", "bandwidth", "lat (µs)"
+        "pattern",
+        "bs",
+        "qd",
+        "engine",
+        "iops",
+        "bandwidth",
+        "lat (µs)"
     );
-    println!(
+    outln!(
         "{:<9} {:>5} {:>4} {:>7} {:>12.0} {:>12} {:>10.1}",
         r.pattern,
         format_size(r.bs as u64),
@@ -339,7 +400,7 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
     };
     let json = open_json(&a.json)?;
     let r = with_progress(false, |progress| bench::copy::run(&params, progress))?;
-    println!(
+    outln!(
         "cxl: {}",
         match &r.cxl_emulation {
             Some(m) => format!(
@@ -350,12 +411,17 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
             None => r.cxl.clone(),
         }
     );
-    println!(
+    outln!(
         "{:<11} {:>6} {:>12} {:>12} {:>12} {:>6}",
-        "link", "page", "page copy", "memcpy", "limit", "ratio"
+        "link",
+        "page",
+        "page copy",
+        "memcpy",
+        "limit",
+        "ratio"
     );
     for c in &r.cases {
-        println!(
+        outln!(
             "{:<11} {:>6} {:>12} {:>12} {:>12} {:>6.2}",
             c.link,
             format_size(c.page_size as u64),
@@ -368,7 +434,7 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
     write_json(json, &r)
 }
 
-fn bench_migrate(a: MigrateArgs) -> Result<(), Error> {
+fn bench_migrate(a: MigrateArgs, config: Option<&Path>) -> Result<(), Error> {
     let (page_sizes, size) = page_sizes_and_size(&a.page_sizes, &a.size)?;
     if size > 4 << 30 {
         return Err(Error::invalid(
@@ -376,20 +442,24 @@ fn bench_migrate(a: MigrateArgs) -> Result<(), Error> {
         ));
     }
     let params = bench::migrate::MigrateParams {
-        device: a.device.parse()?,
+        device: a.device.parse().map_err(|e: Error| e.context("--device"))?,
         page_sizes,
         size,
-        path: a.path,
+        path: nvme_path(a.path, config)?,
     };
     let json = open_json(&a.json)?;
     let r = with_progress(false, |progress| bench::migrate::run(&params, progress))?;
-    println!("backend: {} (cxl emulated)", r.backend);
-    println!(
+    outln!("backend: {} (cxl emulated)", r.backend);
+    outln!(
         "{:<13} {:>6} {:>12} {:>12} {:>6}  time",
-        "link", "page", "migration", "raw link", "ratio"
+        "link",
+        "page",
+        "migration",
+        "raw link",
+        "ratio"
     );
     for c in &r.cases {
-        println!(
+        outln!(
             "{:<13} {:>6} {:>12} {:>12} {:>6.2}  {}",
             c.link,
             format_size(c.page_size as u64),
@@ -402,29 +472,29 @@ fn bench_migrate(a: MigrateArgs) -> Result<(), Error> {
     write_json(json, &r)
 }
 
-fn print_info(info: &strata::info::Info) {
-    println!("strata {}", info.version);
+fn print_info(info: &strata::info::Info) -> Result<(), Error> {
+    outln!("strata {}", info.version);
     match &info.gpu {
-        Some(g) => println!(
+        Some(g) => outln!(
             "gpu:       {} ({}, {}, sm {})",
             g.ordinal,
             g.name,
             format_size(g.memory_bytes),
             g.compute_capability
         ),
-        None => println!(
+        None => outln!(
             "gpu:       none ({})",
             info.gpu_absent_reason.as_deref().unwrap_or("unknown")
         ),
     }
-    println!(
+    outln!(
         "nvrtc:     {}",
         match &info.nvrtc {
             Some(v) => format!("{v} (the CUDA kernels compile at run time)"),
             None => "not loaded (CUDA kernels cannot compile; needs the cuda feature and libnvrtc.so or libnvrtc.so.12 on the library path)".into(),
         }
     );
-    println!(
+    outln!(
         "io_uring:  {}",
         if info.io_uring {
             "yes".to_string()
@@ -432,12 +502,12 @@ fn print_info(info: &strata::info::Info) {
             format!("no ({})", info.io_uring_error.as_deref().unwrap_or(""))
         }
     );
-    println!("io engine: {}", info.io_engine);
-    println!(
+    outln!("io engine: {}", info.io_engine);
+    outln!(
         "backend:   {}",
         info.backend.unwrap_or("none (no device tier)")
     );
-    println!(
+    outln!(
         "THP:       {}",
         if info.transparent_huge_pages {
             "allowed"
@@ -445,9 +515,9 @@ fn print_info(info: &strata::info::Info) {
             "not allowed"
         }
     );
-    println!("numa nodes:");
+    outln!("numa nodes:");
     for n in &info.numa_nodes {
-        println!(
+        outln!(
             "  node {:<3} {:>8}  {}",
             n.id,
             format_size(n.memory_bytes),
@@ -459,14 +529,14 @@ fn print_info(info: &strata::info::Info) {
         );
     }
     if !info.memory_tiers.is_empty() {
-        println!("kernel memory tiers:");
+        outln!("kernel memory tiers:");
         for t in &info.memory_tiers {
-            println!("  tier {:<4} nodes {:?}", t.id, t.nodes);
+            outln!("  tier {:<4} nodes {:?}", t.id, t.nodes);
         }
     }
-    println!("tiers:");
+    outln!("tiers:");
     for t in &info.tiers {
-        println!(
+        outln!(
             "  {:<7} {:>8}  {}{}",
             t.tier.name(),
             format_size(t.capacity_bytes),
@@ -478,4 +548,5 @@ fn print_info(info: &strata::info::Info) {
             }
         );
     }
+    Ok(())
 }

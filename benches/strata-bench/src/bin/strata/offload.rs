@@ -70,7 +70,10 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         expert_bytes: size_arg(&a.expert_bytes, "--expert-bytes")?,
         device_slots: a.device_slots,
         tokens: a.tokens,
-        routing: a.routing.parse()?,
+        routing: a
+            .routing
+            .parse()
+            .map_err(|e: Error| e.context("--routing"))?,
         baselines: a.baselines,
         seed: a.seed,
         page_size: size_arg(&a.page_size, "--page-size")?
@@ -79,6 +82,9 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         fifo_link: a.fifo_link,
         device: a.device.parse().map_err(|e: Error| e.context("--device"))?,
     };
+    if let moe::Routing::File { path } = &params.routing {
+        crate::cli::input_file("--routing file:", path)?;
+    }
     let json = crate::open_json(&a.json)?;
     let r = crate::with_progress(a.quiet, |progress| moe::run(&params, progress)).map_err(|e| {
         if e.kind() == strata::ErrorKind::NoDevice {
@@ -87,7 +93,7 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
             e
         }
     })?;
-    println!(
+    outln!(
         "{} layers × {} experts of {} ({} in all), {} device slots ({:.0}%), {} tokens",
         r.layers,
         r.experts,
@@ -98,21 +104,29 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         r.tokens
     );
     if r.modelled {
-        println!("backend: simulated — stall and decode times are modelled (PCIe 25 GB/s link); wall is this machine");
+        outln!("backend: simulated — stall and decode times are modelled (PCIe 25 GB/s link); wall is this machine");
     } else {
-        println!("backend: cuda — stall and decode times measured on the GPU (each layer's compute a {:.1} µs spin); bounds below modelled", r.layer_compute_seconds * 1e6);
+        outln!("backend: cuda — stall and decode times measured on the GPU (each layer's compute a {:.1} µs spin); bounds below modelled", r.layer_compute_seconds * 1e6);
     }
     let lru = r.results.iter().find(|x| x.config == "lru");
     let vs_lru = |stall: f64| match lru {
         Some(l) if l.stall_seconds > 0.0 => format!("{:.3}×", stall / l.stall_seconds),
         _ => "—".into(),
     };
-    println!(
+    outln!(
         "{:<9} {:>9} {:>9} {:>12} {:>8} {:>10} {:>10} {:>11} {:>8}",
-        "config", "hit rate", "ready", "stall", "÷lru", "moved", "prefetch", "tokens/s", "wall"
+        "config",
+        "hit rate",
+        "ready",
+        "stall",
+        "÷lru",
+        "moved",
+        "prefetch",
+        "tokens/s",
+        "wall"
     );
     for x in &r.results {
-        println!(
+        outln!(
             "{:<9} {:>8.1}% {:>8.1}% {:>10.3}ms {:>8} {:>10} {:>9.1}% {:>11.1} {:>7.2}s",
             x.config,
             100.0 * x.hit_rate,
@@ -126,25 +140,25 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         );
     }
     let b = &r.bounds;
-    println!(
+    outln!(
         "bounds, same fetches and {} slots in one pool (modelled; a transfer {:.1} µs, all compute {:.1} ms):",
         r.device_slots,
         b.transfer_seconds * 1e6,
         b.compute_seconds * 1e3
     );
-    println!(
+    outln!(
         "  belady        {:>8.1}% {:>10.3}ms {:>8}   demand transfers only",
         100.0 * b.belady_hit_rate,
         b.belady_stall_seconds * 1e3,
         vs_lru(b.belady_stall_seconds)
     );
-    println!(
+    outln!(
         "  belady        {:>8.1}% ≥{:>9.3}ms {:>8}   with perfect prefetch",
         100.0 * b.belady_hit_rate,
         b.belady_prefetch_stall_floor_seconds * 1e3,
         vs_lru(b.belady_prefetch_stall_floor_seconds)
     );
-    println!(
+    outln!(
         "  best fixed set{:>8.1}% ≥{:>9.3}ms {:>8}   with perfect prefetch",
         100.0 * b.static_oracle_hit_rate,
         b.static_oracle_prefetch_stall_floor_seconds * 1e3,
@@ -165,9 +179,10 @@ pub struct OptimArgs {
     /// Chunk bytes per state array (a power of two, 4k..2M).
     #[arg(long, default_value = "1M")]
     chunk: String,
-    /// Directory for the NVMe tier (a disk, not tmpfs).
-    #[arg(long, default_value = ".")]
-    path: PathBuf,
+    /// Directory for the NVMe tier, a disk, not tmpfs (default: the
+    /// configured NVMe path, then the current directory).
+    #[arg(long)]
+    path: Option<PathBuf>,
     /// Timed steps (after one untimed).
     #[arg(long, default_value_t = 3)]
     steps: usize,
@@ -204,14 +219,20 @@ fn parse_importance(s: &str) -> Result<Importance, Error> {
     Ok(Importance { fraction, every })
 }
 
-pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
+pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), Error> {
+    // Only the NVMe tier places anything there (and warns about tmpfs).
+    let path = if a.tier == "nvme" {
+        crate::nvme_path(a.path.clone(), config)?
+    } else {
+        a.path.clone().unwrap_or_else(|| PathBuf::from("."))
+    };
     let params = OptimParams {
         params: a.params,
         tier: a.tier.clone(),
         chunk: size_arg(&a.chunk, "--chunk")?
             .try_into()
             .map_err(|_| Error::invalid("--chunk is too large"))?,
-        path: a.path.clone(),
+        path,
         steps: a.steps,
         update: a.update.parse().map_err(|e: Error| e.context("--update"))?,
         importance: a.importance.as_deref().map(parse_importance).transpose()?,
@@ -222,7 +243,7 @@ pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
         Some(gpu) => format!("on {gpu}, cuda"),
         None => format!("on the CPU ({} threads)", r.threads),
     };
-    println!(
+    outln!(
         "{} parameters, states {} in {}{}, chunks of {}; update {on}",
         params.params,
         format_size(r.state_bytes),
@@ -231,7 +252,7 @@ pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
         format_size(params.chunk as u64),
     );
     if let Some(imp) = &params.importance {
-        println!(
+        outln!(
             "importance-aware: {:.0}% of each chunk resident, the rest every {} steps; {} timed steps, {} of state moved per step",
             imp.fraction * 100.0,
             imp.every,
@@ -239,19 +260,19 @@ pub fn run_optim(a: OptimArgs) -> Result<(), Error> {
             format_size(r.state_bytes_per_step as u64)
         );
     }
-    println!(
+    outln!(
         "step {:.3}s, {} (read + written), waited on I/O {:.3}s per step",
         r.step_seconds,
         format_rate(r.bytes_per_sec),
         r.io_wait_seconds
     );
-    println!(
+    outln!(
         "memcpy {} → {:.2}×",
         format_rate(r.memcpy_bytes_per_sec),
         r.ratio_to_memcpy
     );
     if let (Some(s), Some(x)) = (r.nvme_seq_read_bytes_per_sec, r.ratio_to_nvme_seq_read) {
-        println!("nvme sequential read {} → {:.2}×", format_rate(s), x);
+        outln!("nvme sequential read {} → {:.2}×", format_rate(s), x);
     }
     crate::write_json(json, &r)?;
     Ok(())

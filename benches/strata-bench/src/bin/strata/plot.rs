@@ -11,11 +11,19 @@ pub struct Panel<'a> {
     pub bars: Vec<(&'a str, f64)>,
 }
 
-/// Draws the panels stacked into an SVG at `path`.
-pub fn bars(path: &std::path::Path, panels: &[Panel<'_>]) -> Result<(), Error> {
-    let err =
-        |e: &dyn std::fmt::Display| Error::invalid(format!("drawing {}: {e}", path.display()));
-    let root = SVGBackend::new(path, (720, 300 * panels.len().max(1) as u32)).into_drawing_area();
+/// Draws the panels stacked into an SVG, written to `out` (checked before
+/// the run) once drawn.
+pub fn bars(out: &crate::out::OutputPath, panels: &[Panel<'_>]) -> Result<(), Error> {
+    let mut svg = String::new();
+    draw(&mut svg, panels)
+        .map_err(|e| Error::invalid(format!("drawing {}: {e}", out.path().display())))?;
+    out.write(svg.as_bytes())
+}
+
+fn draw(svg: &mut String, panels: &[Panel<'_>]) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let root =
+        SVGBackend::with_string(svg, (720, 300 * panels.len().max(1) as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     for (p, area) in panels
         .iter()

@@ -67,9 +67,15 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
         pooling: a.pooling,
         batch: a.batch,
         batches: a.batches,
-        dist: a.dist.parse()?,
-        device_budget: a.device_budget.parse::<Budget>()?,
-        policy: a.policy.parse::<PolicyKind>()?,
+        dist: a.dist.parse().map_err(|e: Error| e.context("--dist"))?,
+        device_budget: a
+            .device_budget
+            .parse::<Budget>()
+            .map_err(|e| e.context("--device-budget"))?,
+        policy: a
+            .policy
+            .parse::<PolicyKind>()
+            .map_err(|e| e.context("--policy"))?,
         baselines: a.baselines,
         seed: a.seed,
         page_size: parse_size(&a.page_size)
@@ -77,9 +83,14 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
             .try_into()
             .map_err(|_| Error::invalid("--page-size is too large"))?,
     };
+    strata::size::check_page_size(params.page_size).map_err(|e| e.context("--page-size"))?;
+    if let strata_bench::workloads::recsys::Dist::File { path } = &params.dist {
+        crate::cli::input_file("--dist file:", path)?;
+    }
     let json = crate::open_json(&a.json)?;
+    let plot_file = crate::out::OutputPath::check_opt("--plot", &a.plot)?;
     let report = crate::with_progress(a.quiet, |progress| recsys::run(&params, progress))?;
-    println!(
+    outln!(
         "{} tables × {} rows × {} f32 ({}), device budget {}; {} lookups per configuration",
         params.tables,
         params.rows,
@@ -88,13 +99,18 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
         format_size(report.budget_bytes),
         report.lookups
     );
-    println!("backend: simulated — lookups/s in modelled GPU time; wall is this machine");
-    println!(
+    outln!("backend: simulated — lookups/s in modelled GPU time; wall is this machine");
+    outln!(
         "{:<11} {:>14} {:>9} {:>10} {:>12} {:>9}",
-        "config", "lookups/s", "hit rate", "moved", "modelled", "wall"
+        "config",
+        "lookups/s",
+        "hit rate",
+        "moved",
+        "modelled",
+        "wall"
     );
     for r in &report.results {
-        println!(
+        outln!(
             "{:<11} {:>14.3e} {:>8.1}% {:>10} {:>10.3}ms {:>8.2}s",
             r.config,
             r.lookups_per_sec,
@@ -105,7 +121,7 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
         );
     }
     for o in &report.static_optimum {
-        println!(
+        outln!(
             "{:<11} {:>14.3e} {:>8.1}%   (best fixed placement by {}, in hindsight, free)",
             "static-opt",
             o.lookups_per_sec,
@@ -114,15 +130,15 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
         );
     }
     crate::write_json(json, &report)?;
-    if let Some(path) = &a.plot {
-        plot(&report, path)?;
+    if let Some(out) = &plot_file {
+        plot(&report, out)?;
     }
     Ok(())
 }
 
-fn plot(r: &RecsysReport, path: &std::path::Path) -> Result<(), Error> {
+fn plot(r: &RecsysReport, out: &crate::out::OutputPath) -> Result<(), Error> {
     crate::plot::bars(
-        path,
+        out,
         &[crate::plot::Panel {
             caption: "embedding bags (simulated device, modelled time)".into(),
             x_desc: "million lookups per modelled second (higher is better)",

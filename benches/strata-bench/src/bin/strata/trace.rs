@@ -12,6 +12,7 @@ use strata::Error;
 use strata_bench::gen::{self, GenKind, GenParams};
 
 use super::{open_json, write_json};
+use crate::out::OutputPath;
 
 #[derive(Subcommand)]
 pub enum TraceCommand {
@@ -108,6 +109,10 @@ struct ReplayJson<'a> {
     misses: u64,
     hit_rate: f64,
     capacity_pages: usize,
+    /// Only where the capacity was clamped: the pages (of groups) the
+    /// trace touches, which a larger cache behaves exactly like.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    effective_capacity_pages: Option<usize>,
     trace: String,
     seconds: f64,
 }
@@ -128,33 +133,77 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
         )));
     }
     let json = open_json(&a.json)?;
+    crate::cli::input_file("--trace", &a.trace)?;
+    // At most one access per two bytes ("0\n"), each held as a u64 in the
+    // trace and about as much again in a policy's view of the future.
+    let trace_bytes = std::fs::metadata(&a.trace).map_or(0, |m| m.len());
+    strata_bench::machine::check_memory(
+        format_args!("--trace {}", a.trace.display()),
+        "its accesses and a policy's index of them",
+        trace_bytes.saturating_mul(8),
+    )?;
     let t = trace::read(&a.trace)?;
-    let mut reports: Vec<ReplayReport> = Vec::new();
+    // A cache larger than the pages (groups) the trace touches never
+    // evicts, so it behaves exactly like one that holds just those; the
+    // policies preallocate for their capacity, so it is clamped there.
+    let mut distinct = t.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let mut groups: Vec<u64> = distinct.iter().map(|p| p / a.group_pages).collect();
+    groups.dedup();
+    let touched = (distinct.len() as u64).max(1);
+    let touched_in_groups = (groups.len() as u64).max(1).saturating_mul(a.group_pages);
+    drop(distinct);
+    drop(groups);
+    let clamp = |kind: PolicyKind| -> usize {
+        let limit = if kind == PolicyKind::Lru {
+            touched_in_groups
+        } else {
+            touched
+        };
+        (a.capacity_pages as u64).min(limit) as usize
+    };
+    let mut reports: Vec<(ReplayReport, usize)> = Vec::new();
     for kind in kinds {
+        let capacity = clamp(kind);
         let mut p: Box<dyn Policy> = match kind {
-            PolicyKind::Lru => Box::new(Lru::with_group(a.capacity_pages, a.group_pages)),
+            PolicyKind::Lru => Box::new(Lru::with_group(capacity, a.group_pages)),
             PolicyKind::Lookahead => Box::new(lookahead::Lookahead::with_future(
-                a.capacity_pages,
+                capacity,
                 &t,
                 a.window
-                    .unwrap_or_else(|| lookahead::default_window(a.capacity_pages)),
+                    .unwrap_or_else(|| lookahead::default_window(capacity)),
             )),
-            k => policy::build(k, a.capacity_pages, Some(&t))?,
+            k => policy::build(k, capacity, Some(&t))?,
         };
-        reports.push(policy::replay(p.as_mut(), &t));
+        reports.push((policy::replay(p.as_mut(), &t), capacity));
     }
-    println!(
+    outln!(
         "trace: {} ({} accesses), capacity {} pages",
         a.trace.display(),
         t.len(),
         a.capacity_pages
     );
-    println!(
+    let used = reports
+        .iter()
+        .map(|r| r.1)
+        .max()
+        .unwrap_or(a.capacity_pages);
+    if used < a.capacity_pages {
+        outln!(
+            "the trace touches {touched} distinct pages: the cache never fills, and replays as {used} pages"
+        );
+    }
+    outln!(
         "{:<10} {:>12} {:>12} {:>9} {:>14}",
-        "policy", "hits", "misses", "hit rate", "accesses/s"
+        "policy",
+        "hits",
+        "misses",
+        "hit rate",
+        "accesses/s"
     );
-    for r in &reports {
-        println!(
+    for (r, _) in &reports {
+        outln!(
             "{:<10} {:>12} {:>12} {:>8.2}% {:>14.0}",
             r.policy,
             r.hits,
@@ -165,13 +214,14 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
     }
     let rows: Vec<ReplayJson> = reports
         .iter()
-        .map(|r| ReplayJson {
+        .map(|(r, used)| ReplayJson {
             policy: &r.policy,
             accesses: r.accesses,
             hits: r.hits,
             misses: r.misses,
             hit_rate: r.hit_rate,
             capacity_pages: a.capacity_pages,
+            effective_capacity_pages: (*used < a.capacity_pages).then_some(*used),
             trace: a.trace.display().to_string(),
             seconds: r.seconds,
         })
@@ -208,16 +258,13 @@ fn gen(a: GenArgs) -> Result<(), Error> {
     if !graph_kind && params.pages == 0 {
         return Err(Error::invalid("--pages must be at least 1"));
     }
+    let out = OutputPath::check("--out", &a.out)?;
     let t = gen::generate(&params)?;
-    trace::write_file(
-        &a.out,
-        &t,
-        &format!("strata trace gen: {}", params.describe()),
-    )?;
+    out.write_with(|w| trace::write(w, &t, &format!("strata trace gen: {}", params.describe())))?;
     let mut pages = t.clone();
     pages.sort_unstable();
     pages.dedup();
-    println!(
+    outln!(
         "wrote {} accesses to {} distinct pages to {}",
         t.len(),
         pages.len(),

@@ -149,8 +149,42 @@ impl Csr {
         self.offsets.len() as u64 * 8 + self.neighbors.len() as u64 * 8 + inc
     }
 
-    /// Builds the graph `spec` describes.
+    /// An upper bound of the memory [`Csr::load`] needs at its peak, in
+    /// bytes: generating holds every edge twice as (u32, u32, u32) while
+    /// collecting (24 bytes per edge each way) beside the labels and the
+    /// offsets; an edge-list file has at most one edge per 4 bytes, each
+    /// held as a triple, in the CSR and (directed) in the transpose.
+    pub fn memory_estimate(spec: &GraphSpec) -> u64 {
+        match spec {
+            GraphSpec::Kron { scale, edge_factor } | GraphSpec::Urand { scale, edge_factor } => {
+                let n = 1u64 << scale;
+                let m = n.saturating_mul(*edge_factor as u64);
+                m.saturating_mul(48).saturating_add(n.saturating_mul(12))
+            }
+            GraphSpec::File { path, undirected } => {
+                let len = std::fs::metadata(path).map_or(0, |m| m.len());
+                (len / 4)
+                    .saturating_mul(36)
+                    .saturating_mul(if *undirected { 2 } else { 1 })
+            }
+        }
+    }
+
+    /// Builds the graph `spec` describes, after checking
+    /// [`Csr::memory_estimate`] against the memory available.
     pub fn load(spec: &GraphSpec, seed: u64) -> Result<Self> {
+        let what = match spec {
+            GraphSpec::Kron { scale, edge_factor } => format!("--graph kron:{scale}:{edge_factor}"),
+            GraphSpec::Urand { scale, edge_factor } => {
+                format!("--graph urand:{scale}:{edge_factor}")
+            }
+            GraphSpec::File { path, .. } => format!("--graph file:{}", path.display()),
+        };
+        crate::machine::check_memory(
+            what,
+            "its edges and CSR arrays",
+            Self::memory_estimate(spec),
+        )?;
         match spec {
             GraphSpec::Kron { scale, edge_factor } => {
                 Ok(generate(*scale, *edge_factor, seed, true))

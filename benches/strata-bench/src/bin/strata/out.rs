@@ -1,0 +1,189 @@
+//! Checked output: stdout and the files a run writes (`--json`, `--plot`,
+//! `--dump`, `trace gen --out`).
+//!
+//! - A reader that left (EPIPE, e.g. `strata info | head -1`) is not an
+//!   error: further stdout is dropped, the run goes on (its output files
+//!   are still written) and the exit status is that of the work, 0 on
+//!   success, as most Unix tools behave when SIGPIPE is ignored.
+//! - Any other failure to write (ENOSPC on `/dev/full`, EIO) is one line,
+//!   "writing stdout: No space left on device", and exit status 1: the
+//!   input was fine, the output could not be delivered.
+//! - Output paths are checked before the run ([`OutputPath::check`]), so a
+//!   bad path is exit 2 at once rather than after the measuring.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use strata::{Error, ErrorKind};
+
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+
+/// An I/O error's text without Rust's " (os error N)" tail.
+pub fn describe(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+fn stdout_result(r: std::io::Result<()>) -> Result<(), Error> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            STDOUT_GONE.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) => Err(Error::new(
+            ErrorKind::Io,
+            format!("writing stdout: {}", describe(&e)),
+        )),
+    }
+}
+
+/// Writes one line to stdout (see the module docs for failures).
+pub fn line(args: std::fmt::Arguments<'_>) -> Result<(), Error> {
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    stdout_result(out.write_fmt(args).and_then(|()| out.write_all(b"\n")))
+}
+
+/// Flushes stdout at the end of a run.
+pub fn flush() -> Result<(), Error> {
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    stdout_result(std::io::stdout().lock().flush())
+}
+
+/// One line on stderr; a closed stderr is ignored (there is nowhere left
+/// to say anything).
+pub fn warn(args: std::fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(args).and_then(|()| err.write_all(b"\n"));
+}
+
+static PENDING: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+
+/// A warning held until the work starts ([`flush_warnings`]): a run refused
+/// first says only why it was refused, in one line.
+pub fn defer_warning(line: String) {
+    PENDING.lock().push(line);
+}
+
+/// Prints the deferred warnings (once).
+pub fn flush_warnings() {
+    for line in std::mem::take(&mut *PENDING.lock()) {
+        warn(format_args!("{line}"));
+    }
+}
+
+/// A file a run will write, checked before the run.
+#[derive(Debug)]
+pub struct OutputPath {
+    flag: &'static str,
+    path: PathBuf,
+}
+
+impl OutputPath {
+    /// Checks that `path` (given as `flag`) can be written: not a
+    /// directory, in an existing directory, and opening it for writing
+    /// works. A file that did not exist before is removed again, so a run
+    /// refused later leaves nothing behind; an existing one is untouched.
+    pub fn check(flag: &'static str, path: &Path) -> Result<Self, Error> {
+        let shown = path.display();
+        if path.as_os_str().is_empty() {
+            return Err(Error::invalid(format!("{flag} is empty; name a file")));
+        }
+        if path.is_dir() {
+            return Err(Error::invalid(format!(
+                "{flag} {shown} is a directory; name a file"
+            )));
+        }
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if !parent.exists() {
+            return Err(Error::invalid(format!(
+                "{flag} {shown}: directory {} does not exist",
+                parent.display()
+            )));
+        }
+        if !parent.is_dir() {
+            return Err(Error::invalid(format!(
+                "{flag} {shown}: {} is not a directory",
+                parent.display()
+            )));
+        }
+        let existed = path.symlink_metadata().is_ok();
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("{flag} {shown}: {}", describe(&e)),
+                )
+            })?;
+        if !existed {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(Self {
+            flag,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// `check` for an optional flag.
+    pub fn check_opt(flag: &'static str, path: &Option<PathBuf>) -> Result<Option<Self>, Error> {
+        path.as_deref().map(|p| Self::check(flag, p)).transpose()
+    }
+
+    /// Writes the file: `fill` is given a buffered writer. A failure is
+    /// one line naming the file, exit status 1.
+    pub fn write_with(
+        &self,
+        fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(), Error> {
+        let fail = |e: std::io::Error| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "writing {} ({}): {}",
+                    self.path.display(),
+                    self.flag,
+                    describe(&e)
+                ),
+            )
+        };
+        let file = std::fs::File::create(&self.path).map_err(fail)?;
+        let mut w = std::io::BufWriter::new(file);
+        fill(&mut w).map_err(fail)?;
+        let file = w.into_inner().map_err(|e| fail(e.into_error()))?;
+        file.sync_data().or_else(|e| {
+            // Character devices and pipes cannot sync; that is no failure.
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                Ok(())
+            } else {
+                Err(fail(e))
+            }
+        })
+    }
+
+    /// Writes `bytes` as the file.
+    pub fn write(&self, bytes: &[u8]) -> Result<(), Error> {
+        self.write_with(|w| w.write_all(bytes))
+    }
+
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
