@@ -15,13 +15,19 @@
  * - Handles: strata_runtime, strata_buffer, strata_pin, strata_ticket,
  *   strata_map and strata_launch are opaque. A handle is a 64-bit value (a
  *   type tag, a generation and a slot), never a pointer to be followed: a
- *   freed, forged or mistyped handle gives STRATA_ERR_INVALID_HANDLE, and a
- *   handle of a destroyed runtime's object STRATA_ERR_CLOSED. Passing NULL
- *   where a handle is needed gives STRATA_ERR_NULL_POINTER; every *_free,
- *   strata_unpin, strata_launch_end and strata_runtime_destroy accept NULL
- *   as a no-op.
- * - Outputs: results go through out-pointers, checked for NULL and
- *   alignment before any work is done; on error they are left unchanged.
+ *   freed, forged or mistyped handle gives STRATA_ERR_INVALID_HANDLE, and
+ *   the handle of a destroyed runtime, or of an object it freed (buffer,
+ *   pin, ticket, device map, launch), STRATA_ERR_CLOSED: to every call,
+ *   strata_runtime_destroy and the *_free functions included. (A closed
+ *   handle is told apart until 64 later objects of its type have reused its
+ *   slot; then it reads STRATA_ERR_INVALID_HANDLE, as any stale handle.)
+ *   Passing NULL where a handle is needed gives STRATA_ERR_NULL_POINTER;
+ *   every *_free, strata_unpin, strata_launch_end and
+ *   strata_runtime_destroy accept NULL as a no-op.
+ * - Outputs: results go through out-pointers, checked for NULL (where
+ *   required; an optional one may be NULL) and alignment before any work is
+ *   done; on error they are left unchanged, except that
+ *   STRATA_ERR_BUFFER_TOO_SMALL writes the length needed and what fits.
  * - Ownership: a handle made by a call is the caller's until its free
  *   function (or its runtime's destruction). Strings from strata_stats_json
  *   are the caller's (strata_string_free). Arrays (addresses, counts) are
@@ -951,11 +957,17 @@ int strata_evict(const struct strata_buffer *buf,
 /**
  * Starts moving the written pages of `offset..offset + len` into `tier`
  * (up or down) in the background and stores a ticket for the request in
- * `*ticket`. Errors found at once (a bad range or tier) are returned here
- * and no ticket is made; errors of the moves themselves come from
- * `strata_ticket_wait`/`_poll`. Pages that cannot move stay readable where
- * they are. The ticket must be freed with `strata_ticket_free` (freeing it
- * does not cancel the request). Thread-safe.
+ * `*ticket`. Errors of the arguments are returned here, and then no ticket
+ * is made and nothing moves: a bad handle, a NULL or misaligned `ticket`,
+ * an unknown tier or one the runtime lacks, a range that overflows or
+ * passes the buffer's end (`STRATA_ERR_INVALID_ARGUMENT`), and
+ * `STRATA_ERR_CLOSED` when the runtime is destroyed meanwhile. Every error
+ * of the moves themselves (`STRATA_ERR_OUT_OF_CAPACITY`, `_IO`, …) comes
+ * from `strata_ticket_wait`/`_poll`, however fast the move failed: this
+ * call then still returns `STRATA_OK` and a ticket. Pages that cannot move
+ * stay readable where they are. The ticket must be freed with
+ * `strata_ticket_free` (freeing it does not cancel the request).
+ * Thread-safe.
  *
  * # Safety
  * `ticket` is NULL or points to a writable `strata_ticket *`.
@@ -1070,7 +1082,9 @@ int strata_trace_start(const struct strata_runtime *rt, const char *path, uint32
 
 /**
  * Ends the recording: flushes the file and stores the number of accesses
- * it holds in `*accesses` (if not NULL). Thread-safe.
+ * it holds in `*accesses` (if not NULL). A misaligned `accesses` is
+ * refused (`STRATA_ERR_INVALID_ARGUMENT`) before anything is done: the
+ * recording goes on. Thread-safe.
  *
  * # Safety
  * `accesses` is NULL or points to a writable `uint64_t`.
@@ -1095,7 +1109,8 @@ int strata_balancer_stop(const struct strata_runtime *rt);
 
 /**
  * Runs one balancer round now and stores what it did in `*report` (if not
- * NULL). Needs a device tier. Thread-safe.
+ * NULL). Needs a device tier. A misaligned `report` is refused
+ * (`STRATA_ERR_INVALID_ARGUMENT`) before the round runs. Thread-safe.
  *
  * # Safety
  * `report` is NULL or points to a writable `strata_balance_report`.
@@ -1130,8 +1145,9 @@ int strata_optim_create(const float *weights,
 
 /**
  * One step with the `n` gradients at `grads` (`n` = the weights' count);
- * stores what it did in `*stats` if not NULL. Thread-safe (steps of one
- * optimizer serialize).
+ * stores what it did in `*stats` if not NULL. A misaligned `stats` (or a
+ * bad `grads`) is refused before the step: the weights stay as they were.
+ * Thread-safe (steps of one optimizer serialize).
  *
  * # Safety
  * `grads` points to `n` readable floats; `stats` is NULL or writable.
@@ -1215,7 +1231,8 @@ int strata_moe_release(struct strata_expert_pin *pin);
 /**
  * Starts moving `n` experts of `layer` (a router's predictions) into
  * device memory in the background; stores how many moves started in
- * `*started` if not NULL. Thread-safe.
+ * `*started` if not NULL. A misaligned `started` is refused before any
+ * move starts. Thread-safe.
  *
  * # Safety
  * `experts` points to `n` readable `uint32_t`s; `started` is NULL or
@@ -1232,7 +1249,8 @@ int strata_moe_prefetch(const struct strata_moe *moe,
  * transfer has not finished (call it once the layer has run: they can
  * only be late or wrong); their slots are freed and a later fetch moves
  * the expert whole. Stores how many were cancelled in `*cancelled` if not
- * NULL. Thread-safe.
+ * NULL; a misaligned `cancelled` is refused before anything is cancelled.
+ * Thread-safe.
  *
  * # Safety
  * `cancelled` is NULL or points to a writable `size_t`.
@@ -1275,7 +1293,8 @@ int strata_buffer_pin(const struct strata_buffer *buf,
 
 /**
  * Describes a pin: its tier, its first page and its number of pages (any
- * of the three pointers may be NULL). Thread-safe.
+ * of the three pointers may be NULL; all are checked before any is
+ * written). Thread-safe.
  *
  * # Safety
  * Each pointer is NULL or writable.
@@ -1351,7 +1370,8 @@ int strata_map_free(struct strata_map *map);
  * `STRATA_ACCESS_READ_ONLY` pages may still be promoted (the old copy stays
  * valid until the last launch ends) and writes through strata are refused.
  * `STRATA_ERR_OUT_OF_CAPACITY` when the memory tiers cannot hold the whole
- * buffer. End it with `strata_launch_end`. Thread-safe.
+ * buffer; `STRATA_ERR_CLOSED` when the map's buffer was freed (or its
+ * runtime destroyed). End it with `strata_launch_end`. Thread-safe.
  *
  * # Safety
  * `launch` is NULL or points to a writable `strata_launch *`.
@@ -1448,13 +1468,18 @@ int strata_runtime_from_toml(const char *text,
 
 /**
  * Destroys a runtime and frees everything made through it that C still
- * holds: buffers, pins, tickets, device maps and launches. Their handles
- * (and the runtime's) then return `STRATA_ERR_CLOSED`, and later calls that
- * would make new objects through them fail the same way. Calls already
- * running on other threads finish first with the objects they use; a
- * DLPack tensor exported from one of its buffers keeps its pages (and the
- * tiers under them) alive until its deleter runs. NULL is a no-op.
- * Thread-safe.
+ * holds: buffers, pins, tickets, device maps and launches. From then on
+ * the runtime's own handle and the handles of those objects give
+ * `STRATA_ERR_CLOSED` to every call, this one included (destroying twice
+ * is `STRATA_ERR_CLOSED`), and calls in flight that would make new
+ * objects through them fail the same way. (strata remembers a closed
+ * handle until 64 later objects of its type have reused its slot; after
+ * that it reads `STRATA_ERR_INVALID_HANDLE`, as any stale handle.) Calls
+ * already running on other threads finish first with the objects they
+ * use; a DLPack tensor exported from one of its buffers keeps its pages
+ * (and the tiers under them) alive until its deleter runs. Expert caches
+ * and optimizers are not made through a runtime and are not affected.
+ * NULL is a no-op. Thread-safe.
  */
 int strata_runtime_destroy(struct strata_runtime *rt);
 
@@ -1493,8 +1518,9 @@ int strata_stats_json(const struct strata_runtime *rt, char **json, size_t *len)
  * bytes, NUL-terminated, and its length (without the NUL) into `*len` if
  * `len` is not NULL. When it does not fit, `buf` gets a truncated,
  * NUL-terminated prefix and the call returns `STRATA_ERR_BUFFER_TOO_SMALL`
- * (call again with `*len + 1` bytes). `buf` may be NULL when `cap` is 0.
- * Thread-safe.
+ * (call again with `*len + 1` bytes). `buf` may be NULL when `cap` is 0;
+ * NULL with `cap` > 0 is `STRATA_ERR_NULL_POINTER`. On any other error
+ * neither `buf` nor `*len` is changed. Thread-safe.
  *
  * # Safety
  * `buf` is NULL or points to `cap` writable bytes; `len` is NULL or points
@@ -1537,8 +1563,11 @@ const char *strata_last_error(void);
  * `buf` of `cap` bytes, NUL-terminated and truncated to fit when `cap` is
  * too small, and stores its full length (without the NUL) in `*len` if
  * `len` is not NULL. `buf` may be NULL when `cap` is 0 (to ask for the
- * length). Returns `STRATA_OK`, `STRATA_ERR_BUFFER_TOO_SMALL` (truncated),
- * or `STRATA_ERR_NULL_POINTER`; it never changes the last error itself.
+ * length). Returns `STRATA_OK`, `STRATA_ERR_BUFFER_TOO_SMALL` (truncated;
+ * `*len` and the truncated text are written), `STRATA_ERR_NULL_POINTER`
+ * (`buf` NULL with `cap` > 0) or `STRATA_ERR_INVALID_ARGUMENT` (`len`
+ * misaligned), when neither `buf` nor `*len` is changed; it never changes
+ * the last error itself.
  *
  * # Safety
  * `buf` is NULL or points to `cap` writable bytes; `len` is NULL or points

@@ -234,11 +234,17 @@ pub extern "C" fn strata_evict(
 
 /// Starts moving the written pages of `offset..offset + len` into `tier`
 /// (up or down) in the background and stores a ticket for the request in
-/// `*ticket`. Errors found at once (a bad range or tier) are returned here
-/// and no ticket is made; errors of the moves themselves come from
-/// `strata_ticket_wait`/`_poll`. Pages that cannot move stay readable where
-/// they are. The ticket must be freed with `strata_ticket_free` (freeing it
-/// does not cancel the request). Thread-safe.
+/// `*ticket`. Errors of the arguments are returned here, and then no ticket
+/// is made and nothing moves: a bad handle, a NULL or misaligned `ticket`,
+/// an unknown tier or one the runtime lacks, a range that overflows or
+/// passes the buffer's end (`STRATA_ERR_INVALID_ARGUMENT`), and
+/// `STRATA_ERR_CLOSED` when the runtime is destroyed meanwhile. Every error
+/// of the moves themselves (`STRATA_ERR_OUT_OF_CAPACITY`, `_IO`, …) comes
+/// from `strata_ticket_wait`/`_poll`, however fast the move failed: this
+/// call then still returns `STRATA_OK` and a ticket. Pages that cannot move
+/// stay readable where they are. The ticket must be freed with
+/// `strata_ticket_free` (freeing it does not cancel the request).
+/// Thread-safe.
 ///
 /// # Safety
 /// `ticket` is NULL or points to a writable `strata_ticket *`.
@@ -255,10 +261,23 @@ pub unsafe extern "C" fn strata_prefetch(
         let out = unsafe { cast::out(ticket, "ticket") }?;
         let to = tier(tier_to)?;
         let b = objects::get(buf)?;
-        let t = b.buffer.prefetch(range(offset, len)?, to);
-        if let Some(Err(e)) = t.poll() {
-            return Err(e.into());
+        let range = range(offset, len)?;
+        // The argument errors `Buffer::prefetch` would put in its ticket,
+        // found here so that they are returned at once; whatever error the
+        // ticket then carries is the moves' own, and the caller gets it
+        // from the ticket (however soon it finished).
+        if range.end > b.buffer.len() {
+            return Err(Fail::invalid(format!(
+                "range {}..{} is outside the buffer's {} bytes",
+                range.start,
+                range.end,
+                b.buffer.len()
+            )));
         }
+        if !b.rt.rt.tiers().contains(&to) {
+            return Err(Fail::invalid(format!("the {to} tier is not configured")));
+        }
+        let t = b.buffer.prefetch(range, to);
         out.set(objects::ptr(b.rt.adopt(&TICKETS, t)?));
         Ok(STRATA_OK)
     })

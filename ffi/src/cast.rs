@@ -27,6 +27,20 @@ pub(crate) fn handle_ptr<T>(bits: u64) -> *mut T {
 /// A place to store an out-parameter, checked for NULL and alignment.
 pub(crate) struct Out<T>(NonNull<T>);
 
+/// Stores a value through an optional out-parameter, if there is one.
+pub(crate) trait SetOpt<T> {
+    fn set(self, value: T);
+}
+
+impl<T> SetOpt<T> for Option<Out<T>> {
+    #[inline]
+    fn set(self, value: T) {
+        if let Some(out) = self {
+            out.set(value);
+        }
+    }
+}
+
 impl<T> Out<T> {
     /// Stores `value`.
     #[inline]
@@ -52,15 +66,18 @@ pub(crate) unsafe fn out<T>(p: *mut T, what: &str) -> R<Out<T>> {
     Ok(Out(p))
 }
 
-/// Stores `value` through an out-parameter.
+/// An optional out-parameter: `None` for NULL (the caller does not want
+/// the value), else checked as by [`out`] — before any work is done.
 ///
 /// # Safety
 /// As [`out`].
 #[inline]
-pub(crate) unsafe fn write_out<T>(p: *mut T, value: T, what: &str) -> R<()> {
+pub(crate) unsafe fn out_opt<T>(p: *mut T, what: &str) -> R<Option<Out<T>>> {
+    if p.is_null() {
+        return Ok(None);
+    }
     // SAFETY: forwarded from the caller.
-    unsafe { out(p, what) }?.set(value);
-    Ok(())
+    unsafe { out(p, what) }.map(Some)
 }
 
 /// Copies a `T` in from the caller.
@@ -184,62 +201,63 @@ pub(crate) unsafe fn c_str_bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
     Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
 }
 
-/// Writes `text` and a NUL into `buf` of `cap` bytes, truncating to fit:
-/// `STRATA_OK`, or `STRATA_ERR_BUFFER_TOO_SMALL` if it was truncated.
+/// A caller's buffer for a C string, checked before any work is done (see
+/// [`text_out`]).
+pub(crate) struct TextOut<'a> {
+    dst: &'a mut [u8],
+    null: bool,
+}
+
+/// Checks the caller's buffer `buf` of `cap` bytes for a C string: NULL is
+/// fine only when `cap` is 0.
 ///
 /// # Safety
-/// `buf` is NULL or points to `cap` writable bytes.
-pub(crate) unsafe fn copy_c_string(text: &[u8], buf: *mut c_char, cap: usize) -> R<c_int> {
-    if cap == 0 {
-        return Ok(if text.is_empty() && buf.is_null() {
-            STRATA_OK
-        } else {
-            STRATA_ERR_BUFFER_TOO_SMALL
-        });
-    }
+/// `buf` is NULL or points to `cap` writable bytes that no one else reads or
+/// writes until the call returns.
+pub(crate) unsafe fn text_out<'a>(buf: *mut c_char, cap: usize, what: &str) -> R<TextOut<'a>> {
     // SAFETY: forwarded from the caller.
-    let dst = unsafe { bytes_mut(buf.cast(), cap, "buf") }?;
-    let n = text.len().min(cap - 1);
-    dst[..n].copy_from_slice(&text[..n]);
-    dst[n] = 0;
-    Ok(if n < text.len() {
-        STRATA_ERR_BUFFER_TOO_SMALL
-    } else {
-        STRATA_OK
+    let dst = unsafe { bytes_mut(buf.cast(), cap, what) }?;
+    Ok(TextOut {
+        dst,
+        null: buf.is_null(),
     })
 }
 
-/// Copies `src` into the caller's array `dst` of `cap` elements (as many as
-/// fit) and stores `src.len()` in `count`: `STRATA_OK`, or
-/// `STRATA_ERR_BUFFER_TOO_SMALL` when `cap < src.len()`. `dst` may be NULL
-/// when `cap` is 0 (to ask for the count).
-///
-/// # Safety
-/// `dst` is NULL or points to `cap` writable, aligned `T`s.
-pub(crate) unsafe fn copy_array<T: Copy>(
-    src: &[T],
-    dst: *mut T,
-    cap: usize,
-    count: Out<usize>,
-) -> R<c_int> {
-    let n = src.len().min(cap);
-    if n > 0 {
-        if dst.is_null() {
-            return Err(Fail::null("the output array"));
+impl TextOut<'_> {
+    /// Writes `text` and a NUL, truncating to fit: `STRATA_OK`, or
+    /// `STRATA_ERR_BUFFER_TOO_SMALL` if it was truncated (or, with no room
+    /// at all, not written).
+    pub(crate) fn write(self, text: &[u8]) -> c_int {
+        let Some(room) = self.dst.len().checked_sub(1) else {
+            return if text.is_empty() && self.null {
+                STRATA_OK
+            } else {
+                STRATA_ERR_BUFFER_TOO_SMALL
+            };
+        };
+        let n = text.len().min(room);
+        self.dst[..n].copy_from_slice(&text[..n]);
+        self.dst[n] = 0;
+        if n < text.len() {
+            STRATA_ERR_BUFFER_TOO_SMALL
+        } else {
+            STRATA_OK
         }
-        if !dst.is_aligned() {
-            return Err(Fail::invalid("the output array is misaligned"));
-        }
-        // SAFETY: non-NULL, aligned (checked) and `cap >= n` writable
-        // elements (the caller); `src` is ours, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, n) };
     }
+}
+
+/// Copies `src` into the caller's array `dst` (checked beforehand with
+/// [`slice_mut`]; as many as fit) and stores `src.len()` in `count`:
+/// `STRATA_OK`, or `STRATA_ERR_BUFFER_TOO_SMALL` when `dst` is shorter.
+pub(crate) fn copy_array<T: Copy>(src: &[T], dst: &mut [T], count: Out<usize>) -> c_int {
+    let n = src.len().min(dst.len());
+    dst[..n].copy_from_slice(&src[..n]);
     count.set(src.len());
-    Ok(if n < src.len() {
+    if n < src.len() {
         STRATA_ERR_BUFFER_TOO_SMALL
     } else {
         STRATA_OK
-    })
+    }
 }
 
 /// A string handed to C, to be given back to [`string_from_raw`].

@@ -2,7 +2,14 @@
 //! slot index — never a pointer to Rust memory. A lookup checks all three,
 //! so a freed, forged or mistyped handle is an error
 //! (`STRATA_ERR_INVALID_HANDLE`), never undefined behaviour; a handle whose
-//! runtime was destroyed is `STRATA_ERR_CLOSED`.
+//! runtime was destroyed (and a destroyed runtime's own) is
+//! `STRATA_ERR_CLOSED`.
+//!
+//! Each slot remembers which of its last [`HISTORY`] objects were closed
+//! rather than freed, and free slots are reused oldest first, so that a
+//! closed handle keeps reading `STRATA_ERR_CLOSED` until that many later
+//! objects have used its slot (then it reads `STRATA_ERR_INVALID_HANDLE`,
+//! like any stale handle: either way it is refused).
 //!
 //! Lookups clone an `Arc` under a read lock and run the call unlocked, so a
 //! blocking call (a ticket wait, an NVMe read) never holds the table, and an
@@ -10,6 +17,7 @@
 //! ends.
 #![forbid(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::{const_rwlock, RwLock};
@@ -21,6 +29,10 @@ use crate::status::{
 const INDEX_BITS: u32 = 24;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const TAG_SHIFT: u32 = 56;
+/// How many past objects of a slot it remembers as closed or freed.
+pub(crate) const HISTORY: u32 = 64;
+/// The tag of runtime handles (whose closed message differs).
+pub(crate) const RUNTIME_TAG: u8 = 1;
 
 /// The owner of objects created through a runtime, for sweeping them when
 /// the runtime is destroyed. Every runtime gets a fresh one.
@@ -29,15 +41,17 @@ pub(crate) type Owner = u64;
 struct Slot<T> {
     /// The generation of the live object, or of the next one once freed.
     generation: u32,
-    /// The generation of an object removed by its runtime's destruction
-    /// (0: none), so that its handle reads `STRATA_ERR_CLOSED`.
-    closed: u32,
+    /// Bit `i`: the object of generation `generation - 1 - i` was closed
+    /// (removed by its runtime's destruction, or a runtime destroyed), so
+    /// that its handle reads `STRATA_ERR_CLOSED`; clear: freed.
+    closed: u64,
     live: Option<(Arc<T>, Owner)>,
 }
 
 struct Slots<T> {
     slots: Vec<Slot<T>>,
-    free: Vec<u32>,
+    /// Free slots, reused oldest first.
+    free: VecDeque<u32>,
 }
 
 /// One table per handle type.
@@ -66,7 +80,7 @@ impl<T> Handles<T> {
             name,
             slots: const_rwlock(Slots {
                 slots: Vec::new(),
-                free: Vec::new(),
+                free: VecDeque::new(),
             }),
         }
     }
@@ -124,11 +138,19 @@ impl<T> Handles<T> {
         if tag == self.tag {
             let slots = self.slots.read();
             if let Some(slot) = slots.slots.get(index) {
-                if slot.closed == generation {
-                    return Fail::new(
-                        STRATA_ERR_CLOSED,
-                        format!("the {name} handle {bits:#x} is closed: its runtime was destroyed"),
-                    );
+                if generation < slot.generation {
+                    let age = slot.generation - generation - 1;
+                    if age < HISTORY && slot.closed >> age & 1 == 1 {
+                        let what = if self.tag == RUNTIME_TAG {
+                            "it was destroyed"
+                        } else {
+                            "its runtime was destroyed"
+                        };
+                        return Fail::new(
+                            STRATA_ERR_CLOSED,
+                            format!("the {name} handle {bits:#x} is closed: {what}"),
+                        );
+                    }
                 }
                 if generation < slot.generation || slot.live.is_none() {
                     return Fail::new(
@@ -148,7 +170,7 @@ impl<T> Handles<T> {
     pub(crate) fn insert(&self, obj: T, owner: Owner) -> R<u64> {
         let obj = Arc::new(obj);
         let mut s = self.slots.write();
-        let index = match s.free.pop() {
+        let index = match s.free.pop_front() {
             Some(i) => i as usize,
             None => {
                 if s.slots.len() as u64 > INDEX_MASK {
@@ -177,20 +199,28 @@ impl<T> Handles<T> {
     fn vacate(slots: &mut Slots<T>, index: usize, closed: bool) -> Option<Arc<T>> {
         let slot = &mut slots.slots[index];
         let (obj, _) = slot.live.take()?;
-        if closed {
-            slot.closed = slot.generation;
-        }
+        slot.closed = slot.closed << 1 | u64::from(closed);
         slot.generation = match slot.generation.wrapping_add(1) {
             0 => 1,
             g => g,
         };
-        slots.free.push(index as u32);
+        slots.free.push_back(index as u32);
         Some(obj)
     }
 
     /// Removes an object: `None` for the NULL handle (freeing NULL is a
     /// no-op). The caller drops the object after the table is unlocked.
     pub(crate) fn remove(&self, bits: u64) -> R<Option<Arc<T>>> {
+        self.take(bits, false)
+    }
+
+    /// As [`remove`](Self::remove), but the handle reads
+    /// `STRATA_ERR_CLOSED` from now on (a destroyed runtime's).
+    pub(crate) fn close(&self, bits: u64) -> R<Option<Arc<T>>> {
+        self.take(bits, true)
+    }
+
+    fn take(&self, bits: u64, closed: bool) -> R<Option<Arc<T>>> {
         if bits == 0 {
             return Ok(None);
         }
@@ -201,7 +231,7 @@ impl<T> Handles<T> {
                 .get(index)
                 .is_some_and(|slot| slot.generation == generation)
             {
-                if let Some(obj) = Self::vacate(&mut s, index, false) {
+                if let Some(obj) = Self::vacate(&mut s, index, closed) {
                     return Ok(Some(obj));
                 }
             }
@@ -210,9 +240,8 @@ impl<T> Handles<T> {
     }
 
     /// Removes every object of `owner` (its runtime is being destroyed);
-    /// their handles read `STRATA_ERR_CLOSED` from now on — until their slot
-    /// is reused by a new object, when they read `STRATA_ERR_INVALID_HANDLE`
-    /// like any stale handle.
+    /// their handles read `STRATA_ERR_CLOSED` from now on (for as long as
+    /// their slot remembers them: see the module's comment).
     pub(crate) fn sweep(&self, owner: Owner) -> Vec<Arc<T>> {
         let mut s = self.slots.write();
         let mine: Vec<usize> = s
@@ -272,5 +301,38 @@ mod tests {
         assert_eq!(t.get(c).unwrap_err().status, STRATA_ERR_CLOSED);
         assert_eq!(*t.get(b).unwrap(), 2);
         assert_eq!(t.live(), 1);
+    }
+
+    #[test]
+    fn a_closed_handle_stays_closed_while_its_slot_is_reused() {
+        let t: Handles<u32> = Handles::new(7, "thing");
+        let a = t.insert(1, 10).unwrap();
+        assert_eq!(t.sweep(10).len(), 1);
+        // `close` is `remove` that leaves the handle closed; twice is closed.
+        let r = t.insert(2, 0).unwrap();
+        assert!(t.close(r).unwrap().is_some());
+        assert_eq!(t.close(r).unwrap_err().status, STRATA_ERR_CLOSED);
+        // Later objects in the same slots, closed or freed, do not make the
+        // first handles forget, for HISTORY - 2 more reuses of each slot.
+        let mut freed = Vec::new();
+        for i in 0..HISTORY - 2 {
+            let x = t.insert(i, 11).unwrap();
+            let y = t.insert(i, 12).unwrap();
+            assert!(t.remove(x).unwrap().is_some());
+            assert_eq!(t.sweep(12).len(), 1);
+            assert_eq!(t.get(y).unwrap_err().status, STRATA_ERR_CLOSED);
+            freed.push(x);
+        }
+        assert_eq!(t.get(a).unwrap_err().status, STRATA_ERR_CLOSED);
+        assert_eq!(t.get(r).unwrap_err().status, STRATA_ERR_CLOSED);
+        for x in freed {
+            assert_eq!(t.get(x).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
+        }
+        // Then they read as any stale handle.
+        for i in 0..4 {
+            let x = t.insert(i, 11).unwrap();
+            assert!(t.remove(x).unwrap().is_some());
+        }
+        assert_eq!(t.get(a).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
     }
 }

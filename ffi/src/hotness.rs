@@ -7,7 +7,7 @@ use std::time::Duration;
 use strata::hotness::HarvestParams;
 use strata::runtime::BalancerConfig;
 
-use crate::cast;
+use crate::cast::{self, SetOpt};
 use crate::enums::{self, strata_policy};
 use crate::objects::{self, strata_buffer, strata_runtime};
 use crate::status::{boundary, Fail, STRATA_OK};
@@ -116,24 +116,24 @@ pub unsafe extern "C" fn strata_trace_start(
 }
 
 /// Ends the recording: flushes the file and stores the number of accesses
-/// it holds in `*accesses` (if not NULL). Thread-safe.
+/// it holds in `*accesses` (if not NULL). A misaligned `accesses` is
+/// refused (`STRATA_ERR_INVALID_ARGUMENT`) before anything is done: the
+/// recording goes on. Thread-safe.
 ///
 /// # Safety
 /// `accesses` is NULL or points to a writable `uint64_t`.
 #[no_mangle]
 pub unsafe extern "C" fn strata_trace_stop(rt: *const strata_runtime, accesses: *mut u64) -> c_int {
     boundary("strata_trace_stop", || {
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out_opt(accesses, "accesses") }?;
         let r = objects::get(rt)?;
         let rec = r
             .trace
             .lock()
             .take()
             .ok_or_else(|| Fail::invalid("no trace is being recorded"))?;
-        let n = rec.finish()?;
-        if !accesses.is_null() {
-            // SAFETY: writable (this function's contract).
-            unsafe { cast::out(accesses, "accesses") }?.set(n);
-        }
+        out.set(rec.finish()?);
         Ok(STRATA_OK)
     })
 }
@@ -172,7 +172,8 @@ pub extern "C" fn strata_balancer_stop(rt: *const strata_runtime) -> c_int {
 }
 
 /// Runs one balancer round now and stores what it did in `*report` (if not
-/// NULL). Needs a device tier. Thread-safe.
+/// NULL). Needs a device tier. A misaligned `report` is refused
+/// (`STRATA_ERR_INVALID_ARGUMENT`) before the round runs. Thread-safe.
 ///
 /// # Safety
 /// `report` is NULL or points to a writable `strata_balance_report`.
@@ -182,16 +183,15 @@ pub unsafe extern "C" fn strata_balance_once(
     report: *mut strata_balance_report,
 ) -> c_int {
     boundary("strata_balance_once", || {
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out_opt(report, "report") }?;
         let r = objects::get(rt)?.rt.balance_once()?;
-        if !report.is_null() {
-            // SAFETY: writable (this function's contract).
-            unsafe { cast::out(report, "report") }?.set(strata_balance_report {
-                promotions: r.promotions,
-                demotions: r.demotions,
-                bypasses: r.bypasses,
-                deferred: r.deferred,
-            });
-        }
+        out.set(strata_balance_report {
+            promotions: r.promotions,
+            demotions: r.demotions,
+            bypasses: r.bypasses,
+            deferred: r.deferred,
+        });
         Ok(STRATA_OK)
     })
 }

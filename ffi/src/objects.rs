@@ -123,7 +123,7 @@ pub(crate) struct MapObj {
     pub(crate) rt: Arc<RtObj>,
 }
 
-pub(crate) static RUNTIMES: Handles<RtObj> = Handles::new(1, "runtime");
+pub(crate) static RUNTIMES: Handles<RtObj> = Handles::new(crate::handle::RUNTIME_TAG, "runtime");
 pub(crate) static BUFFERS: Handles<BufferObj> = Handles::new(2, "buffer");
 pub(crate) static PINS: Handles<OwnedPin> = Handles::new(3, "pin");
 pub(crate) static TICKETS: Handles<Ticket> = Handles::new(4, "ticket");
@@ -185,6 +185,11 @@ pub(crate) fn with<H: Handle, U>(h: *const H, f: impl FnOnce(&H::Obj) -> U) -> R
 /// Removes a handle's object (`None` for NULL). The caller drops it.
 pub(crate) fn remove<H: Handle>(h: *const H) -> R<Option<Arc<H::Obj>>> {
     H::table().remove(handle_bits(h))
+}
+
+/// As [`remove`], but the handle reads `STRATA_ERR_CLOSED` from now on.
+pub(crate) fn close<H: Handle>(h: *const H) -> R<Option<Arc<H::Obj>>> {
+    H::table().close(handle_bits(h))
 }
 
 /// A new handle's pointer from its bits.

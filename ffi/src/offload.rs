@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_int};
 use parking_lot::Mutex;
 use strata::offload::optim::{AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier};
 
-use crate::cast;
+use crate::cast::{self, SetOpt};
 use crate::enums::{
     self, strata_tier, strata_updater, STRATA_TIER_CXL, STRATA_TIER_HOST, STRATA_TIER_NVME,
     STRATA_UPDATE_CPU,
@@ -163,8 +163,9 @@ pub unsafe extern "C" fn strata_optim_create(
 }
 
 /// One step with the `n` gradients at `grads` (`n` = the weights' count);
-/// stores what it did in `*stats` if not NULL. Thread-safe (steps of one
-/// optimizer serialize).
+/// stores what it did in `*stats` if not NULL. A misaligned `stats` (or a
+/// bad `grads`) is refused before the step: the weights stay as they were.
+/// Thread-safe (steps of one optimizer serialize).
 ///
 /// # Safety
 /// `grads` points to `n` readable floats; `stats` is NULL or writable.
@@ -177,18 +178,20 @@ pub unsafe extern "C" fn strata_optim_step(
 ) -> c_int {
     boundary("strata_optim_step", || {
         // SAFETY: as this function's contract states.
-        let g = unsafe { cast::slice(grads, n, "grads") }?;
+        let (g, out) = unsafe {
+            (
+                cast::slice(grads, n, "grads")?,
+                cast::out_opt(stats, "stats")?,
+            )
+        };
         let o = objects::get(opt)?;
         let s = o.lock().step(g)?;
-        if !stats.is_null() {
-            // SAFETY: writable (this function's contract).
-            unsafe { cast::out(stats, "stats") }?.set(strata_step_stats {
-                seconds: s.seconds,
-                bytes_read: s.bytes_read,
-                bytes_written: s.bytes_written,
-                io_wait_seconds: s.io_wait_seconds,
-            });
-        }
+        out.set(strata_step_stats {
+            seconds: s.seconds,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
+            io_wait_seconds: s.io_wait_seconds,
+        });
         Ok(STRATA_OK)
     })
 }
@@ -388,11 +391,13 @@ pub unsafe extern "C" fn strata_moe_fetch(
         };
         let cache = objects::get(moe)?.read().clone();
         let pin = cache.fetch_owned(layer, expert)?;
-        let a = pin.addresses();
+        let a = pin.addresses().to_vec();
+        // Registered before any output is written: if it fails, the pin is
+        // released and the outputs are as they were.
+        let bits = objects::EXPERT_PINS.insert(pin, 0)?;
         let k = a.len().min(cap);
         dst[..k].copy_from_slice(&a[..k]);
         n.set(a.len());
-        let bits = objects::EXPERT_PINS.insert(pin, 0)?;
         out.set(objects::ptr(bits));
         Ok(STRATA_OK)
     })
@@ -409,7 +414,8 @@ pub extern "C" fn strata_moe_release(pin: *mut objects::strata_expert_pin) -> c_
 
 /// Starts moving `n` experts of `layer` (a router's predictions) into
 /// device memory in the background; stores how many moves started in
-/// `*started` if not NULL. Thread-safe.
+/// `*started` if not NULL. A misaligned `started` is refused before any
+/// move starts. Thread-safe.
 ///
 /// # Safety
 /// `experts` points to `n` readable `uint32_t`s; `started` is NULL or
@@ -424,12 +430,13 @@ pub unsafe extern "C" fn strata_moe_prefetch(
 ) -> c_int {
     boundary("strata_moe_prefetch", || {
         // SAFETY: as this function's contract states.
-        let e = unsafe { cast::slice(experts, n, "experts") }?;
-        let k = objects::get(moe)?.read().prefetch(layer, e)?;
-        if !started.is_null() {
-            // SAFETY: writable (this function's contract).
-            unsafe { cast::out(started, "started") }?.set(k);
-        }
+        let (e, out) = unsafe {
+            (
+                cast::slice(experts, n, "experts")?,
+                cast::out_opt(started, "started")?,
+            )
+        };
+        out.set(objects::get(moe)?.read().prefetch(layer, e)?);
         Ok(STRATA_OK)
     })
 }
@@ -438,7 +445,8 @@ pub unsafe extern "C" fn strata_moe_prefetch(
 /// transfer has not finished (call it once the layer has run: they can
 /// only be late or wrong); their slots are freed and a later fetch moves
 /// the expert whole. Stores how many were cancelled in `*cancelled` if not
-/// NULL. Thread-safe.
+/// NULL; a misaligned `cancelled` is refused before anything is cancelled.
+/// Thread-safe.
 ///
 /// # Safety
 /// `cancelled` is NULL or points to a writable `size_t`.
@@ -449,11 +457,9 @@ pub unsafe extern "C" fn strata_moe_cancel_prefetches(
     cancelled: *mut usize,
 ) -> c_int {
     boundary("strata_moe_cancel_prefetches", || {
-        let k = objects::get(moe)?.read().cancel_prefetches(layer)?;
-        if !cancelled.is_null() {
-            // SAFETY: writable (this function's contract).
-            unsafe { cast::out(cancelled, "cancelled") }?.set(k);
-        }
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out_opt(cancelled, "cancelled") }?;
+        out.set(objects::get(moe)?.read().cancel_prefetches(layer)?);
         Ok(STRATA_OK)
     })
 }

@@ -4,7 +4,7 @@
 use std::ffi::c_int;
 
 use crate::buffer::range;
-use crate::cast;
+use crate::cast::{self, SetOpt};
 use crate::enums::{access, strata_access, strata_tier, tier, tier_code};
 use crate::objects::{
     self, strata_buffer, strata_launch, strata_map, strata_pin, MapObj, LAUNCHES, MAPS, PINS,
@@ -43,7 +43,8 @@ pub unsafe extern "C" fn strata_buffer_pin(
 }
 
 /// Describes a pin: its tier, its first page and its number of pages (any
-/// of the three pointers may be NULL). Thread-safe.
+/// of the three pointers may be NULL; all are checked before any is
+/// written). Thread-safe.
 ///
 /// # Safety
 /// Each pointer is NULL or writable.
@@ -55,20 +56,19 @@ pub unsafe extern "C" fn strata_pin_info(
     page_count: *mut usize,
 ) -> c_int {
     boundary("strata_pin_info", || {
+        // SAFETY: each NULL or writable (this function's contract).
+        let (t, first, count) = unsafe {
+            (
+                cast::out_opt(tier_out, "tier_out")?,
+                cast::out_opt(first_page, "first_page")?,
+                cast::out_opt(page_count, "page_count")?,
+            )
+        };
         let p = objects::get(pin)?;
         let pages = p.pages();
-        if !tier_out.is_null() {
-            // SAFETY: writable (this function's contract).
-            unsafe { cast::write_out(tier_out, tier_code(Some(p.tier())), "tier_out") }?;
-        }
-        if !first_page.is_null() {
-            // SAFETY: writable (this function's contract).
-            unsafe { cast::write_out(first_page, pages.start, "first_page") }?;
-        }
-        if !page_count.is_null() {
-            // SAFETY: writable (this function's contract).
-            unsafe { cast::write_out(page_count, pages.len(), "page_count") }?;
-        }
+        t.set(tier_code(Some(p.tier())));
+        first.set(pages.start);
+        count.set(pages.len());
         Ok(STRATA_OK)
     })
 }
@@ -92,9 +92,10 @@ pub unsafe extern "C" fn strata_pin_addresses(
     boundary("strata_pin_addresses", || {
         // SAFETY: NULL or writable (this function's contract).
         let count = unsafe { cast::out(count, "count") }?;
-        let p = objects::get(pin)?;
         // SAFETY: NULL or `cap` writable elements (this function's contract).
-        let status = unsafe { cast::copy_array(p.addresses(), addresses, cap, count) }?;
+        let dst = unsafe { cast::slice_mut(addresses, cap, "addresses") }?;
+        let p = objects::get(pin)?;
+        let status = cast::copy_array(p.addresses(), dst, count);
         if status != STRATA_OK {
             return Err(Fail::new(
                 status,
@@ -175,9 +176,10 @@ pub unsafe extern "C" fn strata_map_counts(
     boundary("strata_map_counts", || {
         // SAFETY: NULL or writable (this function's contract).
         let count = unsafe { cast::out(count, "count") }?;
-        let values = objects::get(map)?.map.counts();
         // SAFETY: NULL or `cap` writable elements (this function's contract).
-        let status = unsafe { cast::copy_array(&values, counts, cap, count) }?;
+        let dst = unsafe { cast::slice_mut(counts, cap, "counts") }?;
+        let values = objects::get(map)?.map.counts();
+        let status = cast::copy_array(&values, dst, count);
         if status != STRATA_OK {
             return Err(Fail::new(
                 status,
@@ -205,7 +207,8 @@ pub extern "C" fn strata_map_free(map: *mut strata_map) -> c_int {
 /// `STRATA_ACCESS_READ_ONLY` pages may still be promoted (the old copy stays
 /// valid until the last launch ends) and writes through strata are refused.
 /// `STRATA_ERR_OUT_OF_CAPACITY` when the memory tiers cannot hold the whole
-/// buffer. End it with `strata_launch_end`. Thread-safe.
+/// buffer; `STRATA_ERR_CLOSED` when the map's buffer was freed (or its
+/// runtime destroyed). End it with `strata_launch_end`. Thread-safe.
 ///
 /// # Safety
 /// `launch` is NULL or points to a writable `strata_launch *`.

@@ -13,7 +13,7 @@ use strata::sys::Topology;
 use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
 use strata::Runtime;
 
-use crate::cast;
+use crate::cast::{self, SetOpt};
 use crate::enums::*;
 use crate::objects::{
     self, strata_runtime, RtObj, BUFFERS, LAUNCHES, MAPS, PINS, RUNTIMES, TICKETS,
@@ -167,7 +167,7 @@ pub unsafe extern "C" fn strata_config_init(config: *mut strata_config) -> c_int
             watermark_high: defaults.high,
         };
         // SAFETY: NULL or a writable strata_config (this function's contract).
-        unsafe { cast::write_out(config, value, "config") }?;
+        unsafe { cast::out(config, "config") }?.set(value);
         Ok(STRATA_OK)
     })
 }
@@ -251,17 +251,22 @@ pub unsafe extern "C" fn strata_runtime_from_toml(
 }
 
 /// Destroys a runtime and frees everything made through it that C still
-/// holds: buffers, pins, tickets, device maps and launches. Their handles
-/// (and the runtime's) then return `STRATA_ERR_CLOSED`, and later calls that
-/// would make new objects through them fail the same way. Calls already
-/// running on other threads finish first with the objects they use; a
-/// DLPack tensor exported from one of its buffers keeps its pages (and the
-/// tiers under them) alive until its deleter runs. NULL is a no-op.
-/// Thread-safe.
+/// holds: buffers, pins, tickets, device maps and launches. From then on
+/// the runtime's own handle and the handles of those objects give
+/// `STRATA_ERR_CLOSED` to every call, this one included (destroying twice
+/// is `STRATA_ERR_CLOSED`), and calls in flight that would make new
+/// objects through them fail the same way. (strata remembers a closed
+/// handle until 64 later objects of its type have reused its slot; after
+/// that it reads `STRATA_ERR_INVALID_HANDLE`, as any stale handle.) Calls
+/// already running on other threads finish first with the objects they
+/// use; a DLPack tensor exported from one of its buffers keeps its pages
+/// (and the tiers under them) alive until its deleter runs. Expert caches
+/// and optimizers are not made through a runtime and are not affected.
+/// NULL is a no-op. Thread-safe.
 #[no_mangle]
 pub extern "C" fn strata_runtime_destroy(rt: *mut strata_runtime) -> c_int {
     boundary("strata_runtime_destroy", || {
-        let Some(obj) = objects::remove(rt)? else {
+        let Some(obj) = objects::close(rt)? else {
             return Ok(STRATA_OK);
         };
         obj.close();
@@ -332,21 +337,15 @@ pub unsafe extern "C" fn strata_stats_json(
     boundary("strata_stats_json", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(json, "json") }?;
-        let len = if len.is_null() {
-            None
-        } else {
-            // SAFETY: writable (this function's contract).
-            Some(unsafe { cast::out(len, "len") }?)
-        };
+        // SAFETY: NULL or writable (this function's contract).
+        let len = unsafe { cast::out_opt(len, "len") }?;
         let text = objects::get(rt)?.rt.stats_json();
         let n = text.len();
         let s = CString::new(text).map_err(|_| Fail::invalid("stats JSON holds a NUL"))?;
         let p = cast::string_into_raw(s);
         STRINGS.lock().insert(p.addr());
         out.set(p);
-        if let Some(len) = len {
-            len.set(n);
-        }
+        len.set(n);
         Ok(STRATA_OK)
     })
 }
@@ -355,8 +354,9 @@ pub unsafe extern "C" fn strata_stats_json(
 /// bytes, NUL-terminated, and its length (without the NUL) into `*len` if
 /// `len` is not NULL. When it does not fit, `buf` gets a truncated,
 /// NUL-terminated prefix and the call returns `STRATA_ERR_BUFFER_TOO_SMALL`
-/// (call again with `*len + 1` bytes). `buf` may be NULL when `cap` is 0.
-/// Thread-safe.
+/// (call again with `*len + 1` bytes). `buf` may be NULL when `cap` is 0;
+/// NULL with `cap` > 0 is `STRATA_ERR_NULL_POINTER`. On any other error
+/// neither `buf` nor `*len` is changed. Thread-safe.
 ///
 /// # Safety
 /// `buf` is NULL or points to `cap` writable bytes; `len` is NULL or points
@@ -369,18 +369,14 @@ pub unsafe extern "C" fn strata_stats_json_copy(
     len: *mut usize,
 ) -> c_int {
     boundary("strata_stats_json_copy", || {
-        let len = if len.is_null() {
-            None
-        } else {
-            // SAFETY: writable (this function's contract).
-            Some(unsafe { cast::out(len, "len") }?)
-        };
-        let text = objects::get(rt)?.rt.stats_json();
-        if let Some(len) = len {
-            len.set(text.len());
-        }
+        // Both outputs are checked before the stats are read.
+        // SAFETY: NULL or writable (this function's contract).
+        let len = unsafe { cast::out_opt(len, "len") }?;
         // SAFETY: NULL or `cap` writable bytes (this function's contract).
-        let status = unsafe { cast::copy_c_string(text.as_bytes(), buf, cap) }?;
+        let buf = unsafe { cast::text_out(buf, cap, "buf") }?;
+        let text = objects::get(rt)?.rt.stats_json();
+        len.set(text.len());
+        let status = buf.write(text.as_bytes());
         if status != STRATA_OK {
             return Err(Fail::new(
                 status,

@@ -230,10 +230,11 @@ fn freed_and_forged_handles() {
         );
     }
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
+    // Destroying twice: the handle is closed, not merely stale.
     fails(
         strata_runtime_destroy(rt),
-        STRATA_ERR_INVALID_HANDLE,
-        "was freed",
+        STRATA_ERR_CLOSED,
+        "was destroyed",
     );
 }
 
@@ -276,7 +277,7 @@ fn calls_after_the_runtime_is_destroyed() {
     // SAFETY: a writable out-pointer.
     fails(
         unsafe { strata_alloc(rt, PAGE, &mut other) },
-        STRATA_ERR_INVALID_HANDLE,
+        STRATA_ERR_CLOSED,
         "runtime handle",
     );
     assert!(other.is_null(), "out-pointers are left alone on error");
@@ -284,7 +285,7 @@ fn calls_after_the_runtime_is_destroyed() {
     // SAFETY: a writable out-pointer.
     fails(
         unsafe { strata_stats_json(rt, &mut json, null_mut()) },
-        STRATA_ERR_INVALID_HANDLE,
+        STRATA_ERR_CLOSED,
         "runtime",
     );
 }
