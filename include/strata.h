@@ -842,6 +842,21 @@ typedef struct strata_config {
 #define STRATA_POLICY_LOOKAHEAD 4
 
 /**
+ * ARC (Megiddo and Modha, FAST 2003), a reference policy.
+ */
+#define STRATA_POLICY_ARC 5
+
+/**
+ * S3-FIFO (Yang et al., SOSP 2023), a reference policy.
+ */
+#define STRATA_POLICY_S3FIFO 6
+
+/**
+ * SIEVE (Zhang et al., NSDI 2024), a reference policy.
+ */
+#define STRATA_POLICY_SIEVE 7
+
+/**
  * On the CPU (vectorized; host-tier chunks over all threads).
  */
 #define STRATA_UPDATE_CPU 0

@@ -73,6 +73,12 @@ pub const STRATA_POLICY_LFU: strata_policy = 2;
 pub const STRATA_POLICY_GMT: strata_policy = 3;
 /// Honours prefetch hints.
 pub const STRATA_POLICY_LOOKAHEAD: strata_policy = 4;
+/// ARC (Megiddo and Modha, FAST 2003), a reference policy.
+pub const STRATA_POLICY_ARC: strata_policy = 5;
+/// S3-FIFO (Yang et al., SOSP 2023), a reference policy.
+pub const STRATA_POLICY_S3FIFO: strata_policy = 6;
+/// SIEVE (Zhang et al., NSDI 2024), a reference policy.
+pub const STRATA_POLICY_SIEVE: strata_policy = 7;
 
 /// Where the offloaded optimizer's update runs (`STRATA_UPDATE_*`).
 pub type strata_updater = i32;
@@ -160,10 +166,13 @@ pub(crate) fn policy(p: strata_policy) -> R<strata::policy::PolicyKind> {
         STRATA_POLICY_LFU => Ok(PolicyKind::Lfu),
         STRATA_POLICY_GMT => Ok(PolicyKind::Gmt),
         STRATA_POLICY_LOOKAHEAD => Ok(PolicyKind::Lookahead),
+        STRATA_POLICY_ARC => Ok(PolicyKind::Arc),
+        STRATA_POLICY_S3FIFO => Ok(PolicyKind::S3Fifo),
+        STRATA_POLICY_SIEVE => Ok(PolicyKind::Sieve),
         _ => Err(unknown(
             "policy",
             p,
-            "STRATA_POLICY_DEFAULT, _LRU, _LFU, _GMT or _LOOKAHEAD",
+            "STRATA_POLICY_DEFAULT, _LRU, _LFU, _GMT, _LOOKAHEAD, _ARC, _S3FIFO or _SIEVE",
         )),
     }
 }

@@ -90,6 +90,12 @@ fn harvest_trace_and_balancer() {
         strata_balancer_start(rt, STRATA_POLICY_LFU, 1_000_000, 0),
         STRATA_OK
     );
+    // As page 9 above: page 12 may have been first written into a device
+    // slot that background eviction freed; it must start in host memory.
+    assert_eq!(
+        strata_evict(buf, 12 * PAGE, PAGE, STRATA_TIER_HOST),
+        STRATA_OK
+    );
     for _ in 0..10 {
         assert_eq!(read(buf, 12 * PAGE, &mut out), STRATA_OK);
     }
