@@ -17,7 +17,7 @@
 //! latency_ns = 100         # emulated only
 //! [nvme]
 //! path = "/var/tmp"        # directory, new file name, or block device
-//! capacity = "16G"
+//! capacity = "16G"         # 0: no NVMe tier
 //! engine = "auto"          # auto | uring | psync
 //! queue_depth = 32
 //! ```
@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 use crate::io::EngineChoice;
 use crate::size::{check_page_size, parse_size};
 use crate::sys::Topology;
-use crate::tier::{CxlConfig, CxlMode, HostConfig, NvmeConfig};
+use crate::tier::{CxlBacking, CxlConfig, CxlMode, HostConfig, NvmeConfig};
 
 /// Default page size: 64 KiB.
 pub const DEFAULT_PAGE_SIZE: usize = 64 << 10;
@@ -132,8 +132,8 @@ pub struct Config {
     pub host: HostConfig,
     /// CXL tier; `None` when off, or `auto` on a machine without CXL memory.
     pub cxl: Option<CxlConfig>,
-    /// NVMe tier.
-    pub nvme: NvmeConfig,
+    /// NVMe tier; `None` when its capacity is configured 0.
+    pub nvme: Option<NvmeConfig>,
     /// Background eviction keeps each tier but the slowest between these
     /// fractions of its capacity.
     pub watermarks: crate::runtime::Watermarks,
@@ -209,12 +209,16 @@ impl Config {
             },
             None => file.cxl.mode.unwrap_or_default(),
         };
-        let cxl_node_bytes = topology.cpu_less_nodes().next().map(|n| n.memory_bytes);
         let cxl_capacity = env_size("STRATA_CXL_CAPACITY")?.or(file.cxl.capacity.map(|s| s.0));
-        let cxl = match (cxl_mode, cxl_node_bytes) {
-            (CxlMode::Off, _) | (CxlMode::Auto, None) => None,
-            (mode, node_bytes) => Some(CxlConfig {
-                mode,
+        let backing = cxl_mode.backing(topology);
+        let node_bytes = match backing {
+            CxlBacking::Node { memory_bytes, .. } => Some(memory_bytes),
+            _ => None,
+        };
+        let cxl = match backing {
+            CxlBacking::Absent => None,
+            _ => Some(CxlConfig {
+                mode: cxl_mode,
                 capacity: cxl_capacity.or(node_bytes).unwrap_or(host_capacity / 2),
                 page_size,
                 bandwidth: file.cxl.bandwidth.map(|s| s.0 as f64),
@@ -236,13 +240,14 @@ impl Config {
             Some(e) => e.parse()?,
             None => file.nvme.engine.unwrap_or_default(),
         };
-        let nvme = NvmeConfig {
+        // As `device_capacity = 0`, an nvme capacity of 0 turns the tier off.
+        let nvme = (nvme_capacity > 0).then(|| NvmeConfig {
             path: nvme_path,
             capacity: nvme_capacity,
             page_size,
             engine,
             queue_depth: file.nvme.queue_depth.unwrap_or(32),
-        };
+        });
         let device = match env("STRATA_DEVICE") {
             Some(d) => d.parse().map_err(|e: Error| e.context("STRATA_DEVICE"))?,
             None => file.device.unwrap_or_default(),
@@ -289,7 +294,10 @@ impl Config {
     /// Checks capacities against the page size, naming the offending key.
     pub fn validate(&self) -> Result<()> {
         let page = self.page_size as u64;
-        let mut tiers = vec![("host", self.host.capacity), ("nvme", self.nvme.capacity)];
+        let mut tiers = vec![("host", self.host.capacity)];
+        if let Some(nvme) = &self.nvme {
+            tiers.push(("nvme", nvme.capacity));
+        }
         if let Some(cxl) = &self.cxl {
             tiers.push(("cxl", cxl.capacity));
         }
@@ -300,10 +308,10 @@ impl Config {
                 )));
             }
         }
-        if self.nvme.capacity % page != 0 {
+        if let Some(nvme) = self.nvme.as_ref().filter(|n| n.capacity % page != 0) {
             return Err(Error::invalid(format!(
                 "nvme capacity {} is not a multiple of the page size {page}",
-                self.nvme.capacity
+                nvme.capacity
             )));
         }
         Ok(())
@@ -360,7 +368,7 @@ mod tests {
         assert_eq!(c.page_size, 4096);
         assert_eq!(c.host.capacity, 1 << 30);
         assert_eq!(c.cxl.as_ref().unwrap().capacity, 1 << 20);
-        assert_eq!(c.nvme.engine, EngineChoice::Psync);
+        assert_eq!(c.nvme.as_ref().unwrap().engine, EngineChoice::Psync);
         let env = |k: &str| (k == "STRATA_HOST_CAPACITY").then(|| "2G".to_string());
         let c = Config::resolve(Some(toml), &env, &Topology::default()).unwrap();
         assert_eq!(c.host.capacity, 2 << 30);

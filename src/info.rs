@@ -20,6 +20,10 @@ pub struct TierInfo {
     pub emulated: bool,
     /// What backs it.
     pub detail: String,
+    /// What is wrong with the configured tier on this machine (a NUMA node
+    /// that does not exist, an NVMe path that cannot hold it, ...), or
+    /// null; `strata info` exits with status 2 when any tier has one.
+    pub problem: Option<String>,
 }
 
 /// The whole report.
@@ -65,40 +69,80 @@ pub fn gather(config: &Config) -> Info {
     };
     let nvrtc = crate::device::nvrtc_version().map(|(a, b)| format!("{a}.{b}"));
     let uring = crate::io::uring::probe();
-    let io_engine = crate::io::engine(config.nvme.engine)
+    let io_engine = crate::io::engine(config.nvme.as_ref().map(|n| n.engine).unwrap_or_default())
         .map(|e| e.kind().to_string())
         .unwrap_or_else(|e| format!("unavailable: {e}"));
     let mut tiers = Vec::new();
+    let tier = |tier, capacity_bytes, emulated, detail: String, problem: Option<String>| TierInfo {
+        tier,
+        capacity_bytes,
+        emulated,
+        detail,
+        problem,
+    };
     use crate::device::DeviceChoice;
     match (gpus.first(), config.device, config.device_capacity) {
         (_, _, Some(0)) => {}
-        (Some(g), DeviceChoice::Auto | DeviceChoice::Cuda, cap) => tiers.push(TierInfo {
-            tier: Tier::Device,
-            capacity_bytes: cap.map_or(g.memory_bytes, |c| c.min(g.memory_bytes)),
-            emulated: false,
-            detail: format!("GPU {} ({})", g.ordinal, g.name),
-        }),
-        (None, DeviceChoice::Cuda, _) => {}
-        (_, _, cap) => tiers.push(TierInfo {
-            tier: Tier::Device,
-            capacity_bytes: cap.unwrap_or(crate::config::DEFAULT_SIM_DEVICE_CAPACITY),
-            emulated: true,
-            detail: "simulated device: host memory behind a PCIe Gen4 x16 link model".into(),
-        }),
+        (Some(g), DeviceChoice::Auto | DeviceChoice::Cuda, cap) => tiers.push(tier(
+            Tier::Device,
+            cap.map_or(g.memory_bytes, |c| c.min(g.memory_bytes)),
+            false,
+            format!("GPU {} ({})", g.ordinal, g.name),
+            None,
+        )),
+        (None, DeviceChoice::Cuda, _) => tiers.push(tier(
+            Tier::Device,
+            config.device_capacity.unwrap_or(0),
+            false,
+            "GPU".into(),
+            Some(format!(
+                "device = \"cuda\" but no GPU is usable: {}",
+                gpu_absent_reason.as_deref().unwrap_or("none found")
+            )),
+        )),
+        (_, _, cap) => tiers.push(tier(
+            Tier::Device,
+            cap.unwrap_or(crate::config::DEFAULT_SIM_DEVICE_CAPACITY),
+            true,
+            "simulated device: host memory behind a PCIe Gen4 x16 link model".into(),
+            None,
+        )),
     }
-    tiers.push(TierInfo {
-        tier: Tier::Host,
-        capacity_bytes: config.host.capacity,
-        emulated: false,
-        detail: match config.host.numa_node {
+    let host_problem = config.host.numa_node.and_then(|n| {
+        (!topo.numa_nodes.iter().any(|node| node.id == n)).then(|| {
+            format!(
+                "[host] numa_node {n} does not exist (nodes: {})",
+                topo.numa_nodes
+                    .iter()
+                    .map(|node| node.id.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+    });
+    tiers.push(tier(
+        Tier::Host,
+        config.host.capacity,
+        false,
+        match config.host.numa_node {
             Some(n) => format!("DRAM arena bound to NUMA node {n}"),
             None => "DRAM arena".into(),
         },
-    });
+        host_problem,
+    ));
     if let Some(cxl) = &config.cxl {
-        let node = topo.cpu_less_nodes().next().map(|n| n.id);
-        let (emulated, detail) = match (cxl.mode, node) {
-            (crate::tier::CxlMode::Auto, Some(n)) => (false, format!("CPU-less NUMA node {n}")),
+        let (emulated, detail, problem) = match cxl.mode.backing(&topo) {
+            crate::tier::CxlBacking::Node { id, memory_bytes } => (
+                false,
+                format!("CPU-less NUMA node {id}"),
+                (cxl.capacity > memory_bytes).then(|| {
+                    format!(
+                        "cxl capacity {} exceeds NUMA node {id}'s {}",
+                        crate::size::format_size(cxl.capacity),
+                        crate::size::format_size(memory_bytes)
+                    )
+                }),
+            ),
             _ => (
                 true,
                 format!(
@@ -109,21 +153,28 @@ pub fn gather(config: &Config) -> Info {
                     },
                     cxl.latency_ns
                 ),
+                None,
             ),
         };
-        tiers.push(TierInfo {
-            tier: Tier::Cxl,
-            capacity_bytes: cxl.capacity,
-            emulated,
-            detail,
-        });
+        tiers.push(tier(Tier::Cxl, cxl.capacity, emulated, detail, problem));
     }
-    tiers.push(TierInfo {
-        tier: Tier::Nvme,
-        capacity_bytes: config.nvme.capacity,
-        emulated: false,
-        detail: format!("O_DIRECT swap at {}", config.nvme.path.display()),
-    });
+    if let Some(nvme) = &config.nvme {
+        let ram = crate::sys::ram_filesystem(&nvme.path).is_some();
+        tiers.push(tier(
+            Tier::Nvme,
+            nvme.capacity,
+            ram,
+            if ram {
+                format!(
+                    "O_DIRECT swap at {} (a RAM-backed filesystem: this tier is memory, not a disk)",
+                    nvme.path.display()
+                )
+            } else {
+                format!("O_DIRECT swap at {}", nvme.path.display())
+            },
+            nvme.check().err().map(|e| e.message().to_string()),
+        ));
+    }
     Info {
         version: env!("CARGO_PKG_VERSION"),
         numa_nodes: topo.numa_nodes,

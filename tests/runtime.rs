@@ -832,3 +832,46 @@ fn typed_views_and_residency_report_what_users_see() {
     assert!(b.write_as(8 * PAGE as u64 - 4, &[1u64]).is_err());
     assert_eq!(rt.stats().lost_pages, 0);
 }
+
+#[test]
+fn the_host_config_reaches_the_arena() {
+    let node = strata::sys::Topology::detect().numa_nodes[0].id;
+    let mut host = strata::HostConfig::new(16 * PAGE as u64, PAGE);
+    host.numa_node = Some(node);
+    host.huge_pages = false;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host_config(host.clone())
+        .build()
+        .unwrap();
+    let b = rt.alloc(4 * PAGE as u64).unwrap();
+    b.write(0, &[7; 100]).unwrap();
+    // A node that does not exist is refused by the arena's mbind: the
+    // binding is not dropped on the way.
+    host.numa_node = Some(4000);
+    let e = Runtime::builder()
+        .page_size(PAGE)
+        .host_config(host)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("4000"), "{e}");
+}
+
+#[test]
+fn a_config_without_nvme_builds_a_runtime_without_it() {
+    let c = strata::Config::resolve(
+        Some("page_size = \"16k\"\n[nvme]\ncapacity = 0\n"),
+        &|_| None,
+        &strata::sys::Topology::detect(),
+    );
+    let c = match c {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert!(c.nvme.is_none());
+    let rt = strata::RuntimeBuilder::from_config(&c)
+        .device(DeviceChoice::Sim, 0)
+        .build()
+        .unwrap();
+    assert!(!rt.tiers().contains(&Tier::Nvme));
+}

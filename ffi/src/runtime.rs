@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use strata::config::Config;
 use strata::runtime::{RuntimeBuilder, Watermarks};
 use strata::sys::Topology;
-use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
+use strata::tier::{CxlBacking, CxlConfig, CxlMode, NvmeConfig};
 use strata::Runtime;
 
 use crate::cast::{self, SetOpt};
@@ -102,11 +102,13 @@ fn builder(c: &strata_config) -> R<RuntimeBuilder> {
         CxlMode::Emulated => b = b.cxl(CxlConfig::new(CxlMode::Emulated, c.cxl_capacity, page)),
         // As the config file's `auto`: the first CPU-less node, if any.
         CxlMode::Auto => {
-            if let Some(node) = Topology::detect().cpu_less_nodes().next() {
+            if let CxlBacking::Node { memory_bytes, .. } =
+                CxlMode::Auto.backing(&Topology::detect())
+            {
                 let capacity = if c.cxl_capacity > 0 {
                     c.cxl_capacity
                 } else {
-                    node.memory_bytes
+                    memory_bytes
                 };
                 b = b.cxl(CxlConfig::new(CxlMode::Auto, capacity, page));
             }

@@ -475,9 +475,11 @@ impl OffloadedAdam {
             StateTier::Cxl => {
                 // Real CXL memory (a CPU-less node) where there is some.
                 let topo = Topology::detect();
-                let cxl =
-                    |mode| CxlStore::new(&CxlConfig::new(mode, bytes, config.chunk_bytes), &topo);
-                Store::Cxl(cxl(CxlMode::Auto).or_else(|_| cxl(CxlMode::Emulated))?)
+                let mode = CxlMode::real_or_emulated(&topo);
+                Store::Cxl(CxlStore::new(
+                    &CxlConfig::new(mode, bytes, config.chunk_bytes),
+                    &topo,
+                )?)
             }
             StateTier::Nvme(dir) => {
                 // Room for the store's reserve (1/64 of its slots, ≤ 64).

@@ -77,7 +77,7 @@ pub struct RuntimeBuilder {
     page_size: usize,
     device: DeviceChoice,
     device_capacity: u64,
-    host_capacity: u64,
+    host: HostConfig,
     cxl: Option<CxlConfig>,
     nvme: Option<NvmeConfig>,
     nvme_engine: Option<Arc<dyn IoEngine>>,
@@ -93,7 +93,7 @@ impl std::fmt::Debug for RuntimeBuilder {
             .field("page_size", &self.page_size)
             .field("device", &self.device)
             .field("device_capacity", &self.device_capacity)
-            .field("host_capacity", &self.host_capacity)
+            .field("host", &self.host)
             .field("cxl", &self.cxl)
             .field("nvme", &self.nvme)
             .field("watermarks", &self.watermarks)
@@ -109,7 +109,7 @@ impl Default for RuntimeBuilder {
             page_size: crate::config::DEFAULT_PAGE_SIZE,
             device: DeviceChoice::Auto,
             device_capacity: 0,
-            host_capacity: 256 << 20,
+            host: HostConfig::new(256 << 20, crate::config::DEFAULT_PAGE_SIZE),
             cxl: None,
             nvme: None,
             nvme_engine: None,
@@ -135,9 +135,16 @@ impl RuntimeBuilder {
         self.device_capacity = capacity;
         self
     }
-    /// Host DRAM tier capacity.
+    /// Host DRAM tier capacity (huge pages, no NUMA binding, unless set
+    /// by [`host_config`](Self::host_config)).
     pub fn host(mut self, capacity: u64) -> Self {
-        self.host_capacity = capacity;
+        self.host.capacity = capacity;
+        self
+    }
+    /// The host DRAM tier whole: capacity, transparent huge pages, NUMA
+    /// binding (its page size is set to the runtime's).
+    pub fn host_config(mut self, config: HostConfig) -> Self {
+        self.host = config;
         self
     }
     /// A CXL tier (its page size is set to the runtime's).
@@ -202,9 +209,9 @@ impl RuntimeBuilder {
             page_size: config.page_size,
             device: config.device,
             device_capacity,
-            host_capacity: config.host.capacity,
+            host: config.host.clone(),
             cxl: config.cxl.clone(),
-            nvme: Some(config.nvme.clone()),
+            nvme: config.nvme.clone(),
             nvme_engine: None,
             watermarks: config.watermarks,
             background_eviction: true,
@@ -230,7 +237,10 @@ impl RuntimeBuilder {
         } else {
             None
         };
-        let host = HostStore::new(&HostConfig::new(self.host_capacity, page))?;
+        let host = HostStore::new(&HostConfig {
+            page_size: page,
+            ..self.host
+        })?;
         // Kernels reach host and CXL pages in place, and copies to and from
         // them run asynchronously, once the arenas are registered.
         if let Some(d) = &device {

@@ -30,6 +30,46 @@ pub fn fs_free_bytes(path: &Path) -> Option<u64> {
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+/// "tmpfs" or "ramfs" when `path` (or, for a name not yet created, its
+/// nearest existing ancestor) lives in RAM; `None` for a disk, a
+/// device node (`/dev` is a devtmpfs, which reports tmpfs's magic), or when it
+/// cannot be told.
+pub fn ram_filesystem(path: &Path) -> Option<&'static str> {
+    let existing = if path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        path.ancestors()
+            .find(|p| !p.as_os_str().is_empty() && p.exists())
+            .unwrap_or(Path::new("."))
+    };
+    if existing == path {
+        use std::os::unix::fs::FileTypeExt;
+        let device = |t: std::fs::FileType| t.is_block_device() || t.is_char_device();
+        if std::fs::metadata(path).is_ok_and(|m| device(m.file_type())) {
+            return None;
+        }
+    }
+    let c = CString::new(existing.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` is writable
+    // storage for one statfs, which the call fills on success.
+    let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statfs returned 0, so it initialised `st`.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // f_type's type differs between targets
+    match st.f_type as i64 {
+        TMPFS_MAGIC => Some("tmpfs"),
+        RAMFS_MAGIC => Some("ramfs"),
+        _ => None,
+    }
+}
+
 /// CPU time (user, system) this process has used so far, all threads.
 pub fn process_cpu_time() -> (std::time::Duration, std::time::Duration) {
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::uninit();

@@ -27,6 +27,51 @@ pub enum CxlMode {
     Off,
 }
 
+/// Where a CXL tier's memory comes from on this machine:
+/// [`CxlMode::backing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CxlBacking {
+    /// Real CXL memory: a CPU-less NUMA node (how Linux shows a CXL
+    /// expander), with its memory size.
+    Node {
+        /// The NUMA node.
+        id: u32,
+        /// Its memory.
+        memory_bytes: u64,
+    },
+    /// DRAM behind a bandwidth cap and added latency.
+    Emulated,
+    /// No CXL tier.
+    Absent,
+}
+
+impl CxlMode {
+    /// What this mode means on a machine of `topology` — the one place
+    /// `auto` is resolved: the first CPU-less NUMA node, else no tier.
+    pub fn backing(self, topology: &Topology) -> CxlBacking {
+        match self {
+            CxlMode::Off => CxlBacking::Absent,
+            CxlMode::Emulated => CxlBacking::Emulated,
+            CxlMode::Auto => match topology.cpu_less_nodes().next() {
+                Some(n) => CxlBacking::Node {
+                    id: n.id,
+                    memory_bytes: n.memory_bytes,
+                },
+                None => CxlBacking::Absent,
+            },
+        }
+    }
+
+    /// Real CXL memory where the machine has some, else emulated (what the
+    /// optimizer's CXL tier and the copy benchmark use).
+    pub fn real_or_emulated(topology: &Topology) -> CxlMode {
+        match CxlMode::Auto.backing(topology) {
+            CxlBacking::Node { .. } => CxlMode::Auto,
+            _ => CxlMode::Emulated,
+        }
+    }
+}
+
 /// Added latency of a CXL expander over local DRAM: published measurements
 /// of CXL 1.1/2.0 Type-3 expanders put it at roughly +100 ns (Sun et al.,
 /// "Demystifying CXL Memory", MICRO 2023; Li et al., "Pond", ASPLOS 2023).
@@ -103,27 +148,27 @@ impl CxlStore {
             huge_pages: true,
             numa_node,
         };
-        match config.mode {
-            CxlMode::Off => Err(Error::invalid("the CXL tier is configured off")),
-            CxlMode::Auto => {
-                let node = topology.cpu_less_nodes().next().ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Unsupported,
-                        "no CPU-less NUMA node (CXL memory) on this machine; set cxl mode to \"emulated\" to emulate one",
-                    )
-                })?;
-                if config.capacity > node.memory_bytes {
+        match config.mode.backing(topology) {
+            CxlBacking::Absent if config.mode == CxlMode::Off => {
+                Err(Error::invalid("the CXL tier is configured off"))
+            }
+            CxlBacking::Absent => Err(Error::new(
+                ErrorKind::Unsupported,
+                "no CPU-less NUMA node (CXL memory) on this machine; set cxl mode to \"emulated\" to emulate one",
+            )),
+            CxlBacking::Node { id, memory_bytes } => {
+                if config.capacity > memory_bytes {
                     return Err(Error::invalid(format!(
-                        "cxl capacity {} exceeds NUMA node {}'s {} bytes",
-                        config.capacity, node.id, node.memory_bytes
+                        "cxl capacity {} exceeds NUMA node {id}'s {memory_bytes} bytes",
+                        config.capacity
                     )));
                 }
                 Ok(Self {
-                    host: HostStore::with_tier(&host_config(Some(node.id)), Tier::Cxl)?,
+                    host: HostStore::with_tier(&host_config(Some(id)), Tier::Cxl)?,
                     throttle: None,
                 })
             }
-            CxlMode::Emulated => {
+            CxlBacking::Emulated => {
                 let bandwidth = config
                     .bandwidth
                     .unwrap_or_else(|| local_memcpy_bandwidth() * CXL_DEFAULT_BANDWIDTH_FRACTION);

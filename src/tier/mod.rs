@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 
 pub use crate::link::LinkModel;
 pub use cxl::{
-    CxlConfig, CxlMode, CxlStore, CXL_DEFAULT_BANDWIDTH_FRACTION, CXL_DEFAULT_LATENCY_NS,
+    CxlBacking, CxlConfig, CxlMode, CxlStore, CXL_DEFAULT_BANDWIDTH_FRACTION,
+    CXL_DEFAULT_LATENCY_NS,
 };
 pub use device::DeviceStore;
 pub use host::{HostConfig, HostStore};

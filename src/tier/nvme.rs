@@ -671,14 +671,77 @@ impl PageStore for NvmeStore {
     }
 }
 
+/// What an NVMe path names: see [`NvmeConfig::path`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Medium {
+    BlockDevice,
+    Directory,
+    NewFile,
+}
+
+/// Decides what `path` names, or why it cannot hold a store, without
+/// opening anything.
+fn classify(path: &Path) -> Result<Medium> {
+    match fs::metadata(path) {
+        Ok(meta) if meta.file_type().is_block_device() => Ok(Medium::BlockDevice),
+        Ok(meta) if meta.is_dir() => Ok(Medium::Directory),
+        Ok(_) => Err(Error::invalid(format!(
+            "{} already exists; name a directory, a block device or a new file (strata will not overwrite a file)",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if parent.is_dir() {
+                Ok(Medium::NewFile)
+            } else {
+                Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("directory {} does not exist", parent.display()),
+                ))
+            }
+        }
+        Err(e) => Err(Error::io(format!("inspecting {}", path.display()), e)),
+    }
+}
+
+impl NvmeConfig {
+    /// Checks, without creating anything, that [`path`](Self::path) can
+    /// hold a store of [`capacity`](Self::capacity) bytes: what it names
+    /// (an existing file is refused), and for a file the free space of its
+    /// filesystem. Opening the store can still fail later (O_DIRECT
+    /// refused, a block device in use); `strata info` reports this check.
+    pub fn check(&self) -> Result<()> {
+        let medium = classify(&self.path)?;
+        if medium != Medium::BlockDevice {
+            if let Some(free) = crate::sys::fs_free_bytes(&self.path) {
+                if free < self.capacity {
+                    return Err(Error::new(
+                        ErrorKind::NoSpace,
+                        format!(
+                            "{} has {} free, less than the nvme capacity {}",
+                            self.path.display(),
+                            format_size(free),
+                            format_size(self.capacity)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Opens the medium behind a store: see [`NvmeConfig::path`]. Returns the
 /// file (O_DIRECT, laid out to `capacity` bytes) and a description.
 fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
     let open_error = |e: std::io::Error| Error::io(format!("opening {}", path.display()), e);
     let mut opts = OpenOptions::new();
     opts.read(true).write(true).mode(0o600);
-    let (file, description) = match fs::metadata(path) {
-        Ok(meta) if meta.file_type().is_block_device() => {
+    let (file, description) = match classify(path)? {
+        Medium::BlockDevice => {
             // O_EXCL on a block device fails (EBUSY) while it is mounted or
             // claimed: strata never overwrites a live filesystem.
             let file = opts
@@ -706,11 +769,16 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
             }
             (file, format!("block device {}", path.display()))
         }
-        Ok(meta) if meta.is_dir() => {
+        Medium::Directory => {
             let file = match opts.clone().custom_flags(libc::O_TMPFILE).open(path) {
                 Ok(f) => f,
                 // Filesystems without O_TMPFILE: create a unique name, unlink it.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::EISDIR)) => {
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EOPNOTSUPP) | Some(libc::EISDIR)
+                    ) =>
+                {
                     let name = path.join(format!(
                         ".strata-swap-{}-{}",
                         std::process::id(),
@@ -722,27 +790,10 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
             };
             (file, format!("private swap file in {}", path.display()))
         }
-        Ok(_) => {
-            return Err(Error::invalid(format!(
-                "{} already exists; name a directory, a block device or a new file (strata will not overwrite a file)",
-                path.display()
-            )))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let parent = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            if !parent.is_dir() {
-                return Err(Error::new(
-                    ErrorKind::NotFound,
-                    format!("directory {} does not exist", parent.display()),
-                ));
-            }
+        Medium::NewFile => {
             let file = create_unlinked(&opts, path).map_err(open_error)?;
             (file, format!("private swap file {}", path.display()))
         }
-        Err(e) => return Err(Error::io(format!("inspecting {}", path.display()), e)),
     };
     // O_DIRECT is switched on after the file is private (unlinked), so a
     // filesystem that refuses it leaves nothing behind.

@@ -3,9 +3,7 @@
 //! aborting on a failed allocation minutes in) and whether a directory
 //! meant for the NVMe tier is really RAM.
 
-use std::ffi::CString;
 use std::fmt;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use strata::error::{Error, Result};
@@ -150,44 +148,9 @@ pub fn product(factors: &[u64]) -> u64 {
     factors.iter().fold(1u64, |acc, &f| acc.saturating_mul(f))
 }
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-const RAMFS_MAGIC: i64 = 0x8584_58f6;
-
-/// "tmpfs" or "ramfs" when `path` (or, for a name not yet created, its
-/// nearest existing ancestor) lives in RAM; `None` for a disk, a
-/// device node (`/dev` is a devtmpfs, which reports tmpfs's magic), or when it
-/// cannot be told.
+/// "tmpfs" or "ramfs" when `path` lives in RAM: [`strata::sys::ram_filesystem`].
 pub fn ram_filesystem(path: &Path) -> Option<&'static str> {
-    let existing = if path.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        path.ancestors()
-            .find(|p| !p.as_os_str().is_empty() && p.exists())
-            .unwrap_or(Path::new("."))
-    };
-    if existing == path {
-        use std::os::unix::fs::FileTypeExt;
-        let device = |t: std::fs::FileType| t.is_block_device() || t.is_char_device();
-        if std::fs::metadata(path).is_ok_and(|m| device(m.file_type())) {
-            return None;
-        }
-    }
-    let c = CString::new(existing.as_os_str().as_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `st` is writable
-    // storage for one statfs, which the call fills on success.
-    let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: statfs returned 0, so it initialised `st`.
-    let st = unsafe { st.assume_init() };
-    #[allow(clippy::unnecessary_cast)] // f_type's type differs between targets
-    match st.f_type as i64 {
-        TMPFS_MAGIC => Some("tmpfs"),
-        RAMFS_MAGIC => Some("ramfs"),
-        _ => None,
-    }
+    strata::sys::ram_filesystem(path)
 }
 
 #[cfg(test)]

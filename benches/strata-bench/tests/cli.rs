@@ -1459,3 +1459,32 @@ fn help_and_version_still_print_with_status_0() {
         assert!(!out.stdout.is_empty());
     }
 }
+
+#[test]
+fn info_names_what_is_wrong_with_each_configured_tier() {
+    let out = strata_env(&["info"], "STRATA_NVME_PATH", "/nonexistent/swap");
+    assert_bad_input(&out, "the nvme tier: directory /nonexistent does not exist");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("problem: directory /nonexistent"), "{table}");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "[host]\nnuma_node = 4000\n").unwrap();
+    let out = strata(&["--config", config.to_str().unwrap(), "info", "--json"]);
+    assert_bad_input(&out, "numa_node 4000 does not exist");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let host = v["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tier"] == "host")
+        .unwrap();
+    assert!(host["problem"].as_str().unwrap().contains("4000"));
+    // Capacity 0 turns the NVMe tier off.
+    let out = strata_env(&["info", "--json"], "STRATA_NVME_CAPACITY", "0");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["tier"] != "nvme"));
+}

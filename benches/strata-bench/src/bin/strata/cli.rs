@@ -204,7 +204,7 @@ pub fn configured_nvme_path(flag: Option<&Path>) -> Result<Option<PathBuf>, Erro
         .and_then(|(p, _)| std::fs::read_to_string(p).ok())
         .and_then(|t| t.parse::<toml::Table>().ok())
         .is_some_and(|t| t.get("nvme").and_then(|n| n.get("path")).is_some());
-    Ok((env_set || file_sets).then_some(config.nvme.path))
+    Ok(config.nvme.filter(|_| env_set || file_sets).map(|n| n.path))
 }
 
 /// Checks an input file named by `flag` before it is read: it exists and

@@ -211,7 +211,16 @@ fn run(cli: Cli) -> Result<(), Error> {
             } else {
                 print_info(&info)?;
             }
-            Ok(())
+            // A configured tier this machine cannot provide is bad input:
+            // the report above shows every problem, the status says so.
+            match info
+                .tiers
+                .iter()
+                .find_map(|t| Some((t.tier, t.problem.as_ref()?)))
+            {
+                Some((tier, p)) => Err(Error::invalid(format!("the {tier} tier: {p}"))),
+                None => Ok(()),
+            }
         }
         Command::Bench(BenchCommand::Io(a)) => bench_io(a, config),
         Command::Bench(BenchCommand::Copy(a)) => bench_copy(a),
@@ -381,15 +390,10 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
         size,
         page_sizes,
         rounds: a.rounds.max(1),
-        cxl_mode: if a.emulate_cxl
-            || strata::sys::Topology::detect()
-                .cpu_less_nodes()
-                .next()
-                .is_none()
-        {
+        cxl_mode: if a.emulate_cxl {
             CxlMode::Emulated
         } else {
-            CxlMode::Auto
+            CxlMode::real_or_emulated(&strata::sys::Topology::detect())
         },
         cxl_bandwidth: a
             .cxl_bandwidth
@@ -547,6 +551,9 @@ fn print_info(info: &strata::info::Info) -> Result<(), Error> {
                 _ => "",
             }
         );
+        if let Some(p) = &t.problem {
+            outln!("          problem: {p}");
+        }
     }
     Ok(())
 }
