@@ -59,6 +59,10 @@ __device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int sh
     return true;
 }
 
+/* Counters stop counting here and never wrap (2^32 - 2^20: concurrent
+ * increments may pass it by their number); hotness::COUNT_CEILING in Rust. */
+#define STRATA_COUNT_CEILING 0xFFF00000u
+
 /* Records an access to `page` in the buffer's counters (one u32 per page;
  * null: not counting). The counters of a launch are at
  * strata_launch_counters_address (Launch::counters_address in Rust): device
@@ -66,7 +70,8 @@ __device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int sh
  * harvests, when the buffer's last launch ends. */
 __device__ __forceinline__ void strata_touch(unsigned int *counters, unsigned long long page,
                                              strata_sampler *s, unsigned int shift) {
-    if (counters != 0 && strata_sample(s, shift)) {
+    if (counters != 0 && strata_sample(s, shift) &&
+        *(volatile unsigned int *)&counters[page] < STRATA_COUNT_CEILING) {
         atomicAdd(&counters[page], 1u);
     }
 }

@@ -14,6 +14,10 @@
 //!   hash-based generator ([`Sampler`]), so the sample is unbiased across
 //!   pages and costs a decrement per access. A counted access adds 1; the
 //!   harvest scales by 2^shift.
+//! - **Saturation.** A counter never wraps: increments stop once it reaches
+//!   [`COUNT_CEILING`] (2^32 − 2^20; concurrent increments may pass it by
+//!   their number, never by 2^20), and counts added in bulk (a launch's
+//!   device counts coming back) saturate at `u32::MAX`.
 //! - **Fold.** `score ← fma(score, decay, count · 2^shift)` in `f32` (one
 //!   rounding, as CUDA's `fmaf`), then `count ← 0`.
 //! - **Lists.** Hot: pages not resident with score > 0, by score
@@ -22,6 +26,29 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Where per-page counters stop counting single accesses (see the module
+/// docs); the same constant as `STRATA_COUNT_CEILING` in
+/// `include/strata_device.cuh`.
+pub const COUNT_CEILING: u32 = 0xFFF0_0000;
+
+/// Counts one access in `counter`, unless it has reached [`COUNT_CEILING`].
+#[inline]
+pub(crate) fn count_one(counter: &AtomicU32) {
+    if counter.load(Ordering::Relaxed) < COUNT_CEILING {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Adds `n` accesses to `counter`, saturating at `u32::MAX`.
+#[inline]
+pub(crate) fn count_many(counter: &AtomicU32, n: u32) {
+    if n != 0 {
+        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+            Some(c.saturating_add(n))
+        });
+    }
+}
 
 /// A splitmix64 step: the sampler's random gaps.
 #[inline]
@@ -96,7 +123,7 @@ pub fn touch(counters: &[AtomicU32], page: usize, shift: Option<u32>) {
         hit
     });
     if hit {
-        counters[page].fetch_add(1, Ordering::Relaxed);
+        count_one(&counters[page]);
     }
 }
 
@@ -201,6 +228,29 @@ mod tests {
 
     fn counts(v: &[u32]) -> Vec<AtomicU32> {
         v.iter().map(|&c| AtomicU32::new(c)).collect()
+    }
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        assert_eq!(u64::from(COUNT_CEILING), (1u64 << 32) - (1 << 20));
+        let header = include_str!("../include/strata_device.cuh");
+        assert!(
+            header.contains(
+                &format!("#define STRATA_COUNT_CEILING {COUNT_CEILING:#X}u").replace("0X", "0x")
+            ),
+            "the device header's ceiling differs"
+        );
+        let c = counts(&[COUNT_CEILING - 2, u32::MAX - 5, 7]);
+        for _ in 0..10 {
+            touch(&c, 0, Some(0));
+        }
+        assert_eq!(c[0].load(Ordering::Relaxed), COUNT_CEILING);
+        count_many(&c[1], 100);
+        assert_eq!(c[1].load(Ordering::Relaxed), u32::MAX);
+        touch(&c, 1, Some(0));
+        assert_eq!(c[1].load(Ordering::Relaxed), u32::MAX);
+        count_many(&c[2], 3);
+        assert_eq!(c[2].load(Ordering::Relaxed), 10);
     }
 
     #[test]

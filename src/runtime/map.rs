@@ -289,9 +289,7 @@ impl DeviceMap {
             )));
         }
         for (c, &n) in counters.iter().zip(counts) {
-            if n != 0 {
-                c.fetch_add(n, Ordering::Relaxed);
-            }
+            crate::hotness::count_many(c, n);
         }
         Ok(())
     }
@@ -449,7 +447,7 @@ impl Reader<'_, '_> {
         let on_device = l.map.shared.on_device[page].load(Ordering::Relaxed);
         if let Some(shift) = l.shift {
             if self.sampler.hit(shift) {
-                l.counters[page].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                crate::hotness::count_one(&l.counters[page]);
             }
         }
         l.trace.record(l.buffer, page);
@@ -468,7 +466,7 @@ impl Reader<'_, '_> {
         let (page, address) = l.locate::<T>(index);
         if let Some(shift) = l.shift {
             if self.sampler.hit(shift) {
-                l.counters[page].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                crate::hotness::count_one(&l.counters[page]);
             }
         }
         l.trace.record(l.buffer, page);
@@ -503,9 +501,7 @@ impl Drop for Launch<'_> {
             match c.drain() {
                 Ok(counts) => {
                     for (h, n) in self.counters.iter().zip(counts) {
-                        if n != 0 {
-                            h.fetch_add(n, Ordering::Relaxed);
-                        }
+                        crate::hotness::count_many(h, n);
                     }
                 }
                 Err(_) => table.rt.note_lost_counts(),
