@@ -875,3 +875,40 @@ fn a_config_without_nvme_builds_a_runtime_without_it() {
         .unwrap();
     assert!(!rt.tiers().contains(&Tier::Nvme));
 }
+
+#[test]
+fn pages_lost_to_a_broken_engine_are_counted_and_refused() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let rt = tiny(
+            dir.path(),
+            Arc::new(FaultEngine::new(engine, plan.clone())),
+            32,
+        );
+        let b = rt
+            .alloc_with(4 * PAGE as u64, Placement::Prefer(Tier::Nvme))
+            .unwrap();
+        let data = pattern(3, 3, 4 * PAGE);
+        b.write(0, &data).unwrap();
+        assert_eq!(b.residency().in_tier(Tier::Nvme), 4, "{name}");
+        // The engine breaks with the reads of pages 0 and 1 in flight.
+        plan.fail_waits(libc::EIO);
+        let e = b
+            .prefetch(0..2 * PAGE as u64, Tier::Host)
+            .wait()
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
+        plan.clear();
+        let lost = rt.stats().lost_pages;
+        assert!(lost >= 1 && lost <= 2, "{name}: {lost} pages lost");
+        assert_eq!(b.residency().lost, lost, "{name}");
+        // A lost page is refused, never read as something else; the pages
+        // whose reads were never started are intact.
+        let mut out = vec![0; PAGE];
+        let e = b.read(0, &mut out).unwrap_err();
+        assert!(e.message().contains("lost"), "{name}: {e}");
+        b.read(2 * PAGE as u64, &mut out).unwrap();
+        assert_eq!(out, data[2 * PAGE..3 * PAGE], "{name}");
+    }
+}

@@ -32,6 +32,8 @@ struct PlanState {
     pending: Vec<(IoOp, u64, Fault)>,
     /// Fail every operation of a kind with an errno.
     always: HashMap<IoOp, i32>,
+    /// Fail every wait with an errno, reaping nothing (a broken ring).
+    waits: Option<i32>,
     injected: u64,
 }
 
@@ -60,11 +62,19 @@ impl FaultPlan {
         self.state.lock().always.insert(op, errno);
     }
 
+    /// Fails every later wait for completions with `errno`, reaping
+    /// nothing: operations already started never come back (an engine
+    /// that broke with requests in flight).
+    pub fn fail_waits(&self, errno: i32) {
+        self.state.lock().waits = Some(errno);
+    }
+
     /// Removes every fault.
     pub fn clear(&self) {
         let mut s = self.state.lock();
         s.pending.clear();
         s.always.clear();
+        s.waits = None;
     }
 
     /// How many faults have fired.
@@ -170,6 +180,14 @@ unsafe impl RawQueue for FaultQueue {
     }
 
     fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
+        let broken = {
+            let mut s = self.plan.state.lock();
+            s.injected += u64::from(s.waits.is_some());
+            s.waits
+        };
+        if let Some(errno) = broken {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
         let before = out.len();
         out.append(&mut self.failed);
         let got = out.len() - before;
