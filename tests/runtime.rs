@@ -901,7 +901,7 @@ fn pages_lost_to_a_broken_engine_are_counted_and_refused() {
         assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
         plan.clear();
         let lost = rt.stats().lost_pages;
-        assert!(lost >= 1 && lost <= 2, "{name}: {lost} pages lost");
+        assert!((1..=2).contains(&lost), "{name}: {lost} pages lost");
         assert_eq!(b.residency().lost, lost, "{name}");
         // A lost page is refused, never read as something else; the pages
         // whose reads were never started are intact.
