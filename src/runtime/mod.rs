@@ -296,7 +296,7 @@ impl RuntimeBuilder {
             sample_shift: self.sample_shift,
             policy: self.policy,
             trace: Default::default(),
-            next_buffer: Default::default(),
+            buffer_ids: Default::default(),
             balancer: Mutex::new(None),
             balancer_thread: Mutex::new(None),
         });
@@ -375,11 +375,35 @@ pub(crate) struct Inner {
     policy: crate::policy::PolicyKind,
     /// Trace recording (off unless a recorder runs).
     pub(crate) trace: record::TraceSink,
-    /// Numbers buffers for trace page ids.
-    next_buffer: std::sync::atomic::AtomicU32,
+    /// Numbers buffers for trace page ids and the balancer's page keys
+    /// (`buffer << 32 | page`): unique among the buffers alive, recycled
+    /// when a buffer's table is gone, so they never wrap onto a live one.
+    pub(crate) buffer_ids: Mutex<BufferIds>,
     /// The balancer's policy state, when one was started.
     pub(crate) balancer: balancer::BalancerSlot,
     balancer_thread: Mutex<Option<balancer::BalancerThread>>,
+}
+
+/// Buffer numbers: the lowest never used, then freed ones, most recently
+/// freed last (so a number is reused as late as possible).
+#[derive(Debug, Default)]
+pub(crate) struct BufferIds {
+    next: u64,
+    free: std::collections::VecDeque<u32>,
+}
+
+impl BufferIds {
+    fn take(&mut self) -> Option<u32> {
+        if let Ok(id) = u32::try_from(self.next) {
+            self.next += 1;
+            return Some(id);
+        }
+        self.free.pop_front()
+    }
+
+    pub(crate) fn give_back(&mut self, id: u32) {
+        self.free.push_back(id);
+    }
 }
 
 impl Inner {
@@ -635,7 +659,7 @@ impl Runtime {
         }
         let page = self.inner.page_size as u64;
         let pages = bytes.div_ceil(page);
-        {
+        let id = {
             let mut r = self.inner.reserved.lock();
             let reserved = r.promised;
             if reserved + pages > self.inner.total_pages {
@@ -650,9 +674,16 @@ impl Runtime {
                     ),
                 ));
             }
+            // Numbered under the reservation's lock: a refusal takes neither.
+            let id = self.inner.buffer_ids.lock().take().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::OutOfCapacity,
+                    "2^32 buffers are alive in this runtime: free some first",
+                )
+            })?;
             r.promised += pages;
-        }
-        let id = self.inner.next_buffer.fetch_add(1, Ordering::Relaxed);
+            id
+        };
         let table = Arc::new(Table::new(self.inner.clone(), id, bytes, pages, placement));
         {
             let mut tables = self.inner.tables.lock();
@@ -781,5 +812,30 @@ impl Runtime {
             .store(Tier::Device)
             .and_then(|s| s.as_any().downcast_ref::<DeviceStore>())
             .map(|d| d.backend())
+    }
+}
+
+#[cfg(test)]
+mod buffer_id_tests {
+    use super::BufferIds;
+
+    #[test]
+    fn ids_never_wrap_onto_a_live_buffer() {
+        let mut ids = BufferIds::default();
+        assert_eq!(
+            (ids.take(), ids.take(), ids.take()),
+            (Some(0), Some(1), Some(2))
+        );
+        ids.give_back(1);
+        // Fresh numbers first, so a freed one is reused as late as possible.
+        assert_eq!(ids.take(), Some(3));
+        ids.next = u64::from(u32::MAX);
+        assert_eq!(ids.take(), Some(u32::MAX));
+        // Past 2^32 only freed numbers come back, oldest freed first.
+        ids.give_back(3);
+        assert_eq!(
+            (ids.take(), ids.take(), ids.take()),
+            (Some(1), Some(3), None)
+        );
     }
 }

@@ -994,5 +994,6 @@ impl Drop for Table {
         if !*self.released.get_mut() {
             self.rt.release(self.pages.len() as u64);
         }
+        self.rt.buffer_ids.lock().give_back(self.id);
     }
 }
