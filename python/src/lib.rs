@@ -11,6 +11,7 @@
 //! | `runtime.rs` | `Runtime`: keyword arguments or TOML, `alloc`, `stats` |
 //! | `buffer.rs` | `Buffer` and `Ticket` |
 //! | `dlpack.rs` | `Pin` and its DLPack capsules |
+//! | `optim.rs` | `OffloadedAdam`, under `strata.optim`'s torch optimizers |
 //!
 //! Every call that can wait — on I/O, a page move or a device copy —
 //! releases the GIL (`Python::detach`) around the Rust call.
@@ -21,6 +22,7 @@ mod buffer;
 mod convert;
 mod dlpack;
 mod errors;
+mod optim;
 mod pybuf;
 mod runtime;
 
@@ -31,6 +33,7 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::Buffer>()?;
     m.add_class::<buffer::Ticket>()?;
     m.add_class::<dlpack::Pin>()?;
+    m.add_class::<optim::OffloadedAdam>()?;
     errors::register(m)?;
     Ok(())
 }

@@ -18,6 +18,9 @@ Conventions: byte ranges are (start, stop) tuples, half-open like slices, or
 None for the whole buffer; tiers are named "device", "host", "cxl", "nvme".
 Errors are StrataError subclasses, one per kind (InvalidArgumentError is
 also a ValueError). Calls that can wait release the GIL.
+
+strata.optim (import it explicitly; it needs torch) has Adam and AdamW as
+torch.optim.Optimizer subclasses whose state lives in strata's tiers.
 """
 
 from ._strata import (
@@ -29,6 +32,7 @@ from ._strata import (
     NoDeviceError,
     NoSpaceError,
     NotFoundError,
+    OffloadedAdam,
     OutOfCapacityError,
     PermissionDeniedError,
     Pin,
@@ -48,6 +52,7 @@ __all__ = [
     "NoDeviceError",
     "NoSpaceError",
     "NotFoundError",
+    "OffloadedAdam",
     "OutOfCapacityError",
     "PermissionDeniedError",
     "Pin",

@@ -223,3 +223,48 @@ class UnsupportedError(StrataError): ...
 class ClosedError(StrataError): ...
 class NotFoundError(StrataError, FileNotFoundError): ...
 class PermissionDeniedError(StrataError, PermissionError): ...
+
+@final
+class OffloadedAdam:
+    """Adam/AdamW state (fp32 master weights, both moments) for one float32
+    array of parameters, kept in a tier ("host", "cxl", or "nvme" in the
+    directory nvme_path) and streamed through in chunks at each step; the
+    engine under strata.optim.Adam/AdamW. Decoupled weight decay
+    (weight_decay 0 is plain Adam). Arrays are float32 buffers (NumPy
+    views of CPU tensors), read and written in place."""
+
+    def __new__(
+        cls,
+        weights: _ReadableBuffer,
+        *,
+        tier: Literal["host", "cxl", "nvme"] = "host",
+        nvme_path: Union[str, "PathLike[str]", None] = None,
+        chunk_bytes: int = 1 << 20,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        updater: Literal["cpu", "cuda"] = "cpu",
+    ) -> "OffloadedAdam": ...
+    def configure(
+        self, *, lr: float, betas: Tuple[float, float], eps: float, weight_decay: float
+    ) -> None:
+        """Sets the hyper-parameters of the next steps."""
+    def step(self, grads: _ReadableBuffer, out: Optional[_WritableBuffer] = None) -> Dict[str, float]:
+        """One step with these gradients; the updated weights then go into
+        out if given. Returns seconds, bytes_read, bytes_written,
+        io_wait_seconds."""
+    def read_state(self, which: int, out: _WritableBuffer) -> None:
+        """Reads state which (0 weights, 1 first moment, 2 second moment) into out."""
+    def write_state(self, which: int, data: _ReadableBuffer) -> None:
+        """Overwrites state which (0, 1 or 2) from data."""
+    @property
+    def steps(self) -> int:
+        """Steps taken."""
+    def set_steps(self, steps: int) -> None:
+        """Sets the step count (restoring a saved optimizer)."""
+    @property
+    def tier(self) -> Literal["host", "cxl", "nvme"]: ...
+    @property
+    def emulated(self) -> bool: ...
+    def __len__(self) -> int: ...

@@ -150,3 +150,23 @@ def test_dlpack_refusals(rt):
     # A pin larger than its tier.
     with pytest.raises(strata.OutOfCapacityError):
         rt.alloc(32 * PAGE).pin(None, "device")
+
+
+def test_torch_wraps_strata_memory_without_a_copy(rt):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    buf = rt.alloc(2 * PAGE)
+    buf.write(0, np.arange(PAGE // 4, dtype=np.float32))
+    with buf.pin((0, PAGE), "host", dtype="float32") as pin:
+        t = torch.from_dlpack(pin)
+    assert t.dtype == torch.float32 and t.shape == (PAGE // 4,) and t.device.type == "cpu"
+    assert t.data_ptr() == pin.address
+    assert t[:3].tolist() == [0.0, 1.0, 2.0]
+    # torch's tensor is writable: its writes are strata's bytes.
+    t[1] = 42.0
+    assert np.frombuffer(buf.read(4, 4), dtype=np.float32)[0] == 42.0
+    buf.write(8, np.float32(7.0).tobytes())
+    assert t[2].item() == 7.0
+    assert pinned_pages(rt, "host") == 1
+    del t
+    gc.collect()
+    assert pinned_pages(rt, "host") == 0
