@@ -11,18 +11,18 @@
 use std::collections::BTreeSet;
 use std::ffi::{c_int, c_void};
 
+use std::ptr::NonNull;
+use std::sync::Arc;
+
 use parking_lot::Mutex;
 use strata::device::BackendKind;
 use strata::runtime::OwnedPin;
-use strata::Tier;
+use strata::{Buffer, Error, ErrorKind, Result, Runtime, Tier};
 
-use crate::buffer::range;
 use crate::cast;
 use crate::enums::{strata_tier, tier};
 use crate::objects::{self, strata_buffer};
-use crate::status::{
-    boundary, boundary_void, Fail, R, STRATA_ERR_INVALID_HANDLE, STRATA_ERR_UNSUPPORTED, STRATA_OK,
-};
+use crate::status::{boundary, boundary_void, Fail, R, STRATA_ERR_INVALID_HANDLE, STRATA_OK};
 
 /// DLPack: the kind of device a tensor's memory is on.
 #[cfg(not(dlpack_h_included))]
@@ -202,16 +202,18 @@ unsafe extern "C" fn deleter(t: *mut DLManagedTensor) {
     boundary_void("DLManagedTensor.deleter", || delete(t));
 }
 
-fn element_bytes(dtype: DLDataType) -> R<u64> {
+/// The bytes of one element of `dtype` (all lanes), or why strata cannot
+/// export it.
+fn element_bytes(dtype: DLDataType) -> Result<u64> {
     if dtype.code > DLDataTypeCode::kDLFloat4_e2m1fn as u8 {
-        return Err(Fail::invalid(format!(
+        return Err(Error::invalid(format!(
             "unknown DLPack type code {}",
             dtype.code
         )));
     }
     if dtype.bits == 0 || dtype.bits % 8 != 0 || dtype.lanes == 0 {
-        return Err(Fail::new(
-            STRATA_ERR_UNSUPPORTED,
+        return Err(Error::new(
+            ErrorKind::Unsupported,
             format!(
                 "DLPack type of {} bits × {} lanes: only whole bytes and at least one lane",
                 dtype.bits, dtype.lanes
@@ -219,6 +221,104 @@ fn element_bytes(dtype: DLDataType) -> R<u64> {
         ));
     }
     Ok(u64::from(dtype.bits / 8) * u64::from(dtype.lanes))
+}
+
+/// Checks that `offset..offset + len` can be exported as elements of
+/// `dtype` (a whole, non-zero number of them, starting at a multiple of the
+/// scalar size) and returns how many elements that is.
+pub fn dlpack_elements(offset: u64, len: u64, dtype: DLDataType) -> Result<i64> {
+    let elem = element_bytes(dtype)?;
+    if len == 0 || len % elem != 0 {
+        return Err(Error::invalid(format!(
+            "length {len} is not a whole, non-zero number of {elem}-byte elements"
+        )));
+    }
+    let scalar = u64::from(dtype.bits / 8);
+    if offset % scalar != 0 {
+        return Err(Error::invalid(format!(
+            "offset {offset} is not aligned to the element's {scalar} bytes"
+        )));
+    }
+    i64::try_from(len / elem).map_err(|_| Error::invalid("too many elements"))
+}
+
+/// The DLPack device of memory pinned in `tier` of `rt`: `kDLCUDA` (device
+/// 0) for the device tier on CUDA, `kDLCPU` for host and CXL memory — and
+/// for the simulated device, whose memory is host memory.
+pub fn dlpack_device(rt: &Runtime, tier: Tier) -> DLDevice {
+    match (tier, rt.device_backend()) {
+        (Tier::Device, Some(BackendKind::Cuda)) => DLDevice {
+            device_type: DLDeviceType::kDLCUDA,
+            device_id: 0,
+        },
+        _ => DLDevice {
+            device_type: DLDeviceType::kDLCPU,
+            device_id: 0,
+        },
+    }
+}
+
+/// Pins `offset..offset + len` of `buffer` (a buffer of `rt`) in `tier` and
+/// returns a DLPack tensor over it, as [`strata_dlpack_export`] describes:
+/// the logic of that function for Rust callers (the Python binding wraps
+/// the tensor in a `"dltensor"` capsule). The tensor is the caller's: the
+/// range stays pinned until its `deleter` is called, exactly once, from any
+/// thread (the deleter needs no lock of the caller's, Python's GIL
+/// included).
+pub fn dlpack_export_pinned(
+    rt: &Runtime,
+    buffer: &Arc<Buffer>,
+    offset: u64,
+    len: u64,
+    tier: Tier,
+    dtype: DLDataType,
+) -> Result<NonNull<DLManagedTensor>> {
+    let elements = dlpack_elements(offset, len, dtype)?;
+    let end = offset
+        .checked_add(len)
+        .ok_or_else(|| Error::invalid(format!("offset {offset} + length {len} overflows")))?;
+    let page = rt.page_size() as u64;
+    let pin = buffer.pin_owned(offset..end, tier)?;
+    let addresses = pin.addresses();
+    if let Some(i) = addresses.windows(2).position(|w| w[1] != w[0] + page) {
+        let first = pin.pages().start;
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "pages {} and {} of the range are not adjacent in the {tier} tier: export page by page",
+                first + i,
+                first + i + 1
+            ),
+        ));
+    }
+    let data = cast::address_ptr(addresses[0] + offset % page);
+    let managed = Box::new(Managed {
+        tensor: DLManagedTensor {
+            dl_tensor: DLTensor {
+                data,
+                device: dlpack_device(rt, tier),
+                ndim: 1,
+                dtype,
+                shape: std::ptr::null_mut(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(deleter),
+        },
+        shape: [elements],
+        strides: [1],
+        pin,
+    });
+    let p = cast::box_into_raw(managed);
+    // SAFETY: `p` is the live box just made; nothing else refers to it.
+    let m = unsafe { &mut *p };
+    m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();
+    m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
+    m.tensor.manager_ctx = p.cast();
+    let tensor = p.cast::<DLManagedTensor>();
+    TENSORS.lock().insert(tensor.addr());
+    Ok(NonNull::new(tensor).expect("a box is never NULL"))
 }
 
 /// Pins `offset..offset + len` of the buffer in `tier` and stores in `*out`
@@ -264,72 +364,9 @@ pub unsafe extern "C" fn strata_dlpack_export(
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(out, "out") }?;
         let t = tier(tier_in)?;
-        let elem = element_bytes(dtype)?;
-        if len == 0 || len % elem != 0 {
-            return Err(Fail::invalid(format!(
-                "length {len} is not a whole, non-zero number of {elem}-byte elements"
-            )));
-        }
-        let scalar = u64::from(dtype.bits / 8);
-        if offset % scalar != 0 {
-            return Err(Fail::invalid(format!(
-                "offset {offset} is not aligned to the element's {scalar} bytes"
-            )));
-        }
-        let elements = i64::try_from(len / elem).map_err(|_| Fail::invalid("too many elements"))?;
         let b = objects::get(buf)?;
-        let page = b.rt.rt.page_size() as u64;
-        let pin = b.buffer.pin_owned(range(offset, len)?, t)?;
-        let addresses = pin.addresses();
-        if let Some(i) = addresses.windows(2).position(|w| w[1] != w[0] + page) {
-            let first = pin.pages().start;
-            return Err(Fail::new(
-                STRATA_ERR_UNSUPPORTED,
-                format!(
-                    "pages {} and {} of the range are not adjacent in the {t} tier: export page by page",
-                    first + i,
-                    first + i + 1
-                ),
-            ));
-        }
-        let device = match (t, b.rt.rt.device_backend()) {
-            (Tier::Device, Some(BackendKind::Cuda)) => DLDevice {
-                device_type: DLDeviceType::kDLCUDA,
-                device_id: 0,
-            },
-            _ => DLDevice {
-                device_type: DLDeviceType::kDLCPU,
-                device_id: 0,
-            },
-        };
-        let data = cast::address_ptr(addresses[0] + offset % page);
-        let managed = Box::new(Managed {
-            tensor: DLManagedTensor {
-                dl_tensor: DLTensor {
-                    data,
-                    device,
-                    ndim: 1,
-                    dtype,
-                    shape: std::ptr::null_mut(),
-                    strides: std::ptr::null_mut(),
-                    byte_offset: 0,
-                },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(deleter),
-            },
-            shape: [elements],
-            strides: [1],
-            pin,
-        });
-        let p = cast::box_into_raw(managed);
-        // SAFETY: `p` is the live box just made; nothing else refers to it.
-        let m = unsafe { &mut *p };
-        m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();
-        m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
-        m.tensor.manager_ctx = p.cast();
-        let tensor = p.cast::<DLManagedTensor>();
-        TENSORS.lock().insert(tensor.addr());
-        out.set(tensor);
+        let tensor = dlpack_export_pinned(&b.rt.rt, &b.buffer, offset, len, t, dtype)?;
+        out.set(tensor.as_ptr());
         Ok(STRATA_OK)
     })
 }

@@ -827,6 +827,63 @@ impl OffloadedAdam {
     }
 }
 
+impl OffloadedAdam {
+    /// The hyper-parameters the next steps use.
+    pub fn adam(&self) -> AdamParams {
+        self.config.adam
+    }
+
+    /// Changes the hyper-parameters from the next step on (a learning-rate
+    /// schedule, a framework's parameter groups edited between steps).
+    pub fn set_adam(&mut self, adam: AdamParams) {
+        self.config.adam = adam;
+    }
+
+    /// Sets the step count (the bias corrections of the next step use
+    /// `steps + 1`), as when a saved optimizer is restored.
+    pub fn set_steps(&mut self, steps: u64) {
+        self.t = steps;
+    }
+
+    /// Overwrites a state array: 0 weights, 1 first moment, 2 second
+    /// moment, `values` holding one value per parameter (restoring a
+    /// saved optimizer, or weights changed outside it). Refused in
+    /// importance-aware mode, whose resident elements and gradient sums
+    /// would no longer match the state. A failed write leaves the
+    /// optimizer refusing further steps, as a failed step does.
+    pub fn write_state(&mut self, which: usize, values: &[f32]) -> Result<()> {
+        if which > 2 {
+            return Err(Error::invalid(format!("state {which}: use 0, 1 or 2")));
+        }
+        if self.config.importance.is_some() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "writing a state array in importance-aware mode",
+            ));
+        }
+        if values.len() != self.params {
+            return Err(Error::invalid(format!(
+                "{} values for {} parameters",
+                values.len(),
+                self.params
+            )));
+        }
+        let chunk = self.chunk;
+        let mut page = vec![0u8; self.config.chunk_bytes];
+        for (c, set) in self.slots.iter_mut().enumerate() {
+            let src = &values[c * chunk..((c + 1) * chunk).min(values.len())];
+            page.fill(0);
+            page[..src.len() * 4].copy_from_slice(bytemuck::cast_slice(src));
+            let slot = set[which].as_mut().expect("slot home");
+            if let Err(e) = self.store.pages().write_page(slot, &page) {
+                self.broken = true;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The |g| from which an element is among the `fraction` largest (at
 /// least one); `None` when that is every element. Ties at the threshold
 /// may keep a few more. Flushes choose resident elements with it.
@@ -1222,5 +1279,71 @@ mod tests {
             assert_eq!(bits(&got[cut..]), bits(&before[k][cut..]), "state {k}");
         }
         assert_eq!(a.step(&grads(5)).unwrap_err().kind(), ErrorKind::Closed);
+    }
+
+    /// A restored optimizer (weights, moments and step count written into
+    /// a fresh one) continues bitwise as the original does, on every tier
+    /// kind that needs no disk; hyper-parameters changed between steps
+    /// apply from the next one.
+    #[test]
+    fn restored_state_continues_bitwise() {
+        let n = 3 * PAGE / 4 + 5;
+        let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let g = |t: u64| -> Vec<f32> {
+            (0..n as u64)
+                .map(|i| ((i * 40503 + t * 31) % 997) as f32 / 997.0 - 0.5)
+                .collect()
+        };
+        for tier in [StateTier::Host, StateTier::Cxl] {
+            let mut cfg = OptimConfig::new(tier);
+            cfg.chunk_bytes = PAGE;
+            cfg.adam.weight_decay = 0.01;
+            let mut a = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
+            for t in 1..=3 {
+                a.step(&g(t)).unwrap();
+            }
+            let mut b = OffloadedAdam::new(&vec![0.0; n], cfg).unwrap();
+            for k in 0..3 {
+                b.write_state(k, &a.read_state(k).unwrap()).unwrap();
+            }
+            b.set_steps(a.steps());
+            let faster = AdamParams {
+                lr: 5e-3,
+                ..a.adam()
+            };
+            a.set_adam(faster);
+            b.set_adam(faster);
+            for t in 4..=5 {
+                a.step(&g(t)).unwrap();
+                b.step(&g(t)).unwrap();
+            }
+            let bits = |x: Vec<f32>| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for k in 0..3 {
+                assert_eq!(
+                    bits(a.read_state(k).unwrap()),
+                    bits(b.read_state(k).unwrap())
+                );
+            }
+            assert_eq!(b.steps(), 5);
+            assert_eq!(
+                b.write_state(1, &[0.0; 3]).unwrap_err().kind(),
+                ErrorKind::InvalidArgument
+            );
+            assert_eq!(
+                b.write_state(3, &w0).unwrap_err().kind(),
+                ErrorKind::InvalidArgument
+            );
+        }
+        let mut cfg = OptimConfig::new(StateTier::Host);
+        cfg.chunk_bytes = PAGE;
+        cfg.importance = Some(Importance {
+            fraction: 0.5,
+            every: 2,
+        });
+        let mut c = OffloadedAdam::new(&w0, cfg).unwrap();
+        assert_eq!(
+            c.write_state(0, &w0).unwrap_err().kind(),
+            ErrorKind::Unsupported
+        );
     }
 }

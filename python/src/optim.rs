@@ -1,0 +1,244 @@
+//! `strata._strata.OffloadedAdam`: the offloaded Adam/AdamW of
+//! `strata::offload::optim`, one per parameter tensor under
+//! `strata.optim.Adam`/`AdamW` (which hold the torch side). Arrays are
+//! float32 buffer-protocol objects (NumPy views of CPU tensors), read and
+//! written in place.
+
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use strata::offload::optim::{AdamParams, OptimConfig, StateTier, Updater};
+
+use crate::errors::{invalid, raise};
+use crate::pybuf::Contiguous;
+
+/// The float32 values of a buffer's bytes (borrowed where aligned).
+fn floats(bytes: &[u8]) -> PyResult<Cow<'_, [f32]>> {
+    if bytes.len() % 4 != 0 {
+        return Err(invalid(format!(
+            "{} bytes are not a whole number of float32 values",
+            bytes.len()
+        )));
+    }
+    Ok(match bytemuck::try_cast_slice(bytes) {
+        Ok(f) => Cow::Borrowed(f),
+        Err(_) => Cow::Owned(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+    })
+}
+
+fn floats_mut(bytes: &mut [u8]) -> PyResult<&mut [f32]> {
+    bytemuck::try_cast_slice_mut(bytes)
+        .map_err(|_| invalid("the output is not an aligned array of float32 values"))
+}
+
+fn adam(lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> PyResult<AdamParams> {
+    let ok = |x: f64| x.is_finite() && x >= 0.0;
+    if !ok(lr) || !ok(eps) || !ok(weight_decay) {
+        return Err(invalid(format!(
+            "lr {lr}, eps {eps} and weight_decay {weight_decay} must be finite and non-negative"
+        )));
+    }
+    if !(0.0..1.0).contains(&betas.0) || !(0.0..1.0).contains(&betas.1) {
+        return Err(invalid(format!(
+            "betas ({}, {}) must each be in [0, 1)",
+            betas.0, betas.1
+        )));
+    }
+    Ok(AdamParams {
+        lr: lr as f32,
+        beta1: betas.0 as f32,
+        beta2: betas.1 as f32,
+        eps: eps as f32,
+        weight_decay: weight_decay as f32,
+    })
+}
+
+/// Adam/AdamW state (fp32 master weights, both moments) for one array of
+/// parameters, kept in a tier ("host", "cxl", or "nvme" in the directory
+/// nvme_path) and streamed through in chunks of chunk_bytes at each step.
+/// The update is decoupled weight decay (AdamW; weight_decay 0 is Adam):
+///
+///     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
+///     w = w - lr*((m/bc1)/(sqrt(v/bc2) + eps) + weight_decay*w)
+///
+/// updater "cpu" or "cuda" (the same result bitwise). Every call that
+/// touches the state releases the GIL.
+#[pyclass(module = "strata", frozen)]
+pub(crate) struct OffloadedAdam {
+    inner: Mutex<strata::offload::optim::OffloadedAdam>,
+    tier: &'static str,
+}
+
+#[pymethods]
+impl OffloadedAdam {
+    #[new]
+    #[pyo3(signature = (
+        weights, *, tier = "host", nvme_path = None, chunk_bytes = 1 << 20,
+        lr = 1e-3, betas = (0.9, 0.999), eps = 1e-8, weight_decay = 0.0, updater = "cpu",
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        weights: &Bound<'_, PyAny>,
+        tier: &str,
+        nvme_path: Option<PathBuf>,
+        chunk_bytes: usize,
+        lr: f64,
+        betas: (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        updater: &str,
+    ) -> PyResult<Self> {
+        let state_tier = match (tier, nvme_path) {
+            ("host", None) => StateTier::Host,
+            ("cxl", None) => StateTier::Cxl,
+            ("nvme", Some(dir)) => StateTier::Nvme(dir),
+            ("nvme", None) => return Err(invalid("tier \"nvme\" needs nvme_path (a directory)")),
+            ("host" | "cxl", Some(_)) => {
+                return Err(invalid(format!(
+                    "nvme_path is for tier \"nvme\", not {tier:?}"
+                )))
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "unknown optimizer state tier {tier:?} (use host, cxl or nvme)"
+                )))
+            }
+        };
+        let mut config = OptimConfig::new(state_tier);
+        config.chunk_bytes = chunk_bytes;
+        config.adam = adam(lr, betas, eps, weight_decay)?;
+        config.updater = updater.parse::<Updater>().map_err(raise)?;
+        let view = Contiguous::readable(weights)?;
+        let w = floats(view.as_slice())?;
+        let inner = py
+            .detach(|| strata::offload::optim::OffloadedAdam::new(&w, config))
+            .map_err(raise)?;
+        let tier = match tier {
+            "host" => "host",
+            "cxl" => "cxl",
+            _ => "nvme",
+        };
+        Ok(Self {
+            inner: Mutex::new(inner),
+            tier,
+        })
+    }
+
+    /// Sets the hyper-parameters of the next steps.
+    #[pyo3(signature = (*, lr, betas, eps, weight_decay))]
+    fn configure(&self, lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> PyResult<()> {
+        let p = adam(lr, betas, eps, weight_decay)?;
+        self.inner.lock().set_adam(p);
+        Ok(())
+    }
+
+    /// One step with these gradients (float32, one per parameter); with
+    /// out (a writable float32 array of the same length), the updated
+    /// weights are then read into it. Returns the step's stats: seconds,
+    /// bytes_read, bytes_written, io_wait_seconds.
+    #[pyo3(signature = (grads, out = None))]
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        grads: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let g_view = Contiguous::readable(grads)?;
+        let g = floats(g_view.as_slice())?;
+        let mut out_view = out.map(Contiguous::writable).transpose()?;
+        let out = match out_view.as_mut() {
+            Some(v) => Some(floats_mut(v.as_mut_slice())?),
+            None => None,
+        };
+        let stats = py
+            .detach(|| {
+                let mut a = self.inner.lock();
+                if let Some(o) = &out {
+                    if o.len() != a.len() {
+                        return Err(strata::Error::invalid(format!(
+                            "out holds {} values for {} parameters",
+                            o.len(),
+                            a.len()
+                        )));
+                    }
+                }
+                let stats = a.step(&g)?;
+                if let Some(o) = out {
+                    o.copy_from_slice(&a.weights()?);
+                }
+                Ok(stats)
+            })
+            .map_err(raise)?;
+        let d = PyDict::new(py);
+        d.set_item("seconds", stats.seconds)?;
+        d.set_item("bytes_read", stats.bytes_read)?;
+        d.set_item("bytes_written", stats.bytes_written)?;
+        d.set_item("io_wait_seconds", stats.io_wait_seconds)?;
+        Ok(d)
+    }
+
+    /// Reads a state array (0 weights, 1 first moment, 2 second moment)
+    /// into out, a writable float32 array of one value per parameter.
+    fn read_state(&self, py: Python<'_>, which: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut view = Contiguous::writable(out)?;
+        let out = floats_mut(view.as_mut_slice())?;
+        py.detach(|| {
+            let a = self.inner.lock();
+            if out.len() != a.len() {
+                return Err(strata::Error::invalid(format!(
+                    "out holds {} values for {} parameters",
+                    out.len(),
+                    a.len()
+                )));
+            }
+            out.copy_from_slice(&a.read_state(which)?);
+            Ok(())
+        })
+        .map_err(raise)
+    }
+
+    /// Overwrites a state array (0, 1 or 2, as read_state) from data, one
+    /// float32 per parameter.
+    fn write_state(&self, py: Python<'_>, which: usize, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let view = Contiguous::readable(data)?;
+        let values = floats(view.as_slice())?;
+        py.detach(|| self.inner.lock().write_state(which, &values))
+            .map_err(raise)
+    }
+
+    /// Steps taken (the next step's bias correction uses steps + 1).
+    #[getter]
+    fn steps(&self) -> u64 {
+        self.inner.lock().steps()
+    }
+
+    /// Sets the step count (restoring a saved optimizer).
+    fn set_steps(&self, steps: u64) {
+        self.inner.lock().set_steps(steps);
+    }
+
+    /// The tier the state lives in.
+    #[getter]
+    fn tier(&self) -> &'static str {
+        self.tier
+    }
+
+    /// Whether that tier is emulated (CXL without a CPU-less node).
+    #[getter]
+    fn emulated(&self) -> bool {
+        self.inner.lock().emulated()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.lock().len()
+    }
+}

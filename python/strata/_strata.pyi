@@ -1,0 +1,270 @@
+"""Type stubs of strata._strata, the extension module (re-exported by strata).
+
+Conventions used throughout:
+
+* Byte ranges (``_Range``) are ``(start, stop)`` tuples of byte offsets,
+  half-open like a slice (``(0, 4096)`` is the first 4 KiB), or ``None`` for
+  the whole buffer.
+* Tiers (``_TierName``) are "device", "host", "cxl" or "nvme"; an unknown
+  name, or a tier the runtime lacks, raises InvalidArgumentError.
+* Capacities, offsets and lengths are in bytes; page indices are indices.
+* Errors are StrataError subclasses carrying strata's one-line message.
+* Calls that can wait (read, readinto, write, prefetch, evict, pin, unpin,
+  Ticket.wait, building a Runtime) release the GIL.
+"""
+
+from os import PathLike
+from types import TracebackType
+from typing import Any, Dict, List, Literal, Optional, Tuple, Type, Union, final
+
+__version__: str
+
+_TierName = Literal["device", "host", "cxl", "nvme"]
+_Range = Optional[Tuple[int, int]]
+_DType = Literal[
+    "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "bool",
+]
+# Anything exporting the buffer protocol: bytes, bytearray, memoryview,
+# array.array, a NumPy array, ...
+_ReadableBuffer = Any
+_WritableBuffer = Any
+
+@final
+class Runtime:
+    """The tiers and everything allocated in them.
+
+    device: "auto" (a GPU where present, else the simulated one), "sim",
+        "cuda" (a GPU, else NoDeviceError), or None for no device tier.
+    device_capacity: the device tier's size (the simulated GPU's, or a cap
+        on a real one); None for the default (sim: 1 GiB; cuda: the GPU's
+        free memory less a reserve); 0 for no device tier.
+    host_capacity: the host DRAM tier (always present).
+    page_size: the page of every tier: a power of two, 4 KiB ... 2 MiB.
+    cxl_capacity: a CXL tier of this size (0: none); cxl_mode "emulated"
+        (DRAM behind a bandwidth cap) or "auto" (a CPU-less NUMA node).
+    nvme_path: a directory (a private swap file is made in it), a new file
+        name or a block device for an NVMe tier of nvme_capacity bytes (a
+        whole number of pages); None for no NVMe tier. An unusable path
+        raises NotFoundError, PermissionDeniedError, UnsupportedError, ...
+    nvme_engine: "auto", "uring" or "psync".
+    watermarks: (low, high) fractions of a tier between which background
+        eviction keeps it (0 < low <= high <= 1).
+    policy: the balancer's placement policy ("default", "lru", "lfu", ...).
+    """
+
+    def __new__(
+        cls,
+        *,
+        device: Optional[Literal["auto", "sim", "cuda"]] = "auto",
+        device_capacity: Optional[int] = None,
+        host_capacity: int = 256 << 20,
+        page_size: int = 64 << 10,
+        cxl_capacity: int = 0,
+        cxl_mode: Literal["emulated", "auto"] = "emulated",
+        nvme_path: Union[str, "PathLike[str]", None] = None,
+        nvme_capacity: int = 256 << 20,
+        nvme_engine: Literal["auto", "uring", "psync"] = "auto",
+        nvme_queue_depth: int = 32,
+        background_eviction: bool = True,
+        watermarks: Optional[Tuple[float, float]] = None,
+        policy: Optional[str] = None,
+    ) -> "Runtime": ...
+    @classmethod
+    def from_toml(cls, text: str, *, use_env: bool = False) -> "Runtime":
+        """A runtime from the TOML of the `strata` command's config file
+        (page_size, device, device_capacity, [host], [cxl], [nvme],
+        watermarks, policy). Values left out take their defaults, the NVMe
+        tier included (a private file in the temporary directory). With
+        use_env=True, STRATA_* environment variables override the text."""
+    def alloc(self, nbytes: int, *, prefer: Optional[_TierName] = None) -> "Buffer":
+        """Allocates nbytes (rounded up to whole pages). Pages take room in
+        a tier when first written: the fastest with room, or `prefer`
+        first. OutOfCapacityError when the tiers together cannot promise
+        that much."""
+    def stats(self) -> Dict[str, Any]:
+        """Current use and traffic: "backend", "page_size", "tiers" (per
+        tier: "tier", "used_pages", "free_pages", "pinned_pages",
+        "emulated"), "reserved_pages", "moves", "failed_moves",
+        "first_writes", "abandoned_moves", "faults", "reclaimed_pages",
+        "in_flight_moves", "promotions", "demotions", "bypasses",
+        "lost_count_readbacks", "lost_pages", "device_links", "links"."""
+    def stats_json(self) -> str:
+        """stats() as a JSON string."""
+    @property
+    def page_size(self) -> int:
+        """The page size in bytes."""
+    @property
+    def tiers(self) -> List[_TierName]:
+        """The configured tiers, fastest first."""
+    @property
+    def backend(self) -> Optional[Literal["simulated", "cuda"]]:
+        """The device tier's backend, None without a device tier."""
+
+@final
+class Buffer:
+    """An allocation whose pages may live in any tier; freed when the last
+    reference to it (its own, a Pin's, an exported tensor's) goes."""
+
+    @property
+    def nbytes(self) -> int:
+        """The length in bytes (also len(buffer))."""
+    def __len__(self) -> int: ...
+    @property
+    def page_count(self) -> int:
+        """The number of pages."""
+    @property
+    def page_size(self) -> int:
+        """The page size in bytes."""
+    def read(self, offset: int = 0, n: Optional[int] = None) -> bytes:
+        """n bytes at offset (n=None: to the end) as a new bytes object.
+        Pages never written read as zeros."""
+    def readinto(self, offset: int, out: _WritableBuffer) -> int:
+        """Reads len(out) bytes at offset straight into out (a writable
+        C-contiguous buffer: bytearray, memoryview, NumPy array, ...).
+        Returns the number of bytes read."""
+    def write(self, offset: int, data: _ReadableBuffer) -> None:
+        """Writes the bytes of data (any C-contiguous buffer: bytes,
+        bytearray, memoryview, NumPy array, ...) at offset."""
+    def prefetch(self, range: _Range, tier: _TierName) -> "Ticket":
+        """Moves the pages of range into tier in the background; the
+        Ticket's wait() raises the first error."""
+    def evict(self, range: _Range, tier: _TierName) -> None:
+        """Moves the pages of range that live in faster tiers down to tier
+        (or the next slower tier with room); returns when they are there."""
+    def tier_of(self, page: int) -> Optional[_TierName]:
+        """The tier page (an index) lives in; None if never written."""
+    def residency(self) -> Dict[str, int]:
+        """Pages per tier now: "device", "host", "cxl", "nvme", plus
+        "unwritten" and "lost"."""
+    def pin(self, range: _Range, tier: _TierName, *, dtype: _DType = "uint8") -> "Pin":
+        """Makes the pages of range resident in tier ("device", "host" or
+        "cxl") and keeps them there until the Pin is released. The Pin
+        exports the range through DLPack as a 1-D tensor of dtype."""
+
+@final
+class Ticket:
+    """A background request (Buffer.prefetch); dropping it does not cancel it."""
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Waits (at most timeout seconds) and raises the request's first
+        error. True when finished, False if the timeout passed first."""
+    def done(self) -> bool:
+        """Whether the request has finished."""
+
+@final
+class Pin:
+    """Pages held resident in one tier; exports them through DLPack.
+
+    numpy.from_dlpack(pin) and torch.from_dlpack(pin) wrap strata's memory
+    in place. Each exported tensor holds its own pin of the range until it
+    is gone, whether or not this Pin is released first."""
+
+    @property
+    def tier(self) -> _TierName: ...
+    @property
+    def range(self) -> Tuple[int, int]:
+        """The pinned byte range, (start, stop)."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def pages(self) -> Tuple[int, int]:
+        """The pinned pages (indices), (start, stop)."""
+    @property
+    def address(self) -> int:
+        """The address of the range's first byte (host, or device on a GPU)."""
+    @property
+    def addresses(self) -> List[int]:
+        """Each pinned page's address, in page order."""
+    @property
+    def dtype(self) -> _DType: ...
+    @property
+    def pinned(self) -> bool:
+        """Whether this Pin still holds its pages."""
+    def unpin(self) -> None:
+        """Releases the pin now (exported tensors keep theirs)."""
+    def __enter__(self) -> "Pin": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A "dltensor" capsule over the pinned range (in place; copy=True
+        or another dl_device raise BufferError). UnsupportedError where the
+        range spans pages not adjacent in the tier; ClosedError after
+        unpin()."""
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """(1, 0) for CPU memory (host, CXL, simulated device); (2, 0) on a GPU."""
+
+class StrataError(Exception):
+    """The base of every strata error; str(e) is strata's message."""
+
+    kind: Optional[str]
+    """The ErrorKind's stable name (e.g. "invalid argument"); None here."""
+    code: Optional[int]
+    """The ErrorKind's stable code (the C ABI's status, negated)."""
+
+class InvalidArgumentError(StrataError, ValueError): ...
+class NoDeviceError(StrataError): ...
+class OutOfCapacityError(StrataError): ...
+class IoError(StrataError, OSError): ...
+class NoSpaceError(StrataError, OSError): ...
+class CorruptedError(StrataError): ...
+class UnsupportedError(StrataError): ...
+class ClosedError(StrataError): ...
+class NotFoundError(StrataError, FileNotFoundError): ...
+class PermissionDeniedError(StrataError, PermissionError): ...
+
+@final
+class OffloadedAdam:
+    """Adam/AdamW state (fp32 master weights, both moments) for one float32
+    array of parameters, kept in a tier ("host", "cxl", or "nvme" in the
+    directory nvme_path) and streamed through in chunks at each step; the
+    engine under strata.optim.Adam/AdamW. Decoupled weight decay
+    (weight_decay 0 is plain Adam). Arrays are float32 buffers (NumPy
+    views of CPU tensors), read and written in place."""
+
+    def __new__(
+        cls,
+        weights: _ReadableBuffer,
+        *,
+        tier: Literal["host", "cxl", "nvme"] = "host",
+        nvme_path: Union[str, "PathLike[str]", None] = None,
+        chunk_bytes: int = 1 << 20,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        updater: Literal["cpu", "cuda"] = "cpu",
+    ) -> "OffloadedAdam": ...
+    def configure(
+        self, *, lr: float, betas: Tuple[float, float], eps: float, weight_decay: float
+    ) -> None:
+        """Sets the hyper-parameters of the next steps."""
+    def step(self, grads: _ReadableBuffer, out: Optional[_WritableBuffer] = None) -> Dict[str, float]:
+        """One step with these gradients; the updated weights then go into
+        out if given. Returns seconds, bytes_read, bytes_written,
+        io_wait_seconds."""
+    def read_state(self, which: int, out: _WritableBuffer) -> None:
+        """Reads state which (0 weights, 1 first moment, 2 second moment) into out."""
+    def write_state(self, which: int, data: _ReadableBuffer) -> None:
+        """Overwrites state which (0, 1 or 2) from data."""
+    @property
+    def steps(self) -> int:
+        """Steps taken."""
+    def set_steps(self, steps: int) -> None:
+        """Sets the step count (restoring a saved optimizer)."""
+    @property
+    def tier(self) -> Literal["host", "cxl", "nvme"]: ...
+    @property
+    def emulated(self) -> bool: ...
+    def __len__(self) -> int: ...

@@ -1,0 +1,195 @@
+"""Runtime construction, buffer I/O round trips, tier moves and stats."""
+
+import array
+import os
+
+import numpy as np
+import pytest
+
+import strata
+from conftest import PAGE
+
+
+def pattern(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def test_runtime_properties(rt):
+    assert rt.page_size == PAGE
+    assert rt.tiers == ["device", "host", "nvme"]
+    assert rt.backend == "simulated"
+    assert "strata.Runtime(" in repr(rt)
+
+
+def test_round_trip_across_page_boundaries(rt):
+    buf = rt.alloc(10 * PAGE)
+    assert buf.nbytes == len(buf) == 10 * PAGE
+    assert buf.page_count == 10 and buf.page_size == PAGE
+    data = pattern(3 * PAGE + 123)
+    # Starts mid-page, spans three page boundaries, ends mid-page.
+    buf.write(PAGE - 100, data)
+    assert buf.read(PAGE - 100, len(data)) == data
+    # Unwritten bytes read as zeros; read() without n reads to the end.
+    assert buf.read(0, PAGE - 100) == bytes(PAGE - 100)
+    whole = buf.read()
+    assert len(whole) == 10 * PAGE
+    assert whole[PAGE - 100 : PAGE - 100 + len(data)] == data
+
+
+def test_write_accepts_any_contiguous_buffer(rt):
+    buf = rt.alloc(8 * PAGE)
+    values = np.arange(1000, dtype=np.float32)
+    for i, src in enumerate(
+        [
+            b"bytes!",
+            bytearray(b"bytearray"),
+            memoryview(b"--memoryview--")[2:-2],
+            array.array("i", [1, 2, 3]),
+            values,
+        ]
+    ):
+        at = 17 + 4001 * i
+        buf.write(at, src)
+        assert buf.read(at, memoryview(src).nbytes) == memoryview(src).tobytes()
+    back = np.empty(1000, dtype=np.float32)
+    buf.readinto(17 + 4001 * 4, back)
+    assert np.array_equal(back, values)
+    # A non-contiguous array is refused by its exporter, not copied silently.
+    with pytest.raises((BufferError, ValueError), match="contiguous"):
+        buf.write(0, np.arange(10, dtype=np.uint8)[::2])
+
+
+def test_readinto_fills_the_callers_memory(rt):
+    buf = rt.alloc(3 * PAGE)
+    data = pattern(2 * PAGE + 7, seed=1)
+    buf.write(PAGE // 2, data)
+    out = bytearray(len(data))
+    assert buf.readinto(PAGE // 2, out) == len(data)
+    assert bytes(out) == data
+    # Into part of a larger array, through a memoryview slice.
+    arr = np.zeros(PAGE, dtype=np.uint8)
+    n = buf.readinto(PAGE // 2, memoryview(arr)[100:200])
+    assert n == 100
+    assert arr[100:200].tobytes() == data[:100] and not arr[:100].any()
+    # Read-only targets are refused.
+    with pytest.raises(BufferError):
+        buf.readinto(0, b"immutable")
+
+
+def test_prefetch_evict_tier_of_residency(rt):
+    buf = rt.alloc(8 * PAGE, prefer="device")
+    assert buf.tier_of(0) is None
+    assert buf.residency() == {
+        "device": 0, "host": 0, "cxl": 0, "nvme": 0, "unwritten": 8, "lost": 0,
+    }
+    data = pattern(8 * PAGE, seed=2)
+    buf.write(0, data)
+    assert [buf.tier_of(p) for p in range(8)] == ["device"] * 8
+
+    buf.evict((0, 4 * PAGE), "nvme")
+    assert [buf.tier_of(p) for p in range(8)] == ["nvme"] * 4 + ["device"] * 4
+    assert buf.residency()["nvme"] == 4 and buf.residency()["device"] == 4
+
+    ticket = buf.prefetch((0, 2 * PAGE), "host")
+    assert ticket.wait() is True
+    assert ticket.done()
+    assert [buf.tier_of(p) for p in range(4)] == ["host", "host", "nvme", "nvme"]
+
+    # None is the whole buffer.
+    buf.prefetch(None, "host").wait(timeout=30)
+    assert buf.residency()["host"] == 8
+    assert buf.read() == data
+    stats = rt.stats()
+    assert stats["moves"] == 12  # 4 evicted, 2 + 6 prefetched
+    assert {l["from"] for l in stats["links"]} >= {"device", "nvme"}
+
+
+def test_ticket_wait_timeout_and_repr(rt):
+    buf = rt.alloc(PAGE)
+    buf.write(0, b"x")
+    t = buf.prefetch(None, "nvme")
+    assert t.wait(timeout=60) is True
+    assert "done" in repr(t)
+    with pytest.raises(strata.InvalidArgumentError):
+        t.wait(timeout=-1)
+
+
+def test_stats_dict_keys(rt):
+    buf = rt.alloc(2 * PAGE)
+    buf.write(0, b"\x01" * PAGE)
+    stats = rt.stats()
+    assert {
+        "backend", "page_size", "tiers", "reserved_pages", "moves", "failed_moves",
+        "first_writes", "abandoned_moves", "faults", "reclaimed_pages",
+        "in_flight_moves", "promotions", "demotions", "bypasses",
+        "lost_count_readbacks", "lost_pages", "device_links", "links",
+    } <= set(stats)
+    assert stats["backend"] == "simulated"
+    assert stats["page_size"] == PAGE
+    assert [t["tier"] for t in stats["tiers"]] == ["device", "host", "nvme"]
+    assert set(stats["tiers"][0]) >= {"tier", "used_pages", "free_pages", "pinned_pages", "emulated"}
+    assert stats["reserved_pages"] == 2 and stats["first_writes"] == 1
+    assert sum(t["used_pages"] for t in stats["tiers"]) == 1
+    import json
+
+    assert json.loads(rt.stats_json())["page_size"] == PAGE
+
+
+def test_keyword_arguments(tmp_path):
+    rt = strata.Runtime(device=None, host_capacity=1 << 20, page_size=8192)
+    assert rt.tiers == ["host"] and rt.backend is None and rt.page_size == 8192
+    rt = strata.Runtime(
+        device="sim",
+        device_capacity=0,
+        host_capacity=1 << 20,
+        cxl_capacity=1 << 20,
+        cxl_mode="emulated",
+        nvme_path=tmp_path / "swap",  # a new file name, as a PathLike
+        nvme_capacity=1 << 20,
+        nvme_engine="psync",
+        watermarks=(0.5, 0.9),
+        policy="lru",
+    )
+    assert rt.tiers == ["host", "cxl", "nvme"]
+    assert rt.stats()["tiers"][1]["emulated"] is True
+    # The swap file is private: created and unlinked.
+    assert not (tmp_path / "swap").exists()
+
+
+def test_from_toml(tmp_path):
+    rt = strata.Runtime.from_toml(
+        f"""
+        page_size = "16k"
+        device = "sim"
+        device_capacity = "256k"
+        [host]
+        capacity = "1M"
+        [nvme]
+        path = "{tmp_path}"
+        capacity = "1M"
+        """
+    )
+    assert rt.page_size == 16384
+    assert rt.tiers == ["device", "host", "nvme"]
+    buf = rt.alloc(100_000)
+    buf.write(99_990, b"0123456789")
+    assert buf.read(99_990, 10) == b"0123456789"
+
+
+def test_from_toml_use_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRATA_PAGE_SIZE", "8k")
+    text = f'device = "sim"\ndevice_capacity = "64k"\n[nvme]\npath = "{tmp_path}"\ncapacity = "1M"\n'
+    assert strata.Runtime.from_toml(text).page_size == 64 << 10
+    assert strata.Runtime.from_toml(text, use_env=True).page_size == 8 << 10
+
+
+def test_buffer_outlives_runtime_reference(tmp_path):
+    rt = strata.Runtime(device=None, host_capacity=1 << 20, page_size=PAGE)
+    buf = rt.alloc(PAGE)
+    del rt
+    buf.write(0, b"still here")
+    assert buf.read(0, 10) == b"still here"
+
+
+def test_version():
+    assert isinstance(strata.__version__, str) and strata.__version__.count(".") == 2
