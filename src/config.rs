@@ -210,12 +210,13 @@ impl Config {
             None => file.cxl.mode.unwrap_or_default(),
         };
         let cxl_capacity = env_size("STRATA_CXL_CAPACITY")?.or(file.cxl.capacity.map(|s| s.0));
-        let backing = cxl_mode.backing(topology);
-        let node_bytes = match backing {
+        // The default capacity is the CXL node's size where the machine has
+        // one, also for an emulated tier (as a stand-in of that size).
+        let node_bytes = match CxlMode::Auto.backing(topology) {
             CxlBacking::Node { memory_bytes, .. } => Some(memory_bytes),
             _ => None,
         };
-        let cxl = match backing {
+        let cxl = match cxl_mode.backing(topology) {
             CxlBacking::Absent => None,
             _ => Some(CxlConfig {
                 mode: cxl_mode,

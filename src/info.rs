@@ -69,9 +69,12 @@ pub fn gather(config: &Config) -> Info {
     };
     let nvrtc = crate::device::nvrtc_version().map(|(a, b)| format!("{a}.{b}"));
     let uring = crate::io::uring::probe();
-    let io_engine = crate::io::engine(config.nvme.as_ref().map(|n| n.engine).unwrap_or_default())
-        .map(|e| e.kind().to_string())
-        .unwrap_or_else(|e| format!("unavailable: {e}"));
+    let io_engine = match &config.nvme {
+        Some(n) => crate::io::engine(n.engine)
+            .map(|e| e.kind().to_string())
+            .unwrap_or_else(|e| format!("unavailable: {e}")),
+        None => "none (no NVMe tier)".into(),
+    };
     let mut tiers = Vec::new();
     let tier = |tier, capacity_bytes, emulated, detail: String, problem: Option<String>| TierInfo {
         tier,
@@ -132,16 +135,10 @@ pub fn gather(config: &Config) -> Info {
     ));
     if let Some(cxl) = &config.cxl {
         let (emulated, detail, problem) = match cxl.mode.backing(&topo) {
-            crate::tier::CxlBacking::Node { id, memory_bytes } => (
+            crate::tier::CxlBacking::Node { id, .. } => (
                 false,
                 format!("CPU-less NUMA node {id}"),
-                (cxl.capacity > memory_bytes).then(|| {
-                    format!(
-                        "cxl capacity {} exceeds NUMA node {id}'s {}",
-                        crate::size::format_size(cxl.capacity),
-                        crate::size::format_size(memory_bytes)
-                    )
-                }),
+                cxl.check(&topo).err().map(|e| e.message().to_string()),
             ),
             _ => (
                 true,

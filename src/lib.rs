@@ -14,8 +14,11 @@
 //!  I/O engines: io_uring | psync, under one retrying queue   src/io/
 //!  Device backends: cuda (cudarc) | sim (link model)    src/device/
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
+//!  Runtime: buffers, page table, mover, reclaim, maps   src/runtime/
 //!  Placement policies (pure: no I/O, no unsafe)         src/policy/
 //!    lru (UVM-like) | lfu | gmt | lookahead | belady | default (W-TinyLFU)
+//!    references: arc | s3fifo | sieve
+//!  The machinery under it all, outside the stable API  src/lowlevel.rs
 //!  Page-access traces: format, replay                   src/trace.rs, policy/replay.rs
 //!  Offloading: MoE expert cache, offloaded Adam         src/offload/
 //! ```
@@ -28,13 +31,13 @@
 //! use strata::{Placement, Runtime, Tier};
 //!
 //! // 1 MiB of (simulated, on a machine without a GPU) device memory, 8 MiB
-//! // of host DRAM; a 4 MiB buffer spills from the device into DRAM.
+//! // of host DRAM; a 4 MiB buffer is larger than the device.
 //! let rt = Runtime::builder()
 //!     .device(strata::DeviceChoice::Sim, 1 << 20)
 //!     .host(8 << 20)
 //!     .build()?;
 //! let buf = rt.alloc_with(4 << 20, Placement::Prefer(Tier::Device))?;
-//! buf.write_as(0, &[1.5f32; 1024])?;
+//! buf.write_as(0, &vec![1.5f32; 1 << 20])?; // 4 MiB: spills into DRAM
 //! buf.prefetch(0..buf.len(), Tier::Host).wait()?;
 //! let mut back = [0f32; 4];
 //! buf.read_as(0, &mut back)?;

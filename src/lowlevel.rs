@@ -4,9 +4,16 @@
 //! device words and counters.
 //!
 //! **Not part of the stable API.** Items here change with the
-//! implementation in any release; programs using strata need
-//! [`Runtime`](crate::Runtime) and [`Buffer`](crate::Buffer), the tier
-//! stores in [`tier`](crate::tier), the engines in [`io`](crate::io).
+//! implementation in any release, wherever they are reached from: some
+//! (the device words and counters, link counters and throttles, the
+//! filesystem probes) are also reachable under the module that defines
+//! them, and the traits for plugging in an engine or a device backend
+//! ([`IoEngine`](crate::io::IoEngine), `device::DeviceBackend`) name
+//! types from here — implementing those traits is outside the promise
+//! too. Programs using strata need [`Runtime`](crate::Runtime) and
+//! [`Buffer`](crate::Buffer), the tier stores in [`tier`](crate::tier),
+//! and the engines in [`io`](crate::io) as [`io::engine`](crate::io::engine)
+//! returns them.
 
 pub use crate::device::sim::PCIE_GEN4_X16;
 pub use crate::device::{DeviceCounters, DeviceMemory, DeviceWords, HostRegistration};
@@ -17,7 +24,7 @@ pub use crate::sys::arena::{Arena, ARENA_ALIGN};
 pub use crate::sys::{fs_free_bytes, process_cpu_time};
 pub use crate::tier::cxl::local_memcpy_bandwidth;
 pub use crate::tier::host::ArenaRegistrar;
-pub use crate::tier::nvme::{NvmeCompletion, NvmeSession};
+pub use crate::tier::nvme::{NvmeCompletion, NvmeSession, Rejected};
 pub use crate::tier::slots::SlotAllocator;
 
 /// The optimizer's CUDA update (`kernels/adam.cu`).

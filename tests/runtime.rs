@@ -835,19 +835,34 @@ fn typed_views_and_residency_report_what_users_see() {
 
 #[test]
 fn the_host_config_reaches_the_arena() {
-    let node = strata::sys::Topology::detect().numa_nodes[0].id;
+    let Some(node) = strata::sys::Topology::detect()
+        .numa_nodes
+        .first()
+        .map(|n| n.id)
+    else {
+        eprintln!("skipping: sysfs shows no NUMA node here");
+        return;
+    };
     let mut host = strata::HostConfig::new(16 * PAGE as u64, PAGE);
     host.numa_node = Some(node);
     host.huge_pages = false;
-    let rt = Runtime::builder()
+    let rt = match Runtime::builder()
         .page_size(PAGE)
         .host_config(host.clone())
         .build()
-        .unwrap();
+    {
+        Ok(rt) => rt,
+        // mbind needs CAP_SYS_NICE under some container profiles.
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+            eprintln!("skipping: mbind refused here: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
     let b = rt.alloc(4 * PAGE as u64).unwrap();
     b.write(0, &[7; 100]).unwrap();
-    // A node that does not exist is refused by the arena's mbind: the
-    // binding is not dropped on the way.
+    // A node that does not exist is refused by the arena (its node range
+    // check, before mbind): the binding is not dropped on the way.
     host.numa_node = Some(4000);
     let e = Runtime::builder()
         .page_size(PAGE)
@@ -907,6 +922,7 @@ fn pages_lost_to_a_broken_engine_are_counted_and_refused() {
         // whose reads were never started are intact.
         let mut out = vec![0; PAGE];
         let e = b.read(0, &mut out).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
         assert!(e.message().contains("lost"), "{name}: {e}");
         b.read(2 * PAGE as u64, &mut out).unwrap();
         assert_eq!(out, data[2 * PAGE..3 * PAGE], "{name}");

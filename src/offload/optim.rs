@@ -15,7 +15,7 @@
 //!   three staging sets: a reader copies chunk i+1 out of CXL memory (the
 //!   store paces copies when emulated) while the updater works on chunk i
 //!   and a writer copies chunk i−1 back.
-//! - **nvme**: one [`NvmeSession`](crate::tier::nvme::NvmeSession) on the
+//! - **nvme**: one [`NvmeSession`](crate::lowlevel::NvmeSession) on the
 //!   stepping thread keeps the reads of the next chunks in flight (up to
 //!   the queue depth) while chunk i updates, and chunk i's writes drain
 //!   behind it; nothing waits for a write until the step's end. Writes go
@@ -57,7 +57,7 @@
 //! **Where the update runs** ([`Updater`]): on the CPU (a loop the
 //! compiler vectorizes; host-tier chunks over rayon's threads), or on a
 //! GPU (`--features cuda`: `kernels/adam.cu` through
-//! `device::cuda_adam`). The GPU path takes each chunk as it
+//! `lowlevel::cuda_adam`). The GPU path takes each chunk as it
 //! arrives from its tier, uploads it through pinned staging buffers in
 //! tiles, double-buffered on two streams, and copies the results back
 //! before the chunk is written back; on host-tier states the tiles of all
@@ -475,11 +475,14 @@ impl OffloadedAdam {
             StateTier::Cxl => {
                 // Real CXL memory (a CPU-less node) where there is some.
                 let topo = Topology::detect();
-                let mode = CxlMode::real_or_emulated(&topo);
-                Store::Cxl(CxlStore::new(
-                    &CxlConfig::new(mode, bytes, config.chunk_bytes),
-                    &topo,
-                )?)
+                // Real CXL memory (a CPU-less node) where there is some and it
+                // takes the state; emulated otherwise.
+                let cxl =
+                    |mode| CxlStore::new(&CxlConfig::new(mode, bytes, config.chunk_bytes), &topo);
+                Store::Cxl(match CxlMode::real_or_emulated(&topo) {
+                    CxlMode::Auto => cxl(CxlMode::Auto).or_else(|_| cxl(CxlMode::Emulated))?,
+                    mode => cxl(mode)?,
+                })
             }
             StateTier::Nvme(dir) => {
                 // Room for the store's reserve (1/64 of its slots, ≤ 64).

@@ -384,8 +384,9 @@ pub(crate) struct Inner {
     balancer_thread: Mutex<Option<balancer::BalancerThread>>,
 }
 
-/// Buffer numbers: the lowest never used, then freed ones, most recently
-/// freed last (so a number is reused as late as possible).
+/// Buffer numbers: fresh ones while there are, but never more than
+/// [`BufferIds::HELD`] freed ones waiting (the oldest freed is reused
+/// first), so a number is reused late and the list stays small.
 #[derive(Debug, Default)]
 pub(crate) struct BufferIds {
     next: u64,
@@ -393,7 +394,13 @@ pub(crate) struct BufferIds {
 }
 
 impl BufferIds {
+    /// Freed numbers held back before the oldest is reused.
+    const HELD: usize = 1 << 16;
+
     fn take(&mut self) -> Option<u32> {
+        if self.free.len() >= Self::HELD {
+            return self.free.pop_front();
+        }
         if let Ok(id) = u32::try_from(self.next) {
             self.next += 1;
             return Some(id);
@@ -592,9 +599,11 @@ pub struct Stats {
     /// the end of a launch (those access samples are lost; no data is).
     pub lost_count_readbacks: u64,
     /// Pages whose data was lost to I/O errors that left their reads
-    /// unanswered: reading them fails with `Corrupted`, and their NVMe
-    /// slots are gone from the tier's capacity (never reused, as the
-    /// engine may still write into them).
+    /// unanswered: reading one fails with `ErrorKind::Io` ("page N was
+    /// lost"), and its NVMe slot, with the staging buffer or host slot the
+    /// read was filling, stays with the request that never came back: that
+    /// capacity is gone from the tiers (never reused, since the engine may
+    /// still complete the read into that memory).
     pub lost_pages: u64,
     /// Host→device and device→host link traffic, if there is a device tier
     /// (as the backend counts it: every copy, moves and accesses alike).
@@ -837,5 +846,13 @@ mod buffer_id_tests {
             (ids.take(), ids.take(), ids.take()),
             (Some(1), Some(3), None)
         );
+        // However many buffers come and go, the freed list stays bounded.
+        let mut ids = BufferIds::default();
+        for _ in 0..3 * BufferIds::HELD {
+            let id = ids.take().unwrap();
+            ids.give_back(id);
+        }
+        assert!(ids.free.len() <= BufferIds::HELD);
+        assert_eq!(ids.next, BufferIds::HELD as u64);
     }
 }

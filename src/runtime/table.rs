@@ -603,8 +603,8 @@ impl Table {
                     }
                 }
                 // Reads still in flight never came back: their pages stay
-                // lost (reads of them fail with `Corrupted`), and their
-                // NVMe slots went with the requests. The stats say so.
+                // lost (reads of them fail with `Io`), and their NVMe slots
+                // went with the requests. The stats say so.
                 let never_reaped = session.in_flight() as u64;
                 if never_reaped > 0 {
                     self.rt.note_lost_pages(never_reaped);

@@ -1,6 +1,8 @@
 //! The operating-system layer: NUMA topology and memory tiers read from
 //! sysfs, and anonymous memory arenas with huge pages and NUMA binding.
-//! Only `arena.rs` contains `unsafe` code.
+//! Its `unsafe` code is the arena (`arena.rs`) and the system calls
+//! probing filesystems and process times here (`statvfs`, `statfs`,
+//! `getrusage`), each with its `// SAFETY:` comment.
 
 pub(crate) mod arena;
 pub(crate) mod numa;
@@ -12,10 +14,18 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+/// `path` if it exists, else its nearest existing ancestor; "." for an
+/// empty or relative path none of whose ancestors exist.
+fn existing_ancestor(path: &Path) -> &Path {
+    path.ancestors()
+        .find(|p| !p.as_os_str().is_empty() && p.exists())
+        .unwrap_or(Path::new("."))
+}
+
 /// Free bytes (for unprivileged users) on the filesystem holding `path`,
 /// or on its nearest existing ancestor.
 pub fn fs_free_bytes(path: &Path) -> Option<u64> {
-    let existing = path.ancestors().find(|p| p.exists())?;
+    let existing = existing_ancestor(path);
     let c = CString::new(existing.as_os_str().as_bytes()).ok()?;
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
     // SAFETY: `c` is a valid NUL-terminated path and `st` is writable
@@ -38,13 +48,7 @@ const RAMFS_MAGIC: i64 = 0x8584_58f6;
 /// device node (`/dev` is a devtmpfs, which reports tmpfs's magic), or when it
 /// cannot be told.
 pub fn ram_filesystem(path: &Path) -> Option<&'static str> {
-    let existing = if path.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        path.ancestors()
-            .find(|p| !p.as_os_str().is_empty() && p.exists())
-            .unwrap_or(Path::new("."))
-    };
+    let existing = existing_ancestor(path);
     if existing == path {
         use std::os::unix::fs::FileTypeExt;
         let device = |t: std::fs::FileType| t.is_block_device() || t.is_char_device();

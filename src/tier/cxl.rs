@@ -137,6 +137,24 @@ pub struct CxlStore {
     throttle: Option<Throttle>,
 }
 
+impl CxlConfig {
+    /// Checks that this machine can provide the tier: real CXL memory must
+    /// hold the capacity (what `strata info` reports and
+    /// [`CxlStore::new`] refuses).
+    pub fn check(&self, topology: &Topology) -> Result<()> {
+        match self.mode.backing(topology) {
+            CxlBacking::Node { id, memory_bytes } if self.capacity > memory_bytes => {
+                Err(Error::invalid(format!(
+                    "cxl capacity {} exceeds NUMA node {id}'s {}",
+                    crate::size::format_size(self.capacity),
+                    crate::size::format_size(memory_bytes)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 impl CxlStore {
     /// Builds the tier: on the first CPU-less NUMA node for
     /// [`CxlMode::Auto`] (an error naming the absence if there is none), or
@@ -156,13 +174,8 @@ impl CxlStore {
                 ErrorKind::Unsupported,
                 "no CPU-less NUMA node (CXL memory) on this machine; set cxl mode to \"emulated\" to emulate one",
             )),
-            CxlBacking::Node { id, memory_bytes } => {
-                if config.capacity > memory_bytes {
-                    return Err(Error::invalid(format!(
-                        "cxl capacity {} exceeds NUMA node {id}'s {memory_bytes} bytes",
-                        config.capacity
-                    )));
-                }
+            CxlBacking::Node { id, .. } => {
+                config.check(topology)?;
                 Ok(Self {
                     host: HostStore::with_tier(&host_config(Some(id)), Tier::Cxl)?,
                     throttle: None,

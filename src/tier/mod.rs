@@ -27,7 +27,7 @@ pub use cxl::{
 };
 pub use device::DeviceStore;
 pub use host::{HostConfig, HostStore};
-pub use nvme::{NvmeConfig, NvmeStore};
+pub use nvme::{NvmeConfig, NvmeStats, NvmeStore};
 pub use slots::Slot;
 
 pub(crate) use slots::SlotAllocator;
