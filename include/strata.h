@@ -19,8 +19,9 @@
  *   the handle of a destroyed runtime, or of an object it freed (buffer,
  *   pin, ticket, device map, launch), STRATA_ERR_CLOSED: to every call,
  *   strata_runtime_destroy and the *_free functions included. (A closed
- *   handle is told apart until 64 later objects of its type have reused its
- *   slot; then it reads STRATA_ERR_INVALID_HANDLE, as any stale handle.)
+ *   handle is told apart until about 65,536 later objects of its type have
+ *   come and gone; then it reads STRATA_ERR_INVALID_HANDLE, as any stale
+ *   handle.)
  *   Passing NULL where a handle is needed gives STRATA_ERR_NULL_POINTER;
  *   every *_free, strata_unpin, strata_launch_end and
  *   strata_runtime_destroy accept NULL as a no-op.
@@ -1488,8 +1489,8 @@ int strata_runtime_from_toml(const char *text,
  * `STRATA_ERR_CLOSED` to every call, this one included (destroying twice
  * is `STRATA_ERR_CLOSED`), and calls in flight that would make new
  * objects through them fail the same way. (strata remembers a closed
- * handle until 64 later objects of its type have reused its slot; after
- * that it reads `STRATA_ERR_INVALID_HANDLE`, as any stale handle.) Calls
+ * handle until about 65,536 later objects of its type have come and gone;
+ * after that it reads `STRATA_ERR_INVALID_HANDLE`, as any stale handle.) Calls
  * already running on other threads finish first with the objects they
  * use; a DLPack tensor exported from one of its buffers keeps its pages
  * (and the tiers under them) alive until its deleter runs. Expert caches

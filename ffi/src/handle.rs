@@ -6,10 +6,12 @@
 //! `STRATA_ERR_CLOSED`.
 //!
 //! Each slot remembers which of its last [`HISTORY`] objects were closed
-//! rather than freed, and free slots are reused oldest first, so that a
-//! closed handle keeps reading `STRATA_ERR_CLOSED` until that many later
-//! objects have used its slot (then it reads `STRATA_ERR_INVALID_HANDLE`,
-//! like any stale handle: either way it is refused).
+//! rather than freed, and a freed slot is reused only once [`HELD_BACK`]
+//! others are free too (oldest first; the table grows meanwhile), so that a
+//! closed handle keeps reading `STRATA_ERR_CLOSED` until about
+//! `HISTORY × HELD_BACK` (65,536) later objects of its type have come and
+//! gone (then it reads `STRATA_ERR_INVALID_HANDLE`, like any stale handle:
+//! either way it is refused).
 //!
 //! Lookups clone an `Arc` under a read lock and run the call unlocked, so a
 //! blocking call (a ticket wait, an NVMe read) never holds the table, and an
@@ -31,6 +33,8 @@ const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const TAG_SHIFT: u32 = 56;
 /// How many past objects of a slot it remembers as closed or freed.
 pub(crate) const HISTORY: u32 = 64;
+/// Free slots held back before the oldest is reused.
+pub(crate) const HELD_BACK: usize = 1024;
 /// The tag of runtime handles (whose closed message differs).
 pub(crate) const RUNTIME_TAG: u8 = 1;
 
@@ -58,6 +62,8 @@ struct Slots<T> {
 pub(crate) struct Handles<T> {
     tag: u8,
     name: &'static str,
+    /// [`HELD_BACK`], or fewer in tests of the reuse itself.
+    held_back: usize,
     slots: RwLock<Slots<T>>,
 }
 
@@ -75,9 +81,14 @@ fn encode(tag: u8, generation: u32, index: usize) -> u64 {
 
 impl<T> Handles<T> {
     pub(crate) const fn new(tag: u8, name: &'static str) -> Self {
+        Self::with_held_back(tag, name, HELD_BACK)
+    }
+
+    const fn with_held_back(tag: u8, name: &'static str, held_back: usize) -> Self {
         Self {
             tag,
             name,
+            held_back,
             slots: const_rwlock(Slots {
                 slots: Vec::new(),
                 free: VecDeque::new(),
@@ -170,7 +181,17 @@ impl<T> Handles<T> {
     pub(crate) fn insert(&self, obj: T, owner: Owner) -> R<u64> {
         let obj = Arc::new(obj);
         let mut s = self.slots.write();
-        let index = match s.free.pop_front() {
+        let reuse = if s.free.len() > self.held_back {
+            s.free.pop_front()
+        } else {
+            None
+        };
+        let index = match reuse.or_else(|| {
+            // The table is full: reuse what there is.
+            (s.slots.len() as u64 > INDEX_MASK)
+                .then(|| s.free.pop_front())
+                .flatten()
+        }) {
             Some(i) => i as usize,
             None => {
                 if s.slots.len() as u64 > INDEX_MASK {
@@ -304,8 +325,24 @@ mod tests {
     }
 
     #[test]
-    fn a_closed_handle_stays_closed_while_its_slot_is_reused() {
+    fn freed_slots_are_held_back_before_reuse() {
         let t: Handles<u32> = Handles::new(7, "thing");
+        let first = t.insert(0, 1).unwrap();
+        assert!(t.remove(first).unwrap().is_some());
+        for i in 0..HELD_BACK as u32 {
+            let x = t.insert(i, 1).unwrap();
+            assert_ne!(x & INDEX_MASK, first & INDEX_MASK, "reused after {i}");
+            assert!(t.remove(x).unwrap().is_some());
+        }
+        // With HELD_BACK + 1 free, the oldest (the first) comes back.
+        let again = t.insert(9, 1).unwrap();
+        assert_eq!(again & INDEX_MASK, first & INDEX_MASK);
+        assert_eq!(t.get(first).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
+    }
+
+    #[test]
+    fn a_closed_handle_stays_closed_while_its_slot_is_reused() {
+        let t: Handles<u32> = Handles::with_held_back(7, "thing", 0);
         let a = t.insert(1, 10).unwrap();
         assert_eq!(t.sweep(10).len(), 1);
         // `close` is `remove` that leaves the handle closed; twice is closed.

@@ -258,8 +258,8 @@ pub unsafe extern "C" fn strata_runtime_from_toml(
 /// `STRATA_ERR_CLOSED` to every call, this one included (destroying twice
 /// is `STRATA_ERR_CLOSED`), and calls in flight that would make new
 /// objects through them fail the same way. (strata remembers a closed
-/// handle until 64 later objects of its type have reused its slot; after
-/// that it reads `STRATA_ERR_INVALID_HANDLE`, as any stale handle.) Calls
+/// handle until about 65,536 later objects of its type have come and gone;
+/// after that it reads `STRATA_ERR_INVALID_HANDLE`, as any stale handle.) Calls
 /// already running on other threads finish first with the objects they
 /// use; a DLPack tensor exported from one of its buffers keeps its pages
 /// (and the tiers under them) alive until its deleter runs. Expert caches
