@@ -26,6 +26,8 @@ pub(crate) struct Counts {
     max: u8,
     period: u64,
     recorded: u64,
+    /// Halvings so far.
+    halvings: u32,
     /// Accesses closer than this to the page's previous one are not counted.
     gap: u32,
     now: u32,
@@ -46,17 +48,19 @@ impl Counts {
             max: max.max(1),
             period: period.max(1),
             recorded: 0,
+            halvings: 0,
             gap,
             now: 0,
         }
     }
 
-    /// Records one access to `page`.
-    pub fn record(&mut self, page: u64) {
+    /// Records one access to `page`; returns its count after it.
+    pub fn record(&mut self, page: u64) -> u32 {
         self.recorded += 1;
         self.now = self.now.wrapping_add(1);
         if self.recorded >= self.period {
             self.recorded = 0;
+            self.halvings = self.halvings.wrapping_add(1);
             self.counts.retain(|_, e| {
                 e.count >>= 1;
                 e.count > 0
@@ -71,9 +75,16 @@ impl Counts {
             e.count += 1;
         }
         e.last = now;
+        u32::from(e.count)
+    }
+
+    /// How many times the counts have been halved so far (wrapping).
+    pub fn halvings(&self) -> u32 {
+        self.halvings
     }
 
     /// Accesses to `page` counted so far (halved with the others).
+    #[cfg(test)]
     pub fn get(&self, page: u64) -> u32 {
         self.counts.get(&page).map_or(0, |e| u32::from(e.count))
     }

@@ -14,7 +14,7 @@
 //! - The window's size decides between recency and frequency: a window of
 //!   the whole cache is LRU, one of 1% is close to LFU with admission. A
 //!   tuner replays a spatially sampled share of the accesses (pages picked by
-//!   hash, about 1024 pages' worth of cache) through small copies of the
+//!   hash, at most 1024 pages' worth of cache) through small copies of the
 //!   policy with windows of 1%, 4%, 12%, 30%, 60% and 100%, and moves the real
 //!   window one step towards a copy that missed significantly less, over the
 //!   recent past and over a longer one. Caffeine's hill climber, which the
@@ -24,10 +24,18 @@
 //!   noise. The copies compare the candidate windows on the same accesses.
 //! - A window that grows takes main's most recently used pages at once, so
 //!   the cache's order is by recency across the move.
+//! - Cost: the copies share one index of their sampled pages (one hash
+//!   lookup per sampled access for all six), every node caches its page's
+//!   access count for admission (no count lookups on a miss), and at most
+//!   half of the accesses are sampled (below 2048 pages of capacity the
+//!   copies are half the cache's size). Sampling everything at small
+//!   capacities cost seven caches' work per access and held replay under
+//!   10 M accesses/s (issue 16); sampling a quarter or less made the copies
+//!   too small to choose well on the training corpus (docs/perf.md).
 //!
 //! O(1) per access, plus the copies' work in proportion to the sampled share
-//! (six copies at 1024 / capacity); a window move sorts the resident pages
-//! by last use (O(n log n)), which the tuner does rarely.
+//! (six copies at min(1/2, 1024 / capacity)); a window move sorts the
+//! resident pages by last use (O(n log n)), which the tuner does rarely.
 
 #![forbid(unsafe_code)]
 
@@ -51,7 +59,7 @@ pub struct Config {
     pub count_gap: f64,
     /// Whether the tuner runs.
     pub tune: bool,
-    /// Window shares the tuner simulates (ascending).
+    /// Window shares the tuner simulates (ascending; the first 32).
     pub tune_windows: Vec<f64>,
     /// Capacity of each simulated copy, in pages (the sampling rate is this
     /// over the capacity, at most 1).
@@ -67,13 +75,17 @@ pub struct Config {
     pub tune_z: f64,
     /// The long horizon's half-life over the recent one's.
     pub tune_long: f64,
+    /// At most this share of the accesses is sampled for the copies (their
+    /// capacity shrinks with it below `tune_pages / tune_rate_max` pages),
+    /// which bounds the tuner's cost at small capacities.
+    pub tune_rate_max: f64,
 }
 
 impl std::default::Default for Config {
     fn default() -> Self {
         Self {
             window: 0.01,
-            protected: 0.8,
+            protected: 0.9,
             count_max: 15,
             count_period: 40.0,
             count_gap: 0.01,
@@ -81,9 +93,10 @@ impl std::default::Default for Config {
             tune_windows: vec![0.01, 0.04, 0.12, 0.3, 0.6, 1.0],
             tune_pages: 1024,
             tune_half_life: 8.0,
-            tune_margin: 0.01,
-            tune_z: 4.0,
+            tune_margin: 0.005,
+            tune_z: 3.0,
             tune_long: 8.0,
+            tune_rate_max: 0.5,
         }
     }
 }
@@ -113,7 +126,7 @@ impl DefaultPolicy {
                 (capacity as f64 * config.count_period) as u64,
                 (capacity as f64 * config.count_gap) as u32,
             ),
-            core: Core::new(capacity, window, config.protected),
+            core: Core::new(capacity, window, config.protected, true),
             tuner: (config.tune && capacity >= 2 && !config.tune_windows.is_empty())
                 .then(|| Tuner::new(capacity, config)),
         }
@@ -144,14 +157,15 @@ impl Policy for DefaultPolicy {
     }
 
     fn access(&mut self, page: u64) -> Outcome {
-        self.counts.record(page);
+        let count = self.counts.record(page);
+        let halvings = self.counts.halvings();
         if let Some(t) = &mut self.tuner {
-            if let Some(share) = t.observe(page, &self.counts) {
+            if let Some(share) = t.observe(page, count, halvings) {
                 let w = (self.core.capacity as f64 * share).round() as usize;
                 self.core.set_window(w);
             }
         }
-        self.core.access(page, &self.counts)
+        self.core.access(page, count, halvings)
     }
 }
 
@@ -171,12 +185,19 @@ impl Policy for DefaultPolicy {
 /// root after another) a window that wins for one phase loses the next; a
 /// move that both horizons back is one a persistent change (a drifting hot
 /// set) asks for. One step at a time for the same reason.
+///
+/// The copies share one index of the sampled pages they hold (a *slot* per
+/// page: which node it has in each copy, and its access count as of its
+/// last access), so a sampled access costs one hash lookup for all copies
+/// rather than a lookup, an insertion, a removal and two count lookups in
+/// each: the copies' own lists are keyed by slot, and each node caches its
+/// page's count for admission.
 struct Tuner {
     /// Pages whose hash is at most this are sampled.
     threshold: u64,
     copies: Vec<Copy>,
+    slots: Slots,
     horizons: [Horizon; 2],
-    missed: Vec<bool>,
     current: usize,
     z: f64,
     margin: f64,
@@ -190,13 +211,78 @@ struct Copy {
     core: Core,
 }
 
+/// The sampled pages some copy holds: page → slot, and per slot the page,
+/// its node in each copy (`NO_NODE` where absent) and how many copies hold
+/// it.
+struct Slots {
+    index: PageMap<u32>,
+    page: Vec<u64>,
+    nodes: Vec<u32>,
+    holders: Vec<u8>,
+    free: Vec<u32>,
+    copies: usize,
+}
+
+const NO_NODE: u32 = u32::MAX;
+
+impl Slots {
+    fn new(copies: usize, pages: usize) -> Self {
+        Self {
+            index: page_map(pages * 2),
+            page: Vec::new(),
+            nodes: Vec::new(),
+            holders: Vec::new(),
+            free: Vec::new(),
+            copies,
+        }
+    }
+
+    /// The slot of `page`, a new one if no copy holds it.
+    fn get_or_add(&mut self, page: u64) -> usize {
+        if let Some(&s) = self.index.get(&page) {
+            return s as usize;
+        }
+        let s = match self.free.pop() {
+            Some(s) => s as usize,
+            None => {
+                self.page.push(0);
+                self.holders.push(0);
+                self.nodes.extend(std::iter::repeat_n(NO_NODE, self.copies));
+                self.page.len() - 1
+            }
+        };
+        self.page[s] = page;
+        self.index.insert(page, s as u32);
+        s
+    }
+
+    /// Copy `j` no longer holds slot `s`'s page; forgets the slot when no
+    /// copy does.
+    fn drop_holder(&mut self, s: usize, j: usize) {
+        self.nodes[s * self.copies + j] = NO_NODE;
+        self.holders[s] -= 1;
+        if self.holders[s] == 0 {
+            self.index.remove(&self.page[s]);
+            self.free.push(s as u32);
+        }
+    }
+}
+
 /// Decayed evidence about the copies over one horizon.
+///
+/// Decay is lazy: rather than every value shrinking by `decay` at each
+/// event, each new event weighs `1 / decay` times the one before (`scale`),
+/// and values are read divided by `scale`; everything is rescaled before
+/// the weights overflow. An event then costs an addition per copy that
+/// missed and per pair that disagreed, not a multiplication per value.
 struct Horizon {
     decay: f64,
-    /// Per copy: decayed misses.
+    /// The weight of the latest event.
+    scale: f64,
+    /// Per copy: decayed misses, times `scale`.
     misses: Vec<f64>,
     /// `disagree[i * k + j]` (`i < j`): decayed accesses where exactly one
-    /// of copies `i` and `j` missed.
+    /// of copies `i` and `j` missed, times `scale`.
     disagree: Vec<f64>,
 }
 
@@ -204,20 +290,39 @@ impl Horizon {
     fn new(k: usize, half_life: f64) -> Self {
         Self {
             decay: 0.5f64.powf(1.0 / half_life.max(16.0)),
+            scale: 1.0,
             misses: vec![0.0; k],
             disagree: vec![0.0; k * k],
         }
     }
 
-    fn update(&mut self, missed: &[bool]) {
-        let k = missed.len();
-        for (m, &x) in self.misses.iter_mut().zip(missed) {
-            *m = *m * self.decay + f64::from(u8::from(x));
+    /// Adds an event: bit `i` of `missed` says whether copy `i` missed.
+    fn update(&mut self, missed: u64) {
+        let k = self.misses.len();
+        self.scale /= self.decay;
+        if self.scale > 1e200 {
+            let r = 1.0 / self.scale;
+            self.misses.iter_mut().for_each(|m| *m *= r);
+            self.disagree.iter_mut().for_each(|d| *d *= r);
+            self.scale = 1.0;
         }
+        let w = self.scale;
+        let all = (1u64 << k) - 1;
+        let mut m = missed;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            self.misses[i] += w;
+        }
+        // Pairs (i < j) with exactly one miss: j among the later copies
+        // whose bit differs from i's.
         for i in 0..k {
-            for j in i + 1..k {
-                let d = &mut self.disagree[i * k + j];
-                *d = *d * self.decay + f64::from(u8::from(missed[i] != missed[j]));
+            let mine = if missed >> i & 1 == 1 { all } else { 0 };
+            let mut d = (missed ^ mine) & all & !((2u64 << i) - 1);
+            while d != 0 {
+                let j = d.trailing_zeros() as usize;
+                d &= d - 1;
+                self.disagree[i * k + j] += w;
             }
         }
     }
@@ -225,25 +330,31 @@ impl Horizon {
     /// How many fewer misses copy `j` had than copy `cur`, if significant.
     fn gain(&self, cur: usize, j: usize, z: f64, margin: f64) -> Option<f64> {
         let k = self.misses.len();
-        let gain = self.misses[cur] - self.misses[j];
-        let n = self.disagree[cur.min(j) * k + cur.max(j)];
-        (gain > z * n.sqrt() && gain > margin * self.misses[cur]).then_some(gain)
+        let r = 1.0 / self.scale;
+        let (mc, mj) = (self.misses[cur] * r, self.misses[j] * r);
+        let gain = mc - mj;
+        let n = self.disagree[cur.min(j) * k + cur.max(j)] * r;
+        (gain > z * n.sqrt() && gain > margin * mc).then_some(gain)
     }
 }
 
 impl Tuner {
     fn new(capacity: usize, config: &Config) -> Self {
-        let rate = (config.tune_pages as f64 / capacity as f64).min(1.0);
+        let rate = (config.tune_pages as f64 / capacity as f64)
+            .min(config.tune_rate_max)
+            .min(1.0);
         let pages = ((capacity as f64 * rate).round() as usize).max(2);
         let copies: Vec<Copy> = config
             .tune_windows
             .iter()
+            .take(32)
             .map(|&share| Copy {
                 share,
                 core: Core::new(
                     pages,
                     (pages as f64 * share).round() as usize,
                     config.protected,
+                    false,
                 ),
             })
             .collect();
@@ -253,6 +364,7 @@ impl Tuner {
             .tune_windows
             .iter()
             .enumerate()
+            .take(32)
             .min_by(|a, b| {
                 (a.1 - config.window)
                     .abs()
@@ -261,6 +373,7 @@ impl Tuner {
             .map_or(0, |(i, _)| i);
         let half_life = config.tune_half_life * pages as f64;
         let every = (pages / 8).max(1) as u32;
+        let slots = Slots::new(k, pages);
         Self {
             threshold: if rate >= 1.0 {
                 u64::MAX
@@ -268,11 +381,11 @@ impl Tuner {
                 (rate * u64::MAX as f64) as u64
             },
             copies,
+            slots,
             horizons: [
                 Horizon::new(k, half_life),
                 Horizon::new(k, half_life * config.tune_long.max(1.0)),
             ],
-            missed: vec![false; k],
             current,
             z: config.tune_z,
             margin: config.tune_margin,
@@ -281,21 +394,35 @@ impl Tuner {
         }
     }
 
-    /// Feeds one access; returns a new window share when it should change.
-    fn observe(&mut self, page: u64, counts: &Counts) -> Option<f64> {
+    /// Feeds one access (the page's access count is `count` after it, with
+    /// the counts halved `halvings` times so far); returns a new window
+    /// share when it should change.
+    fn observe(&mut self, page: u64, count: u32, halvings: u32) -> Option<f64> {
         if mix64(page ^ 0x2545_f491_4f6c_dd1d) > self.threshold {
             return None;
         }
-        let mut any = false;
-        for (c, missed) in self.copies.iter_mut().zip(&mut self.missed) {
-            *missed = !c.core.access(page, counts).is_hit();
-            any |= *missed;
+        let s = self.slots.get_or_add(page);
+        let k = self.copies.len();
+        let mut missed = 0u64;
+        for (j, c) in self.copies.iter_mut().enumerate() {
+            let node = self.slots.nodes[s * k + j];
+            if node != NO_NODE {
+                c.core.hit(node, count, halvings);
+                continue;
+            }
+            missed |= 1 << j;
+            let (node, evicted) = c.core.insert(s as u64, count, halvings);
+            self.slots.nodes[s * k + j] = node;
+            self.slots.holders[s] += 1;
+            if let Some(e) = evicted {
+                self.slots.drop_holder(e as usize, j);
+            }
         }
         // Time is counted in accesses where some copy missed: the evidence
         // the recent past holds is then the same at any miss rate.
-        if any {
+        if missed != 0 {
             for h in &mut self.horizons {
-                h.update(&self.missed);
+                h.update(missed);
             }
         }
         self.countdown -= 1;
@@ -335,14 +462,23 @@ struct Core {
     protected_share: f64,
     /// Per node: when its page was last accessed.
     stamps: Vec<u64>,
+    /// Per node: its page's access count as of that access, and how many
+    /// halvings the counts had had then (the count now is that shifted
+    /// right by the halvings since: counts change only by an access, which
+    /// refreshes it, and by halving). Admission reads it without a lookup.
+    counts: Vec<(u8, u32)>,
+    /// Halvings of the counts so far.
+    halvings: u32,
     now: u64,
 }
 
 impl Core {
-    fn new(capacity: usize, window: usize, protected_share: f64) -> Self {
+    /// `indexed`: whether the core keeps its own index of pages (the
+    /// tuner's copies share one).
+    fn new(capacity: usize, window: usize, protected_share: f64, indexed: bool) -> Self {
         let mut c = Self {
             capacity,
-            map: page_map(capacity),
+            map: page_map(if indexed { capacity } else { 0 }),
             arena: Arena::with_capacity(capacity + 1),
             window: List::default(),
             probation: List::default(),
@@ -351,6 +487,8 @@ impl Core {
             protected_max: 0,
             protected_share,
             stamps: Vec::new(),
+            counts: Vec::new(),
+            halvings: 0,
             now: 0,
         };
         c.set_window(window);
@@ -421,6 +559,7 @@ impl Core {
         self.window.len() + self.probation.len() + self.protected.len()
     }
 
+    /// Unlinks and frees node `i`; returns its key.
     fn remove(&mut self, i: u32) -> u64 {
         let n = *self.arena.get(i);
         match n.tag {
@@ -428,14 +567,13 @@ impl Core {
             PROBATION => self.probation.remove(&mut self.arena, i),
             _ => self.protected.remove(&mut self.arena, i),
         }
-        self.map.remove(&n.key);
         self.arena.release(i);
         n.key
     }
 
     /// Makes room after a miss grew the cache past its capacity; returns the
-    /// page that left.
-    fn evict(&mut self, candidate: Option<u32>, counts: &Counts) -> u64 {
+    /// key that left.
+    fn evict(&mut self, candidate: Option<u32>) -> u64 {
         // Main's next victim: probation's least recent, else protected's.
         let victim = match self.probation.back() {
             Some(v) if Some(v) != candidate => Some(v),
@@ -446,8 +584,7 @@ impl Core {
             // often; ties keep the victim, which is what holds a loop's
             // resident set still.
             (Some(c), Some(v)) => {
-                let (ck, vk) = (self.arena.get(c).key, self.arena.get(v).key);
-                if counts.get(ck) > counts.get(vk) {
+                if self.count(c) > self.count(v) {
                     self.remove(v)
                 } else {
                     self.remove(c)
@@ -462,41 +599,79 @@ impl Core {
         }
     }
 
-    fn stamp(&mut self, i: u32) {
+    #[inline]
+    fn stamp(&mut self, i: u32, count: u32) {
         self.now += 1;
         let i = i as usize;
         if i >= self.stamps.len() {
             self.stamps.resize(i + 1, 0);
+            self.counts.resize(i + 1, (0, 0));
         }
         self.stamps[i] = self.now;
+        self.counts[i] = (count.min(255) as u8, self.halvings);
     }
 
-    fn access(&mut self, page: u64, counts: &Counts) -> Outcome {
-        if let Some(&i) = self.map.get(&page) {
-            self.stamp(i);
-            match self.arena.get(i).tag {
-                WINDOW => self.window.move_to_front(&mut self.arena, i),
-                PROBATION => {
-                    self.probation.remove(&mut self.arena, i);
-                    self.arena.get_mut(i).tag = PROTECTED;
-                    self.protected.push_front(&mut self.arena, i);
-                    self.demote();
-                }
-                _ => self.protected.move_to_front(&mut self.arena, i),
-            }
-            return Outcome::Hit;
+    /// Node `i`'s page's access count now.
+    #[inline]
+    fn count(&self, i: u32) -> u32 {
+        let (c, h) = self.counts[i as usize];
+        let h = self.halvings.wrapping_sub(h);
+        if h >= 8 {
+            0
+        } else {
+            u32::from(c) >> h
         }
-        let i = self.arena.alloc(page, WINDOW);
-        self.stamp(i);
+    }
+
+    /// An access to the key of node `i`, which is in the cache; `count` is
+    /// its access count after it, with the counts halved `halvings` times
+    /// so far.
+    #[inline]
+    fn hit(&mut self, i: u32, count: u32, halvings: u32) {
+        self.halvings = halvings;
+        self.stamp(i, count);
+        match self.arena.get(i).tag {
+            WINDOW => self.window.move_to_front(&mut self.arena, i),
+            PROBATION => {
+                self.probation.remove(&mut self.arena, i);
+                self.arena.get_mut(i).tag = PROTECTED;
+                self.protected.push_front(&mut self.arena, i);
+                self.demote();
+            }
+            _ => self.protected.move_to_front(&mut self.arena, i),
+        }
+    }
+
+    /// An access to `key`, which is not in the cache: it enters the window.
+    /// Returns its node and the key that left, if one did. The caller keeps
+    /// the index; `count` and `halvings` as for [`hit`](Self::hit).
+    #[inline]
+    fn insert(&mut self, key: u64, count: u32, halvings: u32) -> (u32, Option<u64>) {
+        self.halvings = halvings;
+        let i = self.arena.alloc(key, WINDOW);
+        self.stamp(i, count);
         self.window.push_front(&mut self.arena, i);
-        self.map.insert(page, i);
         let candidate = (self.window.len() > self.window_max).then(|| {
             let c = self.window.pop_back(&mut self.arena).expect("non-empty");
             self.arena.get_mut(c).tag = PROBATION;
             self.probation.push_front(&mut self.arena, c);
             c
         });
-        let evicted = (self.len_total() > self.capacity).then(|| self.evict(candidate, counts));
+        let evicted = (self.len_total() > self.capacity).then(|| self.evict(candidate));
+        (i, evicted)
+    }
+
+    /// An access to `page` through the cache's own index.
+    fn access(&mut self, page: u64, count: u32, halvings: u32) -> Outcome {
+        if let Some(&i) = self.map.get(&page) {
+            self.hit(i, count, halvings);
+            return Outcome::Hit;
+        }
+        let (i, evicted) = self.insert(page, count, halvings);
+        self.map.insert(page, i);
+        if let Some(e) = evicted {
+            self.map.remove(&e);
+        }
         Outcome::Miss { evicted }
     }
 }

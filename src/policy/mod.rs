@@ -17,6 +17,8 @@
 //! | `arc` | [`arc`] | ARC (Megiddo & Modha, FAST 2003): recency and frequency lists with ghosts, an adaptive split |
 //! | `s3fifo` | [`s3fifo`] | S3-FIFO (Yang et al., SOSP 2023): small, main and ghost FIFOs, 2-bit counters |
 //! | `sieve` | [`sieve`] | SIEVE (Zhang et al., NSDI 2024): one FIFO, a visited bit, a sifting hand |
+//! | `perfect-lfu` | [`reference`] | reference only: exact counts of every page ever seen, evicts the lowest |
+//! | `lfu-admission` | [`reference`] | reference only: perfect LFU that admits a page only if it is counted more than the victim |
 //! | `default` | [`default`] | W-TinyLFU with an adaptive window; what the runtime uses when none is named |
 
 #![forbid(unsafe_code)]
@@ -37,6 +39,7 @@ pub mod lfu;
 pub(crate) mod list;
 pub mod lookahead;
 pub mod lru;
+pub mod reference;
 pub mod replay;
 pub mod s3fifo;
 pub mod sieve;
@@ -117,6 +120,12 @@ pub enum PolicyKind {
     S3Fifo,
     /// [`sieve::Sieve`].
     Sieve,
+    /// [`reference::PerfectLfu`] without admission (a reference, for
+    /// comparison).
+    PerfectLfu,
+    /// [`reference::PerfectLfu`] with admission (a reference, for
+    /// comparison).
+    LfuAdmission,
     /// [`belady::Belady`] (offline: needs the whole trace).
     Belady,
     /// [`default::DefaultPolicy`], the policy used when none is named.
@@ -125,7 +134,7 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 9] = [
+    pub const ALL: [PolicyKind; 11] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Gmt,
@@ -133,6 +142,8 @@ impl PolicyKind {
         PolicyKind::Arc,
         PolicyKind::S3Fifo,
         PolicyKind::Sieve,
+        PolicyKind::PerfectLfu,
+        PolicyKind::LfuAdmission,
         PolicyKind::Default,
         PolicyKind::Belady,
     ];
@@ -147,6 +158,8 @@ impl PolicyKind {
             PolicyKind::Arc => "arc",
             PolicyKind::S3Fifo => "s3fifo",
             PolicyKind::Sieve => "sieve",
+            PolicyKind::PerfectLfu => "perfect-lfu",
+            PolicyKind::LfuAdmission => "lfu-admission",
             PolicyKind::Belady => "belady",
             PolicyKind::Default => "default",
         }
@@ -181,7 +194,7 @@ impl FromStr for PolicyKind {
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "unknown policy {s:?} (choose lru, lfu, gmt, lookahead, arc, s3fifo, \
-                     sieve, belady or default)"
+                     sieve, perfect-lfu, lfu-admission, belady or default)"
                 ))
             })
     }
@@ -214,6 +227,8 @@ pub fn build(kind: PolicyKind, capacity: usize, trace: Option<&[u64]>) -> Result
         PolicyKind::Arc => Box::new(arc::Arc::new(capacity)),
         PolicyKind::S3Fifo => Box::new(s3fifo::S3Fifo::new(capacity)),
         PolicyKind::Sieve => Box::new(sieve::Sieve::new(capacity)),
+        PolicyKind::PerfectLfu => Box::new(reference::PerfectLfu::new(capacity, false)),
+        PolicyKind::LfuAdmission => Box::new(reference::PerfectLfu::new(capacity, true)),
         PolicyKind::Default => Box::new(default::DefaultPolicy::new(capacity)),
     })
 }

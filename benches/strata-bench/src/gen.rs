@@ -451,6 +451,278 @@ pub fn pagerank(g: &Csr, page_size: u64, iterations: usize, limit: usize) -> Res
     Ok(l.trace)
 }
 
+/// The page trace of delta-stepping SSSP (bucket width `delta`) from
+/// `sources` random sources over `g`, run sequentially: per settled vertex
+/// `dist[u]`, `offsets[u]`, `offsets[u + 1]`, then per edge `neighbours[j]`,
+/// `weights[j]` and `dist[v]`, and an append to the bucket array when
+/// `dist[v]` improves. 8 B offsets and distances, 4 B neighbours, weights
+/// and bucket entries (a ring of `n` entries), in pages of `page_size`
+/// bytes; `dist` is reset by a sweep before each search. Stops after `limit`
+/// accesses.
+pub fn sssp(
+    g: &Csr,
+    page_size: u64,
+    sources: usize,
+    delta: u64,
+    seed: u64,
+    limit: usize,
+) -> Result<Vec<u64>> {
+    check_page_size(page_size)?;
+    let n = g.vertices();
+    let delta = delta.max(1);
+    let mut l = Layout::new(page_size, limit);
+    let offsets = l.array(n + 1, 8);
+    let neighbours = l.array(g.neighbors.len(), 4);
+    let weights = l.array(g.neighbors.len(), 4);
+    let dist_a = l.array(n, 8);
+    let bucket_a = l.array(n.max(1), 4);
+    let mut rng = Rng::new(seed ^ 0x55_5350);
+    let mut dist = vec![u64::MAX; n];
+    let mut pushed = 0usize;
+    'sources: for _ in 0..sources {
+        let source = (0..64)
+            .map(|_| rng.below(n as u64) as usize)
+            .find(|&v| !edge_range(g, v).is_empty())
+            .unwrap_or(0);
+        for (v, d) in dist.iter_mut().enumerate() {
+            *d = u64::MAX;
+            if !l.touch(dist_a, v) {
+                break 'sources;
+            }
+        }
+        dist[source] = 0;
+        let mut buckets: Vec<Vec<u32>> = vec![vec![source as u32]];
+        let mut b = 0;
+        while b < buckets.len() {
+            while let Some(u) = buckets[b].pop() {
+                let u = u as usize;
+                let du = dist[u];
+                if !l.touch(dist_a, u) {
+                    break 'sources;
+                }
+                if du / delta < b as u64 {
+                    continue;
+                }
+                if !(l.touch(offsets, u) && l.touch(offsets, u + 1)) {
+                    break 'sources;
+                }
+                for j in edge_range(g, u) {
+                    let v = g.neighbors[j] as usize;
+                    let ok = l.touch(neighbours, j) && l.touch(weights, j) && l.touch(dist_a, v);
+                    if !ok {
+                        break 'sources;
+                    }
+                    let nd = du + u64::from(g.weights[j]);
+                    if nd < dist[v] {
+                        dist[v] = nd;
+                        let nb = (nd / delta) as usize;
+                        if buckets.len() <= nb {
+                            buckets.resize(nb + 1, Vec::new());
+                        }
+                        buckets[nb].push(v as u32);
+                        if !l.touch(bucket_a, pushed % n.max(1)) {
+                            break 'sources;
+                        }
+                        pushed += 1;
+                    }
+                }
+            }
+            b += 1;
+        }
+    }
+    Ok(l.trace)
+}
+
+/// The page trace of connected components by Shiloach–Vishkin hooking and
+/// pointer jumping (as `workloads::graph::algo::cc`, run sequentially):
+/// per vertex `u` in order `offsets[u]`, `offsets[u + 1]`, then per edge
+/// `neighbours[j]`, `comp[u]`, `comp[v]` (and the root hooked); then a
+/// pointer-jumping sweep reading `comp[v]` and `comp[comp[v]]`. Until no
+/// label changes or `limit` accesses.
+pub fn cc(g: &Csr, page_size: u64, limit: usize) -> Result<Vec<u64>> {
+    check_page_size(page_size)?;
+    let n = g.vertices();
+    let mut l = Layout::new(page_size, limit);
+    let offsets = l.array(n + 1, 8);
+    let neighbours = l.array(g.neighbors.len(), 4);
+    let comp_a = l.array(n, 4);
+    let mut comp: Vec<u32> = (0..n as u32).collect();
+    'rounds: loop {
+        let mut changed = false;
+        for u in 0..n {
+            if !(l.touch(offsets, u) && l.touch(offsets, u + 1)) {
+                break 'rounds;
+            }
+            for j in edge_range(g, u) {
+                let v = g.neighbors[j] as usize;
+                let ok = l.touch(neighbours, j) && l.touch(comp_a, u) && l.touch(comp_a, v);
+                if !ok {
+                    break 'rounds;
+                }
+                let (cu, cv) = (comp[u], comp[v]);
+                if cu == cv {
+                    continue;
+                }
+                let (high, low) = if cu > cv { (cu, cv) } else { (cv, cu) };
+                if !l.touch(comp_a, high as usize) {
+                    break 'rounds;
+                }
+                if comp[high as usize] == high {
+                    comp[high as usize] = low;
+                    changed = true;
+                }
+            }
+        }
+        for v in 0..n {
+            loop {
+                let c = comp[v];
+                if !(l.touch(comp_a, v) && l.touch(comp_a, c as usize)) {
+                    break 'rounds;
+                }
+                let cc = comp[c as usize];
+                if c == cc {
+                    break;
+                }
+                comp[v] = cc;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    Ok(l.trace)
+}
+
+/// The page trace of embedding-bag lookups: `batches` batches of
+/// `workloads::recsys::generate` (Zipf over row ids, rank = id, as the
+/// recommender benchmark draws them), one table per entry of `alphas` with
+/// that skew (0: uniform), `rows` rows of `row_bytes` bytes each, tables laid
+/// out one after another in pages of `page_size` bytes. Within a batch the
+/// tables are read in order, each table's `batch × pooling` rows in bag
+/// order. Stops after `limit` accesses.
+#[allow(clippy::too_many_arguments)]
+pub fn embedding(
+    alphas: &[f64],
+    rows: usize,
+    row_bytes: u64,
+    page_size: u64,
+    batch: usize,
+    pooling: usize,
+    batches: usize,
+    seed: u64,
+    limit: usize,
+) -> Result<Vec<u64>> {
+    check_page_size(page_size)?;
+    if alphas.is_empty() || rows == 0 || row_bytes == 0 || batch == 0 || pooling == 0 {
+        return Err(Error::invalid(
+            "an embedding trace needs at least one table, row, byte per row, bag and index per bag",
+        ));
+    }
+    use crate::workloads::recsys::{generate as batches_of, Dist};
+    let mut l = Layout::new(page_size, limit);
+    let tables: Vec<Array> = alphas.iter().map(|_| l.array(rows, row_bytes)).collect();
+    // Each table's batches (one table at a time, its own skew and seed).
+    let per_table: Vec<Vec<Vec<u32>>> = alphas
+        .iter()
+        .enumerate()
+        .map(|(t, &alpha)| {
+            let dist = if alpha > 0.0 {
+                Dist::Zipf { alpha }
+            } else {
+                Dist::Uniform
+            };
+            let b = batches_of(
+                &dist,
+                1,
+                rows,
+                batch,
+                pooling,
+                batches,
+                seed.wrapping_add(t as u64 * 7919),
+            )?;
+            Ok(b.into_iter().map(|mut x| x.swap_remove(0)).collect())
+        })
+        .collect::<Result<_>>()?;
+    'batches: for b in 0..batches {
+        for (table, ids) in tables.iter().zip(&per_table) {
+            for &row in &ids[b] {
+                if !l.touch(*table, row as usize) {
+                    break 'batches;
+                }
+            }
+        }
+    }
+    Ok(l.trace)
+}
+
+/// The trace of MoE expert loads: `tokens` tokens of
+/// `workloads::moe::SyntheticRouter` (Zipf(`alpha`) popularity over each
+/// layer's experts, correlation 0.5, `drift` swaps of adjacent ranks per
+/// token), each token's top-k experts read layer after layer; expert `e` of
+/// layer `l` is page `l × experts + e`. Stops after `limit` accesses.
+#[allow(clippy::too_many_arguments)]
+pub fn moe(
+    layers: usize,
+    experts: usize,
+    top_k: usize,
+    alpha: f64,
+    drift: f64,
+    tokens: usize,
+    seed: u64,
+    limit: usize,
+) -> Result<Vec<u64>> {
+    let mut router =
+        crate::workloads::moe::SyntheticRouter::new(layers, experts, top_k, alpha, seed)?
+            .with_model(0.5, drift);
+    let mut out = Vec::new();
+    'tokens: for _ in 0..tokens {
+        for (l, chosen) in router.token().into_iter().enumerate() {
+            for e in chosen {
+                if out.len() == limit {
+                    break 'tokens;
+                }
+                out.push((l * experts) as u64 + u64::from(e));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A working set that shifts abruptly: phases of `phase` accesses, each
+/// Zipf(`alpha`) over its own `pages` pages (scattered); consecutive phases
+/// share `overlap` of their pages (0: disjoint, each phase new).
+pub fn shift(
+    alpha: f64,
+    pages: u64,
+    accesses: usize,
+    phase: usize,
+    overlap: f64,
+    seed: u64,
+) -> Result<Vec<u64>> {
+    if !(0.0..1.0).contains(&overlap) {
+        return Err(Error::invalid(format!(
+            "overlap {overlap} is not in [0, 1)"
+        )));
+    }
+    if phase == 0 {
+        return Err(Error::invalid("a phase must be at least 1 access"));
+    }
+    let z = Zipf::new(pages, alpha)?;
+    let mut rng = Rng::new(seed);
+    let step = ((pages as f64 * (1.0 - overlap)).round() as u64).max(1);
+    let mut out = Vec::with_capacity(accesses);
+    let mut k = 0u64;
+    while out.len() < accesses {
+        // Each phase ranks its pages afresh: what was hot is not hot now.
+        let scramble = Scramble::new(pages, &mut rng);
+        let base = k * step;
+        let n = phase.min(accesses - out.len());
+        out.extend((0..n).map(|_| base + scramble.apply(z.sample(&mut rng) - 1)));
+        k += 1;
+    }
+    Ok(out)
+}
+
 /// The kinds of trace [`generate`] makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GenKind {
@@ -460,22 +732,60 @@ pub enum GenKind {
     Loop,
     /// [`mix`].
     Mix,
+    /// [`shift`].
+    Shift,
     /// [`bfs`] over a generated graph.
     Bfs,
+    /// [`sssp`] over a generated graph.
+    Sssp,
     /// [`pagerank`] over a generated graph.
     Pr,
+    /// [`cc`] over a generated graph.
+    Cc,
+    /// [`embedding`].
+    Emb,
+    /// [`moe`].
+    Moe,
 }
 
 impl GenKind {
+    /// Every kind.
+    pub const ALL: [GenKind; 10] = [
+        GenKind::Zipf,
+        GenKind::Loop,
+        GenKind::Mix,
+        GenKind::Shift,
+        GenKind::Bfs,
+        GenKind::Sssp,
+        GenKind::Pr,
+        GenKind::Cc,
+        GenKind::Emb,
+        GenKind::Moe,
+    ];
+
     /// The name as the command line spells it.
     pub fn name(self) -> &'static str {
         match self {
             GenKind::Zipf => "zipf",
             GenKind::Loop => "loop",
             GenKind::Mix => "mix",
+            GenKind::Shift => "shift",
             GenKind::Bfs => "bfs",
+            GenKind::Sssp => "sssp",
             GenKind::Pr => "pr",
+            GenKind::Cc => "cc",
+            GenKind::Emb => "emb",
+            GenKind::Moe => "moe",
         }
+    }
+
+    /// Whether the trace is recorded from a graph kernel (its length is the
+    /// kernel's, `accesses` only a limit).
+    pub fn is_graph(self) -> bool {
+        matches!(
+            self,
+            GenKind::Bfs | GenKind::Sssp | GenKind::Pr | GenKind::Cc
+        )
     }
 }
 
@@ -489,20 +799,14 @@ impl FromStr for GenKind {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        [
-            GenKind::Zipf,
-            GenKind::Loop,
-            GenKind::Mix,
-            GenKind::Bfs,
-            GenKind::Pr,
-        ]
-        .into_iter()
-        .find(|k| k.name() == s)
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "unknown trace kind {s:?} (choose zipf, loop, mix, bfs or pr)"
-            ))
-        })
+        GenKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "unknown trace kind {s:?} (choose zipf, loop, mix, shift, bfs, sssp, pr, cc, emb or moe)"
+                ))
+            })
     }
 }
 
@@ -511,11 +815,13 @@ impl FromStr for GenKind {
 pub struct GenParams {
     /// What to generate.
     pub kind: GenKind,
-    /// Pages: of the Zipf distribution, the loop, the hot set of a mix.
+    /// Pages: of the Zipf distribution, the loop, the hot set of a mix, a
+    /// phase's working set (shift).
     pub pages: u64,
-    /// Accesses (for bfs and pr: at most this many; 0 means no limit).
+    /// Accesses (for the graph kinds: at most this many; 0 means no limit;
+    /// for emb and moe a limit on top of their batches and tokens).
     pub accesses: usize,
-    /// Zipf exponent (zipf, mix).
+    /// Zipf exponent (zipf, mix, shift, moe).
     pub alpha: f64,
     /// Seed of the random choices.
     pub seed: u64,
@@ -523,18 +829,47 @@ pub struct GenParams {
     pub scan_fraction: f64,
     /// Pages per scan (mix).
     pub scan_length: u64,
-    /// The graph (bfs, pr).
+    /// Accesses per phase (shift).
+    pub phase: usize,
+    /// Share of a phase's pages the next phase keeps (shift).
+    pub overlap: f64,
+    /// The graph (graph kinds).
     pub graph: GraphKind,
-    /// log2 of the graph's vertices (bfs, pr).
+    /// log2 of the graph's vertices (graph kinds).
     pub scale: u32,
-    /// Edges per vertex (bfs, pr).
+    /// Edges per vertex (graph kinds).
     pub edge_factor: u32,
-    /// Bytes per page (bfs, pr).
+    /// Bytes per page (graph kinds, emb).
     pub page_size: u64,
-    /// Searches (bfs).
+    /// Searches (bfs, sssp).
     pub roots: usize,
     /// Sweeps (pr).
     pub iterations: usize,
+    /// Bucket width (sssp; weights are 1..=255).
+    pub delta: u64,
+    /// One Zipf exponent per table, 0 for uniform (emb).
+    pub alphas: Vec<f64>,
+    /// Rows per table (emb).
+    pub rows: usize,
+    /// Bytes per row (emb).
+    pub row_bytes: u64,
+    /// Bags per batch (emb).
+    pub batch: usize,
+    /// Indices per bag (emb).
+    pub pooling: usize,
+    /// Batches (emb).
+    pub batches: usize,
+    /// Layers (moe).
+    pub layers: usize,
+    /// Experts per layer (moe).
+    pub experts: usize,
+    /// Experts per token and layer (moe).
+    pub top_k: usize,
+    /// Per-token probability that a layer's popularity order swaps two
+    /// adjacent ranks (moe).
+    pub drift: f64,
+    /// Tokens (moe).
+    pub tokens: usize,
 }
 
 impl Default for GenParams {
@@ -547,12 +882,26 @@ impl Default for GenParams {
             seed: 1,
             scan_fraction: 0.2,
             scan_length: 16_384,
+            phase: 100_000,
+            overlap: 0.0,
             graph: GraphKind::Kronecker,
             scale: 16,
             edge_factor: 16,
             page_size: 4096,
             roots: 2,
             iterations: 2,
+            delta: 32,
+            alphas: vec![1.1, 0.9, 0.7, 0.5],
+            rows: 100_000,
+            row_bytes: 128,
+            batch: 512,
+            pooling: 16,
+            batches: 64,
+            layers: 32,
+            experts: 64,
+            top_k: 2,
+            drift: 0.05,
+            tokens: 16_384,
         }
     }
 }
@@ -561,6 +910,18 @@ impl GenParams {
     /// One line naming the parameters that matter for the kind, for the
     /// trace file's header.
     pub fn describe(&self) -> String {
+        let graph = || {
+            format!(
+                "graph={} scale={} edge_factor={} page_size={}",
+                match self.graph {
+                    GraphKind::Kronecker => "kron",
+                    GraphKind::Uniform => "uniform",
+                },
+                self.scale,
+                self.edge_factor,
+                self.page_size
+            )
+        };
         match self.kind {
             GenKind::Zipf => format!(
                 "zipf pages={} accesses={} alpha={} seed={}",
@@ -576,27 +937,43 @@ impl GenParams {
                 self.scan_length,
                 self.seed
             ),
-            GenKind::Bfs | GenKind::Pr => format!(
-                "{} graph={} scale={} edge_factor={} page_size={} {}={} seed={}",
-                self.kind,
-                match self.graph {
-                    GraphKind::Kronecker => "kron",
-                    GraphKind::Uniform => "uniform",
-                },
-                self.scale,
-                self.edge_factor,
-                self.page_size,
-                if self.kind == GenKind::Bfs {
-                    "roots"
-                } else {
-                    "iterations"
-                },
-                if self.kind == GenKind::Bfs {
-                    self.roots
-                } else {
-                    self.iterations
-                },
+            GenKind::Shift => format!(
+                "shift pages={} accesses={} alpha={} phase={} overlap={} seed={}",
+                self.pages, self.accesses, self.alpha, self.phase, self.overlap, self.seed
+            ),
+            GenKind::Bfs => format!("bfs {} roots={} seed={}", graph(), self.roots, self.seed),
+            GenKind::Sssp => format!(
+                "sssp {} roots={} delta={} seed={}",
+                graph(),
+                self.roots,
+                self.delta,
                 self.seed
+            ),
+            GenKind::Pr => format!(
+                "pr {} iterations={} seed={}",
+                graph(),
+                self.iterations,
+                self.seed
+            ),
+            GenKind::Cc => format!("cc {} seed={}", graph(), self.seed),
+            GenKind::Emb => format!(
+                "emb alphas={} rows={} row_bytes={} page_size={} batch={} pooling={} batches={} seed={}",
+                self.alphas
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                self.rows,
+                self.row_bytes,
+                self.page_size,
+                self.batch,
+                self.pooling,
+                self.batches,
+                self.seed
+            ),
+            GenKind::Moe => format!(
+                "moe layers={} experts={} top_k={} alpha={} drift={} tokens={} seed={}",
+                self.layers, self.experts, self.top_k, self.alpha, self.drift, self.tokens, self.seed
             ),
         }
     }
@@ -612,24 +989,34 @@ pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
     // The trace (8 bytes an access) and the caller's sorted copy of it; a
     // graph trace has at most a few accesses per edge and vertex per sweep.
     let accesses = match p.kind {
-        GenKind::Zipf | GenKind::Loop | GenKind::Mix => p.accesses as u64,
-        GenKind::Bfs | GenKind::Pr => {
+        GenKind::Zipf | GenKind::Loop | GenKind::Mix | GenKind::Shift => p.accesses as u64,
+        GenKind::Bfs | GenKind::Sssp | GenKind::Pr | GenKind::Cc => {
             let n = 1u64 << p.scale.min(40);
             let sweep = n
                 .saturating_mul(p.edge_factor as u64)
                 .saturating_mul(2)
                 .saturating_add(n)
                 .saturating_mul(4);
-            let sweeps = if p.kind == GenKind::Bfs {
-                p.roots
-            } else {
-                p.iterations
+            let sweeps = match p.kind {
+                GenKind::Bfs | GenKind::Sssp => p.roots,
+                GenKind::Pr => p.iterations,
+                // Hooking rounds: a few dozen at most on generated graphs.
+                _ => 32,
             };
             sweep.saturating_mul(sweeps as u64).min(limit as u64)
         }
+        GenKind::Emb => (p.alphas.len() as u64)
+            .saturating_mul(p.batch as u64)
+            .saturating_mul(p.pooling as u64)
+            .saturating_mul(p.batches as u64)
+            .min(limit as u64),
+        GenKind::Moe => (p.layers as u64)
+            .saturating_mul(p.top_k as u64)
+            .saturating_mul(p.tokens as u64)
+            .min(limit as u64),
     };
     let what = match p.kind {
-        GenKind::Bfs => format!(
+        GenKind::Bfs | GenKind::Sssp => format!(
             "--scale {} --roots {} ({accesses} accesses)",
             p.scale, p.roots
         ),
@@ -637,6 +1024,9 @@ pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
             "--scale {} --iterations {} ({accesses} accesses)",
             p.scale, p.iterations
         ),
+        GenKind::Cc => format!("--scale {} ({accesses} accesses)", p.scale),
+        GenKind::Emb => format!("--batches {} ({accesses} accesses)", p.batches),
+        GenKind::Moe => format!("--tokens {} ({accesses} accesses)", p.tokens),
         _ => format!("--accesses {accesses}"),
     };
     crate::machine::check_memory(
@@ -644,6 +1034,7 @@ pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
         "the trace and a sorted copy",
         accesses.saturating_mul(16),
     )?;
+    let g = || graph(p.graph, p.scale, p.edge_factor, p.seed);
     match p.kind {
         GenKind::Zipf => zipf(p.alpha, p.pages, p.accesses, p.seed),
         GenKind::Loop => looping(p.pages, p.accesses),
@@ -655,14 +1046,25 @@ pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
             p.scan_length,
             p.seed,
         ),
-        GenKind::Bfs => {
-            let g = graph(p.graph, p.scale, p.edge_factor, p.seed)?;
-            bfs(&g, p.page_size, p.roots, p.seed, limit)
-        }
-        GenKind::Pr => {
-            let g = graph(p.graph, p.scale, p.edge_factor, p.seed)?;
-            pagerank(&g, p.page_size, p.iterations, limit)
-        }
+        GenKind::Shift => shift(p.alpha, p.pages, p.accesses, p.phase, p.overlap, p.seed),
+        GenKind::Bfs => bfs(&g()?, p.page_size, p.roots, p.seed, limit),
+        GenKind::Sssp => sssp(&g()?, p.page_size, p.roots, p.delta, p.seed, limit),
+        GenKind::Pr => pagerank(&g()?, p.page_size, p.iterations, limit),
+        GenKind::Cc => cc(&g()?, p.page_size, limit),
+        GenKind::Emb => embedding(
+            &p.alphas,
+            p.rows,
+            p.row_bytes,
+            p.page_size,
+            p.batch,
+            p.pooling,
+            p.batches,
+            p.seed,
+            limit,
+        ),
+        GenKind::Moe => moe(
+            p.layers, p.experts, p.top_k, p.alpha, p.drift, p.tokens, p.seed, limit,
+        ),
     }
 }
 
@@ -730,6 +1132,29 @@ mod tests {
         assert!(pages(&b) <= expect);
         assert!(b.windows(2).all(|w| w[0] != w[1]));
         assert_eq!(pagerank(&g, 256, 2, 100).unwrap().len(), 100);
+        let s = sssp(&g, 256, 2, 32, 1, usize::MAX).unwrap();
+        let c = cc(&g, 256, usize::MAX).unwrap();
+        assert!(s.windows(2).all(|w| w[0] != w[1]) && pages(&s) > expect);
+        assert!(c.windows(2).all(|w| w[0] != w[1]) && pages(&c) <= expect);
+    }
+
+    #[test]
+    fn workload_traces_have_their_shape() {
+        // Two tables of 1000 rows of 512 B in 4 KiB pages: 125 pages each,
+        // the skewed table's low rows hottest.
+        let e = embedding(&[1.2, 0.0], 1000, 512, 4096, 8, 4, 50, 3, usize::MAX).unwrap();
+        assert!(e.iter().all(|&p| p < 250));
+        let first = e.iter().filter(|&&p| p == 0).count();
+        let uniform = e.iter().filter(|&&p| p == 125).count();
+        assert!(first > 3 * uniform, "{first} vs {uniform}");
+        let m = moe(4, 16, 2, 1.0, 0.05, 100, 1, usize::MAX).unwrap();
+        assert_eq!(m.len(), 4 * 2 * 100);
+        assert!(m.iter().all(|&p| p < 64));
+        // Layer order: the first two accesses of a token are layer 0's.
+        assert!(m[..2].iter().all(|&p| p < 16) && (16..32).contains(&m[2]));
+        let s = shift(1.0, 100, 1000, 250, 0.0, 1).unwrap();
+        assert!(s[..250].iter().all(|&p| p < 100));
+        assert!(s[750..].iter().all(|&p| (300..400).contains(&p)));
     }
 
     #[test]

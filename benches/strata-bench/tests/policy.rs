@@ -115,9 +115,8 @@ fn misses(kind: PolicyKind, cap: usize, t: &[u64]) -> u64 {
     replay(p.as_mut(), t).misses
 }
 
-/// The default policy's configuration, overridden for experiments by
-/// `STRATA_DEFAULT_CONFIG=key=value,...` (used by `suite_table`).
-fn default_misses(cap: usize, t: &[u64]) -> u64 {
+/// The default policy's configuration (see [`default_misses`]).
+fn default_config() -> policy::default::Config {
     let mut c = policy::default::Config::default();
     if let Ok(s) = std::env::var("STRATA_DEFAULT_CONFIG") {
         for kv in s.split(',').filter(|kv| !kv.is_empty()) {
@@ -139,11 +138,45 @@ fn default_misses(cap: usize, t: &[u64]) -> u64 {
                 "tune_margin" => c.tune_margin = f,
                 "tune_z" => c.tune_z = f,
                 "tune_long" => c.tune_long = f,
+                "tune_rate_max" => c.tune_rate_max = f,
+
                 _ => panic!("unknown key {k}"),
             }
         }
     }
-    replay(&mut policy::default::DefaultPolicy::with_config(cap, &c), t).misses
+    c
+}
+
+/// The default policy's configuration, overridden for experiments by
+/// `STRATA_DEFAULT_CONFIG=key=value,...` (used by `suite_table`).
+fn default_misses(cap: usize, t: &[u64]) -> u64 {
+    replay(
+        &mut policy::default::DefaultPolicy::with_config(cap, &default_config()),
+        t,
+    )
+    .misses
+}
+
+/// Replay speed of the default (configured as [`default_misses`]) on the
+/// trace file `STRATA_TRACE` at the capacities `STRATA_CAPS`
+/// (comma-separated), best of three. Release only.
+#[test]
+#[ignore]
+fn default_speed() {
+    let t = trace::read(std::path::Path::new(
+        &std::env::var("STRATA_TRACE").unwrap(),
+    ))
+    .unwrap();
+    for cap in std::env::var("STRATA_CAPS").unwrap().split(',') {
+        let cap: usize = cap.parse().unwrap();
+        let best = (0..3)
+            .map(|_| {
+                let mut p = policy::default::DefaultPolicy::with_config(cap, &default_config());
+                replay(&mut p, &t).seconds
+            })
+            .fold(f64::MAX, f64::min);
+        println!("cap {cap}: {:.2} M accesses/s", t.len() as f64 / best / 1e6);
+    }
 }
 
 /// The fewest misses any policy can have: exhaustive search over every
@@ -259,6 +292,35 @@ fn lru_equals_the_reference_lru() {
             misses(PolicyKind::Lru, cap, &t),
             misses_ref(&mut RefLru::new(cap), &t)
         );
+    }
+}
+
+#[test]
+fn the_lfu_references_equal_the_reference_lfus() {
+    let mut rng = Lcg(17);
+    for case in 0..100 {
+        let pages = 1 + rng.below(40);
+        let cap = 1 + rng.below(12) as usize;
+        let t: Vec<u64> = (0..400)
+            .map(|_| {
+                let a = rng.below(pages);
+                if case % 2 == 0 {
+                    a
+                } else {
+                    a.min(rng.below(pages))
+                }
+            })
+            .collect();
+        for (kind, admission) in [
+            (PolicyKind::PerfectLfu, false),
+            (PolicyKind::LfuAdmission, true),
+        ] {
+            let mut p = policy::build(kind, cap, None).unwrap();
+            let mut r = RefLfu::new(cap, admission);
+            for (i, &x) in t.iter().enumerate() {
+                assert_eq!(p.access(x).is_hit(), r.access(x), "{kind} access {i}");
+            }
+        }
     }
 }
 
@@ -638,6 +700,60 @@ fn suite_table() {
     println!("worst default / best: {worst:.3}");
 }
 
+/// Tuning aid for `benches/policy-corpus.sh`: replays the default policy
+/// (configured by `STRATA_DEFAULT_CONFIG`) on the traces and capacities of a
+/// results file the script wrote (`STRATA_CORPUS=DIR/results-train.tsv`)
+/// and compares it with the references' misses recorded there. Release
+/// only: `cargo test --release -p strata-bench --test policy default_on_corpus
+/// -- --ignored --nocapture`. Tune on the training part only.
+#[test]
+#[ignore]
+fn default_on_corpus() {
+    let results = std::env::var("STRATA_CORPUS").expect("STRATA_CORPUS names a results file");
+    let dir = std::path::Path::new(&results)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let text = std::fs::read_to_string(&results).unwrap();
+    let mut traces: HashMap<String, Vec<u64>> = HashMap::new();
+    let (mut met, mut n, mut worst, mut worst_at) = (0, 0, 0.0f64, String::new());
+    let (mut log_sum, mut to_belady) = (0.0, Vec::new());
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (split, name, class, cap) = (f[0], f[1], f[4], f[5].parse::<usize>().unwrap());
+        let m: Vec<u64> = f[6..15].iter().map(|x| x.parse().unwrap()).collect();
+        let t = traces.entry(name.to_string()).or_insert_with(|| {
+            trace::read(&dir.join(split).join(format!("{name}.trace"))).unwrap()
+        });
+        let d = default_misses(cap, t);
+        let best = [m[0], m[2], m[3], m[4], m[5], m[6]]
+            .into_iter()
+            .min()
+            .unwrap();
+        let r = d as f64 / best.max(1) as f64;
+        let b = d as f64 / m[8].max(1) as f64;
+        println!("{name:<18} {class:>5} {cap:>7} default {d:>8} (was {:>8}) best {best:>8} {r:.3} belady {b:.3}", m[7]);
+        n += 1;
+        met += usize::from(r <= 1.05);
+        if r > worst {
+            worst = r;
+            worst_at = format!("{name} at {class}");
+        }
+        log_sum += r.ln();
+        to_belady.push(b);
+    }
+    to_belady.sort_by(f64::total_cmp);
+    let median = if n % 2 == 1 {
+        to_belady[n / 2]
+    } else {
+        (to_belady[n / 2 - 1] + to_belady[n / 2]) / 2.0
+    };
+    println!(
+        "met {met}/{n}, worst {worst:.3} ({worst_at}), geomean /best {:.4}, median /belady {median:.3}",
+        (log_sum / n as f64).exp()
+    );
+}
+
 // ---------------------------------------------------------------------------
 // The trace format.
 
@@ -777,11 +893,13 @@ fn cli_gen_then_replay_reports_the_documented_keys() {
             "arc",
             "s3fifo",
             "sieve",
+            "perfect-lfu",
+            "lfu-admission",
             "default",
             "belady"
         ]
     );
-    let opt = rows[8]["misses"].as_u64().unwrap();
+    let opt = rows[10]["misses"].as_u64().unwrap();
     assert!(rows.iter().all(|r| r["misses"].as_u64().unwrap() >= opt));
 }
 
@@ -790,7 +908,9 @@ fn cli_every_generator_writes_a_trace() {
     let dir = tempfile::tempdir().unwrap();
     let t = dir.path().join("g.trace");
     let t_s = t.to_str().unwrap();
-    for kind in ["zipf", "loop", "mix", "bfs", "pr"] {
+    for kind in [
+        "zipf", "loop", "mix", "shift", "bfs", "sssp", "pr", "cc", "emb", "moe",
+    ] {
         let out = strata(&[
             "trace",
             "gen",
@@ -810,6 +930,18 @@ fn cli_every_generator_writes_a_trace() {
             "4",
             "--page-size",
             "256",
+            "--phase",
+            "500",
+            "--rows",
+            "1000",
+            "--batches",
+            "4",
+            "--tokens",
+            "50",
+            "--layers",
+            "4",
+            "--experts",
+            "8",
         ]);
         assert!(
             out.status.success(),

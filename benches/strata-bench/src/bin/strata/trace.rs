@@ -30,8 +30,10 @@ pub struct ReplayArgs {
     /// Pages the cache holds.
     #[arg(long)]
     capacity_pages: usize,
-    /// lru, lfu, gmt, lookahead, arc, s3fifo, sieve, belady, default, or
-    /// all (default: the default policy).
+    /// lru, lfu, gmt, lookahead, arc, s3fifo, sieve, perfect-lfu,
+    /// lfu-admission (the last two references for comparison), belady,
+    /// default, a comma-separated list of them, or all (default: the default
+    /// policy).
     #[arg(long)]
     policy: Option<String>,
     /// lru: pages per group, the unit of residency and eviction (2 MiB /
@@ -42,26 +44,32 @@ pub struct ReplayArgs {
     /// capacity).
     #[arg(long)]
     window: Option<usize>,
-    /// Also write the report as JSON to this file (a list with --policy all).
+    /// Also write the report as JSON to this file (a list with --policy all
+    /// or a list of policies).
     #[arg(long)]
     json: Option<PathBuf>,
 }
 
 #[derive(Args)]
 pub struct GenArgs {
-    /// zipf, loop, mix, bfs or pr.
+    /// zipf, loop, mix, shift (synthetic); bfs, sssp, pr, cc (page traces
+    /// of the graph kernels over a generated CSR graph); emb (embedding-bag
+    /// lookups over several tables); moe (expert loads of the synthetic MoE
+    /// router, in layer order).
     #[arg(long)]
     kind: String,
     /// File to write.
     #[arg(long)]
     out: PathBuf,
-    /// Pages: of the Zipf distribution, the loop, the hot set of a mix.
+    /// Pages: of the Zipf distribution, the loop, the hot set of a mix, each
+    /// phase's working set (shift).
     #[arg(long, default_value_t = GenParams::default().pages)]
     pages: u64,
-    /// Accesses (default 1000000; for bfs and pr a limit, default none).
+    /// Accesses (default 1000000; for bfs, sssp, pr, cc, emb and moe a
+    /// limit, default none).
     #[arg(long)]
     accesses: Option<usize>,
-    /// Zipf exponent (zipf, mix).
+    /// Zipf exponent (zipf, mix, shift, moe).
     #[arg(long, default_value_t = GenParams::default().alpha, allow_negative_numbers = true)]
     alpha: f64,
     /// Seed of the random choices.
@@ -73,24 +81,67 @@ pub struct GenArgs {
     /// mix: pages per scan.
     #[arg(long, default_value_t = GenParams::default().scan_length)]
     scan_length: u64,
-    /// bfs, pr: kron (Graph500 Kronecker) or uniform.
+    /// shift: accesses per phase.
+    #[arg(long, default_value_t = GenParams::default().phase)]
+    phase: usize,
+    /// shift: share of a phase's pages the next phase keeps.
+    #[arg(long, default_value_t = GenParams::default().overlap)]
+    overlap: f64,
+    /// bfs, sssp, pr, cc: kron (Graph500 Kronecker) or uniform.
     #[arg(long, default_value = "kron")]
     graph: String,
-    /// bfs, pr: log2 of the vertices.
+    /// Graph kinds: log2 of the vertices.
     #[arg(long, default_value_t = GenParams::default().scale)]
     scale: u32,
-    /// bfs, pr: edges per vertex.
+    /// Graph kinds: edges per vertex.
     #[arg(long, default_value_t = GenParams::default().edge_factor)]
     edge_factor: u32,
-    /// bfs, pr: bytes per page (e.g. 4k, 64k).
+    /// Graph kinds and emb: bytes per page (e.g. 4k, 64k).
     #[arg(long, default_value = "4k")]
     page_size: String,
-    /// bfs: searches from random roots.
+    /// bfs, sssp: searches from random roots.
     #[arg(long, default_value_t = GenParams::default().roots)]
     roots: usize,
     /// pr: PageRank sweeps.
     #[arg(long, default_value_t = GenParams::default().iterations)]
     iterations: usize,
+    /// sssp: bucket width of delta-stepping (weights are 1..=255).
+    #[arg(long, default_value_t = GenParams::default().delta)]
+    delta: u64,
+    /// emb: one Zipf exponent per table, comma-separated (0: uniform).
+    #[arg(long, default_value = "1.1,0.9,0.7,0.5")]
+    alphas: String,
+    /// emb: rows per table.
+    #[arg(long, default_value_t = GenParams::default().rows)]
+    rows: usize,
+    /// emb: bytes per row.
+    #[arg(long, default_value_t = GenParams::default().row_bytes)]
+    row_bytes: u64,
+    /// emb: bags per batch.
+    #[arg(long, default_value_t = GenParams::default().batch)]
+    batch: usize,
+    /// emb: indices per bag.
+    #[arg(long, default_value_t = GenParams::default().pooling)]
+    pooling: usize,
+    /// emb: batches.
+    #[arg(long, default_value_t = GenParams::default().batches)]
+    batches: usize,
+    /// moe: layers.
+    #[arg(long, default_value_t = GenParams::default().layers)]
+    layers: usize,
+    /// moe: experts per layer.
+    #[arg(long, default_value_t = GenParams::default().experts)]
+    experts: usize,
+    /// moe: experts per token and layer.
+    #[arg(long, default_value_t = GenParams::default().top_k)]
+    top_k: usize,
+    /// moe: per-token probability that a layer's popularity order swaps two
+    /// adjacent ranks.
+    #[arg(long, default_value_t = GenParams::default().drift)]
+    drift: f64,
+    /// moe: tokens.
+    #[arg(long, default_value_t = GenParams::default().tokens)]
+    tokens: usize,
 }
 
 pub fn run(command: TraceCommand) -> Result<(), Error> {
@@ -121,7 +172,14 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
     let kinds: Vec<PolicyKind> = match a.policy.as_deref() {
         None => vec![PolicyKind::Default],
         Some("all") => PolicyKind::ALL.to_vec(),
-        Some(p) => vec![p.parse::<PolicyKind>().map_err(|e| e.context("--policy"))?],
+        Some(p) => p
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<PolicyKind>()
+                    .map_err(|e| e.context("--policy"))
+            })
+            .collect::<Result<_, Error>>()?,
     };
     if a.capacity_pages == 0 {
         return Err(Error::invalid("--capacity-pages must be at least 1"));
@@ -226,7 +284,7 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
             seconds: r.seconds,
         })
         .collect();
-    if a.policy.as_deref() == Some("all") {
+    if rows.len() > 1 || a.policy.as_deref() == Some("all") {
         write_json(json, &rows)
     } else {
         write_json(json, &rows[0])
@@ -236,7 +294,24 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
 fn gen(a: GenArgs) -> Result<(), Error> {
     let kind: GenKind = a.kind.parse().map_err(|e: Error| e.context("--kind"))?;
     let page_size = parse_size(&a.page_size).map_err(|e| e.context("--page-size"))?;
-    let graph_kind = matches!(kind, GenKind::Bfs | GenKind::Pr);
+    // Kinds whose length their own parameters set take --accesses as a limit.
+    let graph_kind = kind.is_graph() || matches!(kind, GenKind::Emb | GenKind::Moe);
+    let alphas = a
+        .alphas
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|a| a.is_finite() && *a >= 0.0)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "--alphas {:?}: {x:?} is not a number ≥ 0",
+                        a.alphas
+                    ))
+                })
+        })
+        .collect::<Result<Vec<f64>, Error>>()?;
     let params = GenParams {
         kind,
         pages: a.pages,
@@ -251,6 +326,20 @@ fn gen(a: GenArgs) -> Result<(), Error> {
         page_size,
         roots: a.roots,
         iterations: a.iterations,
+        phase: a.phase,
+        overlap: a.overlap,
+        delta: a.delta,
+        alphas,
+        rows: a.rows,
+        row_bytes: a.row_bytes,
+        batch: a.batch,
+        pooling: a.pooling,
+        batches: a.batches,
+        layers: a.layers,
+        experts: a.experts,
+        top_k: a.top_k,
+        drift: a.drift,
+        tokens: a.tokens,
     };
     if !graph_kind && params.accesses == 0 {
         return Err(Error::invalid("--accesses must be at least 1"));
