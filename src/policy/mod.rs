@@ -17,8 +17,8 @@
 //! | `arc` | [`arc`] | ARC (Megiddo & Modha, FAST 2003): recency and frequency lists with ghosts, an adaptive split |
 //! | `s3fifo` | [`s3fifo`] | S3-FIFO (Yang et al., SOSP 2023): small, main and ghost FIFOs, 2-bit counters |
 //! | `sieve` | [`sieve`] | SIEVE (Zhang et al., NSDI 2024): one FIFO, a visited bit, a sifting hand |
-//! | `perfect-lfu` | [`reference`] | reference only: exact counts of every page ever seen, evicts the lowest |
-//! | `lfu-admission` | [`reference`] | reference only: perfect LFU that admits a page only if it is counted more than the victim |
+//! | `perfect-lfu` | [`reference`](mod@reference) | reference only: exact counts of every page ever seen, evicts the lowest |
+//! | `lfu-admission` | [`reference`](mod@reference) | reference only: perfect LFU that admits a page only if it is counted more than the victim |
 //! | `default` | [`default`] | W-TinyLFU with an adaptive window; what the runtime uses when none is named |
 
 #![forbid(unsafe_code)]
