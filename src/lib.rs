@@ -75,7 +75,7 @@ pub use io::EngineChoice;
 pub use policy::PolicyKind;
 pub use runtime::{
     Access, BalanceReport, BalancerConfig, Buffer, DeviceMap, Launch, Pin, Placement, Residency,
-    Runtime, RuntimeBuilder, Stats, Ticket, Watermarks,
+    Runtime, RuntimeBuilder, Stats, Ticket, View, ViewMut, Watermarks,
 };
 pub use tier::{CxlConfig, CxlMode, HostConfig, NvmeConfig, Tier};
 

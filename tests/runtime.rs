@@ -928,3 +928,70 @@ fn pages_lost_to_a_broken_engine_are_counted_and_refused() {
         assert_eq!(out, data[2 * PAGE..3 * PAGE], "{name}");
     }
 }
+
+#[test]
+fn views_lend_pinned_host_pages_as_slices() {
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 4 * PAGE as u64)
+        .host(16 * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    // Three and a half pages, first written onto the device.
+    let len = 3 * PAGE as u64 + 100;
+    let mut b = rt.alloc_with(len, Placement::Prefer(Tier::Device)).unwrap();
+    let data = pattern(5, 5, len as usize);
+    b.write(0, &data).unwrap();
+    {
+        let v = b.view(PAGE as u64..len, Tier::Host).unwrap();
+        assert_eq!(v.pages(), 1..4);
+        assert_eq!(v.page(1).unwrap(), &data[PAGE..2 * PAGE]);
+        assert_eq!(
+            v.page(3).unwrap(),
+            &data[3 * PAGE..],
+            "the last page is short"
+        );
+        assert!(v.page(0).is_none() && v.page(4).is_none());
+        assert_eq!(
+            b.tier_of(2).unwrap(),
+            Some(Tier::Host),
+            "pinned in host memory"
+        );
+        // Reads go on; writes and read-write launches wait for the view.
+        let mut out = vec![0; 8];
+        b.read(0, &mut out).unwrap();
+        let e = b.write(0, b"x").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.message().contains("borrowed view"), "{e}");
+        let map = b.device_map().unwrap();
+        assert!(map.prepare(Access::ReadWrite).is_err());
+        drop(map.prepare(Access::ReadOnly).unwrap());
+        // Two shared views at once are fine.
+        let w = b.view(0..PAGE as u64, Tier::Host).unwrap();
+        assert_eq!(w.iter().count(), 1);
+        assert!(b.view(0..1, Tier::Device).is_err());
+        assert!(b.view(0..1, Tier::Nvme).is_err());
+    }
+    b.write(0, b"after").unwrap();
+    {
+        let mut v = b.view_mut(0..2 * PAGE as u64, Tier::Host).unwrap();
+        v.page_mut(1).unwrap()[..4].copy_from_slice(b"mut!");
+        assert!(v.page_mut(2).is_none());
+    }
+    let mut out = [0u8; 4];
+    b.read(PAGE as u64, &mut out).unwrap();
+    assert_eq!(&out, b"mut!");
+    // A launch in progress refuses a mutable view, and the reverse.
+    let map = b.device_map().unwrap();
+    let launch = map.prepare(Access::ReadOnly).unwrap();
+    drop(launch);
+    drop(map);
+    let v = b.view_mut(0..1, Tier::Host).unwrap();
+    drop(v);
+    let map = b.device_map().unwrap();
+    let launch = map.prepare(Access::ReadWrite).unwrap();
+    assert!(b.view(0..1, Tier::Host).is_err());
+    drop(launch);
+    assert!(b.view(0..1, Tier::Host).is_ok());
+}

@@ -30,7 +30,7 @@ impl std::fmt::Debug for Buffer {
 
 fn read_only(p: usize) -> Error {
     Error::invalid(format!(
-        "page {p} is mapped for a read-only kernel launch; writes wait until the launch ends"
+        "page {p} is held read-only (a read-only kernel launch or a borrowed view of the buffer); writes are refused until it ends"
     ))
 }
 
@@ -41,6 +41,10 @@ impl Buffer {
 
     fn rt(&self) -> &Inner {
         &self.table.rt
+    }
+
+    pub(super) fn table(&self) -> &Table {
+        &self.table
     }
 
     /// Length in bytes.
@@ -174,7 +178,7 @@ impl Buffer {
         for (p, within, n) in self.pieces(offset, data.len()) {
             let src = &data[done..done + n];
             let mut entry = self.table.pages[p].lock();
-            if self.table.launches.lock().read_only > 0 {
+            if self.table.launches.lock().held_read_only() {
                 return Err(read_only(p));
             }
             let entry = &mut *entry;

@@ -137,6 +137,11 @@ impl DeviceMap {
                     "the buffer of this device map was freed",
                 ));
             }
+            if l.exclusive || (access == Access::ReadWrite && l.views > 0) {
+                return Err(Error::invalid(
+                    "a borrowed view of the buffer is live (Buffer::view): read-write launches, and any launch during a mutable view, wait until it drops",
+                ));
+            }
             match access {
                 Access::ReadOnly => l.read_only += 1,
                 Access::ReadWrite => l.read_write += 1,

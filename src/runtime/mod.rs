@@ -39,6 +39,7 @@ mod mover;
 mod reclaim;
 mod record;
 mod table;
+mod view;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -62,6 +63,7 @@ pub use map::{Access, DeviceMap, Launch, Reader};
 pub use mover::Ticket;
 pub use reclaim::Watermarks;
 pub use record::TraceRecorder;
+pub use view::{View, ViewMut};
 // Guards that own their buffer or map, for the C ABI.
 pub use buffer::OwnedPin;
 pub use map::OwnedLaunch;

@@ -90,12 +90,24 @@ pub(crate) struct Launches {
     pub(crate) read_only: u32,
     /// Live read-write launches: no page in a memory tier moves.
     pub(crate) read_write: u32,
+    /// Live borrowed views ([`Buffer::view`](super::Buffer::view)): writes
+    /// through the runtime and read-write launches wait.
+    pub(crate) views: u32,
+    /// A mutable view ([`Buffer::view_mut`](super::Buffer::view_mut)) is
+    /// live: no launch starts.
+    pub(crate) exclusive: bool,
     /// Slots replaced by promotions during read-only launches: kernels may
     /// still read them through map entries they loaded earlier.
     pub(crate) retired: Vec<(Tier, Slot)>,
 }
 
 impl Launches {
+    /// Whether writes through the runtime are refused: a read-only launch
+    /// or a borrowed view is live.
+    pub(crate) fn held_read_only(&self) -> bool {
+        self.read_only > 0 || self.views > 0
+    }
+
     fn any(&self) -> bool {
         self.read_only + self.read_write > 0
     }

@@ -1,0 +1,185 @@
+//! Borrowed views: a range of a buffer pinned in host memory (the host or
+//! CXL tier) and lent to Rust code as `&[u8]` or `&mut [u8]`, one slice per
+//! page (a page's slot is contiguous; neighbouring pages' slots need not
+//! be).
+//!
+//! What makes the slices sound is what the runtime refuses while a view
+//! lives, checked under the buffer's launch lock:
+//! - its pages are pinned: they do not move and their slots are not freed;
+//! - a shared view ([`Buffer::view`]) refuses writes through the runtime
+//!   (as a read-only kernel launch does) and read-write launches;
+//! - a mutable view ([`Buffer::view_mut`]) borrows the buffer mutably, so
+//!   no other safe access to it exists, and refuses every launch.
+//!
+//! Raw addresses handed out earlier (another [`Pin`](super::Pin)'s, a C
+//! caller's) are outside Rust's checks, as they always are: whoever writes
+//! through them orders that with the views.
+// The slices are made from the pinned slots' addresses: the one unsafe
+// operation of this module, justified at each use.
+#![allow(unsafe_code)]
+
+use std::ops::Range;
+
+use super::buffer::{Buffer, Pin};
+use crate::error::{Error, Result};
+use crate::tier::Tier;
+
+/// A shared view of pinned pages; see [`Buffer::view`].
+#[derive(Debug)]
+#[must_use = "the pages are unpinned, and writes allowed again, when the view drops"]
+pub struct View<'a> {
+    pin: Option<Pin<'a>>,
+    buffer: &'a Buffer,
+    page_size: usize,
+}
+
+/// A mutable view of pinned pages; see [`Buffer::view_mut`].
+#[derive(Debug)]
+#[must_use = "the pages are unpinned, and launches allowed again, when the view drops"]
+pub struct ViewMut<'a> {
+    pin: Option<Pin<'a>>,
+    buffer: &'a Buffer,
+    page_size: usize,
+}
+
+fn check_tier(tier: Tier) -> Result<()> {
+    match tier {
+        Tier::Host | Tier::Cxl => Ok(()),
+        _ => Err(Error::invalid(format!(
+            "a view lends host memory: pin in the host or cxl tier, not {tier}"
+        ))),
+    }
+}
+
+/// The bytes of page `p` within the buffer (its last page may be short).
+fn page_len(buffer: &Buffer, page_size: usize, p: usize) -> usize {
+    let start = p as u64 * page_size as u64;
+    (buffer.len() - start).min(page_size as u64) as usize
+}
+
+impl Buffer {
+    /// Pins the pages of `range` in `tier` (host or CXL) and lends them as
+    /// slices ([`View::page`], [`View::pages`]). While the view lives,
+    /// writes to the buffer through the runtime fail with
+    /// `InvalidArgument` and read-write kernel launches are refused (reads
+    /// and read-only launches go on); the pin's own errors are
+    /// [`pin`](Self::pin)'s. Refused while a read-write launch is live.
+    pub fn view(&self, range: Range<u64>, tier: Tier) -> Result<View<'_>> {
+        check_tier(tier)?;
+        {
+            let mut l = self.table().launches.lock();
+            if l.read_write > 0 {
+                return Err(Error::invalid(
+                    "a read-write kernel launch of this buffer is live: views wait until it ends",
+                ));
+            }
+            l.views += 1;
+        }
+        let mut view = View {
+            pin: None,
+            buffer: self,
+            page_size: self.table().rt.page_size(),
+        };
+        // On an error the view drops here and gives its hold back.
+        view.pin = Some(self.pin(range, tier)?);
+        Ok(view)
+    }
+
+    /// As [`view`](Self::view), lending the pages writable
+    /// ([`ViewMut::page_mut`]). The buffer is borrowed mutably, so nothing
+    /// else reads or writes it through this handle meanwhile, and kernel
+    /// launches of it are refused. Refused while a launch is live.
+    pub fn view_mut(&mut self, range: Range<u64>, tier: Tier) -> Result<ViewMut<'_>> {
+        check_tier(tier)?;
+        {
+            let mut l = self.table().launches.lock();
+            if l.read_only + l.read_write > 0 {
+                return Err(Error::invalid(
+                    "a kernel launch of this buffer is live: a mutable view waits until it ends",
+                ));
+            }
+            l.views += 1;
+            l.exclusive = true;
+        }
+        let page_size = self.table().rt.page_size();
+        let this: &Buffer = self;
+        let mut view = ViewMut {
+            pin: None,
+            buffer: this,
+            page_size,
+        };
+        view.pin = Some(this.pin(range, tier)?);
+        Ok(view)
+    }
+}
+
+impl View<'_> {
+    /// The pages lent (indices into the buffer).
+    pub fn pages(&self) -> Range<usize> {
+        self.pin.as_ref().map_or(0..0, Pin::pages)
+    }
+
+    /// The bytes of page `p` (one of [`pages`](Self::pages); the buffer's
+    /// last page may be shorter than a page), or `None` for another page.
+    pub fn page(&self, p: usize) -> Option<&[u8]> {
+        let pin = self.pin.as_ref()?;
+        let i = p.checked_sub(pin.pages().start)?;
+        let address = *pin.addresses().get(i)?;
+        let len = page_len(self.buffer, self.page_size, p);
+        // SAFETY: `address` is the start of page `p`'s slot in a host-memory
+        // tier (`check_tier`), `page_size` bytes long and at least `len`;
+        // the pin keeps the page in that slot and the slot allocated for as
+        // long as `self` lives, which bounds the returned borrow; no safe
+        // code writes those bytes meanwhile: runtime writes are refused
+        // while `views > 0` and read-write launches cannot start.
+        Some(unsafe { std::slice::from_raw_parts(address as *const u8, len) })
+    }
+
+    /// Every lent page with its index, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[u8])> {
+        self.pages().filter_map(|p| Some((p, self.page(p)?)))
+    }
+}
+
+impl ViewMut<'_> {
+    /// The pages lent (indices into the buffer).
+    pub fn pages(&self) -> Range<usize> {
+        self.pin.as_ref().map_or(0..0, Pin::pages)
+    }
+
+    /// The bytes of page `p`, writable (as [`View::page`]).
+    pub fn page_mut(&mut self, p: usize) -> Option<&mut [u8]> {
+        let pin = self.pin.as_ref()?;
+        let i = p.checked_sub(pin.pages().start)?;
+        let address = *pin.addresses().get(i)?;
+        let len = page_len(self.buffer, self.page_size, p);
+        // SAFETY: as in `View::page`, and exclusive: the buffer is borrowed
+        // mutably by this view (no other safe access to it exists), no
+        // launch can start while `exclusive` is set, and the returned
+        // borrow holds `&mut self`, so no two slices of this view alias.
+        Some(unsafe { std::slice::from_raw_parts_mut(address as *mut u8, len) })
+    }
+}
+
+/// Gives the hold back once the pin has dropped.
+fn release(buffer: &Buffer, exclusive: bool) {
+    let mut l = buffer.table().launches.lock();
+    l.views -= 1;
+    if exclusive {
+        l.exclusive = false;
+    }
+}
+
+impl Drop for View<'_> {
+    fn drop(&mut self) {
+        drop(self.pin.take());
+        release(self.buffer, false);
+    }
+}
+
+impl Drop for ViewMut<'_> {
+    fn drop(&mut self) {
+        drop(self.pin.take());
+        release(self.buffer, true);
+    }
+}
