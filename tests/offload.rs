@@ -43,13 +43,22 @@ fn exact_on(tier: StateTier) {
     cfg.adam = p;
     let mut opt = OffloadedAdam::new(&w0, cfg).unwrap();
     let (mut w, mut m, mut v) = (w0.clone(), vec![0f32; n], vec![0f32; n]);
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     for t in 1..=5u64 {
         let g = grads(n, t);
-        let s = opt.step(&g).unwrap();
+        // Odd steps leave the new weights in the caller's array too.
+        let mut out = vec![f32::NAN; n];
+        let s = if t % 2 == 1 {
+            opt.step_into(&g, Some(&mut out)).unwrap()
+        } else {
+            opt.step(&g).unwrap()
+        };
         assert_eq!(s.bytes_read, s.bytes_written);
         reference_step(&mut w, &mut m, &mut v, &g, p, t as i32);
+        if t % 2 == 1 {
+            assert_eq!(bits(&out), bits(&w), "weights out of step {t}");
+        }
     }
-    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&opt.weights().unwrap()), bits(&w), "weights");
     assert_eq!(bits(&opt.read_state(1).unwrap()), bits(&m), "first moment");
     assert_eq!(bits(&opt.read_state(2).unwrap()), bits(&v), "second moment");
@@ -645,4 +654,54 @@ fn a_finished_prefetch_is_not_cancelled() {
     assert_eq!((s.hits, s.late_prefetch_hits), (1, 0));
     assert_eq!(s.stall_seconds, before);
     assert_eq!(s.bytes_moved, 256 << 10);
+}
+
+#[test]
+fn states_read_into_a_callers_array() {
+    // 4 KiB chunks (1024 values): three whole chunks and a short one.
+    let n = 3 * 1024 + 77;
+    let w0: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let mut cfg = OptimConfig::new(StateTier::Host);
+    cfg.chunk_bytes = 4096;
+    let p = cfg.adam;
+    let mut opt = OffloadedAdam::new(&w0, cfg).unwrap();
+    let g = grads(n, 1);
+    opt.step(&g).unwrap();
+    let (mut w, mut m, mut v) = (w0.clone(), vec![0f32; n], vec![0f32; n]);
+    reference_step(&mut w, &mut m, &mut v, &g, p, 1);
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for (which, expect) in [(0, &w), (1, &m), (2, &v)] {
+        // Filled with NaN first: every value must come from the tier.
+        let mut out = vec![f32::NAN; n];
+        opt.read_state_into(which, &mut out).unwrap();
+        assert_eq!(bits(&out), bits(expect), "state {which}");
+    }
+    let mut short = vec![0.0; n - 1];
+    let e = opt.read_state_into(0, &mut short).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(short.iter().all(|&x| x == 0.0), "refused before writing");
+    assert!(opt.read_state_into(3, &mut vec![0.0; n]).is_err());
+}
+
+#[test]
+fn step_into_refuses_a_wrong_length_and_follows_importance_windows() {
+    let n = 2 * 4096 + 7;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let mut cfg = OptimConfig::new(StateTier::Host);
+    cfg.chunk_bytes = 16 << 10;
+    cfg.importance = Some(Importance {
+        fraction: 0.3,
+        every: 3,
+    });
+    let mut opt = OffloadedAdam::new(&w0, cfg).unwrap();
+    let mut short = vec![0.0; n - 1];
+    let e = opt.step_into(&grads(n, 1), Some(&mut short)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert_eq!(opt.steps(), 0, "refused before the step");
+    // Flushes and steps inside a window alike leave what read_state says.
+    for t in 1..=7 {
+        let mut out = vec![f32::NAN; n];
+        opt.step_into(&grads(n, t), Some(&mut out)).unwrap();
+        assert_eq!(out, opt.read_state(0).unwrap(), "step {t}");
+    }
 }

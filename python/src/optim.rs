@@ -171,11 +171,8 @@ impl OffloadedAdam {
                         )));
                     }
                 }
-                let stats = a.step(&g)?;
-                if let Some(o) = out {
-                    o.copy_from_slice(&a.weights()?);
-                }
-                Ok(stats)
+                // The new weights go straight into `out` (the parameter).
+                a.step_into(&g, out)
             })
             .map_err(raise)?;
         let d = PyDict::new(py);
@@ -200,8 +197,7 @@ impl OffloadedAdam {
                     a.len()
                 )));
             }
-            out.copy_from_slice(&a.read_state(which)?);
-            Ok(())
+            a.read_state_into(which, out)
         })
         .map_err(raise)
     }

@@ -586,6 +586,42 @@ impl OffloadedAdam {
 
     /// One optimizer step with these gradients.
     pub fn step(&mut self, grads: &[f32]) -> Result<StepStats> {
+        self.step_into(grads, None)
+    }
+
+    /// As [`step`](Self::step), also leaving the updated weights in
+    /// `weights` (one per parameter): a framework's parameter tensor. With
+    /// the states in host memory and the update on the CPU each chunk's
+    /// weights are copied out while the update has them in cache; otherwise
+    /// they are read back after the step ([`read_state_into`](Self::read_state_into)).
+    /// A wrong length is refused before the step.
+    pub fn step_into(
+        &mut self,
+        grads: &[f32],
+        mut weights: Option<&mut [f32]>,
+    ) -> Result<StepStats> {
+        if let Some(w) = weights.as_deref() {
+            if w.len() != self.params {
+                return Err(Error::invalid(format!(
+                    "{} weights out for {} parameters",
+                    w.len(),
+                    self.params
+                )));
+            }
+        }
+        let (stats, filled) = self.step_inner(grads, weights.as_deref_mut())?;
+        if let (Some(w), false) = (weights, filled) {
+            self.read_state_into(0, w)?;
+        }
+        Ok(stats)
+    }
+
+    /// The step; true when it filled `weights` itself.
+    fn step_inner(
+        &mut self,
+        grads: &[f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<(StepStats, bool)> {
         self.check(grads)?;
         let start = Instant::now();
         self.t += 1;
@@ -601,10 +637,11 @@ impl OffloadedAdam {
                     self.broken = true;
                     return Err(e);
                 }
-                return Ok(StepStats {
+                let stats = StepStats {
                     seconds: start.elapsed().as_secs_f64(),
                     ..Default::default()
-                });
+                };
+                return Ok((stats, false));
             }
         }
         let plan = StepPlan {
@@ -615,6 +652,14 @@ impl OffloadedAdam {
         let n_chunks = self.slots.len();
         let mut acc_chunks: Vec<&mut [f32]> = self.accum.chunks_mut(plan.chunk).collect();
         acc_chunks.resize_with(n_chunks, || &mut []);
+        // Where the host path copies each chunk's new weights (if asked).
+        let filled =
+            weights.is_some() && matches!(&self.store, Store::Host(_)) && self.gpu.is_none();
+        let mut out_chunks: Vec<&mut [f32]> = match weights {
+            Some(w) if filled => w.chunks_mut(plan.chunk).collect(),
+            _ => Vec::new(),
+        };
+        out_chunks.resize_with(n_chunks, || &mut []);
         let old = std::mem::take(&mut self.resident);
         let mut chosen: Vec<Option<Resident>> = vec![None; n_chunks];
         #[cfg_attr(not(feature = "cuda"), allow(unused_variables, unused_mut))]
@@ -688,13 +733,16 @@ impl OffloadedAdam {
                 .par_iter_mut()
                 .zip(acc_chunks.par_iter_mut())
                 .zip(chosen.par_iter_mut())
+                .zip(out_chunks.par_iter_mut())
                 .enumerate()
-                .try_for_each(|(c, ((set, acc), out))| -> Result<()> {
+                .try_for_each(|(c, (((set, acc), out), wout))| -> Result<()> {
                     let [w, m, v] = host_state(h, set)?;
                     let g = plan.gradient(c, grads, [&mut *w, &mut *m, &mut *v], acc, old.get(c));
                     let n = g.len();
                     adam_update(&mut w[..n], &mut m[..n], &mut v[..n], &g, &s);
                     *out = plan.choose(c, grads, w, m, v);
+                    // Empty unless asked: the new weights, still in cache.
+                    wout.copy_from_slice(&w[..wout.len()]);
                     Ok(())
                 })
                 .map(|()| Duration::ZERO),
@@ -738,12 +786,13 @@ impl OffloadedAdam {
             self.deferred_steps = 0;
         }
         let bytes = self.slots.len() as u64 * 3 * self.config.chunk_bytes as u64;
-        Ok(StepStats {
+        let stats = StepStats {
             seconds: start.elapsed().as_secs_f64(),
             bytes_read: bytes,
             bytes_written: bytes,
             io_wait_seconds: io_wait.as_secs_f64(),
-        })
+        };
+        Ok((stats, filled))
     }
 
     /// A step inside an importance window: the resident elements update
@@ -807,26 +856,49 @@ impl OffloadedAdam {
 
     /// Reads a state array: 0 weights, 1 first moment, 2 second moment.
     pub fn read_state(&self, which: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; self.params];
+        self.read_state_into(which, &mut out)?;
+        Ok(out)
+    }
+
+    /// As [`read_state`](Self::read_state), into `out` (one value per
+    /// parameter): whole chunks are read straight into it, so a caller that
+    /// keeps the parameters in an array of its own (a framework's tensor)
+    /// pays one pass over them and no allocation.
+    pub fn read_state_into(&self, which: usize, out: &mut [f32]) -> Result<()> {
         if which > 2 {
             return Err(Error::invalid(format!("state {which}: use 0, 1 or 2")));
         }
+        if out.len() != self.params {
+            return Err(Error::invalid(format!(
+                "{} values for {} parameters",
+                out.len(),
+                self.params
+            )));
+        }
         let ps = self.store.pages();
-        let mut out = Vec::with_capacity(self.slots.len() * self.chunk);
-        let mut page = vec![0u8; self.config.chunk_bytes];
+        let chunk = self.chunk;
+        let mut scratch = Vec::new();
         for (c, set) in self.slots.iter().enumerate() {
-            ps.read_page(set[which].as_ref().expect("slot home"), &mut page)?;
-            let vals = as_f32_mut(&mut page);
+            let slot = set[which].as_ref().expect("slot home");
+            let dst = &mut out[c * chunk..((c + 1) * chunk).min(self.params)];
+            if dst.len() == chunk {
+                ps.read_page(slot, bytemuck::cast_slice_mut(dst))?;
+            } else {
+                // The last chunk is short: through a whole page.
+                scratch.resize(self.config.chunk_bytes, 0u8);
+                ps.read_page(slot, &mut scratch)?;
+                dst.copy_from_slice(&as_f32_mut(&mut scratch)[..dst.len()]);
+            }
             // Between flushes the resident copy is the truth.
             if let Some(r) = self.resident.get(c) {
                 let src = [&r.w, &r.m, &r.v][which];
                 for (j, &i) in r.idx.iter().enumerate() {
-                    vals[i as usize] = src[j];
+                    dst[i as usize] = src[j];
                 }
             }
-            out.extend_from_slice(vals);
         }
-        out.truncate(self.params);
-        Ok(out)
+        Ok(())
     }
 }
 
