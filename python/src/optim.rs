@@ -135,9 +135,18 @@ impl OffloadedAdam {
 
     /// Sets the hyper-parameters of the next steps.
     #[pyo3(signature = (*, lr, betas, eps, weight_decay))]
-    fn configure(&self, lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> PyResult<()> {
+    fn configure(
+        &self,
+        py: Python<'_>,
+        lr: f64,
+        betas: (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+    ) -> PyResult<()> {
         let p = adam(lr, betas, eps, weight_decay)?;
-        self.inner.lock().set_adam(p);
+        // The lock may be held by a step on another thread: wait without
+        // the GIL (so do the other accessors below).
+        py.detach(|| self.inner.lock().set_adam(p));
         Ok(())
     }
 
@@ -153,8 +162,18 @@ impl OffloadedAdam {
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let g_view = Contiguous::readable(grads)?;
-        let g = floats(g_view.as_slice())?;
         let mut out_view = out.map(Contiguous::writable).transpose()?;
+        if let Some(o) = &out_view {
+            // The gradients are read while the weights are written.
+            let (a, b) = (
+                g_view.as_slice().as_ptr_range(),
+                o.as_slice().as_ptr_range(),
+            );
+            if a.start < b.end && b.start < a.end {
+                return Err(invalid("out and grads share memory: pass separate arrays"));
+            }
+        }
+        let g = floats(g_view.as_slice())?;
         let out = match out_view.as_mut() {
             Some(v) => Some(floats_mut(v.as_mut_slice())?),
             None => None,
@@ -213,13 +232,13 @@ impl OffloadedAdam {
 
     /// Steps taken (the next step's bias correction uses steps + 1).
     #[getter]
-    fn steps(&self) -> u64 {
-        self.inner.lock().steps()
+    fn steps(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.inner.lock().steps())
     }
 
     /// Sets the step count (restoring a saved optimizer).
-    fn set_steps(&self, steps: u64) {
-        self.inner.lock().set_steps(steps);
+    fn set_steps(&self, py: Python<'_>, steps: u64) {
+        py.detach(|| self.inner.lock().set_steps(steps));
     }
 
     /// The tier the state lives in.
@@ -230,11 +249,11 @@ impl OffloadedAdam {
 
     /// Whether that tier is emulated (CXL without a CPU-less node).
     #[getter]
-    fn emulated(&self) -> bool {
-        self.inner.lock().emulated()
+    fn emulated(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.inner.lock().emulated())
     }
 
-    fn __len__(&self) -> usize {
-        self.inner.lock().len()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.inner.lock().len())
     }
 }

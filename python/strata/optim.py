@@ -15,6 +15,12 @@ float32 CPU tensors, contiguous. ``amsgrad``, ``maximize``, ``capturable``,
 ``differentiable`` and ``fused`` are not supported (``foreach`` is accepted
 and ignored).
 
+The master weights in the tier follow changes made to a parameter outside
+the optimizer that torch counts (in-place ops under ``torch.no_grad()``,
+``p.copy_(...)``, loading a state dict into the model): strata checks the
+tensor's version at each step. Changes through ``p.data`` are not counted
+by torch and are not seen: the next step starts from strata's copy.
+
 Numerics: strata's update is ``w -= lr*((m/bc1)/(sqrt(v/bc2)+eps) + wd*w)``
 in float32; torch orders the same operations differently (it decays ``w``
 first, then adds ``-(lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)``), so results
@@ -199,6 +205,12 @@ class _OffloadedAdamBase(Optimizer):
         """Loads torch's format (from this class or torch.optim.Adam/AdamW):
         hyper-parameters into the param groups, states into strata's tiers
         (master weights from the parameters as they are now)."""
+        for group in state_dict.get("param_groups", []):
+            for option in ("amsgrad", "maximize", "capturable", "differentiable"):
+                if group.get(option):
+                    raise NotImplementedError(
+                        f"strata.optim does not support {option}=True (the state dict sets it)"
+                    )
         super().load_state_dict(state_dict)
         loaded = self.state
         self.state = defaultdict(dict)

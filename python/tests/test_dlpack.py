@@ -4,6 +4,7 @@ until it is gone."""
 
 import ctypes
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -153,7 +154,10 @@ def test_dlpack_refusals(rt):
 
 
 def test_torch_wraps_strata_memory_without_a_copy(rt):
-    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if os.environ.get("STRATA_REQUIRE_TORCH") == "1":
+        import torch  # must be there
+    else:
+        torch = pytest.importorskip("torch", reason="torch is not installed")
     buf = rt.alloc(2 * PAGE)
     buf.write(0, np.arange(PAGE // 4, dtype=np.float32))
     with buf.pin((0, PAGE), "host", dtype="float32") as pin:
@@ -170,3 +174,41 @@ def test_torch_wraps_strata_memory_without_a_copy(rt):
     del t
     gc.collect()
     assert pinned_pages(rt, "host") == 0
+
+
+def test_strata_memory_lent_back_to_strata_goes_through_a_copy(rt):
+    # A view of a pinned page as the source of a write into the same page,
+    # and as the destination of a read from it: no aliasing, the bytes as a
+    # copy would give them.
+    buf = rt.alloc(2 * PAGE)
+    buf.write(0, bytes(range(256)) * (PAGE // 256))
+    with buf.pin((0, PAGE), "host") as pin:
+        view = np.from_dlpack(pin)
+        buf.write(4, view[:64])
+        assert buf.read(4, 64) == bytes(range(64))
+        if os.environ.get("STRATA_REQUIRE_TORCH") == "1" or _have_torch():
+            import torch
+
+            # A writable view of page 0 as the destination of a read of page 1.
+            dst = torch.from_dlpack(pin).numpy()
+            buf.write(PAGE, b"page one")
+            buf.readinto(PAGE, dst[:8])
+            assert bytes(dst[:8]) == b"page one"
+            assert buf.read(0, 8) == b"page one"
+
+
+def _have_torch():
+    try:
+        import torch  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+def test_optimizer_refuses_grads_aliasing_its_output():
+    w = np.zeros(1000, dtype=np.float32)
+    adam = strata._strata.OffloadedAdam(w, tier="host")
+    with pytest.raises(strata.InvalidArgumentError, match="share memory"):
+        adam.step(w, w)
+    assert adam.steps == 0

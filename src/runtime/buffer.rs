@@ -96,6 +96,21 @@ impl Buffer {
         r
     }
 
+    /// Whether `ptr..ptr + len` overlaps the host or CXL memory of this
+    /// buffer's runtime: memory strata lent out (a pin's addresses, a DLPack
+    /// view of one). Passing such memory back as `read`'s destination or
+    /// `write`'s source would alias the pages being read or written; a
+    /// binding that cannot rule it out checks here and goes through a copy.
+    pub fn overlaps_runtime_memory(&self, ptr: *const u8, len: usize) -> bool {
+        let (start, end) = (ptr as u64, (ptr as u64).saturating_add(len as u64));
+        len > 0
+            && self
+                .rt()
+                .stores()
+                .filter_map(|s| s.host_memory())
+                .any(|r| start < r.end && r.start < end)
+    }
+
     /// Reads `out.len()` values of `T` starting at byte `offset` (any
     /// alignment: the bytes are copied).
     pub fn read_as<T: bytemuck::Pod>(&self, offset: u64, out: &mut [T]) -> Result<()> {

@@ -251,6 +251,9 @@ impl PageStore for CxlStore {
     fn address(&self, slot: &Slot) -> Option<u64> {
         self.host.slot_ptr(slot).ok().map(|p| p.as_ptr() as u64)
     }
+    fn host_memory(&self) -> Option<std::ops::Range<u64>> {
+        self.host.host_memory()
+    }
     fn kernel_address(&self, slot: &Slot) -> u64 {
         self.host.kernel_address(slot).unwrap_or(0)
     }

@@ -213,6 +213,10 @@ impl PageStore for HostStore {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn host_memory(&self) -> Option<std::ops::Range<u64>> {
+        let base = self.arena.base().as_ptr() as u64;
+        Some(base..base + self.arena.len() as u64)
+    }
     fn address(&self, slot: &Slot) -> Option<u64> {
         self.slot_ptr(slot).ok().map(|p| p.as_ptr() as u64)
     }

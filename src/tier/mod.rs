@@ -89,6 +89,11 @@ impl FromStr for Tier {
 pub trait PageStore: Send + Sync {
     /// Which tier this store serves.
     fn tier(&self) -> Tier;
+    /// The addresses of the host memory its slots live in, where the CPU
+    /// reaches them in place (host and CXL arenas); `None` otherwise.
+    fn host_memory(&self) -> Option<std::ops::Range<u64>> {
+        None
+    }
     /// Bytes per slot.
     fn page_size(&self) -> usize;
     /// Total slots.

@@ -1488,3 +1488,26 @@ fn info_names_what_is_wrong_with_each_configured_tier() {
         .iter()
         .all(|t| t["tier"] != "nvme"));
 }
+
+#[test]
+fn a_refused_run_leaves_no_file_behind_a_dangling_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("bad.trace");
+    std::fs::write(&trace, "1\nnot a page\n").unwrap();
+    let target = dir.path().join("report.json");
+    let link = dir.path().join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = strata(&[
+        "trace",
+        "replay",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--capacity-pages",
+        "4",
+        "--json",
+        link.to_str().unwrap(),
+    ]);
+    assert_bad_input(&out, "line 2");
+    assert!(!target.exists(), "the link's target was created and left");
+    assert!(link.symlink_metadata().is_ok(), "the link itself stays");
+}

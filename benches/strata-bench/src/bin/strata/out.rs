@@ -120,7 +120,13 @@ impl OutputPath {
                 parent.display()
             )));
         }
-        let existed = path.symlink_metadata().is_ok();
+        // What opening creates: the path, or a (dangling) link's target.
+        let target = match std::fs::read_link(path) {
+            Ok(t) if t.is_relative() => parent.join(t),
+            Ok(t) => t,
+            Err(_) => path.to_path_buf(),
+        };
+        let existed = target.exists();
         OpenOptions::new()
             .write(true)
             .create(true)
@@ -133,7 +139,7 @@ impl OutputPath {
                 )
             })?;
         if !existed {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&target);
         }
         Ok(Self {
             flag,
