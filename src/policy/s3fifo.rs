@@ -226,12 +226,8 @@ impl Policy for S3Fifo {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit;
+    use super::super::testkit::{self, miss};
     use super::*;
-
-    const fn miss(evicted: Option<u64>) -> Outcome {
-        Outcome::Miss { evicted }
-    }
 
     #[test]
     fn shares_of_the_capacity() {

@@ -71,6 +71,25 @@ pub(crate) fn cyclic(capacity: usize, passes: usize) -> Vec<u64> {
 }
 
 /// The outcomes of `trace` in order.
+/// A miss that evicted `evicted` (hand-traced expectations read better so).
+pub(crate) const fn miss(evicted: Option<u64>) -> Outcome {
+    Outcome::Miss { evicted }
+}
+
+/// On a loop of `capacity + 1` pages, a policy that never sees a page twice
+/// while it is resident misses every access, evicting the page accessed
+/// next (LRU, and FIFO-like policies such as ARC's T1 and SIEVE).
+pub(crate) fn check_loop_always_misses(build: fn(usize) -> Box<dyn Policy>) {
+    for cap in [1, 2, 5, 64] {
+        let t = cyclic(cap, 5);
+        let mut p = build(cap);
+        for (i, o) in outcomes(&mut *p, &t).into_iter().enumerate() {
+            let expected = (i >= cap).then(|| (i as u64 + 1) % (cap as u64 + 1));
+            assert_eq!(o, miss(expected), "cap {cap} access {i}");
+        }
+    }
+}
+
 pub(crate) fn outcomes(p: &mut dyn Policy, trace: &[u64]) -> Vec<Outcome> {
     trace.iter().map(|&x| p.access(x)).collect()
 }

@@ -51,10 +51,22 @@ fn check_tier(tier: Tier) -> Result<()> {
     }
 }
 
-/// The bytes of page `p` within the buffer (its last page may be short).
-fn page_len(buffer: &Buffer, page_size: usize, p: usize) -> usize {
+/// Where page `p` of a pinned range starts and how many of its bytes lie
+/// within the buffer (its last page may be short); `None` for a page the
+/// pin does not hold.
+fn locate(
+    pin: Option<&Pin<'_>>,
+    buffer: &Buffer,
+    page_size: usize,
+    p: usize,
+) -> Option<(u64, usize)> {
+    let pin = pin?;
+    let address = *pin.addresses().get(p.checked_sub(pin.pages().start)?)?;
     let start = p as u64 * page_size as u64;
-    (buffer.len() - start).min(page_size as u64) as usize
+    Some((
+        address,
+        (buffer.len() - start).min(page_size as u64) as usize,
+    ))
 }
 
 impl Buffer {
@@ -122,10 +134,7 @@ impl View<'_> {
     /// The bytes of page `p` (one of [`pages`](Self::pages); the buffer's
     /// last page may be shorter than a page), or `None` for another page.
     pub fn page(&self, p: usize) -> Option<&[u8]> {
-        let pin = self.pin.as_ref()?;
-        let i = p.checked_sub(pin.pages().start)?;
-        let address = *pin.addresses().get(i)?;
-        let len = page_len(self.buffer, self.page_size, p);
+        let (address, len) = locate(self.pin.as_ref(), self.buffer, self.page_size, p)?;
         // SAFETY: `address` is the start of page `p`'s slot in a host-memory
         // tier (`check_tier`), `page_size` bytes long and at least `len`;
         // the pin keeps the page in that slot and the slot allocated for as
@@ -149,10 +158,7 @@ impl ViewMut<'_> {
 
     /// The bytes of page `p`, writable (as [`View::page`]).
     pub fn page_mut(&mut self, p: usize) -> Option<&mut [u8]> {
-        let pin = self.pin.as_ref()?;
-        let i = p.checked_sub(pin.pages().start)?;
-        let address = *pin.addresses().get(i)?;
-        let len = page_len(self.buffer, self.page_size, p);
+        let (address, len) = locate(self.pin.as_ref(), self.buffer, self.page_size, p)?;
         // SAFETY: as in `View::page`, and exclusive: the buffer is borrowed
         // mutably by this view (no other safe access to it exists), no
         // launch can start while `exclusive` is set, and the returned
