@@ -9,8 +9,11 @@ use std::path::PathBuf;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use pyo3::types::PyDict;
-use strata::offload::optim::{AdamParams, OptimConfig, StateTier, Updater};
+use strata::offload::optim::{
+    AdamParams, Importance, ImportanceWindow, OptimConfig, StateTier, Updater,
+};
 
 use crate::errors::{invalid, raise};
 use crate::pybuf::Contiguous;
@@ -69,7 +72,11 @@ fn adam(lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> PyResult<Ada
 ///     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
 ///     w = w - lr*((m/bc1)/(sqrt(v/bc2) + eps) + weight_decay*w)
 ///
-/// updater "cpu" or "cuda" (the same result bitwise). Every call that
+/// updater "cpu" or "cuda" (the same result bitwise). importance =
+/// (fraction, every): the importance-aware mode (ZenFlow's idea; see the
+/// Rust `strata::offload::optim` docs): per chunk, the fraction of
+/// elements with the largest |g| at a flush update every step, the others
+/// once every `every` steps with their mean gradient. Every call that
 /// touches the state releases the GIL.
 #[pyclass(module = "strata", frozen)]
 pub(crate) struct OffloadedAdam {
@@ -83,6 +90,7 @@ impl OffloadedAdam {
     #[pyo3(signature = (
         weights, *, tier = "host", nvme_path = None, chunk_bytes = 1 << 20,
         lr = 1e-3, betas = (0.9, 0.999), eps = 1e-8, weight_decay = 0.0, updater = "cpu",
+        importance = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -96,6 +104,7 @@ impl OffloadedAdam {
         eps: f64,
         weight_decay: f64,
         updater: &str,
+        importance: Option<(f64, u64)>,
     ) -> PyResult<Self> {
         let state_tier = match (tier, nvme_path) {
             ("host", None) => StateTier::Host,
@@ -117,6 +126,7 @@ impl OffloadedAdam {
         config.chunk_bytes = chunk_bytes;
         config.adam = adam(lr, betas, eps, weight_decay)?;
         config.updater = updater.parse::<Updater>().map_err(raise)?;
+        config.importance = importance.map(|(fraction, every)| Importance { fraction, every });
         let view = Contiguous::readable(weights)?;
         let w = floats(view.as_slice())?;
         let inner = py
@@ -154,13 +164,22 @@ impl OffloadedAdam {
     /// out (a writable float32 array of the same length), the updated
     /// weights are then read into it. Returns the step's stats: seconds,
     /// bytes_read, bytes_written, io_wait_seconds.
-    #[pyo3(signature = (grads, out = None))]
+    ///
+    /// in_place=True: out already holds the weights as the previous step
+    /// left them (the parameter tensor the optimizer keeps in step), and
+    /// only the elements this step changes are written; in importance
+    /// mode a step inside a window then touches only the resident ones.
+    #[pyo3(signature = (grads, out = None, *, in_place = false))]
     fn step<'py>(
         &self,
         py: Python<'py>,
         grads: &Bound<'py, PyAny>,
         out: Option<&Bound<'py, PyAny>>,
+        in_place: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
+        if in_place && out.is_none() {
+            return Err(invalid("in_place=True needs out (the weights to update)"));
+        }
         let g_view = Contiguous::readable(grads)?;
         let mut out_view = out.map(Contiguous::writable).transpose()?;
         if let Some(o) = &out_view {
@@ -191,7 +210,10 @@ impl OffloadedAdam {
                     }
                 }
                 // The new weights go straight into `out` (the parameter).
-                a.step_into(&g, out)
+                match out {
+                    Some(o) if in_place => a.step_in_place(&g, o),
+                    out => a.step_into(&g, out),
+                }
             })
             .map_err(raise)?;
         let d = PyDict::new(py);
@@ -227,6 +249,58 @@ impl OffloadedAdam {
         let view = Contiguous::readable(data)?;
         let values = floats(view.as_slice())?;
         py.detach(|| self.inner.lock().write_state(which, &values))
+            .map_err(raise)
+    }
+
+    /// Importance mode's window since the last flush, for a checkpoint:
+    /// (deferred_steps, started, resident, accumulated), resident the
+    /// parameter indices updated every step (native-endian uint64 bytes),
+    /// accumulated the gradient sums (float32 bytes). None in plain mode.
+    #[allow(clippy::type_complexity)]
+    fn importance_window<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Option<(u64, bool, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        let w = py.detach(|| self.inner.lock().importance_window())?;
+        Some((
+            w.deferred_steps,
+            w.started,
+            PyBytes::new(py, bytemuck::cast_slice(&w.resident)),
+            PyBytes::new(py, bytemuck::cast_slice(&w.accumulated)),
+        ))
+    }
+
+    /// Restores a window read by importance_window (after the state
+    /// arrays): resident as uint64 values, accumulated as float32 values
+    /// (any buffer-protocol objects).
+    fn set_importance_window(
+        &self,
+        py: Python<'_>,
+        deferred_steps: u64,
+        started: bool,
+        resident: &Bound<'_, PyAny>,
+        accumulated: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let r_view = Contiguous::readable(resident)?;
+        let r = r_view.as_slice();
+        if r.len() % 8 != 0 {
+            return Err(invalid(format!(
+                "{} bytes of resident indices are not a whole number of uint64 values",
+                r.len()
+            )));
+        }
+        let resident: Vec<u64> = r
+            .chunks_exact(8)
+            .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        let a_view = Contiguous::readable(accumulated)?;
+        let window = ImportanceWindow {
+            deferred_steps,
+            accumulated: floats(a_view.as_slice())?.into_owned(),
+            resident,
+            started,
+        };
+        py.detach(|| self.inner.lock().set_importance_window(&window))
             .map_err(raise)
     }
 

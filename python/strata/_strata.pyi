@@ -245,15 +245,27 @@ class OffloadedAdam:
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         updater: Literal["cpu", "cuda"] = "cpu",
+        importance: Optional[Tuple[float, int]] = None,
     ) -> "OffloadedAdam": ...
     def configure(
         self, *, lr: float, betas: Tuple[float, float], eps: float, weight_decay: float
     ) -> None:
         """Sets the hyper-parameters of the next steps."""
-    def step(self, grads: _ReadableBuffer, out: Optional[_WritableBuffer] = None) -> Dict[str, float]:
+    def step(
+        self, grads: _ReadableBuffer, out: Optional[_WritableBuffer] = None, *, in_place: bool = False
+    ) -> Dict[str, float]:
         """One step with these gradients; the updated weights then go into
-        out if given. Returns seconds, bytes_read, bytes_written,
-        io_wait_seconds."""
+        out if given (in_place=True: out already holds the weights as the
+        previous step left them, and only changed elements are written).
+        Returns seconds, bytes_read, bytes_written, io_wait_seconds."""
+    def importance_window(self) -> Optional[Tuple[int, bool, bytes, bytes]]:
+        """Importance mode's window: (deferred_steps, started, resident
+        indices as uint64 bytes, accumulated gradients as float32 bytes);
+        None in plain mode."""
+    def set_importance_window(
+        self, deferred_steps: int, started: bool, resident: _ReadableBuffer, accumulated: _ReadableBuffer
+    ) -> None:
+        """Restores a window read by importance_window (after the states)."""
     def read_state(self, which: int, out: _WritableBuffer) -> None:
         """Reads state which (0 weights, 1 first moment, 2 second moment) into out."""
     def write_state(self, which: int, data: _ReadableBuffer) -> None:

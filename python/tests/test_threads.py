@@ -65,9 +65,10 @@ def spinner():
 
 
 def progress_during(state, call):
-    """Whether the spinner counted while `call` ran (a few tries: the call
-    must last long enough for the spinner to be scheduled)."""
-    for _ in range(5):
+    """Whether the spinner counted while `call` ran (several tries: the call
+    must last long enough for the spinner to be scheduled, which on a
+    loaded machine may take a few)."""
+    for _ in range(20):
         time.sleep(0.001)  # the spinner takes the GIL; we get it back fresh
         before = state["count"]
         call()

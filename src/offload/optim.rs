@@ -616,6 +616,37 @@ impl OffloadedAdam {
         Ok(stats)
     }
 
+    /// As [`step_into`](Self::step_into), for a caller whose `weights`
+    /// already hold the parameters as the previous step left them (a
+    /// framework's parameter tensor, kept in step with the optimizer):
+    /// only the elements this step changes are written. In
+    /// importance-aware mode a step inside a window then costs no pass
+    /// over the tier's weights, only over the resident elements.
+    pub fn step_in_place(&mut self, grads: &[f32], weights: &mut [f32]) -> Result<StepStats> {
+        let in_window = self
+            .config
+            .importance
+            .is_some_and(|imp| !self.resident.is_empty() && self.deferred_steps + 1 < imp.every);
+        if !in_window {
+            return self.step_into(grads, Some(weights));
+        }
+        if weights.len() != self.params {
+            return Err(Error::invalid(format!(
+                "{} weights out for {} parameters",
+                weights.len(),
+                self.params
+            )));
+        }
+        let (stats, _) = self.step_inner(grads, None)?;
+        for (c, r) in self.resident.iter().enumerate() {
+            let dst = &mut weights[c * self.chunk..];
+            for (&i, &w) in r.idx.iter().zip(&r.w) {
+                dst[i as usize] = w;
+            }
+        }
+        Ok(stats)
+    }
+
     /// The step; true when it filled `weights` itself.
     fn step_inner(
         &mut self,
@@ -922,19 +953,15 @@ impl OffloadedAdam {
 
     /// Overwrites a state array: 0 weights, 1 first moment, 2 second
     /// moment, `values` holding one value per parameter (restoring a
-    /// saved optimizer, or weights changed outside it). Refused in
-    /// importance-aware mode, whose resident elements and gradient sums
-    /// would no longer match the state. A failed write leaves the
-    /// optimizer refusing further steps, as a failed step does.
+    /// saved optimizer, or weights changed outside it). In
+    /// importance-aware mode the resident copies take the new values too
+    /// (they are the truth between flushes); the window's gradient sums
+    /// and resident set are kept ([`set_importance_window`](Self::set_importance_window)
+    /// restores those). A failed write leaves the optimizer refusing
+    /// further steps, as a failed step does.
     pub fn write_state(&mut self, which: usize, values: &[f32]) -> Result<()> {
         if which > 2 {
             return Err(Error::invalid(format!("state {which}: use 0, 1 or 2")));
-        }
-        if self.config.importance.is_some() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                "writing a state array in importance-aware mode",
-            ));
         }
         if values.len() != self.params {
             return Err(Error::invalid(format!(
@@ -954,9 +981,111 @@ impl OffloadedAdam {
                 self.broken = true;
                 return Err(e);
             }
+            if let Some(r) = self.resident.get_mut(c) {
+                let dst = [&mut r.w, &mut r.m, &mut r.v][which].iter_mut();
+                for (d, &i) in dst.zip(&r.idx) {
+                    *d = src[i as usize];
+                }
+            }
         }
         Ok(())
     }
+
+    /// Importance-aware mode's window, for a checkpoint that resumes
+    /// exactly ([`set_importance_window`](Self::set_importance_window));
+    /// `None` in plain mode.
+    pub fn importance_window(&self) -> Option<ImportanceWindow> {
+        self.config.importance?;
+        let resident = self
+            .resident
+            .iter()
+            .enumerate()
+            .flat_map(|(c, r)| {
+                r.idx
+                    .iter()
+                    .map(move |&i| (c * self.chunk) as u64 + i as u64)
+            })
+            .collect();
+        Some(ImportanceWindow {
+            deferred_steps: self.deferred_steps,
+            accumulated: self.accum.clone(),
+            resident,
+            started: !self.resident.is_empty(),
+        })
+    }
+
+    /// Restores a window saved by [`importance_window`](Self::importance_window)
+    /// (after the state arrays: the resident elements' values are taken
+    /// from the state as it is now). Refused, changing nothing, in plain
+    /// mode or where the window does not fit this optimizer.
+    pub fn set_importance_window(&mut self, window: &ImportanceWindow) -> Result<()> {
+        let Some(imp) = self.config.importance else {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "an importance window for an optimizer in plain mode",
+            ));
+        };
+        if window.accumulated.len() != self.params {
+            return Err(Error::invalid(format!(
+                "an importance window of {} gradient sums for {} parameters",
+                window.accumulated.len(),
+                self.params
+            )));
+        }
+        if window.deferred_steps >= imp.every {
+            return Err(Error::invalid(format!(
+                "an importance window {} steps in, of windows of {}",
+                window.deferred_steps, imp.every
+            )));
+        }
+        if window.started == window.resident.is_empty() {
+            return Err(Error::invalid(
+                "an importance window that has started has resident elements (and only then)",
+            ));
+        }
+        if window.resident.windows(2).any(|p| p[0] >= p[1])
+            || window
+                .resident
+                .last()
+                .is_some_and(|&i| i >= self.params as u64)
+        {
+            return Err(Error::invalid(
+                "an importance window's resident elements must be ascending parameter indices",
+            ));
+        }
+        let mut resident = Vec::new();
+        if window.started {
+            let state: Vec<Vec<f32>> = (0..3).map(|k| self.read_state(k)).collect::<Result<_>>()?;
+            resident = vec![Resident::default(); self.slots.len()];
+            for &i in &window.resident {
+                let i = i as usize;
+                let r = &mut resident[i / self.chunk];
+                r.idx.push((i % self.chunk) as u32);
+                r.w.push(state[0][i]);
+                r.m.push(state[1][i]);
+                r.v.push(state[2][i]);
+            }
+        }
+        self.resident = resident;
+        self.accum.clone_from(&window.accumulated);
+        self.deferred_steps = window.deferred_steps;
+        Ok(())
+    }
+}
+
+/// Importance-aware mode's window between two flushes: what a checkpoint
+/// needs besides the state arrays to resume exactly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportanceWindow {
+    /// Steps since the last flush.
+    pub deferred_steps: u64,
+    /// Per parameter, the gradients accumulated since the last flush (0
+    /// for resident elements).
+    pub accumulated: Vec<f32>,
+    /// The parameters updated every step in this window, ascending.
+    pub resident: Vec<u64>,
+    /// Whether a first flush has chosen them (before it, none is).
+    pub started: bool,
 }
 
 /// The |g| from which an element is among the `fraction` largest (at
@@ -1416,9 +1545,102 @@ mod tests {
             every: 2,
         });
         let mut c = OffloadedAdam::new(&w0, cfg).unwrap();
+        c.set_importance_window(&ImportanceWindow {
+            deferred_steps: 0,
+            accumulated: vec![0.0; n],
+            resident: vec![],
+            started: false,
+        })
+        .unwrap();
         assert_eq!(
-            c.write_state(0, &w0).unwrap_err().kind(),
+            a_plain_window_is_refused(&w0).kind(),
             ErrorKind::Unsupported
+        );
+        c.write_state(0, &w0).unwrap();
+        assert_eq!(c.read_state(0).unwrap(), w0);
+    }
+
+    fn a_plain_window_is_refused(w0: &[f32]) -> Error {
+        let mut cfg = OptimConfig::new(StateTier::Host);
+        cfg.chunk_bytes = PAGE;
+        let mut plain = OffloadedAdam::new(w0, cfg).unwrap();
+        assert!(plain.importance_window().is_none());
+        plain
+            .set_importance_window(&ImportanceWindow {
+                deferred_steps: 0,
+                accumulated: vec![0.0; w0.len()],
+                resident: vec![],
+                started: false,
+            })
+            .unwrap_err()
+    }
+
+    /// Importance mode: an optimizer restored mid-window (state arrays,
+    /// step count and window written into a fresh one) continues bitwise
+    /// as the original does; weights written from outside mid-window
+    /// reach the resident copies; step_in_place leaves the caller's
+    /// weights equal to the optimizer's at every step.
+    #[test]
+    fn importance_window_restores_and_steps_in_place() {
+        let chunk = PAGE / 4;
+        let n = 2 * chunk + 77;
+        let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.29).sin()).collect();
+        let g = |t: u64| -> Vec<f32> {
+            (0..n as u64)
+                .map(|i| ((i * 2654435761 + t * 131) % 8191) as f32 / 8191.0 - 0.5)
+                .collect()
+        };
+        let mut cfg = OptimConfig::new(StateTier::Cxl);
+        cfg.chunk_bytes = PAGE;
+        cfg.adam.lr = 1e-2;
+        cfg.importance = Some(Importance {
+            fraction: 0.1,
+            every: 4,
+        });
+        let mut a = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
+        let mut mine = w0.clone();
+        for t in 1..=6 {
+            a.step_in_place(&g(t), &mut mine).unwrap();
+            assert_eq!(mine, a.read_state(0).unwrap(), "step {t}");
+        }
+        // Step 6 is inside the second window (flushes at 1 and 5).
+        let win = a.importance_window().unwrap();
+        assert_eq!(win.deferred_steps, 1);
+        assert!(win.started && !win.resident.is_empty());
+        let mut b = OffloadedAdam::new(&vec![0.0; n], cfg).unwrap();
+        for k in 0..3 {
+            b.write_state(k, &a.read_state(k).unwrap()).unwrap();
+        }
+        b.set_steps(a.steps());
+        b.set_importance_window(&win).unwrap();
+        assert_eq!(b.importance_window().unwrap(), win);
+        // Weights changed from outside mid-window, in both.
+        let halved: Vec<f32> = a.read_state(0).unwrap().iter().map(|w| w * 0.5).collect();
+        a.write_state(0, &halved).unwrap();
+        b.write_state(0, &halved).unwrap();
+        assert_eq!(a.read_state(0).unwrap(), halved);
+        let bits = |x: Vec<f32>| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for t in 7..=10 {
+            a.step(&g(t)).unwrap();
+            b.step(&g(t)).unwrap();
+            for k in 0..3 {
+                assert_eq!(
+                    bits(a.read_state(k).unwrap()),
+                    bits(b.read_state(k).unwrap())
+                );
+            }
+        }
+        let mut bad = win.clone();
+        bad.resident = vec![5, 3];
+        assert_eq!(
+            b.set_importance_window(&bad).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        bad = win;
+        bad.deferred_steps = 4;
+        assert_eq!(
+            b.set_importance_window(&bad).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
         );
     }
 }
