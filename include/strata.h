@@ -980,8 +980,11 @@ int strata_evict(const struct strata_buffer *buf,
  * `STRATA_ERR_CLOSED` when the runtime is destroyed meanwhile. Every error
  * of the moves themselves (`STRATA_ERR_OUT_OF_CAPACITY`, `_IO`, …) comes
  * from `strata_ticket_wait`/`_poll`, however fast the move failed: this
- * call then still returns `STRATA_OK` and a ticket. Pages that cannot move
- * stay readable where they are. The ticket must be freed with
+ * call then still returns `STRATA_OK` and a ticket. A full `tier` gets
+ * room made as `strata_pin` makes it (the coldest unpinned pages outside
+ * the range are demoted); `STRATA_ERR_OUT_OF_CAPACITY` means even that
+ * could not fit the whole range. Pages that cannot move stay readable
+ * where they are. The ticket must be freed with
  * `strata_ticket_free` (freeing it does not cancel the request).
  * Thread-safe.
  *

@@ -995,3 +995,49 @@ fn views_lend_pinned_host_pages_as_slices() {
     drop(launch);
     assert!(b.view(0..1, Tier::Host).is_ok());
 }
+
+/// A prefetch into a full tier makes room as a pin does: the coldest pages
+/// outside its range are demoted (never a pinned one), and a range larger
+/// than the tier moves what fits, its ticket saying OutOfCapacity, with
+/// every page still readable.
+#[test]
+fn prefetch_into_a_full_tier_makes_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 64);
+    // The device's 4 pages hold a, one of them pinned.
+    let a = rt.alloc(4 * PAGE as u64).unwrap();
+    let a_data = pattern(1, 2, 4 * PAGE);
+    a.write(0, &a_data).unwrap();
+    assert!((0..4).all(|p| a.tier_of(p).unwrap() == Some(Tier::Device)));
+    let pin = a.pin(0..PAGE as u64, Tier::Device).unwrap();
+    let b = rt
+        .alloc_with(3 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    let b_data = pattern(3, 4, 3 * PAGE);
+    b.write(0, &b_data).unwrap();
+    assert!((0..3).all(|p| b.tier_of(p).unwrap() == Some(Tier::Host)));
+    b.prefetch(0..b.len(), Tier::Device).wait().unwrap();
+    assert!((0..3).all(|p| b.tier_of(p).unwrap() == Some(Tier::Device)));
+    assert_eq!(a.tier_of(0).unwrap(), Some(Tier::Device), "pinned: stays");
+    assert!((1..4).all(|p| a.tier_of(p).unwrap() > Some(Tier::Device)));
+    assert!(rt.stats().reclaimed_pages >= 3);
+    drop(pin);
+    // Larger than the tier: what fits moves, the ticket says the rest did not.
+    let c = rt
+        .alloc_with(6 * PAGE as u64, Placement::Prefer(Tier::Cxl))
+        .unwrap();
+    let c_data = pattern(5, 6, 6 * PAGE);
+    c.write(0, &c_data).unwrap();
+    let e = c.prefetch(0..c.len(), Tier::Device).wait().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
+    let on_device = (0..6)
+        .filter(|&p| c.tier_of(p).unwrap() == Some(Tier::Device))
+        .count();
+    assert_eq!(on_device, 4, "the device filled with c's pages");
+    for (buf, data) in [(&a, &a_data), (&b, &b_data), (&c, &c_data)] {
+        let mut out = vec![0; data.len()];
+        buf.read(0, &mut out).unwrap();
+        assert_eq!(&out, data);
+    }
+    assert_eq!(rt.stats().failed_moves, 0);
+}

@@ -127,7 +127,9 @@ impl Buffer {
     }
 
     /// Moves the pages of range into tier in the background and returns at
-    /// once; the Ticket's wait() raises the first error. Pinned pages stay
+    /// once; the Ticket's wait() raises the first error. A full tier gets
+    /// room made by demoting its coldest unpinned pages outside range, as
+    /// pin does (OutOfCapacityError when even that cannot fit it). Pinned pages stay
     /// where they are pinned, pages never written stay unmaterialized.
     fn prefetch(&self, py: Python<'_>, range: Option<(i64, i64)>, tier: &str) -> PyResult<Ticket> {
         let r = byte_range(range, self.buf.len())?;

@@ -128,7 +128,10 @@ class Buffer:
         bytearray, memoryview, NumPy array, ...) at offset."""
     def prefetch(self, range: _Range, tier: _TierName) -> "Ticket":
         """Moves the pages of range into tier in the background; the
-        Ticket's wait() raises the first error."""
+        Ticket's wait() raises the first error. A full tier gets room made
+        by demoting its coldest unpinned pages outside range, as pin does;
+        OutOfCapacityError when even that cannot fit the range (what fits
+        moves, the rest stays readable where it was)."""
     def evict(self, range: _Range, tier: _TierName) -> None:
         """Moves the pages of range that live in faster tiers down to tier
         (or the next slower tier with room); returns when they are there."""

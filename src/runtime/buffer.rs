@@ -411,9 +411,14 @@ impl Buffer {
 
     /// Moves the pages of `range` into `tier` (up or down) in the
     /// background and returns at once; the ticket carries the first error.
-    /// Pages that could not move stay readable where they were. Pinned
-    /// pages stay where they are pinned, and pages never written stay
-    /// unmaterialized (neither is an error).
+    /// Where `tier` is full, room is made as [`pin`](Self::pin) makes it:
+    /// the coldest unpinned pages of `tier` outside `range` (of any buffer)
+    /// are demoted to slower tiers. When that cannot make enough room (a
+    /// range larger than the tier, the rest pinned or in a kernel launch,
+    /// the tiers below full) the pages that fit move, the ticket's error is
+    /// `OutOfCapacity`, and the others stay readable where they were.
+    /// Pinned pages stay where they are pinned, and pages never written
+    /// stay unmaterialized (neither is an error).
     pub fn prefetch(&self, range: Range<u64>, tier: Tier) -> Ticket {
         let pages = match self.table.page_range(&range) {
             Ok(p) => p,
@@ -427,6 +432,7 @@ impl Buffer {
         // Group the pages by the tier they are in now, one lane each; a
         // lane re-checks every page under its lock.
         let mut by_tier: [Vec<usize>; 4] = Default::default();
+        let request = pages.clone();
         for p in pages {
             let entry = self.table.pages[p].lock();
             if let (Some(t), 0) = (entry.tier(), entry.pins) {
@@ -440,7 +446,7 @@ impl Buffer {
             if !pages.is_empty() {
                 self.rt()
                     .mover
-                    .submit(&self.table, src, pages, tier, &ticket);
+                    .submit(&self.table, src, pages, tier, &ticket, request.clone());
             }
         }
         ticket

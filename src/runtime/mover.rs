@@ -109,6 +109,9 @@ pub(crate) struct Job {
     pub(crate) pages: Vec<usize>,
     pub(crate) dst: Tier,
     pub(crate) ticket: Ticket,
+    /// The whole request's pages: room in `dst` is never made by demoting
+    /// one of them.
+    pub(crate) request: std::ops::Range<usize>,
 }
 
 /// The lanes.
@@ -195,6 +198,7 @@ impl Mover {
         pages: Vec<usize>,
         dst: Tier,
         ticket: &Ticket,
+        request: std::ops::Range<usize>,
     ) {
         let Some(tx) = self.lanes[lane(src, dst)].as_ref() else {
             ticket.add();
@@ -212,6 +216,7 @@ impl Mover {
                 pages: chunk.to_vec(),
                 dst,
                 ticket: ticket.clone(),
+                request: request.clone(),
             };
             if let Err(e) = tx.send(job) {
                 // The lane is gone only when the runtime is shutting down.
@@ -233,19 +238,34 @@ fn run(job: Job, in_flight: &AtomicU64) {
         pages,
         dst,
         ticket,
+        request,
     } = job;
-    let result = table
-        .move_batched(&pages, dst, &|_| true)
-        .and_then(|full| match full.first() {
-            None => Ok(()),
-            Some(&p) => Err(Error::new(
-                ErrorKind::OutOfCapacity,
-                format!(
-                    "page {p} cannot move to the {dst} tier: it is full ({})",
-                    table.rt.capacity_report()
-                ),
-            )),
-        });
+    // What does not fit gets room made for it, as a pin does: the coldest
+    // pages of `dst` that this request does not cover are demoted (a few
+    // rounds, as demotions may race other moves), then it moves.
+    let mut result = table.move_batched(&pages, dst, &|_| true);
+    for _ in 0..3 {
+        let full = match &result {
+            Ok(full) if !full.is_empty() => full.clone(),
+            _ => break,
+        };
+        let made =
+            super::reclaim::make_room_for_prefetch(&table.rt, dst, full.len(), &table, &request);
+        if made == 0 {
+            break;
+        }
+        result = table.move_batched(&full, dst, &|_| true);
+    }
+    let result = result.and_then(|full| match full.first() {
+        None => Ok(()),
+        Some(&p) => Err(Error::new(
+            ErrorKind::OutOfCapacity,
+            format!(
+                "page {p} cannot move to the {dst} tier: it is full ({})",
+                table.rt.capacity_report()
+            ),
+        )),
+    });
     // The table goes before the ticket completes: a waiter that then drops
     // the buffer gets its slots and reservation back at once.
     drop(table);

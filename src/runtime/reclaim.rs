@@ -196,9 +196,44 @@ pub(crate) fn make_room_in(rt: &Inner, tier: Tier, pages: usize) -> usize {
     moved
 }
 
+/// Frees up to `pages` slots in `tier` for a prefetch into it, demoting
+/// the coldest unpinned pages (CLOCK, as the reclaimer) to slower tiers,
+/// never one of the `protect` pages of `table` (the prefetch's own).
+/// Returns how many moved.
+pub(crate) fn make_room_for_prefetch(
+    rt: &Inner,
+    tier: Tier,
+    pages: usize,
+    table: &Table,
+    protect: &std::ops::Range<usize>,
+) -> usize {
+    let slower: Vec<Tier> = rt
+        .stores()
+        .map(|s| s.tier())
+        .filter(|&t| t > tier)
+        .collect();
+    let moved = reclaim_except(rt, tier, pages, &slower, Some((table, protect)));
+    rt.counters
+        .reclaimed_pages
+        .fetch_add(moved as u64, Ordering::Relaxed);
+    moved
+}
+
 /// Demotes up to `need` pages out of `tier` into the first of `slower`
 /// with room; returns how many moved.
 fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier]) -> usize {
+    reclaim_except(rt, tier, need, slower, None)
+}
+
+/// As [`reclaim`], never picking the pages of `protect`'s table in its
+/// range.
+fn reclaim_except(
+    rt: &Inner,
+    tier: Tier,
+    need: usize,
+    slower: &[Tier],
+    protect: Option<(&Table, &std::ops::Range<usize>)>,
+) -> usize {
     // Weak references, upgraded one at a time: a buffer dropped meanwhile
     // gives its capacity back at once, not after this pass.
     let tables: Vec<Weak<Table>> = {
@@ -215,11 +250,15 @@ fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier]) -> usize {
                 continue;
             };
             while moved < need {
+                let keep = protect
+                    .filter(|(t, _)| std::ptr::eq(*t, &*table))
+                    .map(|(_, r)| r.clone());
                 let victims = pick(
                     &table,
                     tier,
                     (need - moved).min(table.batch()),
                     second_chance,
+                    keep,
                 );
                 if victims.is_empty() {
                     break;
@@ -239,8 +278,14 @@ fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier]) -> usize {
 }
 
 /// Up to `n` pages of `table` resident in `tier`, from the clock hand on
-/// (at most one turn of it).
-fn pick(table: &Table, tier: Tier, n: usize, second_chance: bool) -> Vec<usize> {
+/// (at most one turn of it), none in `keep`.
+fn pick(
+    table: &Table,
+    tier: Tier,
+    n: usize,
+    second_chance: bool,
+    keep: Option<std::ops::Range<usize>>,
+) -> Vec<usize> {
     let len = table.pages.len();
     let launched = {
         let l = table.launches.lock();
@@ -254,6 +299,10 @@ fn pick(table: &Table, tier: Tier, n: usize, second_chance: bool) -> Vec<usize> 
     let mut victims = Vec::new();
     let mut at = start;
     for _ in 0..len {
+        if keep.as_ref().is_some_and(|k| k.contains(&at)) {
+            at = (at + 1) % len;
+            continue;
+        }
         if let Some(mut entry) = table.pages[at].try_lock() {
             if entry.pins == 0 && entry.tier() == Some(tier) {
                 if second_chance && entry.referenced {
