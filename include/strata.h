@@ -1486,6 +1486,16 @@ int strata_runtime_from_toml(const char *text,
                              struct strata_runtime **out);
 
 /**
+ * Returns the first failure of the runtime's background work (background
+ * eviction, the balancer: an I/O error demoting a page, a panic in a
+ * round) since the last check as its status (`STRATA_ERR_IO`, …, with the
+ * message in `strata_last_error`), and clears it; `STRATA_OK` if there was
+ * none. Pages a failed background move touched stay readable where they
+ * were. Thread-safe.
+ */
+int strata_runtime_check(const struct strata_runtime *rt);
+
+/**
  * Destroys a runtime and frees everything made through it that C still
  * holds: buffers, pins, tickets, device maps and launches. From then on
  * the runtime's own handle and the handles of those objects give

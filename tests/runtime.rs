@@ -1041,3 +1041,46 @@ fn prefetch_into_a_full_tier_makes_room() {
     }
     assert_eq!(rt.stats().failed_moves, 0);
 }
+
+/// Background eviction that fails (every NVMe write refused) loses
+/// nothing and is not silent: the failure is counted and returned by
+/// `Runtime::check`, which then clears it; `shutdown` of a healthy runtime
+/// waits for its moves and returns Ok.
+#[test]
+fn background_failures_are_recorded_and_returned() {
+    use strata::io::IoOp;
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new();
+    let engine = Arc::new(FaultEngine::new(engines()[0].1.clone(), plan.clone()));
+    plan.fail_all(IoOp::Write, libc::EIO);
+    let rt = tiny_with(dir.path(), engine, 32, true);
+    rt.check().unwrap();
+    // Device, host and CXL full: the reclaimer must demote to NVMe.
+    let b = rt.alloc(12 * PAGE as u64).unwrap();
+    let data = pattern(9, 9, 12 * PAGE);
+    b.write(0, &data).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while rt.stats().background_errors == 0 {
+        assert!(std::time::Instant::now() < deadline, "no failure recorded");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let e = rt.check().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.message().contains("demoting"), "{e}");
+    plan.clear();
+    let mut out = vec![0; data.len()];
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, data, "a failed demotion lost nothing");
+    assert_eq!(rt.stats().lost_pages, 0);
+    drop(b);
+    drop(rt);
+
+    let rt = tiny_with(dir.path(), engines()[0].1.clone(), 32, true);
+    let b = rt.alloc(12 * PAGE as u64).unwrap();
+    b.write(0, &data).unwrap();
+    let _moving = b.prefetch(0..4 * PAGE as u64, Tier::Nvme);
+    rt.clone().shutdown().unwrap();
+    assert_eq!(rt.stats().in_flight_moves, 0);
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, data);
+}

@@ -252,6 +252,20 @@ pub unsafe extern "C" fn strata_runtime_from_toml(
     })
 }
 
+/// Returns the first failure of the runtime's background work (background
+/// eviction, the balancer: an I/O error demoting a page, a panic in a
+/// round) since the last check as its status (`STRATA_ERR_IO`, …, with the
+/// message in `strata_last_error`), and clears it; `STRATA_OK` if there was
+/// none. Pages a failed background move touched stay readable where they
+/// were. Thread-safe.
+#[no_mangle]
+pub extern "C" fn strata_runtime_check(rt: *const strata_runtime) -> c_int {
+    boundary("strata_runtime_check", || {
+        objects::get(rt)?.rt.check()?;
+        Ok(STRATA_OK)
+    })
+}
+
 /// Destroys a runtime and frees everything made through it that C still
 /// holds: buffers, pins, tickets, device maps and launches. From then on
 /// the runtime's own handle and the handles of those objects give

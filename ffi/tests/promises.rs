@@ -653,6 +653,9 @@ fn step(w: &World, rng: &mut Rng) {
             let p = w.pick(rng, Runtime);
             let st = strata_balancer_stop(h(p.bits));
             check("strata_balancer_stop", st, w.seen(p), None, &[0]);
+            let p = w.pick(rng, Runtime);
+            let st = strata_runtime_check(h(p.bits));
+            check("strata_runtime_check", st, w.seen(p), None, &[0]);
         }
         9 => {
             let p = w.pick(rng, Runtime);
@@ -1592,6 +1595,7 @@ fn a_destroyed_runtimes_handle_reads_closed() {
             strata_balancer_start(rt, STRATA_POLICY_LFU, 1000, 0),
         );
         closed("strata_balancer_stop", strata_balancer_stop(rt));
+        closed("strata_runtime_check", strata_runtime_check(rt));
         closed("strata_balance_once", strata_balance_once(rt, &mut rep));
         closed("strata_runtime_destroy", strata_runtime_destroy(rt));
         closed("strata_buffer_free", strata_buffer_free(buf));

@@ -189,10 +189,27 @@ impl Runtime {
     /// "emulated"), "reserved_pages", "moves", "failed_moves",
     /// "first_writes", "abandoned_moves", "faults", "reclaimed_pages",
     /// "in_flight_moves", "promotions", "demotions", "bypasses",
-    /// "lost_count_readbacks", "lost_pages", "device_links", "links".
+    /// "lost_count_readbacks", "lost_pages", "background_errors",
+    /// "device_links", "links".
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let json = self.rt.stats_json();
         py.import("json")?.call_method1("loads", (json,))
+    }
+
+    /// Raises the first failure of background work (background eviction,
+    /// the balancer) since the last check, and clears it; returns None if
+    /// there was none.
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.rt.check()).map_err(crate::errors::raise)
+    }
+
+    /// Stops the background work of this runtime (every handle of it),
+    /// waits for the moves in flight, and raises the first background
+    /// failure not yet raised by check(). Buffers go on working, without
+    /// background threads.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.rt.clone().shutdown())
+            .map_err(crate::errors::raise)
     }
 
     /// stats() as a JSON string.

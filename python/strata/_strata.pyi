@@ -88,7 +88,14 @@ class Runtime:
         "emulated"), "reserved_pages", "moves", "failed_moves",
         "first_writes", "abandoned_moves", "faults", "reclaimed_pages",
         "in_flight_moves", "promotions", "demotions", "bypasses",
-        "lost_count_readbacks", "lost_pages", "device_links", "links"."""
+        "lost_count_readbacks", "lost_pages", "background_errors",
+        "device_links", "links"."""
+    def check(self) -> None:
+        """Raises the first failure of background work (eviction, the
+        balancer) since the last check, and clears it."""
+    def shutdown(self) -> None:
+        """Stops background work, waits for moves in flight, raises the
+        first background failure not yet raised by check()."""
     def stats_json(self) -> str:
         """stats() as a JSON string."""
     @property

@@ -193,3 +193,13 @@ def test_buffer_outlives_runtime_reference(tmp_path):
 
 def test_version():
     assert isinstance(strata.__version__, str) and strata.__version__.count(".") == 2
+
+
+def test_check_and_shutdown(rt):
+    buf = rt.alloc(8 * PAGE)
+    buf.write(0, b"x" * (8 * PAGE))
+    rt.check()  # nothing failed in the background
+    assert rt.stats()["background_errors"] == 0
+    rt.shutdown()
+    assert rt.stats()["in_flight_moves"] == 0
+    assert buf.read(0, 4) == b"xxxx"  # buffers go on working

@@ -313,8 +313,10 @@ fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64]) ->
             break;
         }
         for (t, ps) in group(by_id, &left) {
-            // Errors are counted in the stats; the pages stay readable.
-            let _ = t.move_batched(&ps, dst, &|src| src == Tier::Device);
+            // The pages stay readable; the error is kept for Runtime::check.
+            if let Err(e) = t.move_batched(&ps, dst, &|src| src == Tier::Device) {
+                t.rt.note_background("the balancer's demotions", e);
+            }
         }
         left.retain(|&p| on_device(by_id, p));
     }
@@ -329,7 +331,9 @@ fn move_pages(
     wanted: &dyn Fn(Tier) -> bool,
 ) -> u64 {
     for (t, ps) in group(by_id, pages) {
-        let _ = t.move_batched(&ps, dst, wanted);
+        if let Err(e) = t.move_batched(&ps, dst, wanted) {
+            t.rt.note_background("the balancer's moves", e);
+        }
     }
     debug_assert_eq!(
         dst,
@@ -381,11 +385,11 @@ impl BalancerThread {
                     if s.load(Ordering::Acquire) {
                         return;
                     }
-                    let mut slot = rt.balancer.lock();
-                    if let Some(b) = slot.as_mut() {
-                        b.step(&rt);
-                    }
-                    drop(slot);
+                    rt.background("the balancer", || {
+                        if let Some(b) = rt.balancer.lock().as_mut() {
+                            b.step(&rt);
+                        }
+                    });
                 }
             })
             .map_err(|e| Error::io("starting the balancer thread", e))?;

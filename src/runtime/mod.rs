@@ -301,6 +301,7 @@ impl RuntimeBuilder {
             buffer_ids: Default::default(),
             balancer: Mutex::new(None),
             balancer_thread: Mutex::new(None),
+            background_error: Mutex::new(None),
         });
         if self.background_eviction && tiers.len() > 1 {
             let r = Reclaimer::start(Arc::downgrade(&inner))?;
@@ -339,6 +340,8 @@ struct Counters {
     lost_counts: AtomicU64,
     /// Pages whose data was lost to I/O errors, with their slots.
     lost_pages: AtomicU64,
+    /// Failures of background work (reclaimer, balancer), panics included.
+    background_errors: AtomicU64,
 }
 
 impl Inner {
@@ -350,6 +353,35 @@ impl Inner {
     /// `n` pages' data (and their slots) were lost to I/O errors.
     pub(crate) fn note_lost_pages(&self, n: u64) {
         self.counters.lost_pages.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Background work (`what`) failed: counted, and the first failure
+    /// kept for [`Runtime::check`] and [`Runtime::shutdown`] (cudarc's
+    /// record-then-check). A full tier is a refusal, not a failure.
+    pub(crate) fn note_background(&self, what: &str, e: Error) {
+        if e.kind() == ErrorKind::OutOfCapacity {
+            return;
+        }
+        self.counters
+            .background_errors
+            .fetch_add(1, Ordering::Relaxed);
+        self.background_error
+            .lock()
+            .get_or_insert_with(|| e.context(what.to_string()));
+    }
+
+    /// Runs one round of background work, recording its panic as a
+    /// failure: the thread that runs it lives on.
+    pub(crate) fn background(&self, what: &str, work: impl FnOnce()) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_err() {
+            self.note_background(
+                what,
+                Error::new(
+                    ErrorKind::Io,
+                    "a background round panicked; the thread goes on",
+                ),
+            );
+        }
     }
 }
 
@@ -384,6 +416,8 @@ pub(crate) struct Inner {
     /// The balancer's policy state, when one was started.
     pub(crate) balancer: balancer::BalancerSlot,
     balancer_thread: Mutex<Option<balancer::BalancerThread>>,
+    /// The first failure of background work since the last check.
+    background_error: Mutex<Option<Error>>,
 }
 
 /// Buffer numbers: fresh ones while there are, but never more than
@@ -597,6 +631,9 @@ pub struct Stats {
     pub demotions: u64,
     /// Balancer: touched pages left in place (served zero-copy).
     pub bypasses: u64,
+    /// Failures of background work (background eviction, the balancer),
+    /// panics included; the first is returned by [`Runtime::check`].
+    pub background_errors: u64,
     /// Read-backs of CUDA kernels' per-page access counts that failed at
     /// the end of a launch (those access samples are lost; no data is).
     pub lost_count_readbacks: u64,
@@ -740,6 +777,7 @@ impl Runtime {
             failed_moves: inner.counters.failed_moves.load(Ordering::Relaxed),
             lost_count_readbacks: inner.counters.lost_counts.load(Ordering::Relaxed),
             lost_pages: inner.counters.lost_pages.load(Ordering::Relaxed),
+            background_errors: inner.counters.background_errors.load(Ordering::Relaxed),
             first_writes: inner.counters.first_writes.load(Ordering::Relaxed),
             abandoned_moves: inner.counters.abandoned.load(Ordering::Relaxed),
             faults: inner.counters.faults.load(Ordering::Relaxed),
@@ -810,6 +848,35 @@ impl Runtime {
             )?);
         }
         Ok(slot.as_mut().expect("made above").step(&self.inner))
+    }
+
+    /// The first failure of background work (background eviction, the
+    /// balancer: an I/O error demoting a page, a panic in a round) since
+    /// the last check, which this clears; `Ok` if there was none. Pages a
+    /// failed background move touched stay readable where they were
+    /// (or are counted in `Stats::lost_pages` and refused, never misread).
+    pub fn check(&self) -> Result<()> {
+        self.inner
+            .background_error
+            .lock()
+            .take()
+            .map_or(Ok(()), Err)
+    }
+
+    /// Stops the background work (balancer, background eviction), waits
+    /// for every queued and running move to finish, and returns the first
+    /// background failure not yet returned by [`check`](Self::check).
+    /// It stops them for every handle of this runtime (clones share it).
+    /// Buffers still alive go on working, without background threads;
+    /// dropping the last handle and buffer does the same, dropping the
+    /// result.
+    pub fn shutdown(self) -> Result<()> {
+        self.stop_balancer();
+        if let Some(r) = self.inner.reclaimer.get() {
+            r.stop();
+        }
+        self.inner.mover.drain();
+        self.check()
     }
 
     /// [`stats`](Self::stats) as JSON.

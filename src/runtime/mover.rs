@@ -189,6 +189,13 @@ impl Mover {
         })
     }
 
+    /// Waits until no move is queued or running.
+    pub(crate) fn drain(&self) {
+        while self.in_flight.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Queues `pages` (all resident in `src` when looked at) for a move to
     /// `dst`, in batches of `batch`; blocks while the lane's window is full.
     pub(crate) fn submit(

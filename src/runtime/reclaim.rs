@@ -74,7 +74,7 @@ impl Watermarks {
 pub(crate) struct Reclaimer {
     wake: Arc<(Mutex<bool>, Condvar)>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Reclaimer {
@@ -97,14 +97,14 @@ impl Reclaimer {
                 }
                 // None while the runtime is still being built.
                 if let Some(rt) = rt.upgrade() {
-                    pass(&rt);
+                    rt.background("background eviction", || pass(&rt));
                 }
             })
             .map_err(|e| Error::io("starting the reclaim thread", e))?;
         Ok(Self {
             wake,
             stop,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -112,15 +112,20 @@ impl Reclaimer {
         *self.wake.0.lock() = true;
         self.wake.1.notify_one();
     }
+
+    /// Ends the thread (after its round, if one is running).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake();
+        if let Some(t) = self.thread.lock().take() {
+            super::join(t);
+        }
+    }
 }
 
 impl Drop for Reclaimer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.wake();
-        if let Some(t) = self.thread.take() {
-            super::join(t);
-        }
+        self.stop();
     }
 }
 
@@ -329,9 +334,16 @@ fn demote(table: &Table, victims: &[usize], tier: Tier, slower: &[Tier]) -> usiz
         if left.is_empty() {
             break;
         }
-        // Errors are counted in the stats; the pages stay readable.
-        let Ok(full) = table.move_batched(&left, dst, &|t| t == tier) else {
-            break;
+        // The pages stay readable (or are counted lost); the error is
+        // kept for Runtime::check.
+        let full = match table.move_batched(&left, dst, &|t| t == tier) {
+            Ok(full) => full,
+            Err(e) => {
+                table
+                    .rt
+                    .note_background(&format!("demoting pages from {tier} to {dst}"), e);
+                break;
+            }
         };
         moved += left.len() - full.len();
         left = full;
