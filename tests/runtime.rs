@@ -1055,9 +1055,12 @@ fn background_failures_are_recorded_and_returned() {
     plan.fail_all(IoOp::Write, libc::EIO);
     let rt = tiny_with(dir.path(), engine, 32, true);
     rt.check().unwrap();
-    // Device, host and CXL full: the reclaimer must demote to NVMe.
-    let b = rt.alloc(12 * PAGE as u64).unwrap();
-    let data = pattern(9, 9, 12 * PAGE);
+    // CXL full (above its high watermark): the reclaimer demotes to NVMe,
+    // whose writes fail. The buffer's own writes fit in CXL.
+    let b = rt
+        .alloc_with(4 * PAGE as u64, Placement::Prefer(Tier::Cxl))
+        .unwrap();
+    let data = pattern(9, 9, 4 * PAGE);
     b.write(0, &data).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while rt.stats().background_errors == 0 {
@@ -1076,9 +1079,9 @@ fn background_failures_are_recorded_and_returned() {
     drop(rt);
 
     let rt = tiny_with(dir.path(), engines()[0].1.clone(), 32, true);
-    let b = rt.alloc(12 * PAGE as u64).unwrap();
+    let b = rt.alloc(4 * PAGE as u64).unwrap();
     b.write(0, &data).unwrap();
-    let _moving = b.prefetch(0..4 * PAGE as u64, Tier::Nvme);
+    let _moving = b.prefetch(0..2 * PAGE as u64, Tier::Nvme);
     rt.clone().shutdown().unwrap();
     assert_eq!(rt.stats().in_flight_moves, 0);
     b.read(0, &mut out).unwrap();
