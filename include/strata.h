@@ -469,7 +469,8 @@ typedef int32_t strata_policy;
  */
 typedef struct strata_balance_report {
     /**
-     * Pages moved into device memory.
+     * Pages moved into the fastest tier (device memory, or host DRAM in a
+     * runtime without a device tier).
      */
     uint64_t promotions;
     /**
@@ -1114,7 +1115,8 @@ int strata_trace_stop(const struct strata_runtime *rt, uint64_t *accesses);
  * Starts (or restarts, with a fresh policy) the background balancer: every
  * `interval_us` microseconds it harvests the counters and promotes and
  * demotes pages as `policy` decides, at most `rate_limit` bytes per second
- * (0: no limit). Needs a device tier. Thread-safe.
+ * (0: no limit). The balancer places pages in the fastest tier (device
+ * memory, or host DRAM without a device tier). Thread-safe.
  */
 int strata_balancer_start(const struct strata_runtime *rt,
                           strata_policy policy,
@@ -1128,7 +1130,7 @@ int strata_balancer_stop(const struct strata_runtime *rt);
 
 /**
  * Runs one balancer round now and stores what it did in `*report` (if not
- * NULL). Needs a device tier. A misaligned `report` is refused
+ * NULL). A misaligned `report` is refused
  * (`STRATA_ERR_INVALID_ARGUMENT`) before the round runs. Thread-safe.
  *
  * # Safety

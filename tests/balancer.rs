@@ -134,3 +134,45 @@ fn bad_configurations_are_refused() {
         ErrorKind::InvalidArgument
     );
 }
+
+/// Without a device tier DRAM is the fastest tier: the balancer promotes
+/// hot pages into it from CXL and NVMe and makes room by demoting the
+/// cold, as it does for device memory (what TPP and Memtis do for CXL in
+/// the kernel).
+#[test]
+fn without_a_device_dram_is_the_tier_balanced() {
+    use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(8 * PAGE as u64)
+        .cxl(CxlConfig::new(CxlMode::Emulated, 16 * PAGE as u64, PAGE))
+        .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let b = rt.alloc(40 * PAGE as u64).unwrap();
+    b.write(0, &vec![5; 40 * PAGE]).unwrap();
+    // The first pages filled DRAM, then CXL; the hot set is in NVMe.
+    let hot = 32..36;
+    assert!(hot
+        .clone()
+        .all(|p| b.tier_of(p).unwrap() == Some(Tier::Nvme)));
+    rt.balance_once().unwrap(); // the writes, folded
+    for _ in 0..4 {
+        touch(&b, hot.clone(), 10);
+        rt.balance_once().unwrap();
+    }
+    let in_dram = hot
+        .clone()
+        .filter(|&p| b.tier_of(p).unwrap() == Some(Tier::Host))
+        .count();
+    assert_eq!(in_dram, 4, "the hot set is in DRAM");
+    let s = rt.stats();
+    assert!(s.promotions >= 4 && s.demotions >= 1, "{s:?}");
+    assert!(s.tiers[0].used_pages as f64 <= 8.0 * 0.95, "{:?}", s.tiers);
+    let mut all = vec![0; 40 * PAGE];
+    b.read(0, &mut all).unwrap();
+    assert!(all.iter().all(|&x| x == 5));
+    assert_eq!(rt.check().map_err(|e| e.to_string()), Ok(()));
+}

@@ -16,7 +16,8 @@ use crate::status::{boundary, Fail, STRATA_OK};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct strata_balance_report {
-    /// Pages moved into device memory.
+    /// Pages moved into the fastest tier (device memory, or host DRAM in a
+    /// runtime without a device tier).
     pub promotions: u64,
     /// Pages moved out of it.
     pub demotions: u64,
@@ -141,7 +142,8 @@ pub unsafe extern "C" fn strata_trace_stop(rt: *const strata_runtime, accesses: 
 /// Starts (or restarts, with a fresh policy) the background balancer: every
 /// `interval_us` microseconds it harvests the counters and promotes and
 /// demotes pages as `policy` decides, at most `rate_limit` bytes per second
-/// (0: no limit). Needs a device tier. Thread-safe.
+/// (0: no limit). The balancer places pages in the fastest tier (device
+/// memory, or host DRAM without a device tier). Thread-safe.
 #[no_mangle]
 pub extern "C" fn strata_balancer_start(
     rt: *const strata_runtime,
@@ -172,7 +174,7 @@ pub extern "C" fn strata_balancer_stop(rt: *const strata_runtime) -> c_int {
 }
 
 /// Runs one balancer round now and stores what it did in `*report` (if not
-/// NULL). Needs a device tier. A misaligned `report` is refused
+/// NULL). A misaligned `report` is refused
 /// (`STRATA_ERR_INVALID_ARGUMENT`) before the round runs. Thread-safe.
 ///
 /// # Safety

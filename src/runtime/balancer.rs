@@ -1,13 +1,14 @@
 //! The balancer: every interval it harvests the access counters of every
 //! buffer, replays what was touched into a placement policy that models
-//! the device tier, and executes the policy's decisions — promotions into
-//! device memory and demotions out of it — under a migration rate limit and
-//! the device tier's high watermark.
+//! the fastest tier (device memory; host DRAM in a runtime without a
+//! device tier, over CXL and NVMe), and executes the policy's decisions —
+//! promotions into that tier and demotions out of it, cascading down —
+//! under a migration rate limit and the tier's high watermark.
 //!
 //! The policy sees one access per touched page per interval, repeated up to
 //! [`MAX_REPEAT`] times for pages counted more often, coldest first, so the
 //! hottest pages are also the most recent. Its decisions are kept in a
-//! shadow set of the pages it holds on the device: a page in device memory
+//! shadow set of the pages it holds in the fast tier: a page there
 //! that the policy does not hold (placed there by a first write, or by an
 //! explicit prefetch) is the first to leave when room is needed.
 #![forbid(unsafe_code)]
@@ -101,22 +102,25 @@ impl BalancerConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct BalanceReport {
-    /// Pages moved into device memory.
+    /// Pages moved into the fastest tier (device memory, or host DRAM
+    /// without a device tier).
     pub promotions: u64,
     /// Pages moved out of it.
     pub demotions: u64,
     /// Touched pages the policy chose to leave where they are (served in
     /// place, zero-copy).
     pub bypasses: u64,
-    /// Promotions put off by the rate limit or a full device tier.
+    /// Promotions put off by the rate limit or a full fast tier.
     pub deferred: u64,
 }
 
-/// The balancer's state: the policy's model of the device tier.
+/// The balancer's state: the policy's model of the fastest tier.
 pub(crate) struct Balancer {
     config: BalancerConfig,
+    /// The tier the policy models (the fastest configured).
+    fast: Tier,
     policy: Box<dyn Policy>,
-    /// Pages (buffer << 32 | page) the policy holds on the device.
+    /// Pages (buffer << 32 | page) the policy holds in the fast tier.
     held: HashSet<u64>,
     /// Rate-limit budget in bytes, and when it was last topped up.
     budget: f64,
@@ -137,12 +141,18 @@ impl Balancer {
                 config.decay
             )));
         }
-        let device = rt
-            .store(Tier::Device)
-            .ok_or_else(|| Error::invalid("the balancer needs a device tier"))?;
-        let capacity = ((device.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
+        let mut tiers = rt.stores().map(|s| s.tier());
+        let fast = tiers.next().expect("the host tier is always configured");
+        if tiers.next().is_none() {
+            return Err(Error::invalid(format!(
+                "the balancer needs a tier below the {fast} tier to place pages in"
+            )));
+        }
+        let store = rt.store(fast).expect("configured");
+        let capacity = ((store.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
         Ok(Self {
             config,
+            fast,
             policy: policy::build(config.policy, capacity, None)?,
             held: HashSet::new(),
             budget: 0.0,
@@ -211,10 +221,11 @@ impl Balancer {
 
         // 3. Demotions, then promotions within the budget and the room.
         let demote: Vec<u64> = want.iter().filter(|(_, &w)| !w).map(|(&p, _)| p).collect();
-        report.demotions += demote_pages(rt, &by_id, &demote);
-        let device = rt.store(Tier::Device).expect("checked at start");
-        let high = ((device.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
-        // Candidates not on the device yet, hottest first.
+        let fast = self.fast;
+        report.demotions += demote_pages(rt, &by_id, &demote, fast);
+        let store = rt.store(fast).expect("checked at start");
+        let high = ((store.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
+        // Candidates not in the fast tier yet, hottest first.
         let count: HashMap<u64, u32> = touched.iter().map(|&(c, p)| (p, c)).collect();
         let mut promote: Vec<u64> = want
             .iter()
@@ -223,19 +234,19 @@ impl Balancer {
             .filter(|&p| {
                 by_id.get(&((p >> 32) as u32)).is_some_and(|t| {
                     let idx = (p & 0xFFFF_FFFF) as usize;
-                    idx < t.pages.len() && t.pages[idx].lock().tier() != Some(Tier::Device)
+                    idx < t.pages.len() && t.pages[idx].lock().tier() != Some(fast)
                 })
             })
             .collect();
         promote.sort_by_key(|p| std::cmp::Reverse(count.get(p).copied().unwrap_or(0)));
         // Room below the high watermark: strangers leave first.
-        let used = device.used_pages() as usize;
+        let used = store.used_pages() as usize;
         let short = (used + promote.len()).saturating_sub(high);
         if short > 0 {
-            let strangers = strangers(&tables, &self.held, short);
-            report.demotions += demote_pages(rt, &by_id, &strangers);
+            let strangers = strangers(&tables, &self.held, short, fast);
+            report.demotions += demote_pages(rt, &by_id, &strangers, fast);
         }
-        let room = high.saturating_sub(device.used_pages() as usize);
+        let room = high.saturating_sub(store.used_pages() as usize);
         if promote.len() > room {
             report.deferred += (promote.len() - room) as u64;
             promote.truncate(room);
@@ -253,7 +264,7 @@ impl Balancer {
             }
             self.budget -= promote.len() as f64 * page_size;
         }
-        report.promotions += move_pages(&by_id, &promote, Tier::Device, &|t| t != Tier::Device);
+        report.promotions += move_pages(&by_id, &promote, fast, &|t| t != fast);
         rt.counters
             .promotions
             .fetch_add(report.promotions, Ordering::Relaxed);
@@ -267,14 +278,14 @@ impl Balancer {
     }
 }
 
-/// Up to `n` device pages the policy does not hold, coldest-scored first.
-fn strangers(tables: &[Arc<Table>], held: &HashSet<u64>, n: usize) -> Vec<u64> {
+/// Up to `n` pages in `fast` the policy does not hold, coldest-scored first.
+fn strangers(tables: &[Arc<Table>], held: &HashSet<u64>, n: usize, fast: Tier) -> Vec<u64> {
     let mut v: Vec<(f32, u64)> = Vec::new();
     for t in tables {
         let scores = t.scores.lock();
         for (p, e) in t.pages.iter().enumerate() {
             let id = (t.id as u64) << 32 | p as u64;
-            if !held.contains(&id) && e.lock().tier() == Some(Tier::Device) {
+            if !held.contains(&id) && e.lock().tier() == Some(fast) {
                 v.push((scores[p], id));
             }
         }
@@ -286,26 +297,26 @@ fn strangers(tables: &[Arc<Table>], held: &HashSet<u64>, n: usize) -> Vec<u64> {
     v.into_iter().map(|x| x.1).collect()
 }
 
-/// Whether page id `p` is in device memory now.
-fn on_device(by_id: &HashMap<u32, &Arc<Table>>, p: u64) -> bool {
+/// Whether page id `p` is in tier `tier` now.
+fn is_in(by_id: &HashMap<u32, &Arc<Table>>, p: u64, tier: Tier) -> bool {
     by_id.get(&((p >> 32) as u32)).is_some_and(|t| {
         let idx = (p & 0xFFFF_FFFF) as usize;
-        idx < t.pages.len() && t.pages[idx].lock().tier() == Some(Tier::Device)
+        idx < t.pages.len() && t.pages[idx].lock().tier() == Some(tier)
     })
 }
 
-/// Moves `pages` (ids) out of device memory, cascading down; returns how
-/// many left it (pages not on the device to begin with do not count).
-fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64]) -> u64 {
+/// Moves `pages` (ids) out of `fast`, cascading down; returns how many
+/// left it (pages not there to begin with do not count).
+fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], fast: Tier) -> u64 {
     let slower: Vec<Tier> = rt
         .stores()
         .map(|s| s.tier())
-        .filter(|&t| t > Tier::Device)
+        .filter(|&t| t > fast)
         .collect();
     let there: Vec<u64> = pages
         .iter()
         .copied()
-        .filter(|&p| on_device(by_id, p))
+        .filter(|&p| is_in(by_id, p, fast))
         .collect();
     let mut left = there.clone();
     for &dst in &slower {
@@ -314,11 +325,11 @@ fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64]) ->
         }
         for (t, ps) in group(by_id, &left) {
             // The pages stay readable; the error is kept for Runtime::check.
-            if let Err(e) = t.move_batched(&ps, dst, &|src| src == Tier::Device) {
+            if let Err(e) = t.move_batched(&ps, dst, &|src| src == fast) {
                 t.rt.note_background("the balancer's demotions", e);
             }
         }
-        left.retain(|&p| on_device(by_id, p));
+        left.retain(|&p| is_in(by_id, p, fast));
     }
     (there.len() - left.len()) as u64
 }
@@ -335,12 +346,7 @@ fn move_pages(
             t.rt.note_background("the balancer's moves", e);
         }
     }
-    debug_assert_eq!(
-        dst,
-        Tier::Device,
-        "the balancer only promotes into the device"
-    );
-    pages.iter().filter(|&&p| on_device(by_id, p)).count() as u64
+    pages.iter().filter(|&&p| is_in(by_id, p, dst)).count() as u64
 }
 
 /// Page ids grouped by buffer, as indices.

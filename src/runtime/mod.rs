@@ -625,9 +625,10 @@ pub struct Stats {
     pub reclaimed_pages: u64,
     /// Pages queued or moving in the mover.
     pub in_flight_moves: u64,
-    /// Balancer: pages promoted into device memory.
+    /// Balancer: pages promoted into the fastest tier (device memory, or
+    /// host DRAM without a device tier).
     pub promotions: u64,
-    /// Balancer: pages demoted out of device memory.
+    /// Balancer: pages demoted out of the fastest tier.
     pub demotions: u64,
     /// Balancer: touched pages left in place (served zero-copy).
     pub bypasses: u64,
@@ -807,8 +808,9 @@ impl Runtime {
 
     /// Starts (or restarts, with a fresh policy) the balancer in the
     /// background: every `config.interval` it harvests the access counters
-    /// and promotes and demotes pages as the policy decides. Needs a device
-    /// tier.
+    /// and promotes and demotes pages as the policy decides. The policy
+    /// models the fastest tier: device memory, or host DRAM in a runtime
+    /// without a device tier (over CXL and NVMe). Needs a tier below it.
     pub fn start_balancer(&self, config: BalancerConfig) -> Result<()> {
         let b = balancer::Balancer::new(&self.inner, config)?;
         *self.inner.balancer.lock() = Some(b);
