@@ -16,4 +16,5 @@
 pub mod bench;
 pub mod gen;
 pub mod machine;
+pub mod sys;
 pub mod workloads;

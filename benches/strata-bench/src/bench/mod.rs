@@ -7,6 +7,9 @@ pub mod io;
 pub mod migrate;
 pub mod moe;
 pub mod optim;
+pub mod pages;
+#[cfg(feature = "foyer")]
+mod pages_foyer;
 pub mod recsys;
 
 use strata::error::Result;

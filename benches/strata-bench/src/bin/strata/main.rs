@@ -20,6 +20,7 @@ mod cli;
 mod graph;
 mod offload;
 mod out;
+mod pages;
 mod plot;
 mod recsys;
 mod trace;
@@ -85,6 +86,14 @@ enum BenchCommand {
     Moe(offload::MoeArgs),
     /// Adam steps with states in host, CXL or NVMe beside memcpy and NVMe read bandwidth.
     Optim(offload::OptimArgs),
+    /// Small reads over data 4x DRAM on real DRAM and disk, beside the OS page cache and foyer.
+    Pages(pages::PagesArgs),
+    /// The page cache baseline of `bench pages`, in its own process.
+    #[command(hide = true)]
+    PagesChild {
+        /// The run, as JSON.
+        spec: String,
+    },
 }
 
 #[derive(Args)]
@@ -229,6 +238,8 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Bench(BenchCommand::Recsys(a)) => recsys::run(a),
         Command::Bench(BenchCommand::Moe(a)) => offload::run_moe(a),
         Command::Bench(BenchCommand::Optim(a)) => offload::run_optim(a, config),
+        Command::Bench(BenchCommand::Pages(a)) => pages::run(a, config),
+        Command::Bench(BenchCommand::PagesChild { spec }) => pages::child(&spec),
         Command::Trace(c) => trace::run(c),
     }
 }
