@@ -113,6 +113,12 @@ pub struct PagesParams {
     pub read_bytes: usize,
     /// Run the page cache (and foyer) too.
     pub baselines: bool,
+    /// Only these configurations (`None`: strata, and the baselines if
+    /// asked).
+    pub configs: Option<Vec<String>>,
+    /// strata's balancer: accesses a round for a page to be a promotion
+    /// candidate (`None`: the balancer's default).
+    pub min_accesses: Option<u64>,
     /// Rounds of all configurations, interleaved.
     pub trials: usize,
     /// Seed of the content and the page sequence.
@@ -169,6 +175,19 @@ impl PagesParams {
         }
         if self.ops == 0 {
             return Err(Error::invalid("--ops must be at least 1"));
+        }
+        if let Some(c) = &self.configs {
+            if let Some(bad) = c
+                .iter()
+                .find(|c| !["strata", "os", "os-random", "foyer"].contains(&c.as_str()))
+            {
+                return Err(Error::invalid(format!(
+                    "--configs: unknown configuration {bad:?} (strata, os, os-random, foyer)"
+                )));
+            }
+            if c.is_empty() {
+                return Err(Error::invalid("--configs names no configuration"));
+            }
         }
         if self.trials == 0 {
             return Err(Error::invalid("--trials must be at least 1"));
@@ -509,7 +528,12 @@ pub fn run_strata(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
         fill_page(p.seed, q, &mut page);
         buf.write(q * ps as u64, &page)?;
     }
-    rt.start_balancer(BalancerConfig::default())?;
+    let mut balancer = BalancerConfig::default();
+    if let Some(m) = p.min_accesses {
+        balancer = balancer.with_min_accesses(m);
+    }
+    let min = balancer.min_accesses;
+    rt.start_balancer(balancer)?;
     let disk0 = disk_read_bytes();
     let (tally, seconds) = drive(p, seq, &|| Ok(()), &|_, page, off, out| {
         let fast = buf.tier_of(page as usize)? == Some(Tier::Host);
@@ -521,7 +545,7 @@ pub fn run_strata(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
     rt.check()?;
     let s = rt.stats();
     let note = format!(
-        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy: {} promotions, {} demotions",
+        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}: {} promotions, {} demotions",
         p.dram_pages(),
         p.cxl
             .map(|c| format!(", emulated CXL {} pages", c / ps as u64))
@@ -707,27 +731,39 @@ pub fn run(
     let seq = sequence(p)?;
     let bound = bound(&seq, p.dram_pages(), p.data_pages());
     let mut skipped = Vec::new();
-    let mut configs: Vec<&str> = vec!["strata"];
+    let wanted: Vec<&str> = match &p.configs {
+        Some(c) => c.iter().map(String::as_str).collect(),
+        None if p.baselines => vec!["strata", "os", "os-random", "foyer"],
+        None => vec!["strata"],
+    };
+    let mut configs: Vec<&str> = Vec::new();
     let mut group = None;
-    if p.baselines {
+    if wanted.iter().any(|&c| c != "strata") {
         write_data_file(p)?;
-        group = MemoryGroup::new(p.dram)?;
-        if group.is_none() {
-            skipped.push(
-                "os, os-random: no cgroup v1 memory controller here (the page cache would hold everything)"
-                    .to_string(),
-            );
-        } else {
-            configs.extend(["os", "os-random"]);
+    }
+    for c in wanted {
+        match c {
+            "os" | "os-random" => {
+                if group.is_none() {
+                    group = MemoryGroup::new(p.dram)?;
+                }
+                if group.is_none() {
+                    skipped.push(format!(
+                        "{c}: no cgroup v1 memory controller here (the page cache would hold everything)"
+                    ));
+                    continue;
+                }
+            }
+            "foyer" if !cfg!(feature = "foyer") => {
+                skipped.push(
+                    "foyer: built without the foyer feature (cargo build --release --features foyer)"
+                        .into(),
+                );
+                continue;
+            }
+            _ => {}
         }
-        if cfg!(feature = "foyer") {
-            configs.push("foyer");
-        } else {
-            skipped.push(
-                "foyer: built without the foyer feature (cargo build --release --features foyer)"
-                    .into(),
-            );
-        }
+        configs.push(c);
     }
     let steps = (p.trials * configs.len()) as f64;
     let mut results = Vec::new();
@@ -751,9 +787,7 @@ pub fn run(
         }
     }
     progress("done", 1.0);
-    if p.baselines {
-        let _ = std::fs::remove_file(data_file(p));
-    }
+    let _ = std::fs::remove_file(data_file(p));
     Ok(PagesReport {
         params: p.clone(),
         data_pages: p.data_pages(),
@@ -810,6 +844,8 @@ mod tests {
             threads: 2,
             read_bytes: 512,
             baselines: false,
+            configs: None,
+            min_accesses: None,
             trials: 1,
             seed: 7,
         }

@@ -46,6 +46,14 @@ pub struct PagesArgs {
     /// without MADV_RANDOM) and, built with the foyer feature, foyer.
     #[arg(long)]
     baselines: bool,
+    /// Only these configurations, comma-separated: strata, os, os-random,
+    /// foyer (default: strata, and with --baselines all of them).
+    #[arg(long)]
+    configs: Option<String>,
+    /// strata's balancer: accesses a round before a page may be promoted
+    /// (default: the balancer's own, 0).
+    #[arg(long)]
+    min_accesses: Option<u64>,
     /// Rounds of every configuration, interleaved.
     #[arg(long, default_value_t = 1)]
     trials: usize,
@@ -74,6 +82,10 @@ pub fn run(a: PagesArgs, config: Option<&std::path::Path>) -> Result<(), Error> 
         read_bytes: usize::try_from(size("--read-bytes", &a.read_bytes)?)
             .map_err(|_| Error::invalid("--read-bytes is too large"))?,
         baselines: a.baselines,
+        configs: a
+            .configs
+            .map(|c| c.split(',').map(|x| x.trim().to_string()).collect()),
+        min_accesses: a.min_accesses,
         trials: a.trials,
         seed: a.seed,
     };
