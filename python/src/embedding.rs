@@ -125,13 +125,22 @@ impl Table {
                 _ => {}
             }
         }
+        let first = |r: i64| r as u64 * self.row_bytes() / self.page;
         let hits = rows
             .iter()
-            .filter(|&&r| {
-                fast.binary_search(&(r as u64 * self.row_bytes() / self.page))
-                    .is_ok()
-            })
+            .filter(|&&r| fast.binary_search(&first(r)).is_ok())
             .count() as u64;
+        // Each lookup counts as an access (the balancer's measure of heat),
+        // though a slow page is read once for all of its lookups below.
+        let mut uses = vec![0u32; slow.len()];
+        for &r in rows {
+            if let Ok(k) = slow.binary_search(&first(r)) {
+                uses[k] = uses[k].saturating_add(1);
+            }
+        }
+        for (&p, &n) in slow.iter().zip(&uses) {
+            self.buf.touch(p as usize, n.saturating_sub(1))?;
+        }
         let page = self.page as usize;
         let mut arena = vec![0u8; slow.len() * page];
         let per = slow.len().div_ceil(self.threads.max(1)).max(1);

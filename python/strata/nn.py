@@ -64,6 +64,8 @@ _OPTIMIZERS = (None, "sgd", "rowwise_adagrad")
 # A small host tier between the fast tier and NVMe: pages pass through it
 # only when the tiers above are full.
 _HOST_PAGES = 16
+# Worker threads of a table's NVMe reads and updates (the default).
+_NVME_WRITERS = 16
 
 
 def _round_up(n: int, page: int) -> int:
@@ -105,7 +107,10 @@ def _make_runtime(
     else:
         kw["host_capacity"] = _HOST_PAGES * page_size
         kw["nvme_path"] = nvme_path
-        kw["nvme_capacity"] = total if nvme_bytes is None else nvme_bytes
+        # An NVMe page is rewritten copy-then-commit into one of the store's
+        # reserve slots (1/64 of it, at most 64): the default leaves room
+        # for _NVME_WRITERS concurrent writes of an update.
+        kw["nvme_capacity"] = max(total, 64 * _NVME_WRITERS * page_size) if nvme_bytes is None else nvme_bytes
     return Runtime(**kw)
 
 
@@ -248,7 +253,7 @@ class EmbeddingBag(nn.Module):
         lr: float = 0.01,
         eps: float = 1e-8,
         generator: Optional[torch.Generator] = None,
-        threads: int = 16,
+        threads: int = _NVME_WRITERS,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -383,7 +388,10 @@ class EmbeddingBag(nn.Module):
             self._table.rowwise_adagrad(rows.numpy(), grads.numpy(), self.momentum.numpy(), self.lr, self.eps)
         else:
             g = torch.sparse_coo_tensor(
-                rows.unsqueeze(0), grads, (self.num_embeddings, self.embedding_dim)
+                rows.unsqueeze(0),
+                grads,
+                (self.num_embeddings, self.embedding_dim),
+                check_invariants=False,  # distinct, in-range rows by construction
             )
             self.grad = g.coalesce() if self.grad is None else (self.grad + g).coalesce()
 
