@@ -154,6 +154,13 @@ fn counted_touches_weigh_as_reads() {
         touch(&b, 20..40, 3);
         rt.balance_once().unwrap();
     }
-    assert_eq!(on_device(&b, 10..16), 6, "the pages touched most are on the device");
-    assert_eq!(b.touch(48, 1).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        on_device(&b, 10..16),
+        6,
+        "the pages touched most are on the device"
+    );
+    assert_eq!(
+        b.touch(48, 1).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
 }
