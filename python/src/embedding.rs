@@ -6,12 +6,13 @@
 //! rows back in place. Plus the balancer's controls, which a table's hot
 //! rows depend on: `start_balancer`, `stop_balancer`, `balance_once`.
 //!
-//! Rows are read through `strata::Buffer::read`, so every lookup counts in
-//! its page's access counter and the balancer sees the table's hotness.
-//! Pages in a tier without an address (NVMe) are read whole, once per
-//! call and in parallel (one synchronous request per worker thread, so a
-//! batch keeps that many reads in flight); pages in memory tiers are read
-//! row by row where they are.
+//! Rows are read through `strata::Buffer::read`, and every lookup counts in
+//! its page's access counter (`Buffer::touch` for lookups served from a
+//! page read once), so the balancer sees the table's hotness. Pages in a
+//! tier without an address (NVMe), and memory-tier pages that enough of a
+//! batch's lookups share, are read whole, once per call and in parallel
+//! (one synchronous request per worker thread, so a batch keeps that many
+//! NVMe reads in flight); other rows are read one by one where they are.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -109,20 +110,34 @@ impl Table {
         Ok(())
     }
 
-    /// Sorted distinct pages of `rows` that live in a tier without an
-    /// address (NVMe), read whole into one arena in parallel; and how many
-    /// of `rows` start in a page of the fastest tier.
+    /// The pages of `rows` read whole, once, into one arena (in parallel):
+    /// those in a tier without an address (NVMe), and those of the other
+    /// tiers that enough lookups share that one page copy is cheaper than
+    /// reading their rows one by one. Also how many of `rows` start in a
+    /// page of the fastest tier.
     fn fetch(&self, rows: &[i64]) -> strata::Result<(Fetched, u64)> {
-        let mut pages: Vec<u64> = rows.iter().flat_map(|&r| self.pages_of(r as u64)).collect();
-        pages.sort_unstable();
-        pages.dedup();
-        let mut slow = Vec::new();
+        // Every page of every lookup, with repeats: (page, lookups).
+        let mut all: Vec<u64> = rows.iter().flat_map(|&r| self.pages_of(r as u64)).collect();
+        all.sort_unstable();
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        for &p in &all {
+            match runs.last_mut() {
+                Some((q, n)) if *q == p => *n = n.saturating_add(1),
+                _ => runs.push((p, 1)),
+            }
+        }
+        drop(all);
+        let per_page = (self.page / self.row_bytes()).max(1) as u32;
+        let share = (per_page / 4).max(2);
+        let mut whole = Vec::new();
         let mut fast = Vec::new();
-        for &p in &pages {
-            match self.buf.tier_of(p as usize)? {
-                Some(Tier::Nvme) => slow.push(p),
-                Some(t) if t == self.fastest => fast.push(p),
-                _ => {}
+        for &(p, n) in &runs {
+            let t = self.buf.tier_of(p as usize)?;
+            if t == Some(self.fastest) {
+                fast.push(p);
+            }
+            if t == Some(Tier::Nvme) || (t.is_some() && n >= share) {
+                whole.push((p, n));
             }
         }
         let first = |r: i64| r as u64 * self.row_bytes() / self.page;
@@ -131,26 +146,20 @@ impl Table {
             .filter(|&&r| fast.binary_search(&first(r)).is_ok())
             .count() as u64;
         // Each lookup counts as an access (the balancer's measure of heat),
-        // though a slow page is read once for all of its lookups below.
-        let mut uses = vec![0u32; slow.len()];
-        for &r in rows {
-            if let Ok(k) = slow.binary_search(&first(r)) {
-                uses[k] = uses[k].saturating_add(1);
-            }
-        }
-        for (&p, &n) in slow.iter().zip(&uses) {
-            self.buf.touch(p as usize, n.saturating_sub(1))?;
+        // though a page read whole is read once for all of its lookups.
+        for &(p, n) in &whole {
+            self.buf.touch(p as usize, n - 1)?;
         }
         let page = self.page as usize;
-        let mut arena = vec![0u8; slow.len() * page];
-        let per = slow.len().div_ceil(self.threads.max(1)).max(1);
+        let mut arena = vec![0u8; whole.len() * page];
+        let per = whole.len().div_ceil(self.threads.max(1)).max(1);
         let errors: Vec<strata::Error> = std::thread::scope(|s| {
-            let workers: Vec<_> = slow
+            let workers: Vec<_> = whole
                 .chunks(per)
                 .zip(arena.chunks_mut(per * page))
                 .map(|(ps, dst)| {
                     s.spawn(move || -> strata::Result<()> {
-                        for (&p, d) in ps.iter().zip(dst.chunks_mut(page)) {
+                        for (&(p, _), d) in ps.iter().zip(dst.chunks_mut(page)) {
                             let n = self.page_len(p);
                             self.buf.read(p * self.page, &mut d[..n])?;
                         }
@@ -166,7 +175,8 @@ impl Table {
         if let Some(e) = errors.into_iter().next() {
             return Err(e);
         }
-        Ok((Fetched { pages: slow, arena }, hits))
+        let pages = whole.into_iter().map(|(p, _)| p).collect();
+        Ok((Fetched { pages, arena }, hits))
     }
 
     /// Row `r` into `out` (`dim` values): from fetched page copies where
@@ -329,7 +339,7 @@ impl Table {
     }
 }
 
-/// Whole NVMe pages read for one call: sorted page numbers and their bytes.
+/// Pages read whole for one call: sorted page numbers and their bytes.
 struct Fetched {
     pages: Vec<u64>,
     arena: Vec<u8>,
