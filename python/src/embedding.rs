@@ -99,6 +99,38 @@ impl Table {
         (self.buf.len() - p * self.page).min(self.page) as usize
     }
 
+    /// Writes `data` at byte `at`, in page-aligned pieces on the worker
+    /// threads (an NVMe page's write is synchronous: loading a table keeps
+    /// that many in flight).
+    fn write_parallel(&self, at: u64, data: &[u8]) -> strata::Result<()> {
+        let page = self.page as usize;
+        // The first piece ends at a page boundary, the others are whole pages.
+        let head = ((self.page - at % self.page) % self.page) as usize;
+        let head = head.min(data.len());
+        self.buf.write(at, &data[..head])?;
+        let rest = &data[head..];
+        let pages = rest.len().div_ceil(page);
+        let per = pages.div_ceil(self.threads.max(1)).max(1) * page;
+        let errors: Vec<strata::Error> = std::thread::scope(|s| {
+            let workers: Vec<_> = rest
+                .chunks(per)
+                .enumerate()
+                .map(|(k, piece)| {
+                    let off = at + (head + k * per) as u64;
+                    s.spawn(move || self.buf.write(off, piece))
+                })
+                .collect();
+            workers
+                .into_iter()
+                .filter_map(|w| w.join().expect("a write worker panicked").err())
+                .collect()
+        });
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Refuses any index outside the table, before anything is read.
     fn check(&self, idx: &[i64]) -> PyResult<()> {
         if let Some(&bad) = idx.iter().find(|&&i| i < 0 || i as u64 >= self.rows) {
@@ -479,9 +511,11 @@ impl RowTable {
             .overlaps_runtime_memory(src.as_ptr(), src.len())
         {
             let tmp = src.to_vec();
-            py.detach(|| self.table.buf.write(at, &tmp)).map_err(raise)
+            py.detach(|| self.table.write_parallel(at, &tmp))
+                .map_err(raise)
         } else {
-            py.detach(|| self.table.buf.write(at, src)).map_err(raise)
+            py.detach(|| self.table.write_parallel(at, src))
+                .map_err(raise)
         }
     }
 
