@@ -19,9 +19,12 @@ over pages, as after hashing).
 
 Configurations, each in its own process, in its own cgroup v1 memory group
 (/sys/fs/cgroup/memory/<name>/memory.limit_in_bytes; page cache counts
-against it) with the same limit: 20% of the tables plus the harness's own
-peak (torch, strata, indices: measured by a calibration child without a
-limit) plus --slack MiB:
+against it) with the same limit: 20% of the tables plus --allowance MiB
+(default 1 GiB) for the process itself (torch and its libraries, strata's
+page tables and I/O buffers, the indices). What of the allowance a
+process does not use is page cache for the mmap peer (the end-of-run
+anonymous and cache bytes of each group are reported), so the limit
+favours the peer; strata's fast tier stays at 20%:
 
   strata  strata.nn.EmbeddingBagCollection: a fast tier of 20% of the
           tables in DRAM (the simulated device tier, a host arena), NVMe
@@ -242,30 +245,12 @@ def child(args):
     if cg:
         with open(os.path.join(CGROUP, cg, "memory.max_usage_in_bytes")) as f:
             result["cgroup_max_usage_bytes"] = int(f.read())
+        with open(os.path.join(CGROUP, cg, "memory.stat")) as f:
+            stat = dict(line.split() for line in f)
+        # What the group held at the end: anonymous memory (strata's fast
+        # tier is in it) and page cache (the mmap peer's cached table).
+        result["cgroup_end"] = {k: int(stat[k]) for k in ("total_rss", "total_cache", "total_mapped_file") if k in stat}
     print("RESULT " + json.dumps(result), flush=True)
-
-
-def calibrate(args):
-    """The harness's own peak memory without any table: imports, indices, a
-    tiny model's forward and backward (in a cgroup without a limit)."""
-    enter_cgroup(args.cgroup)
-    import numpy as np
-    import torch
-
-    import strata.nn  # noqa: F401
-
-    cdf = zipf_cdf(args.rows, ALPHA)
-    perms = permutations(args)
-    batches = [batch_indices(args, cdf, perms, p, b) for p, n in ((0, args.warmup), (1, args.batches), (2, args.batches)) for b in range(n)]
-    m = torch.nn.EmbeddingBag(1000, args.dim, mode="sum", sparse=True)
-    x = torch.from_numpy(np.minimum(batches[0][0], 999))
-    off = torch.arange(0, args.batch * POOLING, POOLING)
-    for _ in range(TABLES):
-        m(x, off).sum().backward()
-    out = torch.zeros(TABLES, args.batch, args.dim)
-    del out, batches, cdf, perms
-    with open(os.path.join(CGROUP, args.cgroup, "memory.max_usage_in_bytes")) as f:
-        print("CALIBRATE " + f.read().strip(), flush=True)
 
 
 # -- the parent -------------------------------------------------------------
@@ -305,8 +290,6 @@ def run_child(args, mode, config, cgroup):
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-        if line.startswith("CALIBRATE "):
-            return int(line.split()[1])
     raise SystemExit(f"{config} failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
 
 
@@ -365,12 +348,11 @@ def main():
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--fast-share", type=float, default=0.2)
-    ap.add_argument("--slack", type=int, default=64, help="MiB added to the limit beyond the harness's measured peak")
+    ap.add_argument("--allowance", type=int, default=1024, help="MiB of the limit beyond the tables' share, for the process itself")
     ap.add_argument("--scatter", action="store_true")
     ap.add_argument("--configs", default="strata,mmap")
     ap.add_argument("--json", help="write every trial here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--calibrate", help=argparse.SUPPRESS)
     ap.add_argument("--cgroup", help=argparse.SUPPRESS)
     args = ap.parse_args()
     # What the children get, verbatim.
@@ -382,21 +364,16 @@ def main():
     if args.child:
         args.config = args.child
         return child(args)
-    if args.calibrate:
-        return calibrate(args)
 
     make_tables(args)
     table_bytes = TABLES * args.rows * args.dim * 4
     have_cgroup = os.path.isdir(CGROUP) and os.access(CGROUP, os.W_OK)
-    report = {"params": {k: v for k, v in vars(args).items() if k not in ("forward", "child", "calibrate", "cgroup")},
+    report = {"params": {k: v for k, v in vars(args).items() if k not in ("forward", "child", "cgroup")},
               "table_bytes": table_bytes, "cgroup_v1": have_cgroup}
     if have_cgroup:
-        make_cgroup("strata-emb-calibrate", None)
-        harness = run_child(args, "calibrate", "x", "strata-emb-calibrate")
-        remove_cgroup("strata-emb-calibrate")
-        limit = int(table_bytes * args.fast_share) + harness + (args.slack << 20)
-        report.update(harness_peak_bytes=harness, limit_bytes=limit)
-        print(f"tables {table_bytes / 2**30:.2f} GiB; harness peak {harness / 2**20:.0f} MiB; limit {limit / 2**20:.0f} MiB", flush=True)
+        limit = int(table_bytes * args.fast_share) + (args.allowance << 20)
+        report.update(limit_bytes=limit)
+        print(f"tables {table_bytes / 2**30:.2f} GiB; limit {limit / 2**20:.0f} MiB", flush=True)
     else:
         limit = None
         print(f"no writable cgroup v1 memory controller at {CGROUP}: running WITHOUT a memory limit", flush=True)
