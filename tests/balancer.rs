@@ -175,4 +175,33 @@ fn without_a_device_dram_is_the_tier_balanced() {
     b.read(0, &mut all).unwrap();
     assert!(all.iter().all(|&x| x == 5));
     assert_eq!(rt.check().map_err(|e| e.to_string()), Ok(()));
+
+#[test]
+fn counted_touches_weigh_as_reads() {
+    // A caller that reads a page once for many uses (a batch of embedding
+    // lookups) reports the rest with `touch`: the balancer promotes those
+    // pages over pages read more often than once but fewer times in all.
+    let rt = runtime();
+    let b = rt
+        .alloc_with(48 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    b.write(0, &vec![5; 48 * PAGE]).unwrap();
+    rt.balance_once().unwrap();
+    for _ in 0..4 {
+        touch(&b, 10..16, 1);
+        for p in 10..16 {
+            b.touch(p, 19).unwrap();
+        }
+        touch(&b, 20..40, 3);
+        rt.balance_once().unwrap();
+    }
+    assert_eq!(
+        on_device(&b, 10..16),
+        6,
+        "the pages touched most are on the device"
+    );
+    assert_eq!(
+        b.touch(48, 1).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
 }

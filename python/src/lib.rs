@@ -12,6 +12,7 @@
 //! | `buffer.rs` | `Buffer` and `Ticket` |
 //! | `dlpack.rs` | `Pin` and its DLPack capsules |
 //! | `optim.rs` | `OffloadedAdam`, under `strata.optim`'s torch optimizers |
+//! | `embedding.rs` | `RowTable` and the balancer's controls, under `strata.nn` |
 //!
 //! Every call that can wait — on I/O, a page move or a device copy —
 //! releases the GIL (`Python::detach`) around the Rust call.
@@ -21,6 +22,7 @@ use pyo3::prelude::*;
 mod buffer;
 mod convert;
 mod dlpack;
+mod embedding;
 mod errors;
 mod optim;
 mod pybuf;
@@ -34,6 +36,7 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::Ticket>()?;
     m.add_class::<dlpack::Pin>()?;
     m.add_class::<optim::OffloadedAdam>()?;
+    embedding::register(m)?;
     errors::register(m)?;
     Ok(())
 }

@@ -62,3 +62,9 @@ __all__ = [
     "UnsupportedError",
     "__version__",
 ]
+
+# The binding under strata.nn (import strata.nn for the torch modules:
+# EmbeddingBag, EmbeddingBagCollection).
+from ._strata import RowTable, balance_once, start_balancer, stop_balancer  # noqa: E402
+
+__all__ += ["RowTable", "balance_once", "start_balancer", "stop_balancer"]

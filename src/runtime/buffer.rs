@@ -230,6 +230,24 @@ impl Buffer {
         Ok(())
     }
 
+    /// Counts `times` accesses to page `page` that reached it without a
+    /// read of their own: a caller that read the page once for several
+    /// uses (a batch of lookups into one NVMe page) reports the rest here,
+    /// so the balancer sees how often the page is used. Sampling and trace
+    /// recording apply as to reads.
+    pub fn touch(&self, page: usize, times: u32) -> Result<()> {
+        if page >= self.table.pages.len() {
+            return Err(Error::invalid(format!(
+                "page {page} is beyond the buffer's {} pages",
+                self.table.pages.len()
+            )));
+        }
+        for _ in 0..times {
+            self.table.touch(page);
+        }
+        Ok(())
+    }
+
     /// Folds the pages' access counts into their decayed scores and returns
     /// the hottest pages not in device memory and the coldest in it (see
     /// [`crate::hotness`]).

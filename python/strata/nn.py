@@ -1,0 +1,550 @@
+"""strata.nn: embedding tables whose rows live in strata's tiers.
+
+``EmbeddingBag`` has the interface of ``torch.nn.EmbeddingBag`` (sum or
+mean pooling, ``offsets`` or 2-D input, ``per_sample_weights``,
+``include_last_offset``, ``padding_idx``); its table is a strata buffer of
+fp32 rows instead of a dense parameter, so it can be larger than DRAM. The
+rows read most are promoted into the runtime's fastest tier by strata's
+balancer (from per-page access counts); the rest stay below, on NVMe.
+``forward`` gathers and pools a whole batch in one call into Rust with the
+GIL released; ``backward`` produces the gradient of the touched rows and,
+with ``optimizer="sgd"`` or ``"rowwise_adagrad"``, applies it at once in
+place (a fused sparse update, as FBGEMM's table-batched embedding bags do).
+``EmbeddingBagCollection`` holds several tables (a DLRM model's sparse
+features) in one runtime, so they share the fast tier.
+
+    import torch
+    import strata.nn
+
+    emb = strata.nn.EmbeddingBag(
+        1_000_000, 64, mode="sum",
+        fast_bytes=64 << 20,            # DRAM for the hottest rows
+        nvme_path="/var/tmp",           # the rest, in a private file there
+        optimizer="rowwise_adagrad", lr=0.05,
+    )
+    out = emb(indices, offsets)         # (bags, 64), as torch.nn.EmbeddingBag
+    loss = model_head(out).sum()
+    loss.backward()                     # rows updated in place in strata
+
+Tiers: with ``fast_bytes`` the runtime has a simulated device tier of that
+size as its fastest tier. The simulated device's memory is a host DRAM
+arena (copies are not slowed), so the hot rows live in DRAM; strata's
+balancer promotes into the device tier, which is why it is that tier and
+not the host tier. Below it sit a small host tier and, with ``nvme_path``,
+an NVMe tier holding the rest (without ``nvme_path`` the rest is in the
+host tier). Without ``fast_bytes`` the whole table lives in host DRAM.
+Pass ``runtime=`` to use a runtime of your own (the module then leaves
+its balancer to you: ``strata.nn.start_balancer(rt)``).
+
+Hit rates: ``emb.stats()`` counts lookups and those whose row was in the
+fastest tier when the batch was gathered.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from . import _strata
+from ._strata import RowTable, Runtime, balance_once, start_balancer, stop_balancer
+
+__all__ = [
+    "EmbeddingBag",
+    "EmbeddingBagCollection",
+    "RowTable",
+    "balance_once",
+    "start_balancer",
+    "stop_balancer",
+]
+
+_OPTIMIZERS = (None, "sgd", "rowwise_adagrad")
+# A small host tier between the fast tier and NVMe: pages pass through it
+# only when the tiers above are full.
+_HOST_PAGES = 16
+# Worker threads of a table's NVMe reads and updates (the default).
+_NVME_WRITERS = 16
+
+
+def _round_up(n: int, page: int) -> int:
+    return (n + page - 1) // page * page
+
+
+def _make_runtime(
+    table_bytes: int,
+    fast_bytes: Optional[int],
+    nvme_path,
+    nvme_bytes: Optional[int],
+    page_size: int,
+) -> Runtime:
+    """A runtime for tables of table_bytes: see the module's docstring."""
+    if fast_bytes is not None and (not isinstance(fast_bytes, int) or fast_bytes < page_size):
+        raise _strata.InvalidArgumentError(
+            f"fast_bytes {fast_bytes!r} must be an int of at least one page ({page_size} bytes)"
+        )
+    if nvme_bytes is not None and nvme_path is None:
+        raise _strata.InvalidArgumentError("nvme_bytes is given without nvme_path")
+    total = _round_up(table_bytes, page_size)
+    if fast_bytes is None:
+        if nvme_path is not None:
+            raise _strata.InvalidArgumentError(
+                "nvme_path needs fast_bytes (the DRAM that holds the hot rows)"
+            )
+        return Runtime(device=None, host_capacity=total, page_size=page_size)
+    fast = _round_up(fast_bytes, page_size)
+    kw = dict(
+        device="sim",
+        device_capacity=fast,
+        page_size=page_size,
+        # The balancer alone decides what stays in the fast tier.
+        background_eviction=False,
+        watermarks=(1.0, 1.0),
+    )
+    if nvme_path is None:
+        kw["host_capacity"] = max(total, _HOST_PAGES * page_size)
+    else:
+        kw["host_capacity"] = _HOST_PAGES * page_size
+        kw["nvme_path"] = nvme_path
+        # An NVMe page is rewritten copy-then-commit into one of the store's
+        # reserve slots (1/64 of it, at most 64): the default leaves room
+        # for _NVME_WRITERS concurrent writes of an update.
+        kw["nvme_capacity"] = max(total, 64 * _NVME_WRITERS * page_size) if nvme_bytes is None else nvme_bytes
+    return Runtime(**kw)
+
+
+def _as_index(t: Tensor, what: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, not {type(t).__name__}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{what} must be an integer tensor, not {t.dtype}")
+    return t.detach().to("cpu", torch.int64).contiguous()
+
+
+def _bags(
+    input: Tensor, offsets: Optional[Tensor], include_last_offset: bool
+) -> Tuple[Tensor, Tensor]:
+    """Flat int64 indices and offsets with one entry more than the bags."""
+    idx = _as_index(input, "input")
+    if idx.dim() == 2:
+        if offsets is not None:
+            raise ValueError("offsets must be None when input is 2-D (each row is a bag)")
+        b, n = idx.shape
+        off = torch.arange(0, b * n + 1, n, dtype=torch.int64) if n else torch.zeros(b + 1, dtype=torch.int64)
+        return idx.reshape(-1), off
+    if idx.dim() != 1:
+        raise ValueError(f"input must be 1-D (with offsets) or 2-D, not {idx.dim()}-D")
+    if offsets is None:
+        raise ValueError("offsets is required when input is 1-D")
+    off = _as_index(offsets, "offsets")
+    if off.dim() != 1:
+        raise ValueError(f"offsets must be 1-D, not {off.dim()}-D")
+    if include_last_offset:
+        if off.numel() == 0:
+            raise ValueError("include_last_offset=True needs at least one offset")
+        return idx, off
+    return idx, torch.cat([off, torch.tensor([idx.numel()], dtype=torch.int64)])
+
+
+class _BagFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor, weights, module, idx, off):  # noqa: D401
+        b = off.numel() - 1
+        out = torch.empty(b, module.embedding_dim, dtype=torch.float32)
+        w = None if weights is None else weights.detach().to("cpu", torch.float32).contiguous()
+        module._table.bag(
+            idx.numpy(),
+            off.numpy(),
+            out.numpy(),
+            weights=None if w is None else w.numpy(),
+            mean=module.mode == "mean",
+            padding_idx=module.padding_idx,
+        )
+        ctx.module = module
+        ctx.save_for_backward(idx, off, w)
+        ctx.has_weights = weights is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        module = ctx.module
+        idx, off, w = ctx.saved_tensors
+        grad_out = grad_out.detach().to("cpu", torch.float32).contiguous()
+        lengths = off[1:] - off[:-1]
+        bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        keep = None if module.padding_idx is None else idx != module.padding_idx
+        # Each lookup's share of its bag's gradient.
+        scale = torch.ones(idx.numel(), dtype=torch.float32)
+        if keep is not None:
+            scale = scale * keep
+        if module.mode == "mean":
+            counts = torch.zeros(lengths.numel(), dtype=torch.float32).index_add_(0, bag, scale)
+            scale = scale / counts.clamp(min=1)[bag]
+        grad_w = None
+        if ctx.has_weights and ctx.needs_input_grad[1]:
+            # d out[bag] / d w[i] = row[i]: the rows as they are before the update.
+            rows = torch.empty(idx.numel(), module.embedding_dim, dtype=torch.float32)
+            module._table.read_rows(idx.numpy(), rows.numpy())
+            grad_w = (grad_out[bag] * rows).sum(1)
+            if keep is not None:
+                grad_w = grad_w * keep
+        if w is not None:
+            scale = scale * w
+        if idx.numel() > 0 and ctx.needs_input_grad[0]:
+            per = grad_out.index_select(0, bag) * scale.unsqueeze(1)
+            uniq, inverse = torch.unique(idx, return_inverse=True)
+            g = torch.zeros(uniq.numel(), module.embedding_dim, dtype=torch.float32)
+            g.index_add_(0, inverse, per)
+            if module.padding_idx is not None:
+                # The padding row never changes (torch leaves its gradient 0).
+                kept = uniq != module.padding_idx
+                uniq, g = uniq[kept].contiguous(), g[kept].contiguous()
+            module._apply_grad(uniq, g)
+        return None, grad_w, None, None, None
+
+
+class EmbeddingBag(nn.Module):
+    """torch.nn.EmbeddingBag with its table in strata's tiers.
+
+    num_embeddings, embedding_dim, mode ("sum" or "mean"; "max" is not
+    offered), padding_idx and include_last_offset as torch's.
+    max_norm, scale_grad_by_freq and sparse are not offered (they raise if
+    set): gradients are sparse by nature here and go to ``self.grad`` (a
+    coalesced sparse COO tensor) or, with an optimizer, into the table.
+
+    Tiers: runtime (a strata.Runtime to allocate in), or fast_bytes (DRAM
+    for the hot rows), nvme_path and nvme_bytes (NVMe for the rest) and
+    page_size for one made here; see the module's docstring.
+    balance: "background" starts the balancer of a runtime made here
+    (every balance_interval seconds); "manual" leaves it to ``balance()``.
+
+    optimizer: None, "sgd" (w -= lr*g) or "rowwise_adagrad" (FBGEMM's
+    EXACT_ROWWISE_ADAGRAD: one accumulator per row, state += mean(g*g),
+    w -= lr/(sqrt(state)+eps)*g), applied in backward to the touched rows.
+    The accumulators are the buffer ``momentum`` (in DRAM, 4 bytes a row).
+
+    _weight: initial rows (a (num_embeddings, embedding_dim) tensor);
+    without it the rows are drawn from N(0, 1), as torch's, chunk by chunk
+    (generator: a torch.Generator for them). threads: NVMe reads in flight.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        _weight: Optional[Tensor] = None,
+        include_last_offset: bool = False,
+        padding_idx: Optional[int] = None,
+        *,
+        runtime: Optional[Runtime] = None,
+        fast_bytes: Optional[int] = None,
+        nvme_path=None,
+        nvme_bytes: Optional[int] = None,
+        page_size: int = 4096,
+        balance: str = "background",
+        balance_interval: float = 0.02,
+        optimizer: Optional[str] = None,
+        lr: float = 0.01,
+        eps: float = 1e-8,
+        generator: Optional[torch.Generator] = None,
+        threads: int = _NVME_WRITERS,
+    ) -> None:
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f'mode {mode!r} is not offered (use "sum" or "mean")')
+        if max_norm is not None or scale_grad_by_freq:
+            raise ValueError("max_norm and scale_grad_by_freq are not offered")
+        if optimizer not in _OPTIMIZERS:
+            raise ValueError(f'optimizer {optimizer!r} is not one of None, "sgd", "rowwise_adagrad"')
+        if balance not in ("background", "manual"):
+            raise ValueError(f'balance {balance!r} is not "background" or "manual"')
+        if not (isinstance(num_embeddings, int) and num_embeddings > 0):
+            raise ValueError(f"num_embeddings {num_embeddings!r} must be a positive int")
+        if not (isinstance(embedding_dim, int) and embedding_dim > 0):
+            raise ValueError(f"embedding_dim {embedding_dim!r} must be a positive int")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise IndexError(f"padding_idx {padding_idx} is out of range for {num_embeddings} rows")
+            padding_idx %= num_embeddings
+        if not (math.isfinite(lr) and math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"lr {lr} and eps {eps} must be finite (eps non-negative)")
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.mode = mode
+        self.include_last_offset = include_last_offset
+        self.padding_idx = padding_idx
+        self.sparse = sparse
+        self.optimizer = optimizer
+        self.lr = lr
+        self.eps = eps
+        self.grad: Optional[Tensor] = None
+        table_bytes = num_embeddings * embedding_dim * 4
+        self._own_runtime = runtime is None
+        if runtime is None:
+            runtime = _make_runtime(table_bytes, fast_bytes, nvme_path, nvme_bytes, page_size)
+        elif fast_bytes is not None or nvme_path is not None or nvme_bytes is not None:
+            raise ValueError("give either runtime or fast_bytes/nvme_path/nvme_bytes, not both")
+        self.runtime = runtime
+        self._table = RowTable(runtime, num_embeddings, embedding_dim, threads=threads)
+        # The graph's handle on the table: autograd calls backward only
+        # for outputs that depend on something requiring a gradient.
+        self._anchor = torch.zeros((), requires_grad=True)
+        self.register_buffer(
+            "momentum",
+            torch.zeros(num_embeddings if optimizer == "rowwise_adagrad" else 0, dtype=torch.float32),
+        )
+        self._init_rows(_weight, generator)
+        if padding_idx is not None and _weight is None:
+            self._table.write_rows(padding_idx, torch.zeros(embedding_dim).numpy())
+        if self._own_runtime and balance == "background" and "device" in runtime.tiers:
+            start_balancer(runtime, interval=balance_interval)
+
+    def _init_rows(self, weight: Optional[Tensor], generator) -> None:
+        n, d = self.num_embeddings, self.embedding_dim
+        if weight is not None:
+            if tuple(weight.shape) != (n, d):
+                raise ValueError(f"_weight has shape {tuple(weight.shape)}, not ({n}, {d})")
+        chunk = max(1, (8 << 20) // (4 * d))
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            if weight is not None:
+                rows = weight[start:stop].detach().to("cpu", torch.float32).contiguous()
+            else:
+                rows = torch.randn(stop - start, d, generator=generator)
+            self._table.write_rows(start, rows.numpy())
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: Tensor,
+        freeze: bool = True,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        include_last_offset: bool = False,
+        padding_idx: Optional[int] = None,
+        **strata_kwargs,
+    ) -> "EmbeddingBag":
+        """As torch.nn.EmbeddingBag.from_pretrained: rows from a 2-D tensor.
+        freeze=True drops the optimizer (rows never change)."""
+        if embeddings.dim() != 2:
+            raise ValueError("embeddings must be 2-D")
+        if freeze:
+            strata_kwargs["optimizer"] = None
+        m = cls(
+            embeddings.shape[0],
+            embeddings.shape[1],
+            max_norm=max_norm,
+            norm_type=norm_type,
+            scale_grad_by_freq=scale_grad_by_freq,
+            mode=mode,
+            sparse=sparse,
+            _weight=embeddings,
+            include_last_offset=include_last_offset,
+            padding_idx=padding_idx,
+            **strata_kwargs,
+        )
+        m._frozen = freeze
+        return m
+
+    _frozen = False
+
+    def forward(
+        self,
+        input: Tensor,
+        offsets: Optional[Tensor] = None,
+        per_sample_weights: Optional[Tensor] = None,
+    ) -> Tensor:
+        idx, off = _bags(input, offsets, self.include_last_offset)
+        if per_sample_weights is not None:
+            if self.mode != "sum":
+                raise ValueError('per_sample_weights are only offered with mode="sum"')
+            if tuple(per_sample_weights.shape) != tuple(input.shape):
+                raise ValueError(
+                    f"per_sample_weights has shape {tuple(per_sample_weights.shape)}, "
+                    f"input {tuple(input.shape)}"
+                )
+            per_sample_weights = per_sample_weights.reshape(-1)
+        anchor = self._anchor if not self._frozen else self._anchor.detach()
+        out = _BagFunction.apply(anchor, per_sample_weights, self, idx, off)
+        if input.device.type != "cpu":
+            out = out.to(input.device)
+        return out
+
+    def _apply_grad(self, rows: Tensor, grads: Tensor) -> None:
+        rows = rows.contiguous()
+        grads = grads.contiguous()
+        if self.optimizer == "sgd":
+            self._table.sgd(rows.numpy(), grads.numpy(), self.lr)
+        elif self.optimizer == "rowwise_adagrad":
+            self._table.rowwise_adagrad(rows.numpy(), grads.numpy(), self.momentum.numpy(), self.lr, self.eps)
+        else:
+            g = torch.sparse_coo_tensor(
+                rows.unsqueeze(0),
+                grads,
+                (self.num_embeddings, self.embedding_dim),
+                check_invariants=False,  # distinct, in-range rows by construction
+            )
+            self.grad = g.coalesce() if self.grad is None else (self.grad + g).coalesce()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        self.grad = None
+
+    # -- the table --
+
+    def read_rows(self, rows: Tensor) -> Tensor:
+        """The current values of rows (an int tensor) as a (len, dim) tensor."""
+        idx = _as_index(rows, "rows").reshape(-1)
+        out = torch.empty(idx.numel(), self.embedding_dim, dtype=torch.float32)
+        self._table.read_rows(idx.numpy(), out.numpy())
+        return out
+
+    @property
+    def weight(self) -> Tensor:
+        """The whole table as a dense tensor (a copy: for small tables and tests)."""
+        return self.read_rows(torch.arange(self.num_embeddings))
+
+    def tier_of(self, row: int) -> Optional[str]:
+        """The tier ("device", "host", "nvme") holding row's (first) page."""
+        return self._table.tier_of_row(row)
+
+    @property
+    def fast_tier(self) -> str:
+        """The runtime's fastest tier, whose lookups count as hits."""
+        return self._table.fast_tier
+
+    def balance(self) -> dict:
+        """Runs one balancer round now (balance="manual")."""
+        return balance_once(self.runtime)
+
+    def stats(self) -> dict:
+        """{"lookups", "fast_hits", "hit_rate"} since creation or reset_stats()."""
+        s = self._table.stats()
+        s["hit_rate"] = s["fast_hits"] / s["lookups"] if s["lookups"] else 0.0
+        return s
+
+    def reset_stats(self) -> None:
+        self._table.reset_stats()
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        if self.optimizer is not None:
+            s += f", optimizer={self.optimizer!r}, lr={self.lr}"
+        return s + f", tiers={self.runtime.tiers}"
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Several EmbeddingBags (a DLRM model's sparse features) in one
+    runtime, so that all tables share its fast tier and the balancer
+    places the hottest rows of any of them there.
+
+    tables: a list of (num_embeddings, embedding_dim). mode, optimizer,
+    lr, eps, padding_idx, include_last_offset apply to every table.
+    fast_bytes, nvme_path, nvme_bytes, page_size or runtime size the tiers
+    for all tables together. concat=True makes forward return one tensor
+    (bags, sum of dims) instead of a list.
+
+    forward(inputs, offsets=None, per_sample_weights=None): one input
+    (and offsets, per_sample_weights entry, or None) per table.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[Tuple[int, int]],
+        mode: str = "sum",
+        *,
+        concat: bool = False,
+        runtime: Optional[Runtime] = None,
+        fast_bytes: Optional[int] = None,
+        nvme_path=None,
+        nvme_bytes: Optional[int] = None,
+        page_size: int = 4096,
+        balance: str = "background",
+        balance_interval: float = 0.02,
+        generator: Optional[torch.Generator] = None,
+        weights: Optional[Sequence[Tensor]] = None,
+        **kwargs,
+    ) -> None:
+        super().__init__()
+        tables = [tuple(t) for t in tables]
+        if not tables:
+            raise ValueError("tables is empty")
+        for t in tables:
+            if len(t) != 2 or not all(isinstance(x, int) and x > 0 for x in t):
+                raise ValueError(f"table {t!r} is not a (num_embeddings, embedding_dim) pair")
+        if weights is not None and len(weights) != len(tables):
+            raise ValueError(f"{len(weights)} weights for {len(tables)} tables")
+        if balance not in ("background", "manual"):
+            raise ValueError(f'balance {balance!r} is not "background" or "manual"')
+        own = runtime is None
+        if own:
+            total = sum(_round_up(n * d * 4, page_size) for n, d in tables)
+            runtime = _make_runtime(total, fast_bytes, nvme_path, nvme_bytes, page_size)
+        elif fast_bytes is not None or nvme_path is not None or nvme_bytes is not None:
+            raise ValueError("give either runtime or fast_bytes/nvme_path/nvme_bytes, not both")
+        self.runtime = runtime
+        self.concat = concat
+        self.tables = nn.ModuleList(
+            EmbeddingBag(
+                n,
+                d,
+                mode=mode,
+                runtime=runtime,
+                balance="manual",
+                generator=generator,
+                _weight=None if weights is None else weights[i],
+                **kwargs,
+            )
+            for i, (n, d) in enumerate(tables)
+        )
+        if own and balance == "background" and "device" in runtime.tiers:
+            start_balancer(runtime, interval=balance_interval)
+
+    def forward(
+        self,
+        inputs: Sequence[Tensor],
+        offsets: Optional[Sequence[Optional[Tensor]]] = None,
+        per_sample_weights: Optional[Sequence[Optional[Tensor]]] = None,
+    ) -> Union[Tensor, List[Tensor]]:
+        n = len(self.tables)
+        if len(inputs) != n:
+            raise ValueError(f"{len(inputs)} inputs for {n} tables")
+        offsets = [None] * n if offsets is None else list(offsets)
+        psw = [None] * n if per_sample_weights is None else list(per_sample_weights)
+        if len(offsets) != n or len(psw) != n:
+            raise ValueError(f"offsets and per_sample_weights need one entry per table ({n})")
+        outs = [t(x, o, w) for t, x, o, w in zip(self.tables, inputs, offsets, psw)]
+        return torch.cat(outs, dim=1) if self.concat else outs
+
+    def balance(self) -> dict:
+        """Runs one balancer round now (balance="manual")."""
+        return balance_once(self.runtime)
+
+    def stats(self) -> dict:
+        """Lookups and fast-tier hits over all tables."""
+        lookups = hits = 0
+        for t in self.tables:
+            s = t._table.stats()
+            lookups += s["lookups"]
+            hits += s["fast_hits"]
+        return {"lookups": lookups, "fast_hits": hits, "hit_rate": hits / lookups if lookups else 0.0}
+
+    def reset_stats(self) -> None:
+        for t in self.tables:
+            t.reset_stats()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for t in self.tables:
+            t.grad = None

@@ -1,0 +1,265 @@
+"""strata.nn.EmbeddingBag against torch.nn.EmbeddingBag, and its fused
+updates against the same rules written in plain torch over a dense table.
+
+Skipped, with the reason printed, where torch is not installed; with
+STRATA_REQUIRE_TORCH=1 (CI) a missing torch is a failure instead."""
+
+import os
+
+import pytest
+
+if os.environ.get("STRATA_REQUIRE_TORCH") == "1":
+    import torch  # noqa: F401  (must be there)
+else:
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed (tests/run.sh installs it unless STRATA_NO_TORCH=1)"
+    )
+
+import strata
+import strata.nn
+
+PAGE = 4096
+# Pooling sums in the same order as torch's CPU kernel only sometimes.
+TOL = dict(rtol=1e-5, atol=1e-5)
+ROWS, DIM = 3000, 16  # 64 B rows: 64 a page, 47 pages
+
+
+def table(seed=0, rows=ROWS, dim=DIM):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, dim, generator=g)
+
+
+def tiered(weight, tmp_path, fast_pages=8, **kw):
+    """weight in a runtime whose fast tier holds fast_pages pages, NVMe below."""
+    kw.setdefault("mode", "sum")
+    return strata.nn.EmbeddingBag(
+        weight.shape[0],
+        weight.shape[1],
+        _weight=weight,
+        fast_bytes=fast_pages * PAGE,
+        nvme_path=str(tmp_path),
+        page_size=PAGE,
+        balance="manual",
+        **kw,
+    )
+
+
+def bags(seed=1, n=200, b=24, rows=ROWS):
+    """Random indices and offsets with empty bags among them (first, middle, last)."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, rows, (n,), generator=g)
+    cuts = torch.sort(torch.randint(0, n + 1, (b - 4,), generator=g)).values
+    off = torch.cat([torch.tensor([0, 0]), cuts, torch.tensor([cuts[-1].item(), n])])[: b]
+    return idx, off
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("where", ["dram", "tiered"])
+def test_forward_and_backward_equal_torch(mode, where, tmp_path):
+    w = table()
+    ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), freeze=False, mode=mode)
+    if where == "dram":
+        emb = strata.nn.EmbeddingBag(ROWS, DIM, mode=mode, _weight=w)
+    else:
+        emb = tiered(w, tmp_path, mode=mode)
+        assert emb.runtime.tiers == ["device", "host", "nvme"]
+        # Rows in every tier: the first write filled the fast tier first.
+        assert {emb.tier_of(r) for r in range(0, ROWS, 8)} == {"device", "host", "nvme"}
+    idx, off = bags()
+    assert (off[1:] == off[:-1]).any() and off[0] == off[1]  # empty bags
+    out, expect = emb(idx, off), ref(idx, off)
+    torch.testing.assert_close(out, expect, **TOL)
+    g = torch.Generator().manual_seed(5)
+    up = torch.randn(out.shape, generator=g)
+    (out * up).sum().backward()
+    (expect * up).sum().backward()
+    assert emb.grad.is_sparse
+    torch.testing.assert_close(emb.grad.to_dense(), ref.weight.grad, **TOL)
+    # Only the touched rows have a gradient.
+    assert set(emb.grad.coalesce().indices()[0].tolist()) == set(idx.tolist())
+
+
+def test_per_sample_weights_and_their_gradient(tmp_path):
+    w = table()
+    ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), freeze=False, mode="sum")
+    emb = tiered(w, tmp_path)
+    idx, off = bags(seed=3)
+    psw = torch.rand(idx.shape, generator=torch.Generator().manual_seed(4))
+    p1, p2 = psw.clone().requires_grad_(), psw.clone().requires_grad_()
+    out, expect = emb(idx, off, p1), ref(idx, off, per_sample_weights=p2)
+    torch.testing.assert_close(out, expect, **TOL)
+    out.pow(2).sum().backward()
+    expect.pow(2).sum().backward()
+    torch.testing.assert_close(p1.grad, p2.grad, **TOL)
+    torch.testing.assert_close(emb.grad.to_dense(), ref.weight.grad, **TOL)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_2d_input_include_last_offset_and_padding_idx(mode, tmp_path):
+    w = table()
+    ref = torch.nn.EmbeddingBag(ROWS, DIM, mode=mode, padding_idx=7)
+    emb = strata.nn.EmbeddingBag(ROWS, DIM, mode=mode, padding_idx=7)
+    # Both zero the padding row at construction; copy the rest across.
+    with torch.no_grad():
+        w[7] = 0
+        ref.weight.copy_(w)
+    emb._table.write_rows(0, w.numpy())
+    x = torch.randint(0, ROWS, (6, 5), generator=torch.Generator().manual_seed(2))
+    x[0, :2] = 7
+    x[3, :] = 7  # a bag of padding only
+    out, expect = emb(x), ref(x)
+    torch.testing.assert_close(out, expect, **TOL)
+    out.sum().backward()
+    expect.sum().backward()
+    torch.testing.assert_close(emb.grad.to_dense(), ref.weight.grad, **TOL)
+    assert 7 not in emb.grad.coalesce().indices()[0].tolist()
+    # include_last_offset: the CSR form of the same bags.
+    emb2 = strata.nn.EmbeddingBag(ROWS, DIM, mode=mode, padding_idx=7, include_last_offset=True, _weight=w)
+    csr = torch.arange(0, 31, 5)
+    torch.testing.assert_close(emb2(x.reshape(-1), csr), expect, **TOL)
+
+
+def sgd_reference(w, batches, lr, mode):
+    w = w.clone()
+    for idx, off in batches:
+        ref = torch.nn.EmbeddingBag.from_pretrained(w, freeze=False, mode=mode)
+        loss = (ref(idx, off) ** 2).sum()
+        loss.backward()
+        w = (w - lr * ref.weight.grad).detach()
+    return w
+
+
+def adagrad_reference(w, batches, lr, eps, mode):
+    """FBGEMM's EXACT_ROWWISE_ADAGRAD, dense: rows without a gradient keep
+    their values and accumulators (their update is zero)."""
+    w = w.clone()
+    state = torch.zeros(w.shape[0])
+    for idx, off in batches:
+        ref = torch.nn.EmbeddingBag.from_pretrained(w, freeze=False, mode=mode)
+        loss = (ref(idx, off) ** 2).sum()
+        loss.backward()
+        g = ref.weight.grad
+        state = state + (g * g).mean(1)
+        w = (w - (lr / (state.sqrt() + eps)).unsqueeze(1) * g).detach()
+    return w, state
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_training_steps_equal_a_plain_torch_reference(optimizer, mode, tmp_path):
+    w = table(seed=9)
+    batches = [bags(seed=10 + s) for s in range(4)]
+    emb = tiered(w, tmp_path, mode=mode, optimizer=optimizer, lr=0.05, eps=1e-6)
+    for i, (idx, off) in enumerate(batches):
+        (emb(idx, off) ** 2).sum().backward()
+        if i == 1:
+            emb.balance()  # pages move between steps; values must not care
+    assert emb.grad is None  # the update consumed it
+    if optimizer == "sgd":
+        expect = sgd_reference(w, batches, 0.05, mode)
+    else:
+        expect, state = adagrad_reference(w, batches, 0.05, 1e-6, mode)
+        torch.testing.assert_close(emb.momentum, state, **TOL)
+    torch.testing.assert_close(emb.weight, expect, **TOL)
+
+
+def test_collection_shares_one_runtime_and_concatenates(tmp_path):
+    shapes = [(200, 8), (500, 16), (64, 4)]
+    ws = [table(seed=i, rows=n, dim=d) for i, (n, d) in enumerate(shapes)]
+    coll = strata.nn.EmbeddingBagCollection(
+        shapes,
+        mode="sum",
+        concat=True,
+        weights=ws,
+        fast_bytes=4 * PAGE,
+        nvme_path=str(tmp_path),
+        balance="manual",
+        optimizer="sgd",
+        lr=0.1,
+    )
+    assert all(t.runtime is coll.runtime for t in coll.tables)
+    inputs = [torch.randint(0, n, (10, 3), generator=torch.Generator().manual_seed(i)) for i, (n, _) in enumerate(shapes)]
+    out = coll(inputs)
+    expect = torch.cat([torch.nn.functional.embedding_bag(x, w, mode="sum") for x, w in zip(inputs, ws)], 1)
+    assert out.shape == (10, 28)
+    torch.testing.assert_close(out, expect, **TOL)
+    out.sum().backward()
+    for t, x, w in zip(coll.tables, inputs, ws):
+        counts = torch.bincount(x.reshape(-1), minlength=w.shape[0]).float()
+        torch.testing.assert_close(t.weight, w - 0.1 * counts.unsqueeze(1), **TOL)
+    assert coll.stats()["lookups"] == 90
+
+
+def test_hot_rows_end_up_in_the_fast_tier(tmp_path):
+    # 4096 rows of 16 floats: 64 pages; a fast tier of 8 pages.
+    w = table(rows=4096)
+    emb = tiered(w, tmp_path, fast_pages=8)
+    per_page = PAGE // (DIM * 4)
+    hot = [r * per_page + 3 for r in range(40, 46)]  # one row in each of six pages
+    assert all(emb.tier_of(r) != "device" for r in hot)  # written last: below
+    cold = torch.arange(0, 4096, 97)
+    for _ in range(6):
+        idx = torch.tensor(hot * 20 + cold.tolist())
+        emb(idx, torch.tensor([0]))
+        emb.balance()
+    assert all(emb.tier_of(r) == "device" for r in hot)
+    emb.reset_stats()
+    idx = torch.tensor(hot * 10)
+    out = emb(idx, torch.tensor([0]))
+    s = emb.stats()
+    assert s["lookups"] == 60 and s["hit_rate"] == 1.0
+    torch.testing.assert_close(out[0], w[hot].sum(0) * 10, **TOL)
+
+
+def test_bad_input_raises_before_any_work(tmp_path):
+    w = table()
+    emb = tiered(w, tmp_path, optimizer="sgd", lr=1.0)
+    with pytest.raises(IndexError, match=f"index {ROWS} is out of range for an embedding table of {ROWS} rows"):
+        emb(torch.tensor([1, ROWS]), torch.tensor([0]))
+    with pytest.raises(IndexError, match="index -1 is out of range"):
+        emb(torch.tensor([[1, -1]]))
+    assert emb.stats()["lookups"] == 0
+    with pytest.raises(ValueError, match="offsets must start at 0"):
+        emb(torch.tensor([1, 2]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        emb(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 1]))
+    with pytest.raises(ValueError, match="offsets is required"):
+        emb(torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        emb(torch.tensor([1.0]), torch.tensor([0]))
+    with pytest.raises(ValueError, match='only offered with mode="sum"'):
+        strata.nn.EmbeddingBag(10, 4, mode="mean")(torch.tensor([[1]]), per_sample_weights=torch.ones(1, 1))
+    with pytest.raises(ValueError, match="mode 'max' is not offered"):
+        strata.nn.EmbeddingBag(10, 4, mode="max")
+    torch.testing.assert_close(emb.weight, w)  # nothing was updated
+    # The binding refuses directly too, before reading anything.
+    t = emb._table
+    out = torch.zeros(1, DIM)
+    with pytest.raises(strata.InvalidArgumentError, match="last offset 1 is not the number of indices 2"):
+        t.bag(torch.tensor([0, 1]).numpy(), torch.tensor([0, 1]).numpy(), out.numpy())
+    with pytest.raises(strata.InvalidArgumentError, match="rows repeat"):
+        t.sgd(torch.tensor([3, 3]).numpy(), torch.zeros(2, DIM).numpy(), 0.1)
+    with pytest.raises(IndexError, match=f"index {ROWS + 5} is out of range"):
+        t.sgd(torch.tensor([ROWS + 5]).numpy(), torch.zeros(1, DIM).numpy(), 0.1)
+
+
+def test_bad_budgets_and_nvme_path_raise_strata_errors(tmp_path):
+    with pytest.raises(strata.InvalidArgumentError, match="fast_bytes 100 must be an int of at least one page"):
+        strata.nn.EmbeddingBag(1000, 16, fast_bytes=100, nvme_path=str(tmp_path))
+    with pytest.raises(strata.InvalidArgumentError, match="nvme_path needs fast_bytes"):
+        strata.nn.EmbeddingBag(1000, 16, nvme_path=str(tmp_path))
+    with pytest.raises(strata.StrataError):
+        strata.nn.EmbeddingBag(1000, 16, fast_bytes=PAGE, nvme_path=str(tmp_path / "no" / "such" / "dir"))
+    # NVMe too small for what does not fit above: the allocation is refused.
+    with pytest.raises(strata.OutOfCapacityError):
+        strata.nn.EmbeddingBag(100_000, 16, fast_bytes=PAGE, nvme_path=str(tmp_path), nvme_bytes=PAGE)
+
+
+def test_frozen_from_pretrained_never_changes(tmp_path):
+    w = table()
+    emb = strata.nn.EmbeddingBag.from_pretrained(w, mode="sum", optimizer="sgd", lr=1.0)
+    x = torch.tensor([[1, 2, 3]])
+    psw = torch.ones(1, 3, requires_grad=True)
+    emb(x, per_sample_weights=psw).sum().backward()
+    assert psw.grad is not None and emb.grad is None
+    torch.testing.assert_close(emb.weight, w)
