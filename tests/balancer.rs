@@ -175,6 +175,7 @@ fn without_a_device_dram_is_the_tier_balanced() {
     b.read(0, &mut all).unwrap();
     assert!(all.iter().all(|&x| x == 5));
     assert_eq!(rt.check().map_err(|e| e.to_string()), Ok(()));
+}
 
 #[test]
 fn counted_touches_weigh_as_reads() {
