@@ -590,11 +590,13 @@ impl OffloadedAdam {
     }
 
     /// As [`step`](Self::step), also leaving the updated weights in
-    /// `weights` (one per parameter): a framework's parameter tensor. With
-    /// the states in host memory and the update on the CPU each chunk's
-    /// weights are copied out while the update has them in cache; otherwise
-    /// they are read back after the step ([`read_state_into`](Self::read_state_into)).
-    /// A wrong length is refused before the step.
+    /// `weights` (one per parameter): a framework's parameter tensor. Each
+    /// chunk's weights are copied out while the update has them (no second
+    /// pass over the tier); with host-tier states updated on a GPU they are
+    /// read back after the step ([`read_state_into`](Self::read_state_into)).
+    /// A wrong length is refused before the step; a step that fails part-way
+    /// may leave some chunks of `weights` new (the optimizer then refuses
+    /// further steps, as after any failed step).
     pub fn step_into(
         &mut self,
         grads: &[f32],
@@ -684,8 +686,10 @@ impl OffloadedAdam {
         let mut acc_chunks: Vec<&mut [f32]> = self.accum.chunks_mut(plan.chunk).collect();
         acc_chunks.resize_with(n_chunks, || &mut []);
         // Where the host path copies each chunk's new weights (if asked).
+        // Every path but the GPU's over host-tier states (one pipeline of
+        // tiles) copies each chunk's new weights out while it has them.
         let filled =
-            weights.is_some() && matches!(&self.store, Store::Host(_)) && self.gpu.is_none();
+            weights.is_some() && !(matches!(&self.store, Store::Host(_)) && self.gpu.is_some());
         let mut out_chunks: Vec<&mut [f32]> = match weights {
             Some(w) if filled => w.chunks_mut(plan.chunk).collect(),
             _ => Vec::new(),
@@ -782,6 +786,8 @@ impl OffloadedAdam {
                 staged(x, &mut self.slots, page, &mut |c, bufs| {
                     let [w, m, v] = bufs;
                     chosen[c] = update_one(c, w, m, v, acc_chunks[c], gpu.as_deref_mut())?;
+                    let wout = &mut out_chunks[c];
+                    wout.copy_from_slice(&w[..wout.len()]);
                     Ok(())
                 })
             }
@@ -789,6 +795,8 @@ impl OffloadedAdam {
                 let [w, m, v] = bufs;
                 let (w, m, v) = (as_f32_mut(w), as_f32_mut(m), as_f32_mut(v));
                 chosen[c] = update_one(c, w, m, v, acc_chunks[c], gpu.as_deref_mut())?;
+                let wout = &mut out_chunks[c];
+                wout.copy_from_slice(&w[..wout.len()]);
                 Ok(())
             }),
         };
