@@ -12,6 +12,7 @@
 //! | `buffer.rs` | `Buffer` and `Ticket` |
 //! | `dlpack.rs` | `Pin` and its DLPack capsules |
 //! | `optim.rs` | `OffloadedAdam`, under `strata.optim`'s torch optimizers |
+//! | `moe.rs` | `ExpertCache`, `ExpertSlot`, `parse_moe_trace`, under `strata.moe` |
 //!
 //! Every call that can wait — on I/O, a page move or a device copy —
 //! releases the GIL (`Python::detach`) around the Rust call.
@@ -22,6 +23,7 @@ mod buffer;
 mod convert;
 mod dlpack;
 mod errors;
+mod moe;
 mod optim;
 mod pybuf;
 mod runtime;
@@ -34,6 +36,9 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::Ticket>()?;
     m.add_class::<dlpack::Pin>()?;
     m.add_class::<optim::OffloadedAdam>()?;
+    m.add_class::<moe::ExpertCache>()?;
+    m.add_class::<moe::ExpertSlot>()?;
+    m.add_function(wrap_pyfunction!(moe::parse_moe_trace, m)?)?;
     errors::register(m)?;
     Ok(())
 }

@@ -62,3 +62,9 @@ __all__ = [
     "UnsupportedError",
     "__version__",
 ]
+
+# The MoE expert cache under strata.moe (import strata.moe explicitly: it
+# needs torch).
+from ._strata import ExpertCache, ExpertSlot, parse_moe_trace  # noqa: E402
+
+__all__ += ["ExpertCache", "ExpertSlot", "parse_moe_trace"]
