@@ -15,7 +15,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use strata::offload::moe::{self as cache, Eviction, MoeConfig, OwnedExpertPin};
+use strata::offload::moe::{self as cache, Eviction, MoeConfig, OwnedExpertPin, TokenRoute};
 use strata::{DeviceChoice, NvmeConfig, Tier};
 
 use crate::buffer::Buffer;
@@ -450,6 +450,6 @@ impl ExpertSlot {
 pub(crate) fn parse_moe_trace(
     text: &str,
     source: &str,
-) -> PyResult<(Vec<Vec<Vec<u32>>>, usize, usize)> {
+) -> PyResult<(Vec<TokenRoute>, usize, usize)> {
     cache::parse_trace(text, source).map_err(raise)
 }

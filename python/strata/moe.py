@@ -163,6 +163,9 @@ class _State:
         self.residual: List[Optional[torch.Tensor]] = [None] * self.layers
         self.per_layer = [dict.fromkeys(_COUNTERS, 0) for _ in range(self.layers)]
         self.measured_stall = [0.0] * self.layers
+        # Wall time in prefetch and cancel_prefetches calls (they may evict
+        # a victim, which waits for its move down).
+        self.call_seconds = [0.0] * self.layers
         self.tokens = 0
         self.steps = 0
         self.mark = time.perf_counter()
@@ -308,7 +311,9 @@ class StrataExperts(nn.Module):
                         guess = self._predict_next(st, tokens)
                         if guess:
                             before = st.snapshot()
+                            t0 = time.perf_counter()
                             cache.prefetch(layer + 1, guess)
+                            st.call_seconds[layer] += time.perf_counter() - t0
                             st.credit(layer + 1, before, st.snapshot())
                     for e, slot in zip(wave, held):
                         top_k_pos, token_idx = torch.where((top_k_index == e).T)
@@ -325,7 +330,9 @@ class StrataExperts(nn.Module):
             # This layer has run: its prefetches still in flight were late
             # or wrong.
             before = st.snapshot()
+            t0 = time.perf_counter()
             cache.cancel_prefetches(layer)
+            st.call_seconds[layer] += time.perf_counter() - t0
             st.credit(layer, before, st.snapshot())
             if st.writer is not None:
                 self._record(st, top_k_index, order)
@@ -364,7 +371,7 @@ class OffloadedMoE:
     def layers(self) -> int:
         return self._state.layers
 
-    def _summary(self, c: Dict[str, Any], measured: float) -> Dict[str, Any]:
+    def _summary(self, c: Dict[str, Any], measured: float, calls: float) -> Dict[str, Any]:
         st = self._state
         out = dict(c)
         out["hit_rate"] = c["hits"] / c["fetches"] if c["fetches"] else 0.0
@@ -373,6 +380,7 @@ class OffloadedMoE:
         cache_stall = out.pop("stall_seconds")
         out["modelled_stall_seconds"] = cache_stall if st.modelled else None
         out["stall_seconds"] = measured
+        out["prefetch_call_seconds"] = calls
         return out
 
     def stats(self) -> Dict[str, Any]:
@@ -381,17 +389,20 @@ class OffloadedMoE:
         fetches, hits, hit_rate, prefetches, prefetches_used,
         prefetch_accuracy, prefetches_dropped, prefetches_cancelled,
         evictions, bytes_moved, bytes_moved_per_token, stall_seconds (wall
-        time spent in fetches), modelled_stall_seconds (the simulated
-        device's model; None on a GPU). A layer's prefetches are those made
+        time spent in fetches), prefetch_call_seconds (wall time in the
+        prefetch and cancel calls, which evict victims), modelled_stall_seconds
+        (the simulated device's model; None on a GPU). A layer's prefetches are those made
         for it (by the layer before)."""
         st = self._state
-        layers = [self._summary(dict(c), m) for c, m in zip(st.per_layer, st.measured_stall)]
+        layers = [
+            self._summary(dict(c), m, x) for c, m, x in zip(st.per_layer, st.measured_stall, st.call_seconds)
+        ]
         total = dict.fromkeys(_COUNTERS, 0)
         for c in st.per_layer:
             for k in _COUNTERS:
                 total[k] += c[k]
         return {
-            "total": self._summary(total, sum(st.measured_stall)),
+            "total": self._summary(total, sum(st.measured_stall), sum(st.call_seconds)),
             "layers": layers,
             "tokens": st.tokens,
             "steps": st.steps,
@@ -405,6 +416,7 @@ class OffloadedMoE:
         st = self._state
         st.per_layer = [dict.fromkeys(_COUNTERS, 0) for _ in range(st.layers)]
         st.measured_stall = [0.0] * st.layers
+        st.call_seconds = [0.0] * st.layers
         st.tokens = st.steps = 0
 
     def set_prefetch(self, on: bool) -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 if os.environ.get("STRATA_REQUIRE_TORCH") == "1":
+    import accelerate  # noqa: F401  (must be there)
     import torch
-    import transformers  # noqa: F401  (must be there)
+    import transformers  # noqa: F401
 else:
     torch = pytest.importorskip(
         "torch", reason="torch is not installed (tests/run.sh installs it unless STRATA_NO_TORCH=1)"
