@@ -15,12 +15,18 @@ batch of prompts, each in its own process, interleaved over --trials:
                 slots (less one expert for the host tier), the rest on an
                 NVMe tier file next to the checkpoint; lookahead prefetch;
   strata-nopf@F the same without prefetch;
-where F is each of --fractions; the F configurations run under a cgroup v1
-memory limit (memory.limit_in_bytes) of what the probe holds (a process
+where F is each of --fractions; the F configurations generate under a
+cgroup v1 memory limit (memory.limit_in_bytes, set by the process itself
+once it has loaded: accelerate's loader reads whole checkpoint files and
+is killed under the limit while loading) of what the probe holds (a process
 that loads everything but the experts and generates with the experts'
 output zeroed: its cgroup's rss + mapped_file after generating, i.e. not
-the page cache it leaves behind) plus F of all experts' bytes. The page cache is dropped before each
-run where /proc/sys/vm/drop_caches is writable.
+the page cache it leaves behind) plus F of all experts' bytes. The page
+cache is not dropped between runs unless --drop-caches (every run then
+re-reads torch's libraries, minutes on a slow disk): the files generate
+reads from — accelerate's offload folder, strata's NVMe file — are made
+afresh by each run, before its limit applies, which reclaims their cached
+pages down to the limit.
 
 Reported per configuration (median over trials, and each trial): tokens/s
 (of generate, loading excluded), bytes read from disk per generated token
@@ -75,11 +81,42 @@ def proc_io():
     return out
 
 
-def cgroup_stat():
+def own_cgroup():
     with open("/proc/self/cgroup") as f:
         path = next(line.split(":", 2)[2].strip() for line in f if ":memory:" in line)
+    return CGROUP / path.lstrip("/")
+
+
+def apply_limit(limit):
+    """Limits this process's cgroup from now on (after loading, whose
+    transient peak — accelerate's loader reads whole checkpoint files — is
+    not what is measured). The kernel reclaims page cache down to it; anon
+    memory above it fails the write, reported as an error."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    cg = own_cgroup()
+    before = int((cg / "memory.usage_in_bytes").read_text())
+    for _ in range(20):
+        try:
+            (cg / "memory.limit_in_bytes").write_text(str(limit))
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        raise SystemExit(f"cannot limit to {limit} bytes: {before} in use after loading")
+    (cg / "memory.max_usage_in_bytes").write_text("0")  # the peak from here on
+    return {"usage_before_limit": before}
+
+
+def cgroup_stat():
     out = {}
-    with open(CGROUP / path.lstrip("/") / "memory.stat") as f:
+    with open(own_cgroup() / "memory.stat") as f:
         for line in f:
             k, v = line.split()
             out[k] = int(v)
@@ -246,6 +283,8 @@ def worker(args):
     else:
         raise SystemExit(f"unknown configuration {name}")
     load_s = time.perf_counter() - t_load
+    if args.limit:
+        extra.update(apply_limit(args.limit))
     r = generate(m, ids, args.new_tokens)
     if name == "probe":
         # What the process holds once it has run: its anonymous memory and
@@ -287,15 +326,13 @@ def drop_caches():
 
 def run_worker(args, name, frac, trial, limit):
     cmd = [sys.executable, __file__, "--worker", name, "--fraction", str(frac), "--trial", str(trial),
-           "--work", args.work, "--new-tokens", str(args.new_tokens)]
-    cg = None
-    if limit is not None or name in ("probe", "dram"):
-        cg = CGROUP / f"strata-moe-peer-{os.getpid()}-{name}-{frac}-{trial}"
-        cg.mkdir()
-        if limit is not None:
-            (cg / "memory.limit_in_bytes").write_text(str(limit))
-        cmd = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"] + cmd
-    dropped = drop_caches()
+           "--work", args.work, "--new-tokens", str(args.new_tokens), "--limit", str(limit or 0)]
+    # Every configuration in a cgroup of its own (for its peak); the worker
+    # sets the limit once it has loaded.
+    cg = CGROUP / f"strata-moe-peer-{os.getpid()}-{name}-{frac}-{trial}"
+    cg.mkdir()
+    cmd = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"] + cmd
+    dropped = drop_caches() if args.drop_caches else False
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -341,9 +378,16 @@ def main():
     ap.add_argument("--configs", default="accelerate,strata,strata-nopf")
     ap.add_argument("--strata-bin", default=str(ROOT / "target/release/strata"))
     ap.add_argument("--json")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep DIR/runs.jsonl and the probe's limits; run only what is missing")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="drop the page cache before each run (then every run re-reads torch's libraries)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild the report from DIR/runs.jsonl (runs finished so far)")
     ap.add_argument("--worker")
     ap.add_argument("--fraction", type=float, default=1.0)
     ap.add_argument("--trial", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=0)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -360,26 +404,48 @@ def main():
             raise SystemExit("prepare failed")
     meta = json.loads((work / "meta.json").read_text())
     experts_bytes = meta["expert_bytes"] * meta["experts_total"]
-    probe = run_worker(args, "probe", 1.0, 0, None)
-    if "error" in probe:
-        raise SystemExit(f"probe failed: {probe['error']}")
-    base = probe["resident_bytes"]
     fractions = [float(f) for f in args.fractions.split(",")]
     configs = args.configs.split(",")
+    if args.report_only:
+        lines = (work / "runs.jsonl").read_text().splitlines()
+        runs = [json.loads(x) for x in lines]
+        probe = json.loads((work / "probe.json").read_text())
+        return report(args, work, meta, probe, runs, fractions, experts_bytes)
+    if args.resume and (work / "probe.json").exists():
+        # The same limits as the runs already made.
+        probe = json.loads((work / "probe.json").read_text())
+        done = [json.loads(x) for x in (work / "runs.jsonl").read_text().splitlines()]
+    else:
+        probe = run_worker(args, "probe", 1.0, 0, None)
+        if "error" in probe:
+            raise SystemExit(f"probe failed: {probe['error']}")
+        (work / "probe.json").write_text(json.dumps(probe))
+        (work / "runs.jsonl").write_text("")
+        done = []
+    base = probe["resident_bytes"]
     print(f"experts: {meta['experts_total']} x {meta['expert_bytes'] / 2**20:.1f} MiB = {experts_bytes / 2**20:.0f} MiB; "
           f"probe: {base / 2**20:.0f} MiB resident (cgroup peak {probe['cgroup_peak_bytes'] / 2**20:.0f} MiB)", flush=True)
-    runs = []
+    runs = list(done)
     for trial in range(args.trials):
         order = [("dram", 1.0)] + [(c, f) for f in fractions for c in configs]
         # Interleaved, in a different order each trial.
         order = order[trial % len(order):] + order[: trial % len(order)]
         for name, frac in order:
+            if any(r["config"] == name and r["fraction"] == frac and r["trial"] == trial for r in done):
+                continue
             limit = None if name == "dram" else base + int(frac * experts_bytes)
             r = run_worker(args, name, frac, trial, limit)
             runs.append(r)
+            with open(work / "runs.jsonl", "a") as f:
+                f.write(json.dumps(r) + "\n")
             msg = r.get("error") or f"{r['tokens_per_s']:.2f} tok/s, read {r['read_bytes'] / r['generated'] / 2**20:.1f} MiB/token"
             print(f"trial {trial} {label(r)}: {msg}", flush=True)
 
+    report(args, work, meta, probe, runs, fractions, experts_bytes)
+
+
+def report(args, work, meta, probe, runs, fractions, experts_bytes):
+    base = probe["resident_bytes"]
     ref = next((r["tokens"] for r in runs if r["config"] == "dram" and "tokens" in r), None)
     summary = {}
     for r in runs:
