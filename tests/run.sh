@@ -6,6 +6,7 @@
 #    made once, $PYTHON or python3) with maturin, pytest, numpy and torch
 #    (for strata.optim's tests: a 2.8 GB download the first time, about 80 s;
 #    STRATA_NO_TORCH=1 leaves it out and those tests skip, saying so),
+#    transformers and accelerate (strata.moe's tests; left out likewise),
 #    `pip install ./python` (builds the extension with maturin), then
 #    pytest python/tests.
 # Extra arguments go to pytest (e.g. tests/run.sh -k dlpack -x).
@@ -35,6 +36,8 @@ pip=("$py" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade 'maturin>=1.5,<2' pytest numpy
 if [ "${STRATA_NO_TORCH:-0}" != 1 ]; then
     "$py" -c "import torch" 2>/dev/null || "${pip[@]}" install torch
+    # strata.moe's tests build tiny transformers MoE models (nothing downloaded).
+    "$py" -c "import transformers, accelerate" 2>/dev/null || "${pip[@]}" install transformers accelerate
 elif [ "${STRATA_REQUIRE_TORCH:-0}" = 1 ]; then
     echo "STRATA_REQUIRE_TORCH=1 and STRATA_NO_TORCH=1 contradict each other" >&2
     exit 2

@@ -13,6 +13,7 @@
 //! | `dlpack.rs` | `Pin` and its DLPack capsules |
 //! | `optim.rs` | `OffloadedAdam`, under `strata.optim`'s torch optimizers |
 //! | `embedding.rs` | `RowTable` and the balancer's controls, under `strata.nn` |
+//! | `moe.rs` | `ExpertCache`, `ExpertSlot`, `parse_moe_trace`, under `strata.moe` |
 //!
 //! Every call that can wait — on I/O, a page move or a device copy —
 //! releases the GIL (`Python::detach`) around the Rust call.
@@ -24,6 +25,7 @@ mod convert;
 mod dlpack;
 mod embedding;
 mod errors;
+mod moe;
 mod optim;
 mod pybuf;
 mod runtime;
@@ -37,6 +39,9 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dlpack::Pin>()?;
     m.add_class::<optim::OffloadedAdam>()?;
     embedding::register(m)?;
+    m.add_class::<moe::ExpertCache>()?;
+    m.add_class::<moe::ExpertSlot>()?;
+    m.add_function(wrap_pyfunction!(moe::parse_moe_trace, m)?)?;
     errors::register(m)?;
     Ok(())
 }

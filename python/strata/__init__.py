@@ -68,3 +68,9 @@ __all__ = [
 from ._strata import RowTable, balance_once, start_balancer, stop_balancer  # noqa: E402
 
 __all__ += ["RowTable", "balance_once", "start_balancer", "stop_balancer"]
+
+# The MoE expert cache under strata.moe (import strata.moe explicitly: it
+# needs torch).
+from ._strata import ExpertCache, ExpertSlot, parse_moe_trace  # noqa: E402
+
+__all__ += ["ExpertCache", "ExpertSlot", "parse_moe_trace"]

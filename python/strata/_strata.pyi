@@ -345,3 +345,88 @@ def start_balancer(
 ) -> None: ...
 def stop_balancer(runtime: Runtime) -> None: ...
 def balance_once(runtime: Runtime) -> Dict[str, int]: ...
+
+@final
+class ExpertCache:
+    """An MoE expert cache: experts registered into the host tier (NVMe
+    beyond host_bytes), device_slots of them in device memory at once
+    (host memory on the simulated device). See strata.moe."""
+
+    def __new__(
+        cls,
+        *,
+        slot_bytes: int,
+        host_bytes: int,
+        device_slots: Optional[int] = None,
+        device_bytes: Optional[int] = None,
+        device: Literal["sim", "cuda", "auto"] = "sim",
+        nvme_path: Union[str, "PathLike[str]", None] = None,
+        nvme_capacity: Optional[int] = None,
+        page_size: int = 65536,
+        eviction: Literal["lrfu", "lru", "no-cache"] = "lrfu",
+        decay: float = 0.999,
+        per_layer: bool = False,
+        layers: int = 1,
+        protect_fetches: int = 16,
+        link_priority: bool = True,
+    ) -> "ExpertCache": ...
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def device_slots(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def backend(self) -> Optional[Literal["simulated", "cuda"]]: ...
+    def register(self, layer: int, expert: int, weights: _ReadableBuffer) -> None:
+        """Copies 1 to slot_bytes bytes of weights in as this expert's;
+        refused while a fetched ExpertSlot is held."""
+    def fetch(self, layer: int, expert: int) -> "ExpertSlot":
+        """The expert pinned in device memory until the slot is released."""
+    def prefetch(self, layer: int, experts: List[int]) -> int:
+        """Starts background moves into device memory; returns how many started."""
+    def cancel_prefetches(self, layer: int) -> int:
+        """Cancels the layer's unused, unfinished prefetches; returns how many."""
+    def advance(self, seconds: float) -> None:
+        """Advances the simulated device's modelled clock by compute time."""
+    def modelled_now(self) -> Optional[float]: ...
+    def is_resident(self, layer: int, expert: int) -> bool: ...
+    def stats(self) -> Dict[str, Any]:
+        """fetches, hits, late_prefetch_hits, prefetches, prefetches_used,
+        prefetches_dropped, prefetches_cancelled, evictions, bytes_moved,
+        stall_seconds, stall_modelled, hit_rate, prefetch_accuracy."""
+    def runtime_stats_json(self) -> str: ...
+
+@final
+class ExpertSlot:
+    """A fetched expert, pinned in device memory until release(). Tensors
+    from pin() hold their own pins: drop them before releasing."""
+
+    @property
+    def key(self) -> Tuple[int, int]: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def addresses(self) -> List[int]: ...
+    @property
+    def contiguous(self) -> bool: ...
+    @property
+    def held(self) -> bool: ...
+    @property
+    def buffer(self) -> Buffer: ...
+    def pin(self, range: _Range = None, dtype: _DType = "uint8") -> Pin:
+        """A strata.Pin (DLPack) over a range of the expert in device memory."""
+    def release(self) -> None: ...
+    def __enter__(self) -> "ExpertSlot": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+
+def parse_moe_trace(text: str, source: str = "<trace>") -> Tuple[List[List[List[int]]], int, int]:
+    """Parses `token layer expert` lines as `strata bench moe --routing
+    file:` does: (routes[token][layer], layers, experts)."""

@@ -416,6 +416,15 @@ impl OwnedExpertPin {
     pub fn addresses(&self) -> &[u64] {
         self.pin.addresses()
     }
+    /// The runtime buffer holding the expert (shared: a holder may pin
+    /// ranges of it again, e.g. to export them through DLPack).
+    pub fn buffer(&self) -> &std::sync::Arc<Buffer> {
+        &self.cache.experts[self.index].buffer
+    }
+    /// The cache it was fetched from.
+    pub fn cache(&self) -> &std::sync::Arc<ExpertCache> {
+        &self.cache
+    }
 }
 
 impl Drop for OwnedExpertPin {

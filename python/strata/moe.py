@@ -1,0 +1,652 @@
+"""MoE experts of Hugging Face ``transformers`` models in strata's tiers.
+
+``strata.moe.offload(model, ...)`` moves the expert weights of a
+transformers MoE model (Mixtral, Qwen2-MoE: every module holding a layer's
+experts as fused 3-D tensors, ``gate_up_proj`` of shape ``[E, 2I, H]`` and
+``down_proj`` of shape ``[E, H, I]``, as transformers 5 keeps them) into a
+strata expert cache (``strata.ExpertCache``): each expert's two slices are
+registered as one entry in the host tier (NVMe beyond ``host_bytes``), the
+original tensors are freed, and ``device_slots`` experts live in device
+memory at once (host memory on the simulated device of a machine without a
+GPU). Every MoE block keeps its router; its expert computation fetches the
+experts the router picked through the cache, computes on the cache's slots
+in place (DLPack, no copy), and unpins them. Everything else in the model is
+left as it was::
+
+    import strata.moe
+    moe = strata.moe.offload(model, device_slots=16, host_bytes=8 << 30,
+                             nvme_path="/var/tmp", record_routing="route.txt")
+    out = model.generate(ids, max_new_tokens=64)
+    print(moe.stats()["total"])
+    moe.close()
+
+**Lookahead.** With ``prefetch=True`` each MoE block, once the experts it
+needs are pinned, applies the *next* MoE block's router (after that layer's
+``post_attention_layernorm``) to the residual stream entering this block
+and prefetches the experts it predicts (the pre-gated / MoE-Infinity
+lookahead); the next block fetches what it actually routes to and finds the
+right predictions resident or on their way, the rest by demand fetches.
+Prefetches a layer did not use are cancelled once it has run.
+
+**Stats** (``OffloadedMoE.stats()``), per layer and in total: fetches, hit
+rate, prefetch accuracy, bytes moved into device memory (and per token),
+the wall time spent waiting in fetches (``stall_seconds``), and on the
+simulated device the cache's modelled stall (``modelled_stall_seconds``: its
+PCIe model, its clock advanced by the measured time between fetches).
+
+``record_routing=PATH`` writes the routing as ``token layer expert`` lines,
+the format ``strata bench moe --routing file:PATH`` replays. By default a
+"token" of the trace is one forward step (all rows of the batch) and its
+experts at a layer are those the step fetched, in fetch order, so the
+replay fetches what the model fetched; ``record_per_token=True`` writes one
+trace token per token row instead. Layers are numbered over the MoE blocks.
+
+Inference only: the expert computation runs without autograd (the experts'
+weights are not parameters of the model any more, and ``state_dict`` no
+longer holds them). torch and transformers are imported by this module
+only; ``import strata`` does not need them.
+"""
+
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._strata import ExpertCache, InvalidArgumentError
+
+__all__ = ["offload", "OffloadedMoE", "StrataExperts", "find_moe_blocks"]
+
+_MIB = 1 << 20
+_MAX_PAGE = 2 << 20
+_MIN_PAGE = 4 << 10
+
+_DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+}
+
+# The counters of ExpertCache.stats() that add up (per layer, in total).
+_COUNTERS = (
+    "fetches",
+    "hits",
+    "late_prefetch_hits",
+    "prefetches",
+    "prefetches_used",
+    "prefetches_dropped",
+    "prefetches_cancelled",
+    "evictions",
+    "bytes_moved",
+    "stall_seconds",
+)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _is_fused_experts(m: nn.Module) -> bool:
+    gu = getattr(m, "gate_up_proj", None)
+    dp = getattr(m, "down_proj", None)
+    return (
+        isinstance(gu, torch.Tensor)
+        and isinstance(dp, torch.Tensor)
+        and gu.dim() == 3
+        and dp.dim() == 3
+    )
+
+
+class _Block:
+    """One MoE block found in the model."""
+
+    def __init__(self, index, name, decoder_layer, block, experts):
+        self.index = index
+        self.name = name
+        self.decoder_layer = decoder_layer
+        self.block = block
+        self.experts = experts
+        self.gate = getattr(block, "gate", None)
+        self.norm = getattr(decoder_layer, "post_attention_layernorm", None)
+
+
+def find_moe_blocks(model: nn.Module) -> List[_Block]:
+    """The MoE blocks of a transformers model, in model order: modules
+    holding fused experts (``gate_up_proj`` ``[E, 2I, H]`` and
+    ``down_proj`` ``[E, H, I]``) as the ``experts`` child of a block with a
+    router ``gate``. Raises InvalidArgumentError for a layout strata.moe
+    cannot run (biases, transposed or interleaved experts)."""
+    modules = dict(model.named_modules())
+    found = []
+    for name, m in model.named_modules():
+        if not _is_fused_experts(m) or "." not in name:
+            continue
+        parent_name, attr = name.rsplit(".", 1)
+        block = modules[parent_name]
+        if attr != "experts" or not hasattr(block, "gate"):
+            continue
+        if getattr(m, "is_transposed", False) or not getattr(m, "is_concatenated", True):
+            raise InvalidArgumentError(
+                f"{name}: transposed or interleaved experts are not supported by strata.moe"
+            )
+        if getattr(m, "has_bias", False) or not getattr(m, "has_gate", True):
+            raise InvalidArgumentError(
+                f"{name}: experts with biases or without a gate projection are not supported by strata.moe"
+            )
+        if not hasattr(m, "act_fn"):
+            raise InvalidArgumentError(f"{name}: the experts module has no act_fn")
+        e, two_i, h = m.gate_up_proj.shape
+        if m.down_proj.shape != (e, h, two_i // 2) or two_i % 2:
+            raise InvalidArgumentError(
+                f"{name}: gate_up_proj {tuple(m.gate_up_proj.shape)} and down_proj "
+                f"{tuple(m.down_proj.shape)} are not [E, 2I, H] and [E, H, I]"
+            )
+        layer_name = parent_name.rsplit(".", 1)[0] if "." in parent_name else ""
+        found.append(_Block(len(found), name, modules[layer_name], block, m))
+    return found
+
+
+class _State:
+    """What the blocks of one offloaded model share."""
+
+    def __init__(self, cache, blocks, prefetch, max_prefetch, writer, per_token):
+        self.cache = cache
+        self.blocks = blocks
+        self.prefetch = prefetch
+        self.max_prefetch = max_prefetch
+        self.writer = writer
+        self.per_token = per_token
+        self.layers = len(blocks)
+        self.residual: List[Optional[torch.Tensor]] = [None] * self.layers
+        self.per_layer = [dict.fromkeys(_COUNTERS, 0) for _ in range(self.layers)]
+        self.measured_stall = [0.0] * self.layers
+        # Wall time in prefetch and cancel_prefetches calls (they may evict
+        # a victim, which waits for its move down).
+        self.call_seconds = [0.0] * self.layers
+        self.tokens = 0
+        self.steps = 0
+        self.mark = time.perf_counter()
+        self.pending: List[str] = []
+        self.trace_token = 0
+        self.modelled = cache.modelled_now() is not None
+
+    def snapshot(self):
+        return self.cache.stats()
+
+    def credit(self, layer, before, after):
+        acc = self.per_layer[layer]
+        for k in _COUNTERS:
+            acc[k] += after[k] - before[k]
+
+    def flush(self):
+        if self.writer is not None and self.pending:
+            self.writer.write("".join(self.pending))
+            self.writer.flush()
+        self.pending = []
+
+
+class StrataExperts(nn.Module):
+    """A drop-in replacement for a transformers experts module
+    (``forward(hidden_states, top_k_index, top_k_weights)``) whose experts
+    live in a strata ExpertCache. Made by ``offload``."""
+
+    def __init__(self, state: _State, layer: int, src: nn.Module, layout: Dict[str, Any]):
+        super().__init__()
+        self._state = state
+        self.layer = layer
+        self.num_experts = layout["experts"]
+        self.hidden_dim = layout["hidden"]
+        self.intermediate_dim = layout["intermediate"]
+        self.act_fn = src.act_fn
+        self._dtype = layout["dtype"]
+        self._dtype_name = _DTYPES[layout["dtype"]]
+        self._elt = layout["elt"]
+        self._down_at = layout["down_at"]
+        self._gate_up_bytes = 2 * self.intermediate_dim * self.hidden_dim * self._elt
+
+    def extra_repr(self):
+        return (
+            f"layer={self.layer}, num_experts={self.num_experts}, hidden={self.hidden_dim}, "
+            f"intermediate={self.intermediate_dim}, dtype={self._dtype_name}"
+        )
+
+    # -- weights on the slot ---------------------------------------------
+
+    def _linear(self, x, slot, at, rows, cols):
+        """x @ W.T for the [rows, cols] matrix at byte `at` of the slot,
+        computed on the slot's pages in place: one tensor per run of
+        adjacent pages when runs hold whole rows, else through a copy."""
+        page = slot.page_size
+        nbytes = rows * cols * self._elt
+        addrs = slot.addresses
+        first, last = at // page, (at + nbytes - 1) // page
+        runs = []  # byte ranges of the matrix on adjacent pages
+        start = at
+        for p in range(first, last):
+            if addrs[p + 1] != addrs[p] + page:
+                runs.append((start, (p + 1) * page))
+                start = (p + 1) * page
+        runs.append((start, at + nbytes))
+        row_bytes = cols * self._elt
+        views = []
+        for a, b in runs:
+            pin = slot.pin((a, b), self._dtype_name)
+            views.append(torch.from_dlpack(pin))
+            pin.unpin()  # the tensor holds its own pin
+        if len(views) == 1:
+            return F.linear(x, views[0].view(rows, cols))
+        if all((a - at) % row_bytes == 0 for a, _ in runs):
+            out = x.new_empty(x.shape[:-1] + (rows,))
+            r0 = 0
+            for (a, b), v in zip(runs, views):
+                n = (b - a) // row_bytes
+                out[..., r0 : r0 + n] = F.linear(x, v.view(n, cols))
+                r0 += n
+            return out
+        return F.linear(x, torch.cat(views).view(rows, cols))
+
+    def _expert(self, x, slot):
+        i, h = self.intermediate_dim, self.hidden_dim
+        gate, up = self._linear(x, slot, 0, 2 * i, h).chunk(2, dim=-1)
+        return self._linear(self.act_fn(gate) * up, slot, self._down_at, h, i)
+
+    # -- the forward -----------------------------------------------------
+
+    def _predict_next(self, st: _State, tokens: int) -> List[int]:
+        nxt = st.blocks[self.layer + 1]
+        resid = st.residual[self.layer]
+        if resid is None or nxt.gate is None or not hasattr(nxt.gate, "weight"):
+            return []
+        h = resid.reshape(-1, resid.shape[-1])
+        if nxt.norm is not None:
+            h = nxt.norm.forward(h)  # not through hooks (ours among them)
+        # The router's scores without calling the router module (its hooks
+        # record router logits for outputs).
+        logits = F.linear(h.to(nxt.gate.weight.dtype), nxt.gate.weight, getattr(nxt.gate, "bias", None))
+        k = int(getattr(nxt.gate, "top_k", 0) or getattr(nxt.block, "top_k", 1))
+        idx = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices.reshape(-1)
+        counts = torch.bincount(idx, minlength=logits.shape[-1])
+        order = torch.argsort(counts, descending=True, stable=True)
+        n = int((counts > 0).sum())
+        cap = st.max_prefetch if st.max_prefetch is not None else tokens * k
+        return order[: min(n, cap)].tolist()
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        st = self._state
+        cache = st.cache
+        layer = self.layer
+        tokens = hidden_states.shape[0]
+        if layer == 0:
+            st.flush()
+            st.steps += 1
+            st.tokens += tokens
+        with torch.no_grad():
+            final = torch.zeros_like(hidden_states)
+            hit = torch.unique(top_k_index).tolist()
+            hit = [e for e in hit if 0 <= e < self.num_experts]
+            # Resident experts first: fetching them pins them, so neither
+            # the demand fetches nor the lookahead below evict them.
+            hit.sort(key=lambda e: not cache.is_resident(layer, e))
+            slots = cache.device_slots
+            outputs = {}
+            order = []
+            for w0 in range(0, len(hit), slots):
+                wave = hit[w0 : w0 + slots]
+                held = []
+                try:
+                    for e in wave:
+                        before = st.snapshot()
+                        t0 = time.perf_counter()
+                        if st.modelled:
+                            cache.advance(max(0.0, t0 - st.mark))
+                        held.append(cache.fetch(layer, e))
+                        st.mark = time.perf_counter()
+                        st.measured_stall[layer] += st.mark - t0
+                        st.credit(layer, before, st.snapshot())
+                        order.append(e)
+                    if w0 == 0 and st.prefetch and layer + 1 < st.layers:
+                        guess = self._predict_next(st, tokens)
+                        if guess:
+                            before = st.snapshot()
+                            t0 = time.perf_counter()
+                            cache.prefetch(layer + 1, guess)
+                            st.call_seconds[layer] += time.perf_counter() - t0
+                            st.credit(layer + 1, before, st.snapshot())
+                    for e, slot in zip(wave, held):
+                        top_k_pos, token_idx = torch.where((top_k_index == e).T)
+                        y = self._expert(hidden_states[token_idx], slot)
+                        y = y * top_k_weights[token_idx, top_k_pos, None]
+                        outputs[e] = (token_idx, y)
+                finally:
+                    for slot in held:
+                        slot.release()
+            # Accumulated in expert order, as transformers' own loop does.
+            for e in sorted(outputs):
+                token_idx, y = outputs[e]
+                final.index_add_(0, token_idx, y.to(final.dtype))
+            # This layer has run: its prefetches still in flight were late
+            # or wrong.
+            before = st.snapshot()
+            t0 = time.perf_counter()
+            cache.cancel_prefetches(layer)
+            st.call_seconds[layer] += time.perf_counter() - t0
+            st.credit(layer, before, st.snapshot())
+            if st.writer is not None:
+                self._record(st, top_k_index, order)
+        return final
+
+    def _record(self, st, top_k_index, order):
+        if st.per_token:
+            # Written when the step ends, token by token (see flush).
+            rows = top_k_index.tolist()
+            st.pending.extend(
+                f"{st.trace_token + t} {self.layer} {e}\n" for t, row in enumerate(rows) for e in row
+            )
+            if self.layer == st.layers - 1:
+                base = st.trace_token
+                st.pending.sort(key=lambda line: int(line.split(" ", 1)[0]) - base)
+                st.trace_token += len(rows)
+        else:
+            step = st.steps - 1
+            st.pending.extend(f"{step} {self.layer} {e}\n" for e in order)
+
+
+class OffloadedMoE:
+    """The handle ``offload`` returns: the cache, the blocks, their stats."""
+
+    def __init__(self, state: _State, layout: Dict[str, Any], hooks, record_path):
+        self._state = state
+        self.layout = layout
+        self._hooks = hooks
+        self.record_path = record_path
+
+    @property
+    def cache(self) -> ExpertCache:
+        return self._state.cache
+
+    @property
+    def layers(self) -> int:
+        return self._state.layers
+
+    def _summary(self, c: Dict[str, Any], measured: float, calls: float) -> Dict[str, Any]:
+        st = self._state
+        out = dict(c)
+        out["hit_rate"] = c["hits"] / c["fetches"] if c["fetches"] else 0.0
+        out["prefetch_accuracy"] = c["prefetches_used"] / c["prefetches"] if c["prefetches"] else 0.0
+        out["bytes_moved_per_token"] = c["bytes_moved"] / st.tokens if st.tokens else 0.0
+        cache_stall = out.pop("stall_seconds")
+        out["modelled_stall_seconds"] = cache_stall if st.modelled else None
+        out["stall_seconds"] = measured
+        out["prefetch_call_seconds"] = calls
+        return out
+
+    def stats(self) -> Dict[str, Any]:
+        """{"total": {...}, "layers": [{...} per MoE block], "tokens",
+        "steps", "modelled", "expert_bytes", "device_slots"}. Each entry:
+        fetches, hits, hit_rate, prefetches, prefetches_used,
+        prefetch_accuracy, prefetches_dropped, prefetches_cancelled,
+        evictions, bytes_moved, bytes_moved_per_token, stall_seconds (wall
+        time spent in fetches), prefetch_call_seconds (wall time in the
+        prefetch and cancel calls, which evict victims), modelled_stall_seconds
+        (the simulated device's model; None on a GPU). A layer's prefetches are those made
+        for it (by the layer before)."""
+        st = self._state
+        layers = [
+            self._summary(dict(c), m, x) for c, m, x in zip(st.per_layer, st.measured_stall, st.call_seconds)
+        ]
+        total = dict.fromkeys(_COUNTERS, 0)
+        for c in st.per_layer:
+            for k in _COUNTERS:
+                total[k] += c[k]
+        return {
+            "total": self._summary(total, sum(st.measured_stall), sum(st.call_seconds)),
+            "layers": layers,
+            "tokens": st.tokens,
+            "steps": st.steps,
+            "modelled": st.modelled,
+            "expert_bytes": self.layout["expert_bytes"],
+            "device_slots": st.cache.device_slots,
+        }
+
+    def reset_stats(self) -> None:
+        """Zeroes the per-layer counters (the cache's own keep counting)."""
+        st = self._state
+        st.per_layer = [dict.fromkeys(_COUNTERS, 0) for _ in range(st.layers)]
+        st.measured_stall = [0.0] * st.layers
+        st.call_seconds = [0.0] * st.layers
+        st.tokens = st.steps = 0
+
+    def set_prefetch(self, on: bool) -> None:
+        """Turns the lookahead prefetch on or off."""
+        self._state.prefetch = bool(on)
+
+    def flush(self) -> None:
+        """Writes the routing recorded so far (the last step's too)."""
+        self._state.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the routing trace (the model keeps working)."""
+        st = self._state
+        st.flush()
+        if st.writer is not None:
+            st.writer.close()
+            st.writer = None
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return torch.device("cpu")
+
+
+def _checkpoint(path) -> Dict[str, Any]:
+    """Tensor name -> the open safetensors file holding it, for a file or a
+    directory of them."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+    if not files:
+        raise InvalidArgumentError(f"checkpoint {os.fspath(path)!r}: no .safetensors file there")
+    where = {}
+    for f in files:
+        h = safe_open(os.fspath(f), framework="pt")
+        for k in h.keys():
+            where[k] = h
+    return where
+
+
+def _expert_source(blocks, checkpoint):
+    """A function (block, expert) -> (gate_up [2I, H], down [H, I]) reading
+    the model's own tensors or, for experts on the meta device, the
+    checkpoint (one expert at a time)."""
+    meta = [b.name for b in blocks if b.experts.gate_up_proj.device.type == "meta"]
+    if checkpoint is None:
+        if meta:
+            raise InvalidArgumentError(
+                f"the experts of {meta[0]} are on the meta device: pass checkpoint= (the "
+                "safetensors the model was saved to) to read them from"
+            )
+        return lambda b, x: (b.experts.gate_up_proj.detach()[x], b.experts.down_proj.detach()[x])
+    where = _checkpoint(checkpoint)
+    for b in blocks:
+        for t in ("gate_up_proj", "down_proj"):
+            key = f"{b.name}.{t}"
+            if key not in where:
+                raise InvalidArgumentError(
+                    f"checkpoint {os.fspath(checkpoint)!r} has no tensor {key!r} (transformers 5 keeps "
+                    "fused experts under these names with save_pretrained(..., save_original_format=False))"
+                )
+            shape = tuple(where[key].get_slice(key).get_shape())
+            if shape != tuple(getattr(b.experts, t).shape):
+                raise InvalidArgumentError(
+                    f"checkpoint tensor {key!r} has shape {shape}, the model's {tuple(getattr(b.experts, t).shape)}"
+                )
+
+    def read(b, x):
+        gu, dp = f"{b.name}.gate_up_proj", f"{b.name}.down_proj"
+        return where[gu].get_slice(gu)[x], where[dp].get_slice(dp)[x]
+
+    return read
+
+
+def offload(
+    model: nn.Module,
+    *,
+    device_slots: Optional[int] = None,
+    device_bytes: Optional[int] = None,
+    host_bytes: Optional[int] = None,
+    nvme_path: Optional[str] = None,
+    nvme_capacity: Optional[int] = None,
+    device: Optional[str] = None,
+    prefetch: bool = True,
+    max_prefetch: Optional[int] = None,
+    record_routing: Optional[str] = None,
+    record_per_token: bool = False,
+    page_size: Optional[int] = None,
+    eviction: str = "lrfu",
+    decay: Optional[float] = None,
+    protect_fetches: Optional[int] = None,
+    checkpoint: Optional[str] = None,
+) -> OffloadedMoE:
+    """Moves the experts of every MoE block of `model` into a strata
+    expert cache and makes the blocks fetch them through it (see the module
+    docs). Returns the OffloadedMoE handle (stats, the trace).
+
+    device_slots / device_bytes: experts in device memory at once (one of
+        them; default: a quarter of all experts, at least one).
+    host_bytes: host memory for the experts (default: all of them); the rest
+        goes to an NVMe tier at nvme_path (a directory or a new file name),
+        of nvme_capacity bytes (default: every expert's bytes).
+    device: "sim" (no GPU: slots are host memory, stall also modelled),
+        "cuda" or "auto"; default "cuda" for a model on a GPU, else "sim".
+    prefetch: the lookahead through the next layer's router; max_prefetch
+        caps the experts prefetched per layer (default: the tokens' top-k).
+    record_routing: a path for the `token layer expert` trace
+        (record_per_token: one trace token per token row, not per step).
+    page_size: the runtime page (default: each expert tensor in one page up
+        to 2 MiB, larger ones over 2 MiB pages).
+    eviction, decay, protect_fetches: the cache's victim choice (LRFU decay
+        default: a half-life of 16 passes over all experts' fetches), and
+        how many fetches a prefetched expert is protected for (default: two
+        layers' worth of a token's experts).
+    checkpoint: a safetensors file or directory to read the experts from,
+        one expert at a time, for a model whose experts were left on the
+        meta device (built under accelerate.init_empty_weights(), say) so
+        that the whole model never has to fit in memory. Tensor names are
+        the modules' (transformers 5: save_pretrained(...,
+        save_original_format=False)).
+    """
+    blocks = find_moe_blocks(model)
+    if not blocks:
+        raise InvalidArgumentError(
+            f"{type(model).__name__} has no MoE block strata.moe can offload: it looks for experts "
+            "modules with fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] tensors under a "
+            "block with a router `gate` (Mixtral, Qwen2-MoE in transformers 5)"
+        )
+    first = blocks[0].experts
+    e, two_i, h = first.gate_up_proj.shape
+    i = two_i // 2
+    dtype = first.gate_up_proj.dtype
+    if dtype not in _DTYPES:
+        raise InvalidArgumentError(f"experts of dtype {dtype} are not supported (use float32, float16 or bfloat16)")
+    for b in blocks:
+        if b.experts.gate_up_proj.shape != first.gate_up_proj.shape or b.experts.gate_up_proj.dtype != dtype:
+            raise InvalidArgumentError(f"{b.name}: every MoE block must have experts of the same shape and dtype")
+    source = _expert_source(blocks, checkpoint)
+    elt = first.gate_up_proj.element_size()
+    gate_up_bytes = two_i * h * elt
+    down_bytes = h * i * elt
+    if page_size is None:
+        page_size = min(_MAX_PAGE, max(_MIN_PAGE, _next_pow2(max(gate_up_bytes, down_bytes))))
+    down_at = -(-gate_up_bytes // page_size) * page_size
+    expert_bytes = down_at + down_bytes
+    padded = -(-expert_bytes // page_size) * page_size
+    n_experts = e * len(blocks)
+    total = padded * n_experts
+    if device_slots is None and device_bytes is None:
+        device_slots = max(1, n_experts // 4)
+    if device_bytes is not None and device_slots is None and device_bytes < padded:
+        raise InvalidArgumentError(
+            f"device_bytes {device_bytes} holds no expert: one takes {padded} bytes "
+            f"({expert_bytes} with its page padding)"
+        )
+    if host_bytes is None:
+        host_bytes = total
+    if host_bytes < total and nvme_path is None:
+        raise InvalidArgumentError(
+            f"host_bytes {host_bytes} holds {host_bytes // padded} of the {n_experts} experts "
+            f"({padded} bytes each): give nvme_path for the rest, or more host_bytes"
+        )
+    if nvme_path is not None and nvme_capacity is None:
+        nvme_capacity = total
+    if nvme_capacity is not None:
+        nvme_capacity = -(-nvme_capacity // page_size) * page_size
+    dev = _model_device(model)
+    if device is None:
+        device = "cuda" if dev.type == "cuda" else "sim"
+    if decay is None:
+        decay = 0.5 ** (1.0 / (16.0 * n_experts))
+    if protect_fetches is None:
+        k = int(getattr(blocks[0].gate, "top_k", 0) or getattr(blocks[0].block, "top_k", 2))
+        protect_fetches = 2 * k
+    cache = ExpertCache(
+        slot_bytes=expert_bytes,
+        host_bytes=host_bytes,
+        device_slots=device_slots,
+        device_bytes=device_bytes if device_slots is None else None,
+        device=device,
+        nvme_path=None if nvme_path is None else os.fspath(nvme_path),
+        nvme_capacity=nvme_capacity,
+        page_size=page_size,
+        eviction=eviction,
+        decay=decay,
+        layers=len(blocks),
+        protect_fetches=protect_fetches,
+    )
+    layout = {
+        "experts": e,
+        "hidden": h,
+        "intermediate": i,
+        "dtype": dtype,
+        "elt": elt,
+        "down_at": down_at,
+        "expert_bytes": expert_bytes,
+        "page_size": page_size,
+        "layers": len(blocks),
+    }
+    # Register every expert: [gate_up | pad to a page | down].
+    staging = torch.zeros(expert_bytes, dtype=torch.uint8)
+    for b in blocks:
+        for x in range(e):
+            gu, dp = source(b, x)
+            staging[:gate_up_bytes] = gu.to(dtype).contiguous().cpu().reshape(-1).view(torch.uint8)
+            staging[down_at:] = dp.to(dtype).contiguous().cpu().reshape(-1).view(torch.uint8)
+            cache.register(b.index, x, staging.numpy())
+            del gu, dp
+    writer = open(record_routing, "w") if record_routing is not None else None
+    if writer is not None:
+        writer.write(
+            f"# strata.moe routing: token layer expert ({len(blocks)} MoE layers, {e} experts; "
+            f"a token is {'a token row' if record_per_token else 'a forward step'})\n"
+        )
+    state = _State(cache, blocks, prefetch, max_prefetch, writer, record_per_token)
+    hooks = []
+    for b in blocks:
+        new = StrataExperts(state, b.index, b.experts, layout)
+        # Frees the original tensors (the model held their only references).
+        b.block.experts = new
+        b.experts = new
+        if b.norm is not None:
+
+            def capture(module, args, layer=b.index):
+                state.residual[layer] = args[0]
+
+            hooks.append(b.norm.register_forward_pre_hook(capture))
+    return OffloadedMoE(state, layout, hooks, record_routing)

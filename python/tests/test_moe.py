@@ -1,0 +1,317 @@
+"""strata.moe.offload on tiny randomly initialised transformers MoE models
+(nothing is downloaded), and the ExpertCache binding under it.
+
+Skipped, with the reason printed, where torch or transformers is not
+installed; with STRATA_REQUIRE_TORCH=1 (CI) a missing one is a failure."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("STRATA_REQUIRE_TORCH") == "1":
+    import accelerate  # noqa: F401  (must be there)
+    import torch
+    import transformers  # noqa: F401
+else:
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed (tests/run.sh installs it unless STRATA_NO_TORCH=1)"
+    )
+    pytest.importorskip(
+        "transformers",
+        reason="transformers is not installed (tests/run.sh installs it unless STRATA_NO_TORCH=1)",
+    )
+
+from transformers import MixtralConfig, MixtralForCausalLM
+
+import strata
+import strata.moe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LAYERS, EXPERTS, TOP_K, HIDDEN, INTER, VOCAB = 3, 6, 2, 64, 128, 128
+
+
+def mixtral(seed=0, implementation="eager", **kw):
+    torch.manual_seed(seed)
+    cfg = MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        max_position_embeddings=256,
+        # At the default (0.02) a random model routes nearly every token to
+        # the same experts and repeats one token.
+        initializer_range=0.1,
+        pad_token_id=0,
+        **kw,
+    )
+    m = MixtralForCausalLM(cfg).eval()
+    m.set_experts_implementation(implementation)
+    return m
+
+
+def prompts(seed=1, batch=2, length=10):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, VOCAB, (batch, length), generator=g)
+
+
+def logits(m, ids):
+    with torch.no_grad():
+        return m(ids).logits
+
+
+def generate(m, ids, n=8):
+    with torch.no_grad():
+        return m.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0
+        )
+
+
+# One expert: gate_up [2I, H] and down [H, I] float32.
+EXPERT_BYTES = 3 * INTER * HIDDEN * 4
+ALL = LAYERS * EXPERTS
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("page_size", [None, 4096])
+def test_offloaded_logits_and_tokens_equal_the_original(prefetch, page_size):
+    """Fewer slots than one layer's experts: every forward evicts. With
+    4 KiB pages an expert spans many pages, scattered in device memory."""
+    ref = mixtral()
+    ids = prompts()
+    want_logits, want_tokens = logits(ref, ids), generate(ref, ids)
+    m = mixtral()
+    moe = strata.moe.offload(m, device_slots=EXPERTS - 1, prefetch=prefetch, page_size=page_size)
+    assert not any("experts.gate_up_proj" in k for k in m.state_dict())
+    # The same expert loop in the same order over the same float32 values:
+    # equal to the eager implementation bit for bit. Over scattered pages a
+    # matrix is multiplied a run of pages at a time: the same sums, within
+    # float32 rounding.
+    tol = dict(rtol=0, atol=0) if page_size is None else {}
+    torch.testing.assert_close(logits(m, ids), want_logits, **tol)
+    assert torch.equal(generate(m, ids), want_tokens)
+    s = moe.stats()
+    t = s["total"]
+    assert t["evictions"] > 0 and t["fetches"] > t["hits"]
+    assert 0.0 <= t["hit_rate"] <= 1.0
+    if prefetch:
+        assert t["prefetches"] > 0
+    else:
+        assert t["prefetches"] == 0 and t["prefetch_accuracy"] == 0.0
+    # The per-layer counters add up to the total and to the cache's own.
+    c = moe.cache.stats()
+    for k in ("fetches", "hits", "prefetches", "prefetches_used", "bytes_moved", "evictions"):
+        assert sum(layer[k] for layer in s["layers"]) == t[k] == c[k], k
+    assert t["bytes_moved"] >= (t["fetches"] - t["hits"]) * s["expert_bytes"]
+    # The forward above, then generate's prefill and its 7 one-token steps.
+    assert s["tokens"] == 2 * ids.numel() + 7 * ids.shape[0]
+    assert t["bytes_moved_per_token"] == t["bytes_moved"] / s["tokens"]
+    assert t["stall_seconds"] > 0 and t["modelled_stall_seconds"] > 0
+    assert s["modelled"] is True
+
+
+def test_close_to_the_default_grouped_implementation():
+    ref = mixtral(implementation=None)
+    ids = prompts(seed=3)
+    want = logits(ref, ids)
+    m = mixtral(implementation=None)
+    strata.moe.offload(m, device_slots=4)
+    torch.testing.assert_close(logits(m, ids), want)
+
+
+def test_lookahead_prefetch_is_used_with_room_to_spare():
+    """With slots for every expert but one layer's, the lookahead through
+    the next router finds experts before the block asks for them."""
+    m = mixtral()
+    moe = strata.moe.offload(m, device_slots=ALL - EXPERTS)
+    generate(m, prompts(batch=1), n=16)
+    t = moe.stats()["total"]
+    assert t["prefetches"] > 0 and t["prefetches_used"] > 0
+    assert 0.0 < t["prefetch_accuracy"] <= 1.0
+    assert t["hit_rate"] > 0.5
+
+
+def test_experts_beyond_host_bytes_go_to_nvme(tmp_path):
+    ref = mixtral(seed=4)
+    ids = prompts(seed=4)
+    want = logits(ref, ids)
+    m = mixtral(seed=4)
+    page = 64 << 10  # each of an expert's two slices in a page (the default here)
+    moe = strata.moe.offload(m, device_slots=4, host_bytes=(ALL // 2) * 2 * page, nvme_path=tmp_path)
+    nvme = [t for t in json.loads(moe.cache.runtime_stats_json())["tiers"] if t["tier"] == "nvme"]
+    assert nvme and nvme[0]["used_pages"] > 0
+    torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
+
+
+def test_experts_read_from_the_checkpoint_of_an_empty_model(tmp_path):
+    """The whole model never in memory: built on the meta device, its other
+    weights loaded, its experts read from the safetensors one at a time."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
+    from safetensors.torch import load_file
+
+    ref = mixtral(seed=7)
+    ids = prompts(seed=7)
+    want = logits(ref, ids)
+    ref.save_pretrained(tmp_path, save_original_format=False)
+    with accelerate.init_empty_weights():
+        m = mixtral(seed=7)
+    sd = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".mlp.experts." not in k}
+    missing, unexpected = m.load_state_dict(sd, strict=False, assign=True)
+    assert not unexpected and missing and all(".mlp.experts." in k for k in missing)
+    with pytest.raises(strata.InvalidArgumentError, match="meta device: pass checkpoint="):
+        strata.moe.offload(m)
+    with pytest.raises(strata.InvalidArgumentError, match="no .safetensors file"):
+        strata.moe.offload(m, checkpoint=tmp_path / "nothing-here")
+    strata.moe.offload(m, device_slots=4, checkpoint=tmp_path)
+    torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
+
+
+def test_qwen2_moe_blocks():
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    def model():
+        torch.manual_seed(5)
+        cfg = Qwen2MoeConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=INTER,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=128,
+            initializer_range=0.1,
+        )
+        m = Qwen2MoeForCausalLM(cfg).eval()
+        m.set_experts_implementation("eager")
+        return m
+
+    ids = prompts(seed=6)
+    want = logits(model(), ids)
+    m = model()
+    moe = strata.moe.offload(m, device_slots=3)
+    assert moe.layers == 2
+    torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
+
+
+def test_bad_input_raises_clear_errors(tmp_path):
+    m = mixtral()
+    with pytest.raises(strata.InvalidArgumentError, match="holds no expert"):
+        strata.moe.offload(m, device_bytes=EXPERT_BYTES // 2)
+    with pytest.raises(strata.InvalidArgumentError, match="give nvme_path"):
+        strata.moe.offload(m, host_bytes=EXPERT_BYTES)
+    with pytest.raises(strata.StrataError, match="missing"):
+        strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path / "missing" / "swap")
+    # A failed offload leaves the model as it was.
+    assert m.model.layers[0].mlp.experts.gate_up_proj.shape == (EXPERTS, 2 * INTER, HIDDEN)
+    dense = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(strata.InvalidArgumentError, match="no MoE block"):
+        strata.moe.offload(dense)
+
+
+def test_recorded_routing_parses_as_the_bench_reads_it(tmp_path):
+    m = mixtral()
+    ids = prompts()
+    step_trace, token_trace = tmp_path / "steps.txt", tmp_path / "tokens.txt"
+    moe = strata.moe.offload(m, device_slots=EXPERTS - 1, record_routing=step_trace)
+    generate(m, ids, n=6)
+    moe.close()
+    routes, layers, experts = strata.parse_moe_trace(step_trace.read_text(), str(step_trace))
+    s = moe.stats()
+    assert (len(routes), layers) == (s["steps"], LAYERS) and experts <= EXPERTS
+    # One line per fetch, in fetch order.
+    assert sum(len(es) for tok in routes for es in tok) == s["total"]["fetches"]
+
+    m = mixtral()
+    moe = strata.moe.offload(m, device_slots=EXPERTS - 1, record_routing=token_trace, record_per_token=True)
+    generate(m, ids, n=6)
+    moe.close()
+    routes, layers, _ = strata.parse_moe_trace(token_trace.read_text())
+    assert len(routes) == moe.stats()["tokens"] == ids.numel() + 5 * ids.shape[0]
+    assert all(len(es) == TOP_K for tok in routes for es in tok)
+
+
+def test_bad_trace_lines_are_named():
+    with pytest.raises(strata.InvalidArgumentError, match=r"t\.txt:2: tokens must not decrease"):
+        strata.parse_moe_trace("1 0 0\n0 0 1\n", "t.txt")
+    with pytest.raises(strata.InvalidArgumentError, match="expected `token layer expert`"):
+        strata.parse_moe_trace("0 0\n")
+
+
+def strata_cli():
+    for p in (os.environ.get("STRATA_BIN"), ROOT / "target/release/strata", ROOT / "target/debug/strata"):
+        if p and Path(p).is_file():
+            return str(p)
+    return shutil.which("strata")
+
+
+def test_recorded_routing_replays_in_strata_bench(tmp_path):
+    cli = strata_cli()
+    if cli is None:
+        msg = "the strata CLI is not built (cargo build -p strata-bench, or STRATA_BIN)"
+        if os.environ.get("STRATA_REQUIRE_TORCH") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    m = mixtral()
+    trace = tmp_path / "route.txt"
+    moe = strata.moe.offload(m, device_slots=LAYERS + 1, record_routing=trace, record_per_token=True)
+    generate(m, prompts(), n=4)
+    moe.close()
+    out = tmp_path / "bench.json"
+    r = subprocess.run(
+        [cli, "bench", "moe", "--routing", f"file:{trace}", "--expert-bytes", str(EXPERT_BYTES),
+         "--device-slots", str(LAYERS + 1), "--quiet", "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["layers"] == LAYERS and rep["tokens"] == moe.stats()["tokens"]
+    assert rep["results"][0]["fetches"] == moe.stats()["tokens"] * LAYERS * TOP_K
+
+
+# -- the binding ---------------------------------------------------------
+
+
+def test_expert_cache_binding_round_trip():
+    import numpy as np
+
+    c = strata.ExpertCache(slot_bytes=8192, host_bytes=1 << 20, device_slots=2, page_size=4096)
+    data = {(l, e): np.full(2048, l * 10 + e, dtype=np.float32) for l in range(2) for e in range(3)}
+    for (l, e), a in data.items():
+        c.register(l, e, a)
+    with pytest.raises(strata.InvalidArgumentError, match="a slot holds 1 to 8192"):
+        c.register(0, 9, np.zeros(8193, dtype=np.uint8))
+    with pytest.raises(strata.InvalidArgumentError, match="registered already"):
+        c.register(0, 0, data[(0, 0)])
+    with pytest.raises(strata.NotFoundError):
+        c.fetch(5, 0)
+    assert c.prefetch(0, [0, 1]) == 2
+    for (l, e), a in data.items():
+        with c.fetch(l, e) as slot:
+            assert slot.nbytes == 8192 and len(slot.addresses) == 2
+            with pytest.raises(strata.InvalidArgumentError, match="while a fetched ExpertSlot is held"):
+                c.register(3, 0, a)
+            for p in range(2):
+                pin = slot.pin((p * 4096, (p + 1) * 4096), "float32")
+                t = torch.from_dlpack(pin)
+                pin.unpin()
+                assert torch.equal(t, torch.from_numpy(a[p * 1024 : (p + 1) * 1024]))
+                del t
+        with pytest.raises(strata.ClosedError):
+            slot.pin(None, "float32")
+    s = c.stats()
+    assert s["fetches"] == 6 and s["prefetches_used"] == 2 and s["evictions"] >= 4
+    assert s["stall_modelled"] is True and s["hit_rate"] == s["hits"] / 6
+    with pytest.raises(strata.InvalidArgumentError, match="exactly one"):
+        strata.ExpertCache(slot_bytes=8192, host_bytes=1 << 20)
