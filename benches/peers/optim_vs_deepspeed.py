@@ -283,7 +283,8 @@ def child(a):
     rec = {"config": name, "size": a.size, "params": nparams, "base_rss": base_rss,
            "init_seconds": init_s, "step": [], "iter": [], "fwd_bwd": [], "read": [],
            "written": [], "iter_read": [], "iter_written": [], "loss": [],
-           "strata_read": [], "strata_written": [], "strata_io_wait": []}
+           "strata_read": [], "strata_written": [], "strata_io_wait": [],
+           "strata_seconds": []}
     total = a.warmup + a.steps
     for i in range(total):
         x, y = batch(torch, i, a.batch, width)
@@ -320,6 +321,7 @@ def child(a):
             rec["strata_read"].append(sum(s["bytes_read"] for s in strata_stats))
             rec["strata_written"].append(sum(s["bytes_written"] for s in strata_stats))
             rec["strata_io_wait"].append(sum(s["io_wait_seconds"] for s in strata_stats))
+            rec["strata_seconds"].append(sum(s["seconds"] for s in strata_stats))
     with torch.no_grad():
         x, y = batch(torch, 10 ** 6, a.batch, width)
         out = engine(x) if engine is not None else model(x)
@@ -388,8 +390,8 @@ def summarize(recs):
             s[k + "_min"] = min(all_steps)
             s[k + "_max"] = max(all_steps)
         for k in ("read", "written", "iter_read", "iter_written", "strata_read",
-                  "strata_written", "strata_io_wait"):
-            v = per(k)
+                  "strata_written", "strata_io_wait", "strata_seconds"):
+            v = [med(r[k]) for r in ok if r.get(k)]
             if v:
                 s[k] = med(v)
         s["peak_rss"] = max(r["peak_rss"] for r in ok)
@@ -426,7 +428,7 @@ def table(summary, a):
         if "strata_read" in s:
             st = f"{mb(s['strata_read'])} / {mb(s['strata_written'])}"
         rss = f"{mb(s['peak_rss'])} ({mb(s['base_rss'])})"
-        if "tree_peak_pss" in s:
+        if s.get("tree_peak_pss", 0) > s["peak_rss"]:
             rss += f"; with child processes (PSS) {mb(s['tree_peak_pss'])}"
         lines.append(
             f"| {name} | {s['step'] * 1e3:.1f} [{s['step_min'] * 1e3:.1f}-{s['step_max'] * 1e3:.1f}] "
