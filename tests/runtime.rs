@@ -1087,3 +1087,41 @@ fn background_failures_are_recorded_and_returned() {
     b.read(0, &mut out).unwrap();
     assert_eq!(out, data);
 }
+
+/// A prefetch whose room-making fails (the demotions' writes to NVMe are
+/// refused) says so on its own ticket, not as a background failure, and
+/// every page stays readable.
+#[test]
+fn a_prefetch_reports_its_room_making_failures() {
+    use strata::io::IoOp;
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new();
+    let engine = Arc::new(FaultEngine::new(engines()[0].1.clone(), plan.clone()));
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(4 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir.path(), 32 * PAGE as u64, PAGE))
+        .nvme_engine(engine)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let a = rt.alloc(4 * PAGE as u64).unwrap();
+    let b = rt
+        .alloc_with(2 * PAGE as u64, Placement::Prefer(Tier::Nvme))
+        .unwrap();
+    let (da, db) = (pattern(1, 1, 4 * PAGE), pattern(2, 2, 2 * PAGE));
+    a.write(0, &da).unwrap();
+    b.write(0, &db).unwrap();
+    assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Nvme));
+    plan.fail_all(IoOp::Write, libc::EIO);
+    let e = b.prefetch(0..b.len(), Tier::Host).wait().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.message().contains("making room"), "{e}");
+    plan.clear();
+    rt.check().unwrap();
+    for (buf, data) in [(&a, &da), (&b, &db)] {
+        let mut out = vec![0; data.len()];
+        buf.read(0, &mut out).unwrap();
+        assert_eq!(&out, data);
+    }
+}

@@ -291,8 +291,14 @@ class _OffloadedAdamBase(Optimizer):
         window = adam.importance_window() if adam is not None else None
         if window is not None:
             deferred, started, idx, acc = window
-            res[torch.frombuffer(bytearray(idx), dtype=torch.int64)] = True
-            acc = torch.frombuffer(bytearray(acc), dtype=torch.float32)
+            # torch.frombuffer refuses empty buffers.
+            if len(idx):
+                res[torch.frombuffer(bytearray(idx), dtype=torch.int64)] = True
+            acc = (
+                torch.frombuffer(bytearray(acc), dtype=torch.float32)
+                if len(acc)
+                else torch.zeros(0, dtype=torch.float32)
+            )
         else:
             deferred, started = 0, False
             acc = torch.zeros(hi - lo, dtype=torch.float32)
@@ -361,6 +367,15 @@ class _OffloadedAdamBase(Optimizer):
                 if group.get(option):
                     raise NotImplementedError(
                         f"strata.optim does not support {option}=True (the state dict sets it)"
+                    )
+        if self._importance is not None:
+            # Refused before anything changes, rather than half loaded.
+            for st in state_dict.get("state", {}).values():
+                deferred = int(st.get("importance_deferred_steps", 0))
+                if not 0 <= deferred < self._importance[1]:
+                    raise ValueError(
+                        f"the state dict's importance window is {deferred} steps in; "
+                        f"this optimizer's windows are {self._importance[1]} steps"
                     )
         super().load_state_dict(state_dict)
         loaded = self.state

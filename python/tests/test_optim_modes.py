@@ -278,3 +278,25 @@ def test_distributed_shard_with_importance(tmp_path):
         assert st[k]["importance_resident"].shape == p.shape
         assert st[k]["importance_resident"].any()
         assert torch.isfinite(p).all()
+
+
+def test_importance_state_dict_before_any_step_and_mismatched_windows():
+    # Loaded from plain AdamW (no window yet), saved again before a step.
+    a = ddp_worker.model()
+    ta = torch.optim.AdamW(a.parameters(), lr=1e-2)
+    train(a, ta, ddp_worker.batches(2))
+    opt = strata.optim.AdamW(a.parameters(), lr=1e-2, importance=(0.25, 4))
+    opt.load_state_dict(ta.state_dict())
+    st = opt.state_dict()["state"]
+    assert all(not s["importance_started"] and not s["importance_resident"].any() for s in st.values())
+    # A window longer than this optimizer's is refused before anything changes.
+    train(a, opt, ddp_worker.batches(3))
+    saved = opt.state_dict()
+    short = strata.optim.AdamW(a.parameters(), lr=1e-2, importance=(0.25, 2))
+    train(a, short, ddp_worker.batches(1))
+    before = short.state_dict()
+    with pytest.raises(ValueError, match="windows are 2 steps"):
+        short.load_state_dict(saved)
+    after = short.state_dict()
+    for k in before["state"]:
+        assert torch.equal(before["state"][k]["exp_avg"], after["state"][k]["exp_avg"])

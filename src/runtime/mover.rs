@@ -189,7 +189,8 @@ impl Mover {
         })
     }
 
-    /// Waits until no move is queued or running.
+    /// Waits until no move is queued or running (moves submitted
+    /// meanwhile are waited for too: stop submitting first).
     pub(crate) fn drain(&self) {
         while self.in_flight.load(Ordering::Acquire) > 0 {
             std::thread::sleep(Duration::from_millis(1));
@@ -256,12 +257,26 @@ fn run(job: Job, in_flight: &AtomicU64) {
             Ok(full) if !full.is_empty() => full.clone(),
             _ => break,
         };
-        let made =
+        let (made, failure) =
             super::reclaim::make_room_for_prefetch(&table.rt, dst, full.len(), &table, &request);
+        if let Some(e) = failure {
+            result = Err(e.context(format!("making room in the {dst} tier for a prefetch")));
+            break;
+        }
         if made == 0 {
             break;
         }
         result = table.move_batched(&full, dst, &|_| true);
+    }
+    // Pages just brought in get the second chance a read gives: the next
+    // prefetch's room-making (or the reclaimer) takes colder pages first.
+    if result.is_ok() {
+        for &p in &pages {
+            let mut entry = table.pages[p].lock();
+            if entry.tier() == Some(dst) {
+                entry.referenced = true;
+            }
+        }
     }
     let result = result.and_then(|full| match full.first() {
         None => Ok(()),

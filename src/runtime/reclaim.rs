@@ -204,40 +204,57 @@ pub(crate) fn make_room_in(rt: &Inner, tier: Tier, pages: usize) -> usize {
 /// Frees up to `pages` slots in `tier` for a prefetch into it, demoting
 /// the coldest unpinned pages (CLOCK, as the reclaimer) to slower tiers,
 /// never one of the `protect` pages of `table` (the prefetch's own).
-/// Returns how many moved.
+/// Returns how many moved, and the first failure of those demotions (the
+/// prefetch's ticket reports it; the pages stay readable).
 pub(crate) fn make_room_for_prefetch(
     rt: &Inner,
     tier: Tier,
     pages: usize,
     table: &Table,
     protect: &std::ops::Range<usize>,
-) -> usize {
+) -> (usize, Option<Error>) {
     let slower: Vec<Tier> = rt
         .stores()
         .map(|s| s.tier())
         .filter(|&t| t > tier)
         .collect();
-    let moved = reclaim_except(rt, tier, pages, &slower, Some((table, protect)));
+    let mut failure = None;
+    let moved = reclaim_except(
+        rt,
+        tier,
+        pages,
+        &slower,
+        Some((table, protect)),
+        &mut |_, e| {
+            if e.kind() != crate::error::ErrorKind::OutOfCapacity {
+                failure.get_or_insert(e);
+            }
+        },
+    );
     rt.counters
         .reclaimed_pages
         .fetch_add(moved as u64, Ordering::Relaxed);
-    moved
+    (moved, failure)
 }
 
 /// Demotes up to `need` pages out of `tier` into the first of `slower`
 /// with room; returns how many moved.
+/// A failed demotion is kept for `Runtime::check`.
 fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier]) -> usize {
-    reclaim_except(rt, tier, need, slower, None)
+    reclaim_except(rt, tier, need, slower, None, &mut |what, e| {
+        rt.note_background(what, e)
+    })
 }
 
 /// As [`reclaim`], never picking the pages of `protect`'s table in its
-/// range.
+/// range; failed demotions go to `failed` (what, error).
 fn reclaim_except(
     rt: &Inner,
     tier: Tier,
     need: usize,
     slower: &[Tier],
     protect: Option<(&Table, &std::ops::Range<usize>)>,
+    failed: &mut dyn FnMut(&str, Error),
 ) -> usize {
     // Weak references, upgraded one at a time: a buffer dropped meanwhile
     // gives its capacity back at once, not after this pass.
@@ -268,7 +285,7 @@ fn reclaim_except(
                 if victims.is_empty() {
                     break;
                 }
-                let m = demote(&table, &victims, tier, slower);
+                let m = demote(&table, &victims, tier, slower, failed);
                 if m == 0 {
                     break;
                 }
@@ -327,21 +344,25 @@ fn pick(
 }
 
 /// Moves `victims` out of `tier` to the first slower tier with room.
-fn demote(table: &Table, victims: &[usize], tier: Tier, slower: &[Tier]) -> usize {
+fn demote(
+    table: &Table,
+    victims: &[usize],
+    tier: Tier,
+    slower: &[Tier],
+    failed: &mut dyn FnMut(&str, Error),
+) -> usize {
     let mut left = victims.to_vec();
     let mut moved = 0;
     for &dst in slower {
         if left.is_empty() {
             break;
         }
-        // The pages stay readable (or are counted lost); the error is
-        // kept for Runtime::check.
+        // The pages stay readable (or are counted lost); the error goes
+        // to whoever asked for the room.
         let full = match table.move_batched(&left, dst, &|t| t == tier) {
             Ok(full) => full,
             Err(e) => {
-                table
-                    .rt
-                    .note_background(&format!("demoting pages from {tier} to {dst}"), e);
+                failed(&format!("demoting pages from {tier} to {dst}"), e);
                 break;
             }
         };

@@ -613,9 +613,13 @@ impl MemoryGroup {
             return Ok(None);
         }
         let g = Self { dir };
-        std::fs::write(g.dir.join("memory.limit_in_bytes"), bytes.to_string())
-            .map_err(|e| Error::io("setting the cgroup's memory limit", e))?;
-        Ok(Some(g))
+        // A controller that refuses the limit is as good as none (the
+        // group is removed when `g` drops).
+        Ok(
+            std::fs::write(g.dir.join("memory.limit_in_bytes"), bytes.to_string())
+                .is_ok()
+                .then_some(g),
+        )
     }
 
     /// The group's directory.
