@@ -308,11 +308,7 @@ fn is_in(by_id: &HashMap<u32, &Arc<Table>>, p: u64, tier: Tier) -> bool {
 /// Moves `pages` (ids) out of `fast`, cascading down; returns how many
 /// left it (pages not there to begin with do not count).
 fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], fast: Tier) -> u64 {
-    let slower: Vec<Tier> = rt
-        .stores()
-        .map(|s| s.tier())
-        .filter(|&t| t > fast)
-        .collect();
+    let slower = rt.tiers_below(fast);
     let there: Vec<u64> = pages
         .iter()
         .copied()

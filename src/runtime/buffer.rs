@@ -395,12 +395,7 @@ impl Buffer {
         if full.is_empty() {
             return Ok(());
         }
-        let targets: Vec<Tier> = self
-            .rt()
-            .stores()
-            .map(|s| s.tier())
-            .filter(|&t| t > tier)
-            .collect();
+        let targets = self.rt().tiers_below(tier);
         for p in full {
             // Stays an error unless a slower tier takes the page.
             let mut last = Some(Error::new(

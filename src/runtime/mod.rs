@@ -454,6 +454,15 @@ impl Inner {
         self.stores.iter().find(|s| s.tier() == tier).map(|s| &**s)
     }
 
+    /// The configured tiers slower than `tier`, fastest first (where its
+    /// pages are demoted to).
+    pub(crate) fn tiers_below(&self, tier: Tier) -> Vec<Tier> {
+        self.stores()
+            .map(|s| s.tier())
+            .filter(|&t| t > tier)
+            .collect()
+    }
+
     pub(crate) fn stores(&self) -> impl Iterator<Item = &dyn PageStore> {
         self.stores.iter().map(|s| &**s)
     }

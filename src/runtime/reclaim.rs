@@ -149,11 +149,7 @@ fn pass(rt: &Inner) {
         let store = rt.store(tier).expect("configured");
         let low = Watermarks::pages(rt.watermarks.low, store.capacity_pages());
         let need = store.used_pages().saturating_sub(low) as usize;
-        let slower: Vec<Tier> = rt
-            .stores()
-            .map(|s| s.tier())
-            .filter(|&t| t > tier)
-            .collect();
+        let slower = rt.tiers_below(tier);
         let moved = reclaim(rt, tier, need, &slower);
         rt.counters
             .reclaimed_pages
@@ -189,11 +185,7 @@ pub(crate) fn make_room(rt: &Inner, pages: usize) -> usize {
 /// Frees `pages` slots in `tier` by demoting unpinned pages of buffers not
 /// in a launch to slower tiers. Returns how many moved.
 pub(crate) fn make_room_in(rt: &Inner, tier: Tier, pages: usize) -> usize {
-    let slower: Vec<Tier> = rt
-        .stores()
-        .map(|s| s.tier())
-        .filter(|&t| t > tier)
-        .collect();
+    let slower = rt.tiers_below(tier);
     let moved = reclaim(rt, tier, pages, &slower);
     rt.counters
         .reclaimed_pages
@@ -213,11 +205,7 @@ pub(crate) fn make_room_for_prefetch(
     table: &Table,
     protect: &std::ops::Range<usize>,
 ) -> (usize, Option<Error>) {
-    let slower: Vec<Tier> = rt
-        .stores()
-        .map(|s| s.tier())
-        .filter(|&t| t > tier)
-        .collect();
+    let slower = rt.tiers_below(tier);
     let mut failure = None;
     let moved = reclaim_except(
         rt,
