@@ -441,7 +441,7 @@ pub struct Reader<'l, 'a> {
     sampler: crate::hotness::Sampler,
 }
 
-impl Reader<'_, '_> {
+impl<'l> Reader<'l, '_> {
     /// As [`load`](Self::load), also returning the element's page and
     /// whether that page was in device memory when read (for benchmarks'
     /// accounting of device hits and zero-copy reads).
@@ -462,6 +462,53 @@ impl Reader<'_, '_> {
             page,
             on_device,
         )
+    }
+
+    /// Page `page`'s bytes as this launch's kernels read them (its last
+    /// page ends with the buffer), and whether the page was in device
+    /// memory when looked up: for simulated kernels that read a page many
+    /// times, look it up once and count each access with
+    /// [`touch`](Self::touch). The view is valid while the launch lives —
+    /// for a read-only launch on the simulated device, the same guarantee
+    /// [`load`](Self::load) relies on.
+    ///
+    /// # Panics
+    /// When `page` is beyond the buffer, or the launch is not a read-only
+    /// one on the simulated device (as [`Launch::load`]).
+    #[inline]
+    pub fn page(&self, page: usize) -> (&'l [u8], bool) {
+        let l = self.launch;
+        assert!(
+            l.host_readable,
+            "Reader::page needs a read-only launch on the simulated device"
+        );
+        let size = 1u64 << l.page_shift;
+        let start = page as u64 * size;
+        assert!(start < l.len, "page {page} is beyond the buffer");
+        let len = size.min(l.len - start) as usize;
+        let base = l.entries[page].load(Ordering::Acquire);
+        let on_device = l.map.shared.on_device[page].load(Ordering::Relaxed);
+        // SAFETY: as in `Launch::locate`: the entry holds the host address
+        // of a slot of at least a page, readable and unwritten while this
+        // read-only launch lives, and the returned borrow cannot outlive
+        // the launch (lifetime `'l`, this reader's borrow of it); `len`
+        // is at most a page.
+        let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+        (bytes, on_device)
+    }
+
+    /// Counts one access of page `page` on this reader's sampler (and in
+    /// the runtime's trace), as [`load`](Self::load) does: pair it with
+    /// reads from [`page`](Self::page).
+    #[inline]
+    pub fn touch(&mut self, page: usize) {
+        let l = self.launch;
+        if let Some(shift) = l.shift {
+            if self.sampler.hit(shift) {
+                crate::hotness::count_one(&l.counters[page]);
+            }
+        }
+        l.trace.record(l.buffer, page);
     }
 
     /// As [`Launch::load`], counted on this reader's sampler.

@@ -1,7 +1,7 @@
-//! The benchmark crate's two calls into the OS that Rust's standard
-//! library lacks, for the page cache baseline of `strata bench pages`:
-//! the lowest layer of this crate, and its only `unsafe` outside the CUDA
-//! graph kernels.
+//! The benchmark crate's calls into the OS that Rust's standard library
+//! lacks — for the page cache baseline of `strata bench pages`, and the
+//! CPU time of the graph benchmark's balancer rounds: the lowest layer of
+//! this crate, and its only `unsafe` outside the CUDA graph kernels.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -24,4 +24,19 @@ pub fn map_read_only(file: &File) -> std::io::Result<memmap2::Mmap> {
     // written and synced before) is not written or truncated while the map
     // lives: the child process that maps it only reads.
     unsafe { memmap2::Mmap::map(file) }
+}
+
+/// CPU seconds the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`):
+/// unlike wall time, not inflated while the thread waits for a core.
+pub fn thread_cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid, writable timespec that outlives the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    if rc != 0 {
+        return 0.0;
+    }
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }

@@ -407,7 +407,18 @@ fn bench_graph_compares_the_configurations_and_verifies() {
         .iter()
         .map(|c| c["config"].as_str().unwrap())
         .collect();
-    assert_eq!(configs, ["strata", "uvm-lru", "zero-copy", "all-device"]);
+    assert_eq!(
+        configs,
+        [
+            "strata",
+            "uvm",
+            "uvm-advised",
+            "zero-copy",
+            "all-device",
+            "static-optimum"
+        ]
+    );
+    assert_eq!(r["model"]["name"], "h200-sxm5");
     for c in r["results"].as_array().unwrap() {
         for key in ["seconds", "teps", "bytes_moved", "hit_rate"] {
             assert!(c[key].is_number(), "{key} in {c}");

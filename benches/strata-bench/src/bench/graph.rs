@@ -3,8 +3,9 @@
 //! the same graph, algorithm and budget.
 //!
 //! - On the simulated device (`--device sim`, the default) the kernels are
-//!   the Rust ones of [`algo`]; times are **modelled** GPU time (see
-//!   [`GpuModel`]); wall time is reported too.
+//!   the Rust ones of [`algo`]; times are **modelled** GPU time on a
+//!   platform preset ([`Platform`], see [`crate::workloads::graph::model`]);
+//!   wall time is reported too.
 //! - On a GPU (`--device cuda`, built with the `cuda` feature) the kernels
 //!   are `kernels/graph.cu` (`workloads::graph::cuda`); times are
 //!   measured, and the baselines are real: `uvm` (Unified Memory, device
@@ -18,7 +19,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::workloads::graph::algo::{self, Mem};
-use crate::workloads::graph::tiered::{Accounting, Config, GpuModel, TieredGraph, TieredMem};
+use crate::workloads::graph::model::Platform;
+use crate::workloads::graph::tiered::{Config, ResidentMem, RunCost, TieredGraph, TieredMem};
 use crate::workloads::graph::{verify, Csr, GraphSpec};
 use strata::device::DeviceChoice;
 use strata::error::{Error, ErrorKind, Result};
@@ -103,11 +105,22 @@ pub struct GraphParams {
     pub verify: bool,
     /// Run the baselines too.
     pub baselines: bool,
+    /// Exactly these configurations (instead of strata and, with
+    /// `baselines`, the baselines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub configs: Option<Vec<Config>>,
+    /// The modelled GPU (simulated device).
+    #[serde(serialize_with = "platform_name")]
+    pub platform: Platform,
     /// Page size of the tiered buffers.
     pub page_size: usize,
     /// Where the kernels run: `sim` (modelled), `cuda`, or `auto` (cuda
     /// where a GPU is).
     pub device: DeviceChoice,
+}
+
+fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name)
 }
 
 /// One trial.
@@ -131,13 +144,36 @@ pub struct Trial {
     pub iterations: Option<u32>,
     /// Whether the result verified (with `--verify`).
     pub verified: Option<bool>,
+    /// What the modelled time is made of (simulated device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<TrialCost>,
+}
+
+/// A modelled trial's time by mechanism, seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrialCost {
+    /// The kernels (reads from L2, HBM and over the link; launches).
+    pub kernels: f64,
+    /// Moving data in before the kernels (all-device's upload; strata's
+    /// initial placement is in `migrations`).
+    pub upload: f64,
+    /// strata's migrations (initial placement included), at the link's DMA
+    /// rate.
+    pub migrations: f64,
+    /// strata's balancer rounds (measured CPU time).
+    pub balancer: f64,
+    /// Unified Memory's fault service, evictions and prefetch.
+    pub uvm: f64,
+    /// What the run read and what the driver did.
+    pub detail: RunCost,
 }
 
 /// One configuration's results.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConfigResult {
-    /// `strata`, `uvm-lru`, `zero-copy` or `all-device` (on a GPU: `uvm`
-    /// instead of `uvm-lru`).
+    /// `strata`, `uvm`, `uvm-advised`, `zero-copy`, `all-device`,
+    /// `static-optimum` or `resident` (on a GPU: `strata`, `uvm`,
+    /// `zero-copy`, `all-device`).
     pub config: &'static str,
     /// The kernel.
     pub algo: Algo,
@@ -176,8 +212,8 @@ pub struct GraphReport {
     pub graph_bytes: u64,
     /// The device budget in bytes.
     pub budget_bytes: u64,
-    /// The modelled GPU (simulated device).
-    pub model: Option<GpuModel>,
+    /// The modelled GPU (simulated device): every figure of the preset.
+    pub model: Option<Platform>,
     /// One entry per configuration.
     pub results: Vec<ConfigResult>,
     /// Configurations left out, and why (on a GPU: all-device where the
@@ -277,7 +313,11 @@ pub fn run_on(
         Budget::Bytes(b) => b,
         // At least one page: a percentage of a tiny graph still means some
         // device memory.
-        Budget::Percent(p) => ((footprint as f64 * p / 100.0) as u64).max(params.page_size as u64),
+        // Of the arrays rounded up to whole pages, so that 100% holds them.
+        Budget::Percent(p) => {
+            let paged = TieredGraph::paged_footprint(g, weights, params.page_size);
+            ((paged as f64 * p / 100.0) as u64).max(params.page_size as u64)
+        }
     };
     // Sources, the same for every configuration.
     let sources: Vec<Option<usize>> = (0..params.trials)
@@ -300,75 +340,72 @@ pub fn run_on(
     if resolve(params.device)? == DeviceChoice::Cuda {
         return run_cuda(g, params, budget, footprint, &sources, progress);
     }
-    let model = GpuModel::default();
-    let mut configs = vec![Config::Strata];
-    if params.baselines {
-        configs.extend([Config::UvmLru, Config::ZeroCopy, Config::AllDevice]);
-    }
+    let platform = params.platform;
+    let configs = sim_configs(params);
     let mut references: HashMap<usize, Vec<u64>> = HashMap::new();
     let mut pr_reference: Option<Vec<f64>> = None;
     let mut results = Vec::new();
     let mut dump = None;
     let steps = (configs.len() * params.trials as usize) as f64;
+    let balancer = BalancerConfig::default()
+        .with_policy(params.policy)
+        // Promote only pages read through at least once a round
+        // (4-byte neighbours): anything less costs more to move than
+        // to read in place.
+        .with_min_accesses(params.page_size as u64 / 4);
     for (ci, &config) in configs.iter().enumerate() {
         let tg = TieredGraph::build(g, config, budget, params.page_size, weights)?;
-        let balancer = BalancerConfig::default()
-            .with_policy(params.policy)
-            // Promote only pages read through at least once a round
-            // (4-byte neighbours): anything less costs more to move than
-            // to read in place.
-            .with_min_accesses(params.page_size as u64 / 4);
         let mut trials = Vec::new();
         for (t, &source) in sources.iter().enumerate() {
-            // Every trial starts cold, in every configuration.
-            tg.reset(balancer)?;
             progress(
                 config.name(),
                 (ci * params.trials as usize + t) as f64 / steps,
             );
-            let before = tg.rt.stats().device_links.unwrap_or_default();
-            let acct = Accounting::default();
-            let maps = tg.maps()?;
-            let mut mem = TieredMem::new(&tg, &maps, &acct, &model, budget)?;
-            let wall = Instant::now();
-            let (result, edges, iterations) = run_kernel(&mut mem, params.algo, source, g);
-            let wall_seconds = wall.elapsed().as_secs_f64();
-            if let Some(e) = mem.errors.pop() {
-                return Err(e.context(format!("{} trial {t}", config.name())));
+            // Every trial starts cold, in every configuration.
+            tg.reset(balancer)?;
+            if config == Config::StaticOptimum {
+                // The same trial once with every page in host memory,
+                // recording what each page sent over the link; the budget
+                // then holds the pages that sent the most.
+                let maps = tg.maps()?;
+                let mut mem = TieredMem::new(&tg, &maps, &platform, budget, true)?;
+                run_kernel(&mut mem, params.algo, source, g);
+                let weights = mem.weights().expect("profiling");
+                drop(mem);
+                drop(maps);
+                tg.place_pages(&hottest(&weights, budget / tg.page_size() as u64))?;
             }
-            drop(mem);
+            let before = tg.rt.stats().device_links.unwrap_or_default();
+            if config == Config::Strata {
+                tg.place_initial(budget)?;
+            }
+            let maps = tg.maps()?;
+            let (result, edges, iterations, wall_seconds, run) = if config == Config::Resident {
+                let mut mem = ResidentMem::new(&tg, &maps)?;
+                let wall = Instant::now();
+                let (result, edges, iterations) = run_kernel(&mut mem, params.algo, source, g);
+                let wall_seconds = wall.elapsed().as_secs_f64();
+                (result, edges, iterations, wall_seconds, RunCost::default())
+            } else {
+                let mut mem = TieredMem::new(&tg, &maps, &platform, budget, false)?;
+                let wall = Instant::now();
+                let (result, edges, iterations) = run_kernel(&mut mem, params.algo, source, g);
+                let wall_seconds = wall.elapsed().as_secs_f64();
+                if let Some(e) = mem.errors.pop() {
+                    return Err(e.context(format!("{} trial {t}", config.name())));
+                }
+                (result, edges, iterations, wall_seconds, mem.finish())
+            };
             drop(maps);
             let after = tg.rt.stats().device_links.unwrap_or_default();
-            let ld = |f: fn(&strata::link::LinkStats) -> f64| {
-                f(&after.0) - f(&before.0) + f(&after.1) - f(&before.1)
-            };
-            let get =
-                |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
-            let (dtx, htx) = (get(&acct.device_tx), get(&acct.host_tx));
-            let line = model.line as f64;
-            let launches = get(&acct.launches) as f64 * model.launch_seconds;
-            let (seconds, bytes_moved, hit_rate) = if config == Config::UvmLru {
-                let (faults, evictions) = (get(&acct.uvm_faults), get(&acct.uvm_evictions));
-                let fault_bytes = get(&acct.uvm_fault_bytes);
-                // An evicted group migrates back: counted at the mean size
-                // of a faulted group.
-                let evicted_bytes = evictions * fault_bytes.checked_div(faults).unwrap_or(0);
-                let moved = fault_bytes + evicted_bytes;
-                let s = launches
-                    + dtx as f64 * line / model.hbm_bandwidth
-                    + faults as f64 * model.fault_seconds
-                    + moved as f64 / model.pcie_bandwidth;
-                // As for the others: the share of transactions served by
-                // device memory without waiting for a transfer.
-                (s, moved, 1.0 - faults as f64 / dtx.max(1) as f64)
-            } else {
-                let moved = (after.0.bytes - before.0.bytes) + (after.1.bytes - before.1.bytes);
-                let s = launches
-                    + dtx as f64 * line / model.hbm_bandwidth
-                    + htx as f64 * line / model.pcie_bandwidth
-                    + ld(|l| l.modelled_seconds);
-                (s, moved, dtx as f64 / (dtx + htx).max(1) as f64)
-            };
+            let h2d = (after.0.bytes - before.0.bytes, after.0.ops - before.0.ops);
+            let d2h = (after.1.bytes - before.1.bytes, after.1.ops - before.1.ops);
+            let (cost, bytes_moved) = charge(config, &platform, run, h2d, d2h, footprint);
+            let seconds = cost.kernels + cost.upload + cost.migrations + cost.balancer + cost.uvm;
+            let tr = &run.traffic;
+            let faults = run.uvm.map_or(0, |u| u.faults);
+            let hit_rate =
+                1.0 - (tr.host_requests + faults) as f64 / tr.graph_requests.max(1) as f64;
             let verified = params
                 .verify
                 .then(|| check(g, &result, source, &mut references, &mut pr_reference))
@@ -383,17 +420,20 @@ pub fn run_on(
                         ),
                     )
                 })?;
+            let modelled = config != Config::Resident;
             trials.push(Trial {
-                seconds,
+                seconds: if modelled { seconds } else { wall_seconds },
                 wall_seconds,
-                teps: edges.map(|e| e as f64 / seconds.max(1e-12)),
-                bytes_moved: Some(bytes_moved),
-                hit_rate: Some(hit_rate),
+                teps: edges
+                    .map(|e| e as f64 / if modelled { seconds } else { wall_seconds }.max(1e-12)),
+                bytes_moved: modelled.then_some(bytes_moved),
+                hit_rate: modelled.then_some(hit_rate.clamp(0.0, 1.0)),
                 source,
                 iterations,
                 verified,
+                cost: modelled.then_some(cost),
             });
-            if config == Config::Strata {
+            if dump.is_none() || config == Config::Strata {
                 dump = Some(result);
             }
         }
@@ -410,12 +450,80 @@ pub fn run_on(
             edges: g.edges(),
             graph_bytes: footprint,
             budget_bytes: budget,
-            model: Some(model),
+            model: Some(platform),
             results,
             skipped: Vec::new(),
         },
-        dump.expect("strata always runs"),
+        dump.expect("at least one configuration runs"),
     ))
+}
+
+/// The configurations a simulated run compares.
+fn sim_configs(params: &GraphParams) -> Vec<Config> {
+    if let Some(c) = &params.configs {
+        return c.clone();
+    }
+    let mut configs = vec![Config::Strata];
+    if params.baselines {
+        configs.extend([
+            Config::Uvm,
+            Config::UvmAdvised,
+            Config::ZeroCopy,
+            Config::AllDevice,
+            Config::StaticOptimum,
+        ]);
+    }
+    configs
+}
+
+/// The `pages` pages ((array, page)) that sent the most bytes over the
+/// link in a profile.
+fn hottest(weights: &[Vec<u64>], pages: u64) -> Vec<(usize, usize)> {
+    let mut all: Vec<(u64, usize, usize)> = weights
+        .iter()
+        .enumerate()
+        .flat_map(|(a, w)| w.iter().enumerate().map(move |(p, &x)| (x, a, p)))
+        .filter(|&(x, _, _)| x > 0)
+        .collect();
+    all.sort_unstable_by(|x, y| y.cmp(x));
+    all.truncate(pages as usize);
+    all.into_iter().map(|(_, a, p)| (a, p)).collect()
+}
+
+/// A run's modelled time by mechanism, and the bytes it migrated.
+fn charge(
+    config: Config,
+    p: &Platform,
+    run: RunCost,
+    h2d: (u64, u64),
+    d2h: (u64, u64),
+    footprint: u64,
+) -> (TrialCost, u64) {
+    let mut cost = TrialCost {
+        kernels: run.kernel_seconds,
+        upload: 0.0,
+        migrations: 0.0,
+        balancer: 0.0,
+        uvm: run.uvm_seconds,
+        detail: run,
+    };
+    let moved = match config {
+        Config::Strata => {
+            cost.migrations = p.h2d(h2d.0, h2d.1) + p.d2h(d2h.0, d2h.1);
+            cost.balancer = run.balancer_seconds;
+            h2d.0 + d2h.0
+        }
+        Config::AllDevice => {
+            // The arrays uploaded in one batch each.
+            cost.upload = p.h2d(footprint, 5);
+            footprint
+        }
+        Config::Uvm | Config::UvmAdvised => run
+            .uvm
+            .map_or(0, |u| u.bytes_in + u.bytes_out + u.advised_bytes),
+        Config::ZeroCopy | Config::StaticOptimum | Config::Resident => 0,
+    };
+    (cost, moved)
 }
 
 /// The medians of a configuration's trials.

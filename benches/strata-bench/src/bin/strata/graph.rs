@@ -9,6 +9,8 @@ use strata::policy::PolicyKind;
 use strata::size::{format_size, parse_size};
 use strata::Error;
 use strata_bench::bench::graph::{self, Algo, Budget, GraphParams, GraphReport};
+use strata_bench::workloads::graph::model::Platform;
+use strata_bench::workloads::graph::tiered::Config;
 use strata_bench::workloads::graph::GraphSpec;
 
 use crate::out::OutputPath;
@@ -46,9 +48,20 @@ pub struct GraphArgs {
     /// Write the last strata trial's per-vertex result here.
     #[arg(long)]
     dump: Option<PathBuf>,
-    /// Also run uvm-lru, zero-copy and all-device on the same graph.
+    /// Also run the baselines on the same graph: uvm, uvm-advised,
+    /// zero-copy, all-device and static-optimum (on a GPU: uvm, zero-copy,
+    /// all-device).
     #[arg(long)]
     baselines: bool,
+    /// Exactly these configurations, comma-separated (simulated device):
+    /// strata, uvm, uvm-advised, zero-copy, all-device, static-optimum,
+    /// resident (every page in the fastest tier, no model: wall time).
+    #[arg(long, conflicts_with = "baselines")]
+    configs: Option<String>,
+    /// The modelled GPU on the simulated device: h200-sxm5, h100-pcie5,
+    /// a100-pcie4 or v100-pcie3.
+    #[arg(long, default_value = "h200-sxm5")]
+    platform: String,
     /// Page size of the tiered buffers.
     #[arg(long, default_value = "64k")]
     page_size: String,
@@ -95,6 +108,26 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         .map_err(|e: Error| e.context("--device-budget"))?;
     let policy: PolicyKind = a.policy.parse().map_err(|e: Error| e.context("--policy"))?;
     let device: DeviceChoice = a.device.parse().map_err(|e: Error| e.context("--device"))?;
+    let platform: Platform = a
+        .platform
+        .parse()
+        .map_err(|e: Error| e.context("--platform"))?;
+    let configs = a
+        .configs
+        .as_deref()
+        .map(|list| {
+            list.split(',')
+                .map(|c| {
+                    c.trim()
+                        .parse::<Config>()
+                        .map_err(|e| e.context("--configs"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    if configs.as_ref().is_some_and(|c| c.is_empty()) {
+        return Err(Error::invalid("--configs names no configuration"));
+    }
     if device == DeviceChoice::Cuda {
         // Before generating the graph: no GPU is one line, at once.
         strata::device::probe_gpus().map_err(|e| e.context("--device cuda"))?;
@@ -109,6 +142,8 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         seed: a.seed,
         verify: a.verify,
         baselines: a.baselines,
+        configs: configs.clone(),
+        platform,
         page_size,
         device,
     };
@@ -182,10 +217,10 @@ fn print_table(r: &GraphReport) -> Result<(), Error> {
     );
     match &r.model {
         Some(m) => outln!(
-            "backend: simulated — times are modelled GPU time (HBM {:.0} GB/s, PCIe {:.0} GB/s, UVM fault {:.0} µs); wall is this machine",
-            m.hbm_bandwidth / 1e9,
-            m.pcie_bandwidth / 1e9,
-            m.fault_seconds * 1e6
+            "backend: simulated — times are modelled GPU time on {} (link {:.0} GB/s DMA, L2 {}); wall is this machine",
+            m.name,
+            m.dma_h2d / 1e9,
+            format_size(m.l2_bytes)
         ),
         None => outln!(
             "backend: cuda, {} — times are measured; strata's hit rate is of sampled accesses",
@@ -193,7 +228,7 @@ fn print_table(r: &GraphReport) -> Result<(), Error> {
         ),
     }
     outln!(
-        "{:<11} {:>12} {:>10} {:>12} {:>12} {:>9}",
+        "{:<14} {:>12} {:>10} {:>12} {:>12} {:>9}",
         "config",
         if r.modelled { "modelled" } else { "measured" },
         "wall",
@@ -203,7 +238,7 @@ fn print_table(r: &GraphReport) -> Result<(), Error> {
     );
     for c in &r.results {
         outln!(
-            "{:<11} {:>10.3}ms {:>9.3}s {:>12} {:>12} {:>9}",
+            "{:<14} {:>10.3}ms {:>9.3}s {:>12} {:>12} {:>9}",
             c.config,
             c.seconds * 1e3,
             c.wall_seconds,

@@ -2,7 +2,8 @@
 //! CSR arrays are read ([`Mem`]): straight from host memory, or through the
 //! device maps of tiered buffers on the simulated device. Vertex state
 //! (parents, distances, scores, labels) is working memory of the kernel and
-//! is not tiered.
+//! is not tiered; the kernels report each access of it ([`Read::state`])
+//! so that a model can charge it.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -41,6 +42,54 @@ pub trait Read {
     fn in_offset(&mut self, v: usize) -> u64;
     /// Incoming `neighbors[i]`.
     fn in_neighbor(&mut self, i: u64) -> u32;
+    /// The kernel read or wrote element `index` of a vertex-state array
+    /// (for accounting; nothing is read through it).
+    #[inline]
+    fn state(&mut self, _array: State, _index: usize) {}
+}
+
+/// The kernels' vertex-state arrays, in device memory on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// BFS depths (i32).
+    Depth,
+    /// BFS parents (u32).
+    Parent,
+    /// BFS frontier bitmap (a byte per vertex here).
+    Front,
+    /// BFS/SSSP frontier queues (u32 vertex ids).
+    Queue,
+    /// SSSP distances (u64).
+    Dist,
+    /// PageRank scores (f64).
+    Score,
+    /// PageRank contributions (f64).
+    Contrib,
+    /// CC labels (u32).
+    Comp,
+}
+
+impl State {
+    /// Every state array.
+    pub const ALL: [State; 8] = [
+        State::Depth,
+        State::Parent,
+        State::Front,
+        State::Queue,
+        State::Dist,
+        State::Score,
+        State::Contrib,
+        State::Comp,
+    ];
+
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            State::Front => 1,
+            State::Depth | State::Parent | State::Queue | State::Comp => 4,
+            State::Dist | State::Score | State::Contrib => 8,
+        }
+    }
 }
 
 /// The CSR arrays read straight from host memory.
@@ -136,7 +185,11 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                 let mut r = g.reader(c as u64);
                 chunk
                     .iter()
-                    .map(|&u| r.offset(u as usize + 1) - r.offset(u as usize))
+                    .enumerate()
+                    .map(|(j, &u)| {
+                        r.state(State::Queue, c * GRAIN + j);
+                        r.offset(u as usize + 1) - r.offset(u as usize)
+                    })
                     .sum::<u64>()
             })
             .sum();
@@ -156,6 +209,7 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                         let mut found = 0u64;
                         let mut checked = 0u64;
                         for v in range {
+                            r.state(State::Depth, v);
                             if depth[v].load(Ordering::Relaxed) >= 0 {
                                 continue;
                             }
@@ -163,7 +217,11 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                             for i in a..b {
                                 checked += 1;
                                 let u = r.in_neighbor(i) as usize;
+                                r.state(State::Front, u);
                                 if front[u].load(Ordering::Relaxed) {
+                                    r.state(State::Parent, v);
+                                    r.state(State::Depth, v);
+                                    r.state(State::Front, v);
                                     parent[v].store(u as u32, Ordering::Relaxed);
                                     depth[v].store(level + 1, Ordering::Relaxed);
                                     next_front[v].store(true, Ordering::Relaxed);
@@ -200,11 +258,13 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                     let mut r = g.reader(c as u64 + 2_000_000);
                     let mut out = Vec::new();
                     let mut checked = 0u64;
-                    for &u in chunk {
+                    for (j, &u) in chunk.iter().enumerate() {
+                        r.state(State::Queue, c * GRAIN + j);
                         let (a, b) = (r.offset(u as usize), r.offset(u as usize + 1));
                         for i in a..b {
                             checked += 1;
                             let v = r.neighbor(i) as usize;
+                            r.state(State::Depth, v);
                             if depth[v].load(Ordering::Relaxed) < 0
                                 && parent[v]
                                     .compare_exchange(
@@ -215,6 +275,8 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                                     )
                                     .is_ok()
                             {
+                                r.state(State::Parent, v);
+                                r.state(State::Depth, v);
                                 depth[v].store(level + 1, Ordering::Relaxed);
                                 out.push(v as u32);
                             }
@@ -266,7 +328,9 @@ pub fn sssp<M: Mem>(g: &mut M, source: usize, delta: u64) -> SsspResult {
                     let mut r = g.reader(c as u64 + 3_000_000);
                     let mut out = Vec::new();
                     let mut count = 0u64;
-                    for &u in chunk {
+                    for (j, &u) in chunk.iter().enumerate() {
+                        r.state(State::Queue, c * GRAIN + j);
+                        r.state(State::Dist, u as usize);
                         let du = dist[u as usize].load(Ordering::Relaxed);
                         // Stale entries (settled in a lower bucket) skip.
                         if du / delta < b as u64 {
@@ -277,6 +341,7 @@ pub fn sssp<M: Mem>(g: &mut M, source: usize, delta: u64) -> SsspResult {
                             count += 1;
                             let v = r.neighbor(i) as usize;
                             let nd = du + r.weight(i) as u64;
+                            r.state(State::Dist, v);
                             if dist[v].fetch_min(nd, Ordering::Relaxed) > nd {
                                 out.push(((nd / delta) as usize, v as u32));
                             }
@@ -331,6 +396,8 @@ pub fn pagerank<M: Mem>(g: &mut M, tolerance: f64, max_iterations: u32) -> PrRes
                 for (j, x) in chunk.iter_mut().enumerate() {
                     let v = c * GRAIN + j;
                     let deg = r.offset(v + 1) - r.offset(v);
+                    r.state(State::Score, v);
+                    r.state(State::Contrib, v);
                     *x = if deg > 0 { scores[v] / deg as f64 } else { 0.0 };
                 }
             });
@@ -345,8 +412,11 @@ pub fn pagerank<M: Mem>(g: &mut M, tolerance: f64, max_iterations: u32) -> PrRes
                     let (a, b) = (r.in_offset(v), r.in_offset(v + 1));
                     let mut sum = 0.0;
                     for i in a..b {
-                        sum += contrib[r.in_neighbor(i) as usize];
+                        let u = r.in_neighbor(i) as usize;
+                        r.state(State::Contrib, u);
+                        sum += contrib[u];
                     }
+                    r.state(State::Score, v);
                     let new = base + d * sum;
                     err += (new - *s).abs();
                     *s = new;
@@ -374,7 +444,9 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
         tasks(n).enumerate().for_each(|(c, range)| {
             let mut r = g.reader(c as u64 + 6_000_000);
             for u in range {
-                let hook = |v: usize| {
+                let hook = |r: &mut M::Reader<'_>, v: usize| {
+                    r.state(State::Comp, u);
+                    r.state(State::Comp, v);
                     let (cu, cv) = (
                         comp[u].load(Ordering::Relaxed),
                         comp[v].load(Ordering::Relaxed),
@@ -384,6 +456,7 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
                     }
                     let (high, low) = if cu > cv { (cu, cv) } else { (cv, cu) };
                     // Only roots are hooked, onto a smaller label.
+                    r.state(State::Comp, high as usize);
                     if comp[high as usize]
                         .compare_exchange(high, low, Ordering::Relaxed, Ordering::Relaxed)
                         .is_ok()
@@ -393,23 +466,32 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
                 };
                 let (a, b) = (r.offset(u), r.offset(u + 1));
                 for i in a..b {
-                    hook(r.neighbor(i) as usize);
+                    let v = r.neighbor(i) as usize;
+                    hook(&mut r, v);
                 }
                 if directed {
                     let (a, b) = (r.in_offset(u), r.in_offset(u + 1));
                     for i in a..b {
-                        hook(r.in_neighbor(i) as usize);
+                        let v = r.in_neighbor(i) as usize;
+                        hook(&mut r, v);
                     }
                 }
             }
         });
-        (0..n).into_par_iter().for_each(|v| loop {
-            let c = comp[v].load(Ordering::Relaxed);
-            let cc = comp[c as usize].load(Ordering::Relaxed);
-            if c == cc {
-                break;
+        tasks(n).enumerate().for_each(|(c, range)| {
+            let mut r = g.reader(c as u64 + 7_000_000);
+            for v in range {
+                loop {
+                    r.state(State::Comp, v);
+                    let c = comp[v].load(Ordering::Relaxed);
+                    r.state(State::Comp, c as usize);
+                    let cc = comp[c as usize].load(Ordering::Relaxed);
+                    if c == cc {
+                        break;
+                    }
+                    comp[v].store(cc, Ordering::Relaxed);
+                }
             }
-            comp[v].store(cc, Ordering::Relaxed);
         });
         g.between_steps();
         if !changed.into_inner() {

@@ -8,6 +8,7 @@ pub mod algo;
 pub mod csr;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod model;
 pub mod tiered;
 pub mod verify;
 

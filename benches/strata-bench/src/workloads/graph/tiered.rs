@@ -1,36 +1,36 @@
 //! A CSR graph in tiered buffers, read by the kernels through device maps
 //! on the simulated device, with the accounting that turns a run into
-//! modelled GPU time.
+//! modelled GPU time ([`super::model`]).
 //!
-//! Four configurations, same kernels, same graph:
+//! The configurations, same kernels, same graph, same device budget:
 //!
-//! | config | where the arrays are | what an access costs |
+//! | config | where the arrays are | what moving the data in costs |
 //! |---|---|---|
-//! | `strata` | device up to the budget, the rest in host memory; between kernel launches (BFS levels, PageRank iterations) the balancer promotes and demotes pages by the default policy | a device page: HBM; a host page: a zero-copy PCIe read |
-//! | `uvm-lru` | host memory, with a model of Unified Memory on top: a fault-driven LRU of 2 MiB groups holding the budget | a resident group: HBM; a fault: fault latency plus the group's 2 MiB migration (and the evicted group's migration back) |
-//! | `zero-copy` | host memory, read in place (EMOGI) | PCIe |
-//! | `all-device` | device memory (the whole graph) | HBM |
+//! | `strata` | allocated device-first as far as the budget holds, the rest in host memory; between kernel launches (BFS levels, SSSP bucket rounds, PageRank iterations, CC rounds) the balancer promotes and demotes pages by the default policy | the initial upload, every migration, the balancer's CPU time, translation loads and counter atomics |
+//! | `uvm` | Unified Memory as the driver does it ([`super::model::Uvm`]) | faults in batches, migrations, evictions |
+//! | `uvm-advised` | as `uvm`, with `cudaMemAdviseSetReadMostly` and `cudaMemPrefetchAsync` of what fits (EMOGI's "optimized UVM") | the prefetch, then as `uvm` |
+//! | `zero-copy` | host memory, read in place (EMOGI's merged, aligned accesses) | nothing: every read crosses the link |
+//! | `all-device` | device memory (the whole graph) | the upload |
+//! | `static-optimum` | the budget filled with the pages that sent the most bytes over the link in a profiling run of the same trial (hindsight), preloaded, no migration | nothing (a bound, not a system) |
 //!
-//! Reads are counted in 128-byte transactions per array (consecutive loads
-//! in one line are one transaction, as a warp's coalesced loads are), and
-//! modelled time is transactions × 128 B over the bandwidth of where they
-//! went, plus migrations. Modelled parameters: [`GpuModel`].
+//! Vertex state is in device memory in every configuration and charged as
+//! such. `resident` runs the kernels over the tiered buffers with every
+//! page in the fastest tier and no accounting: the simulation's own speed,
+//! for comparison with CPU graph frameworks (wall time only).
 //!
 //! On a GPU ([`TieredGraph::build_on`] with `DeviceChoice::Cuda`) the same
 //! layout serves the CUDA kernels of `cuda.rs`, which read it through the
 //! maps' device copies and measure time instead of modelling it.
 #![forbid(unsafe_code)]
 
+use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
-use serde::Serialize;
-
-use super::algo::{Mem, Read};
+use super::algo::{Mem, Read, State};
+use super::model::{self, Platform, SharedTraffic, Traffic, Uvm, L2};
 use super::Csr;
 use strata::device::DeviceChoice;
 use strata::error::{Error, Result};
-use strata::policy::{lru::Lru, Outcome, Policy};
 use strata::runtime::{Access, Buffer, DeviceMap, Launch, Placement, Reader, Runtime};
 use strata::tier::Tier;
 
@@ -40,19 +40,25 @@ pub enum Config {
     /// Tiered by strata's default policy.
     #[serde(rename = "strata")]
     Strata,
-    /// Unified-Memory-like fault-driven LRU at 2 MiB.
-    #[serde(rename = "uvm-lru")]
-    UvmLru,
+    /// Unified Memory: the driver's model on the simulated device; on a GPU,
+    /// `cuMemAllocManaged` with device memory beyond the budget held back.
+    #[serde(rename = "uvm")]
+    Uvm,
+    /// Unified Memory with read-mostly advice and a prefetch of what fits.
+    #[serde(rename = "uvm-advised")]
+    UvmAdvised,
     /// Everything in host memory, read in place.
     #[serde(rename = "zero-copy")]
     ZeroCopy,
     /// Everything in device memory.
     #[serde(rename = "all-device")]
     AllDevice,
-    /// On a GPU: the arrays in CUDA Unified Memory (`cuMemAllocManaged`),
-    /// with device memory beyond the budget held back.
-    #[serde(rename = "uvm")]
-    Uvm,
+    /// The best fixed placement in hindsight (a bound).
+    #[serde(rename = "static-optimum")]
+    StaticOptimum,
+    /// Every page in the fastest tier, no model: wall time only.
+    #[serde(rename = "resident")]
+    Resident,
 }
 
 impl Config {
@@ -60,44 +66,71 @@ impl Config {
     pub fn name(self) -> &'static str {
         match self {
             Config::Strata => "strata",
-            Config::UvmLru => "uvm-lru",
+            Config::Uvm => "uvm",
+            Config::UvmAdvised => "uvm-advised",
             Config::ZeroCopy => "zero-copy",
             Config::AllDevice => "all-device",
-            Config::Uvm => "uvm",
+            Config::StaticOptimum => "static-optimum",
+            Config::Resident => "resident",
         }
     }
 }
 
-/// The modelled GPU (simulated device): figures of a PCIe Gen4 H100-class
-/// part. Stated, not measured; every report says "modelled".
+impl std::str::FromStr for Config {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        [
+            Config::Strata,
+            Config::Uvm,
+            Config::UvmAdvised,
+            Config::ZeroCopy,
+            Config::AllDevice,
+            Config::StaticOptimum,
+            Config::Resident,
+        ]
+        .into_iter()
+        .find(|c| c.name() == s)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown configuration {s:?} (use strata, uvm, uvm-advised, zero-copy, \
+                 all-device, static-optimum or resident)"
+            ))
+        })
+    }
+}
+
+/// The recommender benchmark's modelled GPU: bandwidths of a platform
+/// preset ([`Platform`]), charged per 128-byte line.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct GpuModel {
+    /// The preset.
+    pub platform: &'static str,
     /// Device memory bandwidth, bytes/s.
     pub hbm_bandwidth: f64,
     /// Host↔device link bandwidth for zero-copy reads and migrations,
-    /// bytes/s (the simulated link model's).
+    /// bytes/s.
     pub pcie_bandwidth: f64,
     /// Bytes per memory transaction.
     pub line: u64,
-    /// Unified Memory: cost of servicing one fault, beyond the transfer.
-    pub fault_seconds: f64,
-    /// Unified Memory migration granularity.
-    pub uvm_group: u64,
-    /// Launching a kernel and waiting for it (one per BFS level, SSSP
-    /// bucket round, PageRank iteration, CC round), in every configuration.
+    /// Launching a kernel and waiting for it.
     pub launch_seconds: f64,
+}
+
+impl From<&Platform> for GpuModel {
+    fn from(p: &Platform) -> Self {
+        Self {
+            platform: p.name,
+            hbm_bandwidth: p.hbm_sector_bandwidth,
+            pcie_bandwidth: p.link_raw * model::LINE as f64 / (model::LINE as f64 + p.tlp_overhead),
+            line: model::LINE,
+            launch_seconds: p.launch_seconds,
+        }
+    }
 }
 
 impl Default for GpuModel {
     fn default() -> Self {
-        Self {
-            hbm_bandwidth: 2.0e12,
-            pcie_bandwidth: strata::lowlevel::PCIE_GEN4_X16.bandwidth,
-            line: 128,
-            fault_seconds: 25e-6,
-            uvm_group: 2 << 20,
-            launch_seconds: 5e-6,
-        }
+        Self::from(&Platform::default())
     }
 }
 
@@ -142,6 +175,21 @@ impl TieredGraph {
         b
     }
 
+    /// [`footprint`](Self::footprint) with every array rounded up to
+    /// whole pages: what "100% of the graph" means for a device budget.
+    pub fn paged_footprint(g: &Csr, weights: bool, page_size: usize) -> u64 {
+        let p = page_size as u64;
+        let r = |b: u64| b.next_multiple_of(p);
+        let mut b = r(g.offsets.len() as u64 * 8) + r(g.neighbors.len() as u64 * 4);
+        if weights {
+            b += r(g.weights.len() as u64 * 4);
+        }
+        if let Some((o, n)) = &g.incoming {
+            b += r(o.len() as u64 * 8) + r(n.len() as u64 * 4);
+        }
+        b
+    }
+
     /// Lays `g` out for `config` with `budget` bytes of simulated device
     /// memory.
     pub fn build(
@@ -168,11 +216,13 @@ impl TieredGraph {
         // Every array rounds up to whole pages.
         let pages_bytes = total + 6 * page_size as u64;
         let device_bytes = match config {
-            Config::Strata => budget,
-            Config::AllDevice => pages_bytes,
-            Config::UvmLru | Config::ZeroCopy | Config::Uvm => 0,
+            Config::Strata | Config::StaticOptimum => budget,
+            Config::AllDevice | Config::Resident => pages_bytes,
+            Config::ZeroCopy | Config::Uvm | Config::UvmAdvised => 0,
         };
-        if config == Config::Strata && device_bytes < page_size as u64 {
+        if matches!(config, Config::Strata | Config::StaticOptimum)
+            && device_bytes < page_size as u64
+        {
             return Err(Error::invalid(format!(
                 "a device budget of {budget} bytes holds no {page_size}-byte page"
             )));
@@ -188,7 +238,7 @@ impl TieredGraph {
         // strata's device starts empty, as Unified Memory's does: what it
         // holds it promotes (and pays for) during the kernels.
         let place = match config {
-            Config::AllDevice => Placement::Fastest,
+            Config::AllDevice | Config::Resident => Placement::Fastest,
             _ => Placement::Prefer(Tier::Host),
         };
         let mut bufs: Vec<Option<Buffer>> = (0..5).map(|_| None).collect();
@@ -219,11 +269,12 @@ impl TieredGraph {
             .collect()
     }
 
-    /// Starts a trial cold: for strata, the device emptied (uncharged: it
-    /// is the state before any trial), the access counts of the writes and
-    /// of earlier trials folded away, and the balancer's policy fresh.
+    /// Starts a trial cold: for strata and the static optimum, the device
+    /// emptied (uncharged: it is the state before any trial), the access
+    /// counts of the writes and of earlier trials folded away, and the
+    /// balancer's policy fresh.
     pub fn reset(&self, balancer: strata::runtime::BalancerConfig) -> Result<()> {
-        if self.config != Config::Strata {
+        if !matches!(self.config, Config::Strata | Config::StaticOptimum) {
             return Ok(());
         }
         for b in self.bufs.iter().flatten() {
@@ -236,6 +287,48 @@ impl TieredGraph {
             });
         }
         self.rt.configure_balancer(balancer)
+    }
+
+    /// strata's initial placement, as an allocation with the default
+    /// placement makes it: the arrays in order, device memory first, as far
+    /// as `budget` holds them (the copies go over the link and are
+    /// charged with the run's migrations).
+    pub fn place_initial(&self, budget: u64) -> Result<()> {
+        let mut left = budget / self.page_size as u64 * self.page_size as u64;
+        for b in self.bufs.iter().flatten() {
+            let take = b.len().next_multiple_of(self.page_size as u64).min(left);
+            if take == 0 {
+                break;
+            }
+            b.prefetch(0..take.min(b.len()), Tier::Device).wait()?;
+            left -= take;
+        }
+        Ok(())
+    }
+
+    /// Places the pages `pages` ((array, page) pairs) in device memory,
+    /// for the static optimum.
+    pub fn place_pages(&self, pages: &[(usize, usize)]) -> Result<()> {
+        let ps = self.page_size as u64;
+        for &(a, p) in pages {
+            let b = self.bufs[a]
+                .as_ref()
+                .expect("weights exist for arrays the graph has");
+            let start = p as u64 * ps;
+            b.prefetch(start..(start + ps).min(b.len()), Tier::Device)
+                .wait()?;
+        }
+        Ok(())
+    }
+
+    /// Page size of the buffers.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> Config {
+        self.config
     }
 
     /// The arrays' buffers: offsets, neighbours, weights, incoming offsets,
@@ -254,9 +347,8 @@ impl TieredGraph {
         self.vertices
     }
 
-    /// Bytes of each array (0 where the graph has none), for capping
-    /// Unified Memory transfers at the array's end.
-    fn array_bytes(&self) -> [u64; 5] {
+    /// Bytes of each array (0 where the graph has none).
+    pub fn array_bytes(&self) -> [u64; 5] {
         std::array::from_fn(|a| self.bufs[a].as_ref().map_or(0, Buffer::len))
     }
 
@@ -269,23 +361,37 @@ impl TieredGraph {
     }
 }
 
-/// What a run read and moved.
-#[derive(Debug, Default)]
-pub struct Accounting {
-    /// 128-byte transactions served from device memory.
-    pub device_tx: AtomicU64,
-    /// Transactions served from host memory over PCIe (zero-copy).
-    pub host_tx: AtomicU64,
-    /// Unified Memory model: group accesses, faults, evictions.
-    pub uvm_accesses: AtomicU64,
-    /// See `uvm_accesses`.
-    pub uvm_faults: AtomicU64,
-    /// See `uvm_accesses`.
-    pub uvm_evictions: AtomicU64,
-    /// Bytes the faults migrated (2 MiB groups, capped at the array's end).
-    pub uvm_fault_bytes: AtomicU64,
-    /// Kernel launches (steps between which the balancer may run).
-    pub launches: AtomicU64,
+/// Where a configuration's graph pages are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Where the page is (strata, the static optimum).
+    ByPage,
+    /// Device memory (all-device; Unified Memory once resident).
+    Device,
+    /// Host memory over the link (zero-copy).
+    Host,
+}
+
+/// Arrays the accounting tracks: the five CSR arrays, then the state.
+const ARRAYS: usize = 5 + State::ALL.len();
+
+/// What a run cost, by mechanism.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct RunCost {
+    /// Kernel launches.
+    pub launches: u64,
+    /// Modelled seconds of the kernels (launch overhead included).
+    pub kernel_seconds: f64,
+    /// Everything the kernels read, by where it was served.
+    pub traffic: Traffic,
+    /// Unified Memory's driver, where it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uvm: Option<model::UvmStats>,
+    /// Modelled seconds of the driver's fault service, evictions and
+    /// prefetches.
+    pub uvm_seconds: f64,
+    /// Measured CPU seconds of strata's balancer rounds.
+    pub balancer_seconds: f64,
 }
 
 /// The kernels' view of a [`TieredGraph`] during one run.
@@ -293,11 +399,19 @@ pub struct TieredMem<'m> {
     graph: &'m TieredGraph,
     maps: &'m [Option<DeviceMap>],
     launches: Vec<Option<Launch<'m>>>,
-    acct: &'m Accounting,
-    uvm: Option<Mutex<Lru>>,
-    group_shift: u32,
-    group_bytes: u64,
-    array_bytes: [u64; 5],
+    platform: Platform,
+    l2: L2,
+    uvm: Option<Uvm>,
+    shared: SharedTraffic,
+    place: Place,
+    /// Whether the model runs (not for `resident`).
+    account: bool,
+    /// Whether reads count into the runtime's counters (strata).
+    counting: bool,
+    page_shift: u32,
+    /// Bytes each page sent over the link (the static optimum's profile).
+    weights: Option<Vec<Vec<AtomicU64>>>,
+    cost: RunCost,
     /// Balancer rounds' errors, if any (the run goes on; reported after).
     pub errors: Vec<Error>,
     /// A relaunch failed: reads return zeros until the run ends, and the
@@ -306,29 +420,65 @@ pub struct TieredMem<'m> {
 }
 
 impl<'m> TieredMem<'m> {
-    /// Starts a run: launches over every map.
+    /// Starts a run: launches over every map. `budget` is Unified
+    /// Memory's device memory; `profile` records what each page sent over
+    /// the link (for [`weights`](Self::weights)).
     pub fn new(
         graph: &'m TieredGraph,
         maps: &'m [Option<DeviceMap>],
-        acct: &'m Accounting,
-        model: &GpuModel,
+        platform: &Platform,
         budget: u64,
+        profile: bool,
     ) -> Result<Self> {
-        let group_pages = (model.uvm_group / graph.page_size as u64).max(1);
-        let uvm = (graph.config == Config::UvmLru).then(|| {
-            // The same byte budget as strata's device tier.
-            let groups = (budget / model.uvm_group).max(1) as usize;
-            Mutex::new(Lru::new(groups))
+        let config = graph.config;
+        let uvm = matches!(config, Config::Uvm | Config::UvmAdvised).then(|| {
+            let advised = config == Config::UvmAdvised;
+            let u = Uvm::new(
+                &graph.array_bytes(),
+                budget,
+                platform.uvm_batch_faults,
+                advised,
+            );
+            if advised {
+                u.prefetch_if_fits(platform);
+            }
+            u
+        });
+        let place = match config {
+            Config::Strata | Config::StaticOptimum => Place::ByPage,
+            Config::ZeroCopy => Place::Host,
+            Config::Uvm | Config::UvmAdvised | Config::AllDevice | Config::Resident => {
+                Place::Device
+            }
+        };
+        let weights = profile.then(|| {
+            graph
+                .bufs
+                .iter()
+                .map(|b| {
+                    let pages = b.as_ref().map_or(0, Buffer::page_count);
+                    (0..pages).map(|_| AtomicU64::new(0)).collect()
+                })
+                .collect()
         });
         let mut m = Self {
             graph,
             maps,
             launches: Vec::new(),
-            acct,
+            platform: *platform,
+            l2: L2::new(if config == Config::Resident {
+                0
+            } else {
+                platform.l2_bytes
+            }),
             uvm,
-            group_shift: group_pages.trailing_zeros(),
-            group_bytes: group_pages * graph.page_size as u64,
-            array_bytes: graph.array_bytes(),
+            shared: SharedTraffic::default(),
+            place,
+            account: config != Config::Resident,
+            counting: config == Config::Strata,
+            page_shift: graph.page_size.trailing_zeros(),
+            weights,
+            cost: RunCost::default(),
             errors: Vec::new(),
             broken: false,
         };
@@ -343,6 +493,44 @@ impl<'m> TieredMem<'m> {
             .map(|m| m.as_ref().map(|m| m.prepare(Access::ReadOnly)).transpose())
             .collect::<Result<_>>()?;
         Ok(())
+    }
+
+    /// A launch ends: what it read becomes modelled time.
+    fn end_launch(&mut self) {
+        let t = self.shared.take();
+        self.cost.launches += 1;
+        if self.account {
+            self.cost.kernel_seconds += t.seconds(&self.platform) + self.platform.launch_seconds;
+        }
+        self.cost.traffic.add(&t);
+        if let Some(u) = &self.uvm {
+            u.end_launch(&self.platform);
+        }
+    }
+
+    /// Ends the run: the last launch, if it read anything, and the cost.
+    pub fn finish(&mut self) -> RunCost {
+        let pending = self.shared.take();
+        if pending != Traffic::default() {
+            self.shared.add(&pending);
+            self.end_launch();
+        }
+        if let Some(u) = &self.uvm {
+            u.end_launch(&self.platform);
+            let (stats, seconds) = u.stats();
+            self.cost.uvm = Some(stats);
+            self.cost.uvm_seconds = seconds;
+        }
+        self.cost
+    }
+
+    /// The profile: per array, bytes each page sent over the link.
+    pub fn weights(&self) -> Option<Vec<Vec<u64>>> {
+        self.weights.as_ref().map(|w| {
+            w.iter()
+                .map(|a| a.iter().map(|x| x.load(Ordering::Relaxed)).collect())
+                .collect()
+        })
     }
 }
 
@@ -361,14 +549,11 @@ impl Mem for TieredMem<'_> {
                     .and_then(Option::as_ref)
                     .map(|l| l.reader(seed.wrapping_add(a as u64)))
             }),
-            last_line: [u64::MAX; 5],
-            last_group: [u64::MAX; 5],
-            device_tx: 0,
-            host_tx: 0,
-            uvm_accesses: 0,
-            uvm_faults: 0,
-            uvm_evictions: 0,
-            uvm_fault_bytes: 0,
+            cur: [Cursor::default(); ARRAYS],
+            traffic: Traffic::default(),
+            accesses: 0,
+            offsets: 0,
+            random: seed,
             mem: self,
         }
     }
@@ -382,15 +567,26 @@ impl Mem for TieredMem<'_> {
     }
 
     fn between_steps(&mut self) {
-        self.acct.launches.fetch_add(1, Ordering::Relaxed);
+        self.end_launch();
         if self.graph.config != Config::Strata {
             return;
         }
         // A kernel launch ends; the balancer moves pages; the next begins.
         self.launches.clear();
+        // The round's CPU time (of this thread: not the time it waits for
+        // a core the kernel's idle workers hold), less the copies it made:
+        // those are DMA on a GPU, charged as migrations at the link's rate.
+        let copying = || {
+            let (h2d, d2h) = self.graph.rt.stats().device_links.unwrap_or_default();
+            h2d.wall_seconds + d2h.wall_seconds
+        };
+        let copied = copying();
+        let t = crate::sys::thread_cpu_seconds();
         if let Err(e) = self.graph.rt.balance_once() {
             self.errors.push(e);
         }
+        let round = crate::sys::thread_cpu_seconds() - t;
+        self.cost.balancer_seconds += (round - (copying() - copied)).max(0.0);
         if let Err(e) = self.launch() {
             self.broken = true;
             self.errors.push(e);
@@ -398,104 +594,323 @@ impl Mem for TieredMem<'_> {
     }
 }
 
-/// One task's reads; adds its counts to the run's [`Accounting`] on drop.
+/// One array's position in a task's reads: the page being read and the
+/// line being gathered into one request.
+#[derive(Clone, Copy)]
+struct Cursor<'a> {
+    page: usize,
+    bytes: &'a [u8],
+    on_device: bool,
+    line: u64,
+    mask: u8,
+    line_device: bool,
+    line_page: usize,
+    block: usize,
+}
+
+impl Default for Cursor<'_> {
+    fn default() -> Self {
+        Self {
+            page: usize::MAX,
+            bytes: &[],
+            on_device: false,
+            line: u64::MAX,
+            mask: 0,
+            line_device: false,
+            line_page: 0,
+            block: usize::MAX,
+        }
+    }
+}
+
+/// One task's reads; adds its traffic to the launch's on drop.
 pub struct TieredRead<'a> {
     readers: [Option<Reader<'a, 'a>>; 5],
-    last_line: [u64; 5],
-    last_group: [u64; 5],
-    device_tx: u64,
-    host_tx: u64,
-    uvm_accesses: u64,
-    uvm_faults: u64,
-    uvm_evictions: u64,
-    uvm_fault_bytes: u64,
+    cur: [Cursor<'a>; ARRAYS],
+    traffic: Traffic,
+    accesses: u64,
+    offsets: u64,
+    random: u64,
     mem: &'a TieredMem<'a>,
 }
 
-impl TieredRead<'_> {
-    #[inline]
+impl<'a> TieredRead<'a> {
+    #[inline(always)]
     fn load<T: bytemuck::Pod>(&mut self, array: usize, index: u64) -> T {
-        let Some(r) = self.readers[array].as_mut() else {
-            // Only after a failed relaunch, which the run reports.
+        let size = std::mem::size_of::<T>();
+        let off = index * size as u64;
+        let shift = self.mem.page_shift;
+        let page = (off >> shift) as usize;
+        if page != self.cur[array].page && !self.switch_page(array, page) {
+            return T::zeroed();
+        }
+        let within = (off & ((1u64 << shift) - 1)) as usize;
+        let value = bytemuck::pod_read_unaligned(&self.cur[array].bytes[within..within + size]);
+        if self.mem.counting {
+            if let Some(r) = self.readers[array].as_mut() {
+                r.touch(page);
+            }
+            self.accesses += 1;
+        }
+        if self.mem.account {
+            self.note(array, off, page);
+        }
+        value
+    }
+
+    /// Looks page `page` of `array` up; false only after a failed
+    /// relaunch (reads then return zeros; the run reports the error).
+    #[cold]
+    #[inline(never)]
+    fn switch_page(&mut self, array: usize, page: usize) -> bool {
+        let Some(r) = self.readers[array].as_ref() else {
             assert!(
                 self.mem.broken,
                 "the kernel reads only arrays the graph has"
             );
-            return T::zeroed();
+            return false;
         };
-        let (value, page, on_device) = r.load_at::<T>(index);
-        let line = (index * std::mem::size_of::<T>() as u64) >> 7;
-        if line != self.last_line[array] {
-            self.last_line[array] = line;
-            match &self.mem.uvm {
-                Some(uvm) => {
-                    let group = (page as u64) >> self.mem.group_shift;
-                    if group != self.last_group[array] {
-                        self.last_group[array] = group;
-                        self.uvm_accesses += 1;
-                        let id = (array as u64) << 40 | group;
-                        if let Outcome::Miss { evicted } = uvm.lock().access(id) {
-                            self.uvm_faults += 1;
-                            let m = self.mem;
-                            let start = group * m.group_bytes;
-                            self.uvm_fault_bytes += m
-                                .group_bytes
-                                .min(m.array_bytes[array].saturating_sub(start));
-                            self.uvm_evictions += evicted.is_some() as u64;
-                        }
-                    }
-                    self.device_tx += 1;
+        let c = &mut self.cur[array];
+        (c.bytes, c.on_device) = r.page(page);
+        c.page = page;
+        true
+    }
+
+    /// Gathers the access at byte `off` of `array` into the request of its
+    /// line, issuing the previous request when the line changes.
+    #[inline]
+    fn note(&mut self, array: usize, off: u64, page: usize) {
+        let line = off / model::LINE;
+        let bit = 1u8 << ((off / model::SECTOR) & 3);
+        let c = &mut self.cur[array];
+        if line == c.line {
+            c.mask |= bit;
+            return;
+        }
+        let prev = (c.line, c.mask, c.line_device, c.line_page);
+        c.line = line;
+        c.mask = bit;
+        c.line_page = page;
+        c.line_device = match self.mem.place {
+            Place::ByPage => c.on_device,
+            Place::Device => true,
+            Place::Host => false,
+        } || array >= 5;
+        if let Some(uvm) = &self.mem.uvm {
+            let block = (off / model::UVM_BASIC_BLOCK) as usize;
+            if array < 5 && block != c.block {
+                c.block = block;
+                if !uvm.resident(array, block) {
+                    uvm.fault(array, block, &self.mem.platform);
                 }
-                None if on_device => self.device_tx += 1,
-                None => self.host_tx += 1,
             }
         }
-        value
+        self.issue(array, prev);
+    }
+
+    /// Sends one request (line, sectors, in device memory, page) through
+    /// the L2 to where it is served.
+    #[inline]
+    fn issue(&mut self, array: usize, (line, mask, device, page): (u64, u8, bool, usize)) {
+        if mask == 0 {
+            return;
+        }
+        let t = &mut self.traffic;
+        let n = mask.count_ones() as u64;
+        if array < 5 {
+            t.graph_requests += 1;
+            if self.mem.counting {
+                t.translations += 1;
+            }
+        }
+        self.random = self.random.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let missing = self
+            .mem
+            .l2
+            .access((array as u64) << 50 | line, mask, self.random >> 40);
+        let m = missing.count_ones() as u64;
+        t.l2_sectors += n - m;
+        if missing == 0 {
+            t.l2_requests += 1;
+        } else if device {
+            t.hbm_requests += 1;
+            t.hbm_sectors += m;
+        } else {
+            t.host_requests += 1;
+            t.host_sectors += m;
+            if let Some(w) = &self.mem.weights {
+                w[array][page].fetch_add(m * model::SECTOR + 24, Ordering::Relaxed);
+            }
+        }
     }
 }
 
 impl Drop for TieredRead<'_> {
     fn drop(&mut self) {
-        let a = self.mem.acct;
-        a.device_tx.fetch_add(self.device_tx, Ordering::Relaxed);
-        a.host_tx.fetch_add(self.host_tx, Ordering::Relaxed);
-        a.uvm_accesses
-            .fetch_add(self.uvm_accesses, Ordering::Relaxed);
-        a.uvm_faults.fetch_add(self.uvm_faults, Ordering::Relaxed);
-        a.uvm_evictions
-            .fetch_add(self.uvm_evictions, Ordering::Relaxed);
-        a.uvm_fault_bytes
-            .fetch_add(self.uvm_fault_bytes, Ordering::Relaxed);
+        if !self.mem.account {
+            return;
+        }
+        for a in 0..ARRAYS {
+            let c = &self.cur[a];
+            let prev = (c.line, c.mask, c.line_device, c.line_page);
+            self.issue(a, prev);
+        }
+        self.traffic.items += self.offsets / 2;
+        if let Some(shift) = self.mem.graph.rt.sampling() {
+            self.traffic.atomics += self.accesses >> shift;
+        }
+        self.mem.shared.add(&self.traffic);
     }
 }
 
 impl Read for TieredRead<'_> {
-    #[inline]
+    #[inline(always)]
     fn offset(&mut self, v: usize) -> u64 {
+        self.offsets += 1;
         self.load(OFFSETS, v as u64)
     }
-    #[inline]
+    #[inline(always)]
     fn neighbor(&mut self, i: u64) -> u32 {
         self.load(NEIGHBORS, i)
     }
-    #[inline]
+    #[inline(always)]
     fn weight(&mut self, i: u64) -> u32 {
         self.load(WEIGHTS, i)
     }
-    #[inline]
+    #[inline(always)]
     fn in_offset(&mut self, v: usize) -> u64 {
+        self.offsets += 1;
         if self.mem.graph.directed {
             self.load(IN_OFFSETS, v as u64)
         } else {
             self.load(OFFSETS, v as u64)
         }
     }
-    #[inline]
+    #[inline(always)]
     fn in_neighbor(&mut self, i: u64) -> u32 {
         if self.mem.graph.directed {
             self.load(IN_NEIGHBORS, i)
         } else {
             self.load(NEIGHBORS, i)
         }
+    }
+    #[inline(always)]
+    fn state(&mut self, array: State, index: usize) {
+        if self.mem.account {
+            let a = 5 + array as usize;
+            self.note(a, index as u64 * array.bytes(), 0);
+        }
+    }
+}
+
+/// The kernels' view of a [`TieredGraph`] with no model (`resident`): the
+/// same device maps and pages, read through [`Reader::page`], nothing
+/// counted — the simulation's own data path at its fastest.
+pub struct ResidentMem<'m> {
+    graph: &'m TieredGraph,
+    launches: Vec<Option<Launch<'m>>>,
+    page_shift: u32,
+}
+
+impl<'m> ResidentMem<'m> {
+    /// Starts a run: launches over every map.
+    pub fn new(graph: &'m TieredGraph, maps: &'m [Option<DeviceMap>]) -> Result<Self> {
+        Ok(Self {
+            graph,
+            launches: maps
+                .iter()
+                .map(|m| m.as_ref().map(|m| m.prepare(Access::ReadOnly)).transpose())
+                .collect::<Result<_>>()?,
+            page_shift: graph.page_size.trailing_zeros(),
+        })
+    }
+}
+
+impl Mem for ResidentMem<'_> {
+    type Reader<'a>
+        = ResidentRead<'a>
+    where
+        Self: 'a;
+
+    fn reader(&self, task: u64) -> ResidentRead<'_> {
+        ResidentRead {
+            readers: std::array::from_fn(|a| {
+                self.launches
+                    .get(a)
+                    .and_then(Option::as_ref)
+                    .map(|l| l.reader(task.wrapping_add(a as u64)))
+            }),
+            pages: [(usize::MAX, &[]); 5],
+            shift: self.page_shift,
+            directed: self.graph.directed,
+        }
+    }
+
+    fn vertices(&self) -> usize {
+        self.graph.vertices
+    }
+
+    fn directed(&self) -> bool {
+        self.graph.directed
+    }
+}
+
+/// A task's reads of [`ResidentMem`].
+pub struct ResidentRead<'a> {
+    readers: [Option<Reader<'a, 'a>>; 5],
+    pages: [(usize, &'a [u8]); 5],
+    shift: u32,
+    directed: bool,
+}
+
+impl ResidentRead<'_> {
+    #[inline(always)]
+    fn load<T: bytemuck::Pod>(&mut self, array: usize, index: u64) -> T {
+        let size = std::mem::size_of::<T>();
+        let off = index * size as u64;
+        let page = (off >> self.shift) as usize;
+        if page != self.pages[array].0 {
+            self.switch_page(array, page);
+        }
+        let within = (off & ((1u64 << self.shift) - 1)) as usize;
+        bytemuck::pod_read_unaligned(&self.pages[array].1[within..within + size])
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn switch_page(&mut self, array: usize, page: usize) {
+        let r = self.readers[array]
+            .as_ref()
+            .expect("the kernel reads only arrays the graph has");
+        self.pages[array] = (page, r.page(page).0);
+    }
+}
+
+impl Read for ResidentRead<'_> {
+    #[inline(always)]
+    fn offset(&mut self, v: usize) -> u64 {
+        self.load(OFFSETS, v as u64)
+    }
+    #[inline(always)]
+    fn neighbor(&mut self, i: u64) -> u32 {
+        self.load(NEIGHBORS, i)
+    }
+    #[inline(always)]
+    fn weight(&mut self, i: u64) -> u32 {
+        self.load(WEIGHTS, i)
+    }
+    #[inline(always)]
+    fn in_offset(&mut self, v: usize) -> u64 {
+        let a = if self.directed { IN_OFFSETS } else { OFFSETS };
+        self.load(a, v as u64)
+    }
+    #[inline(always)]
+    fn in_neighbor(&mut self, i: u64) -> u32 {
+        let a = if self.directed {
+            IN_NEIGHBORS
+        } else {
+            NEIGHBORS
+        };
+        self.load(a, i)
     }
 }
