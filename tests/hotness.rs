@@ -194,3 +194,53 @@ fn the_access_stream_is_recorded_to_a_trace_file() {
         .unwrap_err();
     assert_eq!(e.kind(), strata::ErrorKind::NotFound, "{e}");
 }
+
+#[test]
+fn a_readers_page_view_reads_what_was_written_and_touch_counts() {
+    const PAGE: usize = 4096;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(strata::device::DeviceChoice::Sim, PAGE as u64)
+        .host(4 * PAGE as u64)
+        .build()
+        .unwrap();
+    // Two and a half pages: the last view ends with the buffer.
+    let len = 2 * PAGE + PAGE / 2;
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    let b = rt.alloc(len as u64).unwrap();
+    b.write(0, &data).unwrap();
+    let _ = b.harvest(HarvestParams {
+        decay: 1e-9,
+        k: 0,
+        shift: 0,
+    });
+    let map = b.device_map().unwrap();
+    {
+        let launch = map.prepare(Access::ReadOnly).unwrap();
+        let mut r = launch.reader(1);
+        for p in 0..3 {
+            let (bytes, on_device) = r.page(p);
+            assert_eq!(bytes, &data[p * PAGE..len.min((p + 1) * PAGE)], "page {p}");
+            assert_eq!(on_device, b.tier_of(p).unwrap() == Some(Tier::Device));
+        }
+        for _ in 0..5 {
+            r.touch(2);
+        }
+    }
+    assert_eq!(map.counts(), vec![0, 0, 5]);
+}
+
+#[test]
+#[should_panic(expected = "beyond the buffer")]
+fn a_page_view_beyond_the_buffer_panics_like_an_index() {
+    let rt = Runtime::builder()
+        .page_size(4096)
+        .host(1 << 16)
+        .build()
+        .unwrap();
+    let b = rt.alloc(4096).unwrap();
+    b.write(0, &[1; 4096]).unwrap();
+    let map = b.device_map().unwrap();
+    let launch = map.prepare(Access::ReadOnly).unwrap();
+    let _ = launch.reader(0).page(1);
+}

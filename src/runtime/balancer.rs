@@ -6,7 +6,8 @@
 //! under a migration rate limit and the tier's high watermark.
 //!
 //! The policy sees one access per touched page per interval, repeated up to
-//! [`MAX_REPEAT`] times for pages counted more often, coldest first, so the
+//! [`BalancerConfig::repeat`] times (default [`MAX_REPEAT`]) for pages
+//! counted more often, coldest first, so the
 //! hottest pages are also the most recent. Its decisions are kept in a
 //! shadow set of the pages it holds in the fast tier: a page there
 //! that the policy does not hold (placed there by a first write, or by an
@@ -28,7 +29,7 @@ use crate::hotness::HarvestParams;
 use crate::policy::{self, Outcome, Policy, PolicyKind};
 use crate::tier::Tier;
 
-/// Accesses replayed per touched page per interval, at most.
+/// Accesses replayed per touched page per interval, at most, by default.
 pub const MAX_REPEAT: u32 = 8;
 
 /// How the balancer runs. Start from [`BalancerConfig::default`] and set
@@ -52,6 +53,10 @@ pub struct BalancerConfig {
     /// only pages read through at least once per round. 0: every touched
     /// page is a candidate.
     pub min_accesses: u64,
+    /// Accesses the policy sees per touched page and round, at most (its
+    /// count, capped): more tells a frequency policy more within a round,
+    /// and costs a policy access each.
+    pub repeat: u32,
 }
 
 impl Default for BalancerConfig {
@@ -62,6 +67,7 @@ impl Default for BalancerConfig {
             policy: PolicyKind::Default,
             decay: 0.5,
             min_accesses: 0,
+            repeat: MAX_REPEAT,
         }
     }
 }
@@ -94,6 +100,13 @@ impl BalancerConfig {
     /// With promotion candidates needing `min_accesses` accesses a round.
     pub fn with_min_accesses(mut self, min_accesses: u64) -> Self {
         self.min_accesses = min_accesses;
+        self
+    }
+
+    /// With the policy seeing at most `repeat` accesses per touched page a
+    /// round (at least 1).
+    pub fn with_repeat(mut self, repeat: u32) -> Self {
+        self.repeat = repeat.max(1);
         self
     }
 }
@@ -196,7 +209,7 @@ impl Balancer {
         // 2. The policy decides; the last decision per page stands.
         let mut want: BTreeMap<u64, bool> = BTreeMap::new();
         for &(count, page) in &touched {
-            for _ in 0..count.min(MAX_REPEAT) {
+            for _ in 0..count.min(self.config.repeat.max(1)) {
                 match self.policy.access(page) {
                     Outcome::Hit => {
                         want.insert(page, true);

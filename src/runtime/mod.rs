@@ -57,7 +57,7 @@ use crate::tier::{
     CxlConfig, CxlStore, DeviceStore, HostConfig, HostStore, NvmeConfig, NvmeStore, PageStore, Tier,
 };
 
-pub use balancer::{BalanceReport, BalancerConfig};
+pub use balancer::{BalanceReport, BalancerConfig, MAX_REPEAT};
 pub use buffer::{Buffer, Pin, Residency};
 pub use map::{Access, DeviceMap, Launch, Reader};
 pub use mover::Ticket;

@@ -1522,3 +1522,69 @@ fn a_refused_run_leaves_no_file_behind_a_dangling_link() {
     assert!(!target.exists(), "the link's target was created and left");
     assert!(link.symlink_metadata().is_ok(), "the link itself stays");
 }
+
+#[test]
+fn bench_graph_runs_chosen_configurations_on_a_platform() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("g.json");
+    let out = strata(&[
+        "bench",
+        "graph",
+        "--algo",
+        "pr",
+        "--graph",
+        "kron:10",
+        "--device-budget",
+        "100%",
+        "--page-size",
+        "64k",
+        "--configs",
+        "resident,uvm,static-optimum",
+        "--platform",
+        "v100-pcie3",
+        "--trials",
+        "1",
+        "--verify",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let r = report(&out, &json);
+    assert_eq!(r["model"]["name"], "v100-pcie3");
+    let results = r["results"].as_array().unwrap();
+    let names: Vec<&str> = results
+        .iter()
+        .map(|c| c["config"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["resident", "uvm", "static-optimum"]);
+    // resident is wall time with no model; the others say what they cost.
+    assert!(results[0]["trials"][0]["cost"].is_null());
+    assert!(results[0]["hit_rate"].is_null());
+    let uvm = &results[1]["trials"][0]["cost"];
+    assert!(uvm["uvm"].as_f64().unwrap() > 0.0, "{uvm}");
+    assert!(
+        uvm["detail"]["uvm"]["faults"].as_u64().unwrap() > 0,
+        "{uvm}"
+    );
+    // A budget that holds the graph (in 64 KiB pages, Unified Memory's
+    // blocks): the static optimum reads nothing over the link, and Unified
+    // Memory moves each byte in at most once.
+    let so = &results[2]["trials"][0]["cost"]["detail"]["traffic"];
+    assert_eq!(so["host_requests"], 0, "{so}");
+    assert!(
+        uvm["detail"]["uvm"]["bytes_in"].as_u64().unwrap() <= r["budget_bytes"].as_u64().unwrap(),
+        "{uvm}"
+    );
+    assert!(results.iter().all(|c| c["trials"][0]["verified"] == true));
+}
+
+#[test]
+fn bench_graph_refuses_unknown_platforms_and_configurations() {
+    for (flag, value, needle) in [
+        ("--platform", "gtx480", "unknown platform"),
+        ("--configs", "strata,uvm-lru", "unknown configuration"),
+    ] {
+        let out = strata(&["bench", "graph", "--graph", "kron:8", flag, value]);
+        assert_bad_input(&out, needle);
+    }
+}

@@ -104,12 +104,14 @@ pub struct Platform {
 /// Common to every preset: the Unified Memory driver's and the PCIe
 /// protocol's figures (independent of the GPU generation); sources in
 /// `docs/perf.md`'s calibration table.
-/// Fixed cost of a fault batch, and cost per fault: a full batch of 256
-/// takes "several milliseconds" (ARIADNE) with data transfer under 25% of
-/// it (Allen & Ge, SC'21, sgemm on a Titan V); one 2 MiB block's service
-/// "tens of microseconds".
+/// Fixed cost of a fault batch, and cost per fault beyond its transfer:
+/// EMOGI measured Unified Memory moving about 9 GB/s during BFS on a
+/// 12.3 GB/s Gen3 link, about 2 µs of overhead per 64 KiB fault. (Allen &
+/// Ge, SC'21, found transfers under 25% of a batch's time for sgemm on a
+/// Titan V, which would mean 15 µs or more per fault; the graph figure is
+/// the one this model is for.)
 const UVM_BATCH_SECONDS: f64 = 20e-6;
-const UVM_FAULT_SECONDS: f64 = 15e-6;
+const UVM_FAULT_SECONDS: f64 = 2e-6;
 /// Unmapping a VA block and invalidating its translations (not sourced:
 /// an estimate, a fraction of a fault's service).
 const UVM_EVICT_SECONDS: f64 = 10e-6;
@@ -122,6 +124,10 @@ const TLP_OVERHEAD: f64 = 30.0;
 /// (4.74 GB/s with 256 tags) implies 1.6 µs on Gen3; assumed the same on
 /// later generations.
 const LINK_LATENCY: f64 = 1.6e-6;
+/// Fixed cost per queued copy (a migration batch, a page): pinned copies of
+/// 64 KiB reach about half the link's rate in `bandwidthTest`-style size
+/// sweeps (an estimate from their shape, not a sourced figure).
+const DMA_LATENCY: f64 = 2.5e-6;
 /// Random 32-byte sectors reach this share of HBM's streaming bandwidth
 /// (not found in a publication: an assumption, to be fitted on a GPU).
 const SECTOR_SHARE: f64 = 0.5;
@@ -144,7 +150,7 @@ pub const H200_SXM5: Platform = Platform {
     // nvbandwidth on H200: 52 / 52 GB/s.
     dma_h2d: 52e9,
     dma_d2h: 52e9,
-    dma_latency: 5e-6,
+    dma_latency: DMA_LATENCY,
     tlp_overhead: TLP_OVERHEAD,
     link_latency: LINK_LATENCY,
     // 10-bit tags (PCIe 4.0 and later): what reaching the measured Gen4

@@ -392,7 +392,14 @@ pub struct RunCost {
     pub uvm_seconds: f64,
     /// Measured CPU seconds of strata's balancer rounds.
     pub balancer_seconds: f64,
+    /// Balancer rounds run.
+    pub rounds: u64,
 }
+
+/// The share of the kernels' modelled time the balancer's rounds may take:
+/// a round runs between launches once the kernels since the last one took
+/// at least that round's CPU time over this share.
+pub const BALANCER_SHARE: f64 = 0.1;
 
 /// The kernels' view of a [`TieredGraph`] during one run.
 pub struct TieredMem<'m> {
@@ -412,6 +419,10 @@ pub struct TieredMem<'m> {
     /// Bytes each page sent over the link (the static optimum's profile).
     weights: Option<Vec<Vec<AtomicU64>>>,
     cost: RunCost,
+    /// Modelled kernel seconds since the last balancer round, and that
+    /// round's CPU seconds.
+    since_round: f64,
+    last_round: f64,
     /// Balancer rounds' errors, if any (the run goes on; reported after).
     pub errors: Vec<Error>,
     /// A relaunch failed: reads return zeros until the run ends, and the
@@ -479,6 +490,8 @@ impl<'m> TieredMem<'m> {
             page_shift: graph.page_size.trailing_zeros(),
             weights,
             cost: RunCost::default(),
+            since_round: 0.0,
+            last_round: 0.0,
             errors: Vec::new(),
             broken: false,
         };
@@ -500,7 +513,9 @@ impl<'m> TieredMem<'m> {
         let t = self.shared.take();
         self.cost.launches += 1;
         if self.account {
-            self.cost.kernel_seconds += t.seconds(&self.platform) + self.platform.launch_seconds;
+            let s = t.seconds(&self.platform) + self.platform.launch_seconds;
+            self.cost.kernel_seconds += s;
+            self.since_round += s;
         }
         self.cost.traffic.add(&t);
         if let Some(u) = &self.uvm {
@@ -571,6 +586,14 @@ impl Mem for TieredMem<'_> {
         if self.graph.config != Config::Strata {
             return;
         }
+        // A round only once the kernels ran long enough that its CPU time
+        // stays a small share of theirs (as the background balancer's
+        // interval does): rounds cost the more pages the buffers have.
+        if self.since_round * BALANCER_SHARE < self.last_round {
+            return;
+        }
+        self.since_round = 0.0;
+        self.cost.rounds += 1;
         // A kernel launch ends; the balancer moves pages; the next begins.
         self.launches.clear();
         // The round's CPU time (of this thread: not the time it waits for
@@ -582,11 +605,15 @@ impl Mem for TieredMem<'_> {
         };
         let copied = copying();
         let t = crate::sys::thread_cpu_seconds();
-        if let Err(e) = self.graph.rt.balance_once() {
+        let rep = self.graph.rt.balance_once();
+
+        let round = crate::sys::thread_cpu_seconds() - t;
+        if let Err(e) = rep {
             self.errors.push(e);
         }
-        let round = crate::sys::thread_cpu_seconds() - t;
-        self.cost.balancer_seconds += (round - (copying() - copied)).max(0.0);
+        let cpu = (round - (copying() - copied)).max(0.0);
+        self.cost.balancer_seconds += cpu;
+        self.last_round = cpu;
         if let Err(e) = self.launch() {
             self.broken = true;
             self.errors.push(e);
