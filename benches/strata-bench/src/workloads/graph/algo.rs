@@ -42,11 +42,43 @@ pub trait Read {
     fn in_offset(&mut self, v: usize) -> u64;
     /// Incoming `neighbors[i]`.
     fn in_neighbor(&mut self, i: u64) -> u32;
+    /// A warp's load of `neighbors[i..end]` (`i < end`): up to [`WARP`] of
+    /// them into `out`, those in one page; returns how many (at least one).
+    #[inline]
+    fn neighbors(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        let n = (end - i).min(WARP as u64) as usize;
+        for (k, o) in out[..n].iter_mut().enumerate() {
+            *o = self.neighbor(i + k as u64);
+        }
+        n
+    }
+    /// As [`neighbors`](Self::neighbors), of the incoming neighbours.
+    #[inline]
+    fn in_neighbors(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        let n = (end - i).min(WARP as u64) as usize;
+        for (k, o) in out[..n].iter_mut().enumerate() {
+            *o = self.in_neighbor(i + k as u64);
+        }
+        n
+    }
+    /// As [`neighbors`](Self::neighbors), of the weights.
+    #[inline]
+    fn weights(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        let n = (end - i).min(WARP as u64) as usize;
+        for (k, o) in out[..n].iter_mut().enumerate() {
+            *o = self.weight(i + k as u64);
+        }
+        n
+    }
     /// The kernel read or wrote element `index` of a vertex-state array
     /// (for accounting; nothing is read through it).
     #[inline]
     fn state(&mut self, _array: State, _index: usize) {}
 }
+
+/// Elements of an edge list a warp loads at once (one 128-byte line of
+/// 4-byte neighbours).
+pub const WARP: usize = 32;
 
 /// The kernels' vertex-state arrays, in device memory on a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,24 +293,30 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                     for (j, &u) in chunk.iter().enumerate() {
                         r.state(State::Queue, c * GRAIN + j);
                         let (a, b) = (r.offset(u as usize), r.offset(u as usize + 1));
-                        for i in a..b {
-                            checked += 1;
-                            let v = r.neighbor(i) as usize;
-                            r.state(State::Depth, v);
-                            if depth[v].load(Ordering::Relaxed) < 0
-                                && parent[v]
-                                    .compare_exchange(
-                                        u32::MAX,
-                                        u,
-                                        Ordering::Relaxed,
-                                        Ordering::Relaxed,
-                                    )
-                                    .is_ok()
-                            {
-                                r.state(State::Parent, v);
+                        let mut buf = [0u32; WARP];
+                        let mut i = a;
+                        while i < b {
+                            let k = r.neighbors(i, b, &mut buf);
+                            i += k as u64;
+                            checked += k as u64;
+                            for &v in &buf[..k] {
+                                let v = v as usize;
                                 r.state(State::Depth, v);
-                                depth[v].store(level + 1, Ordering::Relaxed);
-                                out.push(v as u32);
+                                if depth[v].load(Ordering::Relaxed) < 0
+                                    && parent[v]
+                                        .compare_exchange(
+                                            u32::MAX,
+                                            u,
+                                            Ordering::Relaxed,
+                                            Ordering::Relaxed,
+                                        )
+                                        .is_ok()
+                                {
+                                    r.state(State::Parent, v);
+                                    r.state(State::Depth, v);
+                                    depth[v].store(level + 1, Ordering::Relaxed);
+                                    out.push(v as u32);
+                                }
                             }
                         }
                     }
@@ -337,13 +375,22 @@ pub fn sssp<M: Mem>(g: &mut M, source: usize, delta: u64) -> SsspResult {
                             continue;
                         }
                         let (a, e) = (r.offset(u as usize), r.offset(u as usize + 1));
-                        for i in a..e {
-                            count += 1;
-                            let v = r.neighbor(i) as usize;
-                            let nd = du + r.weight(i) as u64;
-                            r.state(State::Dist, v);
-                            if dist[v].fetch_min(nd, Ordering::Relaxed) > nd {
-                                out.push(((nd / delta) as usize, v as u32));
+                        let (mut nb, mut wt) = ([0u32; WARP], [0u32; WARP]);
+                        let mut i = a;
+                        while i < e {
+                            let k = r.neighbors(i, e, &mut nb);
+                            // The weights' pages break where the neighbours'
+                            // do (same element size, both from page 0).
+                            let k = r.weights(i, i + k as u64, &mut wt).min(k);
+                            i += k as u64;
+                            count += k as u64;
+                            for (&v, &w) in nb[..k].iter().zip(&wt[..k]) {
+                                let v = v as usize;
+                                let nd = du + w as u64;
+                                r.state(State::Dist, v);
+                                if dist[v].fetch_min(nd, Ordering::Relaxed) > nd {
+                                    out.push(((nd / delta) as usize, v as u32));
+                                }
                             }
                         }
                     }
@@ -411,10 +458,15 @@ pub fn pagerank<M: Mem>(g: &mut M, tolerance: f64, max_iterations: u32) -> PrRes
                     let v = c * GRAIN + j;
                     let (a, b) = (r.in_offset(v), r.in_offset(v + 1));
                     let mut sum = 0.0;
-                    for i in a..b {
-                        let u = r.in_neighbor(i) as usize;
-                        r.state(State::Contrib, u);
-                        sum += contrib[u];
+                    let mut buf = [0u32; WARP];
+                    let mut i = a;
+                    while i < b {
+                        let k = r.in_neighbors(i, b, &mut buf);
+                        i += k as u64;
+                        for &u in &buf[..k] {
+                            r.state(State::Contrib, u as usize);
+                            sum += contrib[u as usize];
+                        }
                     }
                     r.state(State::Score, v);
                     let new = base + d * sum;
@@ -464,16 +516,25 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
                         changed.store(true, Ordering::Relaxed);
                     }
                 };
+                let mut buf = [0u32; WARP];
                 let (a, b) = (r.offset(u), r.offset(u + 1));
-                for i in a..b {
-                    let v = r.neighbor(i) as usize;
-                    hook(&mut r, v);
+                let mut i = a;
+                while i < b {
+                    let k = r.neighbors(i, b, &mut buf);
+                    i += k as u64;
+                    for &v in &buf[..k] {
+                        hook(&mut r, v as usize);
+                    }
                 }
                 if directed {
                     let (a, b) = (r.in_offset(u), r.in_offset(u + 1));
-                    for i in a..b {
-                        let v = r.in_neighbor(i) as usize;
-                        hook(&mut r, v);
+                    let mut i = a;
+                    while i < b {
+                        let k = r.in_neighbors(i, b, &mut buf);
+                        i += k as u64;
+                        for &v in &buf[..k] {
+                            hook(&mut r, v as usize);
+                        }
                     }
                 }
             }

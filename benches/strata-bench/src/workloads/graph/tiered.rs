@@ -26,7 +26,7 @@
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::algo::{Mem, Read, State};
+use super::algo::{Mem, Read, State, WARP};
 use super::model::{self, Platform, SharedTraffic, Traffic, Uvm, L2};
 use super::Csr;
 use strata::device::DeviceChoice;
@@ -703,6 +703,44 @@ impl<'a> TieredRead<'a> {
         true
     }
 
+    /// A warp's load of up to [`WARP`] 4-byte elements `i..end` of `array`,
+    /// those in one page: one request per line they touch.
+    #[inline]
+    fn load_warp(&mut self, array: usize, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        let off = i * 4;
+        let shift = self.mem.page_shift;
+        let page = (off >> shift) as usize;
+        if page != self.cur[array].page && !self.switch_page(array, page) {
+            out[0] = 0;
+            return 1;
+        }
+        let within = (off & ((1u64 << shift) - 1)) as usize;
+        let bytes = self.cur[array].bytes;
+        let n = ((end - i) as usize)
+            .min(WARP)
+            .min((bytes.len() - within) / 4)
+            .max(1);
+        let src = &bytes[within..within + 4 * n];
+        for (o, b) in out[..n].iter_mut().zip(src.chunks_exact(4)) {
+            *o = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        if self.mem.counting {
+            if let Some(r) = self.readers[array].as_mut() {
+                for _ in 0..n {
+                    r.touch(page);
+                }
+            }
+            self.accesses += n as u64;
+        }
+        if self.mem.account {
+            let last = off + 4 * n as u64 - 1;
+            for sector in off / model::SECTOR..=last / model::SECTOR {
+                self.note(array, sector * model::SECTOR, page);
+            }
+        }
+        n
+    }
+
     /// Gathers the access at byte `off` of `array` into the request of its
     /// line, issuing the previous request when the line changes.
     #[inline]
@@ -822,6 +860,23 @@ impl Read for TieredRead<'_> {
         }
     }
     #[inline(always)]
+    fn neighbors(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        self.load_warp(NEIGHBORS, i, end, out)
+    }
+    #[inline(always)]
+    fn in_neighbors(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        let a = if self.mem.graph.directed {
+            IN_NEIGHBORS
+        } else {
+            NEIGHBORS
+        };
+        self.load_warp(a, i, end, out)
+    }
+    #[inline(always)]
+    fn weights(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        self.load_warp(WEIGHTS, i, end, out)
+    }
+    #[inline(always)]
     fn state(&mut self, array: State, index: usize) {
         if self.mem.account {
             let a = 5 + array as usize;
@@ -903,6 +958,26 @@ impl ResidentRead<'_> {
         bytemuck::pod_read_unaligned(&self.pages[array].1[within..within + size])
     }
 
+    #[inline(always)]
+    fn load_warp(&mut self, array: usize, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        let off = i * 4;
+        let page = (off >> self.shift) as usize;
+        if page != self.pages[array].0 {
+            self.switch_page(array, page);
+        }
+        let within = (off & ((1u64 << self.shift) - 1)) as usize;
+        let bytes = self.pages[array].1;
+        let n = ((end - i) as usize)
+            .min(WARP)
+            .min((bytes.len() - within) / 4)
+            .max(1);
+        let src = &bytes[within..within + 4 * n];
+        for (o, b) in out[..n].iter_mut().zip(src.chunks_exact(4)) {
+            *o = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        n
+    }
+
     #[cold]
     #[inline(never)]
     fn switch_page(&mut self, array: usize, page: usize) {
@@ -939,5 +1014,22 @@ impl Read for ResidentRead<'_> {
             NEIGHBORS
         };
         self.load(a, i)
+    }
+    #[inline(always)]
+    fn neighbors(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        self.load_warp(NEIGHBORS, i, end, out)
+    }
+    #[inline(always)]
+    fn in_neighbors(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        let a = if self.directed {
+            IN_NEIGHBORS
+        } else {
+            NEIGHBORS
+        };
+        self.load_warp(a, i, end, out)
+    }
+    #[inline(always)]
+    fn weights(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
+        self.load_warp(WEIGHTS, i, end, out)
     }
 }
