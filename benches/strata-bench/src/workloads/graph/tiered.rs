@@ -720,10 +720,7 @@ impl<'a> TieredRead<'a> {
             .min(WARP)
             .min((bytes.len() - within) / 4)
             .max(1);
-        let src = &bytes[within..within + 4 * n];
-        for (o, b) in out[..n].iter_mut().zip(src.chunks_exact(4)) {
-            *o = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        copy_warp(bytes, within, n, out);
         if self.mem.counting {
             if let Some(r) = self.readers[array].as_mut() {
                 for _ in 0..n {
@@ -971,10 +968,7 @@ impl ResidentRead<'_> {
             .min(WARP)
             .min((bytes.len() - within) / 4)
             .max(1);
-        let src = &bytes[within..within + 4 * n];
-        for (o, b) in out[..n].iter_mut().zip(src.chunks_exact(4)) {
-            *o = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        copy_warp(bytes, within, n, out);
         n
     }
 
@@ -1031,5 +1025,22 @@ impl Read for ResidentRead<'_> {
     #[inline(always)]
     fn weights(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
         self.load_warp(WEIGHTS, i, end, out)
+    }
+}
+
+/// Copies the `n` 4-byte elements at byte `within` of `page` into `out`:
+/// where a whole warp's worth lies in the page, as one fixed-size read
+/// (the elements past `n` are the page's next ones, unused), else one by
+/// one (no call to `memcpy` for a few bytes).
+#[inline(always)]
+fn copy_warp(page: &[u8], within: usize, n: usize, out: &mut [u32; WARP]) {
+    match page.get(within..within + 4 * WARP) {
+        Some(src) => *out = bytemuck::pod_read_unaligned::<[u32; WARP]>(src),
+        None => {
+            let src = &page[within..within + 4 * n];
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *o = bytemuck::pod_read_unaligned(b);
+            }
+        }
     }
 }
