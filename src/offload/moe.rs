@@ -73,8 +73,10 @@ pub enum Eviction {
     NoCache,
 }
 
-/// How to build an [`ExpertCache`].
+/// How to build an [`ExpertCache`]. Start from [`MoeConfig::new`] and set
+/// what differs; new fields may be added in any release.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct MoeConfig {
     /// Device backend (sim without a GPU).
     pub device: DeviceChoice,
@@ -102,6 +104,9 @@ pub struct MoeConfig {
     /// whole transfers. Configurations without prefetch move the same
     /// either way.
     pub link_priority: bool,
+    /// The modelled link's bandwidth and per-transfer latency (simulated
+    /// device; default PCIe Gen4 x16, 25 GB/s and 5 µs).
+    pub link: LinkModel,
 }
 
 impl MoeConfig {
@@ -120,6 +125,7 @@ impl MoeConfig {
             protect_fetches: 16,
             layers: 1,
             link_priority: true,
+            link: crate::device::sim::PCIE_GEN4_X16,
         }
     }
 }
@@ -447,6 +453,7 @@ impl ExpertCache {
                 config.device_slots, config.layers
             )));
         }
+        config.link.check()?;
         if let Eviction::Lrfu { decay } = config.eviction {
             if !(decay > 0.0 && decay <= 1.0) {
                 return Err(Error::invalid(format!(
@@ -473,7 +480,7 @@ impl ExpertCache {
         let clock = (rt.device_backend() == Some(BackendKind::Sim)).then_some(Clock {
             now: 0.0,
             link_free: 0.0,
-            link: crate::device::sim::PCIE_GEN4_X16,
+            link: config.link,
             chunk: config.page_size as u64,
             priority: config.link_priority,
             queue: VecDeque::new(),

@@ -2,12 +2,12 @@
 //! the simulated device — strata's [`ExpertCache`] (LRFU eviction, one
 //! pool of slots, lookahead prefetch from an activation-aware predictor)
 //! beside a per-layer LRU cache without prefetch (the mixtral-offloading
-//! design) and no cache at all. Stall and decode times are **modelled**:
-//! transfers on the simulated PCIe link (25 GB/s, 5 µs each; demand
-//! transfers ahead of queued prefetches, which cross a page at a time —
-//! `--fifo-link` for one FIFO of whole transfers), per-layer compute as the
-//! graph benchmark's [`GpuModel`] (a launch plus reading the layer's active
-//! experts from HBM). The report carries offline bounds on the same fetch
+//! design) and no cache at all. Stall and decode times are **modelled** on
+//! a platform preset ([`Platform`]): transfers on its link at its DMA rate
+//! and per-copy cost (demand transfers ahead of queued prefetches, which
+//! cross a page at a time — `--fifo-link` for one FIFO of whole transfers),
+//! per-layer compute as [`GpuModel`] of the preset (a launch plus reading
+//! the layer's active experts from HBM). The report carries offline bounds on the same fetch
 //! sequence ([`MoeBounds`]: Belady's MIN, the best fixed set of experts).
 #![forbid(unsafe_code)]
 
@@ -19,6 +19,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::machine::{check_memory, product};
+use crate::workloads::graph::model::Platform;
 use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::moe::SyntheticRouter;
 use strata::error::{Error, Result};
@@ -94,6 +95,21 @@ pub struct MoeParams {
     /// measured stall; each layer's compute is a spin of the modelled
     /// length) or `auto`.
     pub device: strata::device::DeviceChoice,
+    /// The modelled GPU (simulated device): its link and HBM.
+    #[serde(serialize_with = "platform_name")]
+    pub platform: Platform,
+}
+
+fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name)
+}
+
+/// The platform's host→device link as the expert cache models it.
+fn link_of(p: &Platform) -> strata::link::LinkModel {
+    strata::link::LinkModel {
+        bandwidth: p.dma_h2d,
+        latency_ns: (p.dma_latency * 1e9) as u64,
+    }
 }
 
 /// One configuration's results.
@@ -198,6 +214,7 @@ fn bounds(
     slots: usize,
     expert_bytes: u64,
     compute_seconds: f64,
+    link: strata::link::LinkModel,
 ) -> MoeBounds {
     use strata::policy::{belady::Belady, Policy};
     let trace: Vec<u64> = routes
@@ -218,9 +235,7 @@ fn bounds(
     let mut c: Vec<usize> = counts.into_values().collect();
     c.sort_unstable_by(|a, b| b.cmp(a));
     let static_hits: usize = c.iter().take(slots).sum();
-    let transfer = strata::lowlevel::PCIE_GEN4_X16
-        .time(expert_bytes as usize)
-        .as_secs_f64();
+    let transfer = link.time(expert_bytes as usize).as_secs_f64();
     let floor = |hits: usize| ((trace.len() - hits) as f64 * transfer - compute_seconds).max(0.0);
     MoeBounds {
         belady_hit_rate: belady_hits as f64 / n,
@@ -349,7 +364,7 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         "every expert in host memory and the device slots",
         memory,
     )?;
-    let model = GpuModel::default();
+    let model = GpuModel::from(&params.platform);
     let compute =
         model.launch_seconds + (top_k as u64 * params.expert_bytes) as f64 / model.hbm_bandwidth;
     let mut configs = vec![Config::Strata];
@@ -377,6 +392,7 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         slots,
         params.expert_bytes,
         (routes.len() * layers) as f64 * compute,
+        link_of(&params.platform),
     );
     progress("done", 1.0);
     let total = all as u64 * params.expert_bytes;
@@ -416,6 +432,7 @@ fn run_config(
     cfg.page_size = p.page_size;
     cfg.layers = layers;
     cfg.link_priority = !p.fifo_link;
+    cfg.link = link_of(&p.platform);
     let top_k = routes[0].iter().map(Vec::len).max().unwrap_or(1).max(1);
     cfg.protect_fetches = 2 * top_k as u64;
     match config {
@@ -532,6 +549,7 @@ mod tests {
             page_size: 16 << 10,
             fifo_link: false,
             device: strata::device::DeviceChoice::Sim,
+            platform: Platform::default(),
         }
     }
 

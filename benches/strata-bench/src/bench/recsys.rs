@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::machine::{check_memory, product};
+use crate::workloads::graph::model::Platform;
 use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::recsys::{self, Batch, Dist};
 use strata::device::DeviceChoice;
@@ -48,6 +49,13 @@ pub struct RecsysParams {
     pub seed: u64,
     /// Page size of the tiered tables.
     pub page_size: usize,
+    /// The modelled GPU.
+    #[serde(serialize_with = "platform_name")]
+    pub platform: Platform,
+}
+
+fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name)
 }
 
 /// One configuration's results.
@@ -195,7 +203,7 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
         .iter()
         .map(|b| b.iter().map(Vec::len).sum::<usize>() as u64)
         .sum();
-    let model = GpuModel::default();
+    let model = GpuModel::from(&params.platform);
     let mut configs = vec![Config::Strata];
     if params.baselines {
         configs.extend([Config::LruCache, Config::ZeroCopy, Config::AllDevice]);
@@ -463,6 +471,7 @@ mod tests {
             baselines: false,
             seed: 1,
             page_size: 4096,
+            platform: Platform::default(),
         }
     }
 

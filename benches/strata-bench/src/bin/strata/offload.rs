@@ -46,6 +46,10 @@ pub struct MoeArgs {
     /// page-sized prefetch chunks), for comparison.
     #[arg(long)]
     fifo_link: bool,
+    /// The modelled GPU on the simulated device (its link and HBM):
+    /// h200-sxm5, h100-pcie5, a100-pcie4 or v100-pcie3.
+    #[arg(long, default_value = "h200-sxm5")]
+    platform: String,
     /// The device: sim (modelled time), cuda (a GPU: real device slots,
     /// measured stall) or auto.
     #[arg(long, default_value = "sim")]
@@ -81,6 +85,10 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
             .map_err(|_| Error::invalid("--page-size is too large"))?,
         fifo_link: a.fifo_link,
         device: a.device.parse().map_err(|e: Error| e.context("--device"))?,
+        platform: a
+            .platform
+            .parse()
+            .map_err(|e: Error| e.context("--platform"))?,
     };
     if let moe::Routing::File { path } = &params.routing {
         crate::cli::input_file("--routing file:", path)?;
@@ -104,7 +112,12 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         r.tokens
     );
     if r.modelled {
-        outln!("backend: simulated — stall and decode times are modelled (PCIe 25 GB/s link); wall is this machine");
+        outln!(
+            "backend: simulated — stall and decode times are modelled on {} (link {:.0} GB/s, {:.1} µs a copy); wall is this machine",
+            params.platform.name,
+            params.platform.dma_h2d / 1e9,
+            params.platform.dma_latency * 1e6
+        );
     } else {
         outln!("backend: cuda — stall and decode times measured on the GPU (each layer's compute a {:.1} µs spin); bounds below modelled", r.layer_compute_seconds * 1e6);
     }

@@ -48,6 +48,9 @@ pub struct RecsysArgs {
     /// Page size of the tiered tables.
     #[arg(long, default_value = "64k")]
     page_size: String,
+    /// The modelled GPU: h200-sxm5, h100-pcie5, a100-pcie4 or v100-pcie3.
+    #[arg(long, default_value = "h200-sxm5")]
+    platform: String,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -78,6 +81,10 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
             .map_err(|e| e.context("--policy"))?,
         baselines: a.baselines,
         seed: a.seed,
+        platform: a
+            .platform
+            .parse()
+            .map_err(|e: Error| e.context("--platform"))?,
         page_size: parse_size(&a.page_size)
             .map_err(|e| e.context("--page-size"))?
             .try_into()
@@ -99,7 +106,10 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
         format_size(report.budget_bytes),
         report.lookups
     );
-    outln!("backend: simulated — lookups/s in modelled GPU time; wall is this machine");
+    outln!(
+        "backend: simulated — lookups/s in modelled GPU time on {}; wall is this machine",
+        report.model.platform
+    );
     outln!(
         "{:<11} {:>14} {:>9} {:>10} {:>12} {:>9}",
         "config",
