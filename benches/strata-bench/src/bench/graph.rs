@@ -395,7 +395,8 @@ pub fn run_on(
             let after = tg.rt.stats().device_links.unwrap_or_default();
             let h2d = (after.0.bytes - before.0.bytes, after.0.ops - before.0.ops);
             let d2h = (after.1.bytes - before.1.bytes, after.1.ops - before.1.ops);
-            let (cost, bytes_moved) = charge(config, &platform, run, h2d, d2h, footprint);
+            let arrays = tg.buffers().iter().flatten().count() as u64;
+            let (cost, bytes_moved) = charge(config, &platform, run, h2d, d2h, footprint, arrays);
             let seconds = cost.kernels + cost.upload + cost.migrations + cost.balancer + cost.uvm;
             let tr = &run.traffic;
             let faults = run.uvm.map_or(0, |u| u.faults);
@@ -507,6 +508,7 @@ fn charge(
     h2d: (u64, u64),
     d2h: (u64, u64),
     footprint: u64,
+    arrays: u64,
 ) -> (TrialCost, u64) {
     let mut cost = TrialCost {
         kernels: run.kernel_seconds,
@@ -524,7 +526,7 @@ fn charge(
         }
         Config::AllDevice => {
             // The arrays uploaded in one batch each.
-            cost.upload = p.h2d(footprint, 5);
+            cost.upload = p.h2d(footprint, arrays);
             footprint
         }
         Config::Uvm | Config::UvmAdvised => run

@@ -25,9 +25,26 @@ pub trait Mem: Sync {
     fn vertices(&self) -> usize;
     /// Whether in-neighbours differ from out-neighbours.
     fn directed(&self) -> bool;
-    /// Called between iterations or levels (the strata configuration runs
-    /// a balancer round there).
+    /// Called between kernel launches — iterations, levels, rounds — and
+    /// never after the last (the strata configuration runs a balancer round
+    /// there, which nothing after the last launch would use).
     fn between_steps(&mut self) {}
+}
+
+/// Calls [`Mem::between_steps`] before every launch but the first.
+#[derive(Default)]
+struct Steps {
+    started: bool,
+}
+
+impl Steps {
+    /// A launch begins.
+    fn next<M: Mem>(&mut self, g: &mut M) {
+        if self.started {
+            g.between_steps();
+        }
+        self.started = true;
+    }
 }
 
 /// One task's reads of the CSR arrays.
@@ -209,7 +226,9 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
         r.offset(n)
     };
     let mut edges_unexplored = total_edges;
+    let mut steps = Steps::default();
     while !frontier.is_empty() {
+        steps.next(g);
         let frontier_edges: u64 = frontier
             .par_chunks(GRAIN)
             .enumerate()
@@ -232,7 +251,12 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                 *front[u as usize].get_mut() = true;
             }
             let mut awake = frontier.len() as u64;
+            let mut first = true;
             loop {
+                if !first {
+                    steps.next(g);
+                }
+                first = false;
                 let next_front: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
                 let count: u64 = tasks(n)
                     .enumerate()
@@ -267,7 +291,6 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                     })
                     .sum();
                 level += 1;
-                g.between_steps();
                 front = next_front;
                 let grew = count > awake;
                 awake = count;
@@ -325,7 +348,6 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                 })
                 .collect();
             level += 1;
-            g.between_steps();
             edges_unexplored = edges_unexplored.saturating_sub(frontier_edges);
             next
         };
@@ -356,8 +378,10 @@ pub fn sssp<M: Mem>(g: &mut M, source: usize, delta: u64) -> SsspResult {
     let relaxed = AtomicU64::new(0);
     let mut buckets: Vec<Vec<u32>> = vec![vec![source as u32]];
     let mut b = 0usize;
+    let mut steps = Steps::default();
     while b < buckets.len() {
         while !buckets[b].is_empty() {
+            steps.next(g);
             let current = std::mem::take(&mut buckets[b]);
             let found: Vec<(usize, u32)> = current
                 .par_chunks(GRAIN)
@@ -404,7 +428,6 @@ pub fn sssp<M: Mem>(g: &mut M, source: usize, delta: u64) -> SsspResult {
                 }
                 buckets[bucket].push(v);
             }
-            g.between_steps();
         }
         b += 1;
     }
@@ -433,7 +456,9 @@ pub fn pagerank<M: Mem>(g: &mut M, tolerance: f64, max_iterations: u32) -> PrRes
     let mut scores = vec![1.0 / n as f64; n];
     let mut contrib = vec![0.0f64; n];
     let mut iterations = 0;
+    let mut steps = Steps::default();
     for _ in 0..max_iterations {
+        steps.next(g);
         iterations += 1;
         contrib
             .par_chunks_mut(GRAIN)
@@ -476,7 +501,6 @@ pub fn pagerank<M: Mem>(g: &mut M, tolerance: f64, max_iterations: u32) -> PrRes
                 err
             })
             .sum();
-        g.between_steps();
         if error < tolerance {
             break;
         }
@@ -491,7 +515,9 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
     let n = g.vertices();
     let comp: Vec<AtomicU32> = (0..n as u32).map(AtomicU32::new).collect();
     let directed = g.directed();
+    let mut steps = Steps::default();
     loop {
+        steps.next(g);
         let changed = AtomicBool::new(false);
         tasks(n).enumerate().for_each(|(c, range)| {
             let mut r = g.reader(c as u64 + 6_000_000);
@@ -554,7 +580,6 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
                 }
             }
         });
-        g.between_steps();
         if !changed.into_inner() {
             break;
         }

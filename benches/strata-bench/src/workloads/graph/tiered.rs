@@ -9,7 +9,7 @@
 //! | `strata` | allocated device-first as far as the budget holds, the rest in host memory; between kernel launches (BFS levels, SSSP bucket rounds, PageRank iterations, CC rounds) the balancer promotes and demotes pages by the default policy | the initial upload, every migration, the balancer's CPU time, translation loads and counter atomics |
 //! | `uvm` | Unified Memory as the driver does it ([`super::model::Uvm`]) | faults in batches, migrations, evictions |
 //! | `uvm-advised` | as `uvm`, with `cudaMemAdviseSetReadMostly` and `cudaMemPrefetchAsync` of what fits (EMOGI's "optimized UVM") | the prefetch, then as `uvm` |
-//! | `zero-copy` | host memory, read in place (EMOGI's merged, aligned accesses) | nothing: every read crosses the link |
+//! | `zero-copy` | host memory, read in place (EMOGI's merged, aligned accesses) | nothing: every L2 miss crosses the link |
 //! | `all-device` | device memory (the whole graph) | the upload |
 //! | `static-optimum` | the budget filled with the pages that sent the most bytes over the link in a profiling run of the same trial (hindsight), preloaded, no migration | nothing (a bound, not a system) |
 //!
@@ -120,7 +120,7 @@ impl From<&Platform> for GpuModel {
     fn from(p: &Platform) -> Self {
         Self {
             platform: p.name,
-            hbm_bandwidth: p.hbm_sector_bandwidth,
+            hbm_bandwidth: p.hbm_bandwidth,
             pcie_bandwidth: p.link_raw * model::LINE as f64 / (model::LINE as f64 + p.tlp_overhead),
             line: model::LINE,
             launch_seconds: p.launch_seconds,
@@ -232,11 +232,15 @@ impl TieredGraph {
             .device(device, device_bytes)
             .host(pages_bytes)
             .background_eviction(false)
+            // The whole budget is the device tier's to fill, as it is
+            // Unified Memory's: no headroom kept below a high watermark.
+            .watermarks(strata::runtime::Watermarks::new(1.0, 1.0))
             // Sampled counters feed the balancer; the baselines count nothing.
             .sampling((config == Config::Strata).then_some(4))
             .build()?;
-        // strata's device starts empty, as Unified Memory's does: what it
-        // holds it promotes (and pays for) during the kernels.
+        // Every array is written to host memory first; each configuration
+        // then moves in what it moves, and pays for it (strata's initial
+        // placement: `place_initial`).
         let place = match config {
             Config::AllDevice | Config::Resident => Placement::Fastest,
             _ => Placement::Prefer(Tier::Host),
@@ -398,7 +402,7 @@ pub struct RunCost {
 
 /// The share of the kernels' modelled time the balancer's rounds may take:
 /// a round runs between launches once the kernels since the last one took
-/// at least that round's CPU time over this share.
+/// at least that round's cost (CPU time and its copies) over this share.
 pub const BALANCER_SHARE: f64 = 0.1;
 
 /// The kernels' view of a [`TieredGraph`] during one run.
@@ -420,7 +424,7 @@ pub struct TieredMem<'m> {
     weights: Option<Vec<Vec<AtomicU64>>>,
     cost: RunCost,
     /// Modelled kernel seconds since the last balancer round, and that
-    /// round's CPU seconds.
+    /// round's cost (CPU and copies).
     since_round: f64,
     last_round: f64,
     /// Balancer rounds' errors, if any (the run goes on; reported after).
@@ -599,11 +603,13 @@ impl Mem for TieredMem<'_> {
         // The round's CPU time (of this thread: not the time it waits for
         // a core the kernel's idle workers hold), less the copies it made:
         // those are DMA on a GPU, charged as migrations at the link's rate.
+        let links = || self.graph.rt.stats().device_links.unwrap_or_default();
         let copying = || {
-            let (h2d, d2h) = self.graph.rt.stats().device_links.unwrap_or_default();
+            let (h2d, d2h) = links();
             h2d.wall_seconds + d2h.wall_seconds
         };
         let copied = copying();
+        let (h2d0, d2h0) = links();
         let t = crate::sys::thread_cpu_seconds();
         let rep = self.graph.rt.balance_once();
 
@@ -613,7 +619,13 @@ impl Mem for TieredMem<'_> {
         }
         let cpu = (round - (copying() - copied)).max(0.0);
         self.cost.balancer_seconds += cpu;
-        self.last_round = cpu;
+        // The next round waits for kernels worth ten times this one: its
+        // CPU time and its copies' modelled DMA time.
+        let (h2d, d2h) = links();
+        let p = &self.platform;
+        self.last_round = cpu
+            + p.h2d(h2d.bytes - h2d0.bytes, h2d.ops - h2d0.ops)
+            + p.d2h(d2h.bytes - d2h0.bytes, d2h.ops - d2h0.ops);
         if let Err(e) = self.launch() {
             self.broken = true;
             self.errors.push(e);
@@ -632,7 +644,6 @@ struct Cursor<'a> {
     mask: u8,
     line_device: bool,
     line_page: usize,
-    block: usize,
 }
 
 impl Default for Cursor<'_> {
@@ -645,7 +656,6 @@ impl Default for Cursor<'_> {
             mask: 0,
             line_device: false,
             line_page: 0,
-            block: usize::MAX,
         }
     }
 }
@@ -759,12 +769,11 @@ impl<'a> TieredRead<'a> {
             Place::Host => false,
         } || array >= 5;
         if let Some(uvm) = &self.mem.uvm {
+            // Checked at every request, not once per block: another task's
+            // fault may have evicted the block since.
             let block = (off / model::UVM_BASIC_BLOCK) as usize;
-            if array < 5 && block != c.block {
-                c.block = block;
-                if !uvm.resident(array, block) {
-                    uvm.fault(array, block, &self.mem.platform);
-                }
+            if array < 5 && !uvm.resident(array, block) {
+                uvm.fault(array, block, &self.mem.platform);
             }
         }
         self.issue(array, prev);
@@ -797,11 +806,13 @@ impl<'a> TieredRead<'a> {
         } else if device {
             t.hbm_requests += 1;
             t.hbm_sectors += m;
+            t.hbm_full_lines += (m == 4) as u64;
         } else {
             t.host_requests += 1;
             t.host_sectors += m;
             if let Some(w) = &self.mem.weights {
-                w[array][page].fetch_add(m * model::SECTOR + 24, Ordering::Relaxed);
+                let wire = m * model::SECTOR + self.mem.platform.tlp_overhead as u64;
+                w[array][page].fetch_add(wire, Ordering::Relaxed);
             }
         }
     }
