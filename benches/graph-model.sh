@@ -98,11 +98,13 @@ def graph_table(name, title):
         return
     r0 = reps[0]
     print(f"\n#### {title}\n")
-    print(f"{r0['params']['graph']}, platform {r0['model']['name']}, budget "
+    g = r0["params"]["graph"]
+    gname = f"{g['kind']}:{g['scale']}" if "scale" in g else str(g)
+    print(f"{gname}, platform {r0['model']['name']}, budget "
           f"{r0['budget_bytes'] / 2**20:.1f} MiB of {r0['graph_bytes'] / 2**20:.1f} MiB "
           f"(BFS/PR/CC; SSSP adds its weights), {len(r0['results'][0]['trials'])} trial(s), medians, modelled ms\n")
     configs = [c["config"] for c in r0["results"]]
-    print("| algo | " + " | ".join(configs) + " | strata / best of uvm, uvm-advised, zero-copy | strata / static-optimum | zero-copy / static-optimum | strata: kernels, migrations, balancer |")
+    print("| algo | " + " | ".join(configs) + " | strata / best of the uvm, uvm-advised and zero-copy run | strata / static-optimum | zero-copy / static-optimum | strata: kernels, migrations, balancer |")
     print("|---" * (len(configs) + 5) + "|")
     for rep in reps:
         c = by_config(rep)
