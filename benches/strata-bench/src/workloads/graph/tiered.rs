@@ -726,11 +726,7 @@ impl<'a> TieredRead<'a> {
         }
         let within = (off & ((1u64 << shift) - 1)) as usize;
         let bytes = self.cur[array].bytes;
-        let n = ((end - i) as usize)
-            .min(WARP)
-            .min((bytes.len() - within) / 4)
-            .max(1);
-        copy_warp(bytes, within, n, out);
+        let n = load_warp_from(bytes, within, end - i, out);
         if self.mem.counting {
             if let Some(r) = self.readers[array].as_mut() {
                 for _ in 0..n {
@@ -975,12 +971,7 @@ impl ResidentRead<'_> {
         }
         let within = (off & ((1u64 << self.shift) - 1)) as usize;
         let bytes = self.pages[array].1;
-        let n = ((end - i) as usize)
-            .min(WARP)
-            .min((bytes.len() - within) / 4)
-            .max(1);
-        copy_warp(bytes, within, n, out);
-        n
+        load_warp_from(bytes, within, end - i, out)
     }
 
     #[cold]
@@ -1037,6 +1028,19 @@ impl Read for ResidentRead<'_> {
     fn weights(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
         self.load_warp(WEIGHTS, i, end, out)
     }
+}
+
+/// A warp's load from a page: as many of the `left` 4-byte elements from
+/// byte `within` of `page` as a warp takes and the page holds (at least
+/// one) into `out`; returns how many.
+#[inline(always)]
+fn load_warp_from(page: &[u8], within: usize, left: u64, out: &mut [u32; WARP]) -> usize {
+    let n = (left as usize)
+        .min(WARP)
+        .min((page.len() - within) / 4)
+        .max(1);
+    copy_warp(page, within, n, out);
+    n
 }
 
 /// Copies the `n` 4-byte elements at byte `within` of `page` into `out`:
