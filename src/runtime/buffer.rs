@@ -222,9 +222,9 @@ impl Buffer {
                     entry.loc = self.table.first_write(bytes, None)?;
                 }
             }
-            // A move of this page that copied it before this write must not
-            // commit (see table.rs).
-            entry.version = entry.version.wrapping_add(1);
+            // A move of this page that copied it before this write does
+            // not commit (see page.rs).
+            entry.note_write();
             done += n;
         }
         Ok(())
@@ -347,11 +347,9 @@ impl Buffer {
             };
             pin.addresses
                 .push(store.address(slot).expect("memory tiers are addressable"));
-            entry.pins += 1;
             // Whoever holds the address may write through it: a move that
-            // copied the page before this pin must not commit.
-            entry.version = entry.version.wrapping_add(1);
-            if entry.pins == 1 {
+            // copied the page before this pin does not commit.
+            if entry.pin() {
                 self.rt().pinned[tier as usize].fetch_add(1, Ordering::Relaxed);
             }
             // The guard now covers this page (and unpins it on drop, also
@@ -546,8 +544,7 @@ impl Drop for Pin<'_> {
     fn drop(&mut self) {
         for p in self.pages.clone() {
             let mut entry = self.buffer.table.pages[p].lock();
-            entry.pins -= 1;
-            if entry.pins == 0 {
+            if entry.unpin() {
                 self.buffer.table.rt.pinned[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
             }
         }

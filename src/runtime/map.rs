@@ -218,8 +218,8 @@ impl DeviceMap {
                 entry.loc = table.first_write(&zeros, Some(&memory))?;
             }
             // Kernels may write through the map: a move that copied the
-            // page before this launch must not commit.
-            entry.version = entry.version.wrapping_add(1);
+            // page before this launch does not commit.
+            entry.note_write();
             let address = match &entry.loc {
                 Resident { tier, slot } if *tier != Tier::Nvme => {
                     table.store(*tier).kernel_address(slot)

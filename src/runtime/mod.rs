@@ -3,7 +3,8 @@
 //!
 //! | file | what |
 //! |------|------|
-//! | `table.rs` | the page table and copy-then-commit moves (batched NVMe I/O, per-page versions) |
+//! | `page.rs` | page entries and their transitions (begin move, commit, abandon, lose), no I/O; loom-checked |
+//! | `table.rs` | the page table and the copy engines (batched NVMe I/O, host↔device batches), one commit |
 //! | `buffer.rs` | [`Buffer`]: read/write at any offset, pins, prefetch, evict |
 //! | `mover.rs` | the asynchronous mover: a lane per link, a bounded window, [`Ticket`]s |
 //! | `reclaim.rs` | background eviction between [`Watermarks`], cascading down |
@@ -36,6 +37,7 @@ mod balancer;
 mod buffer;
 mod map;
 mod mover;
+mod page;
 mod reclaim;
 mod record;
 mod table;

@@ -39,48 +39,7 @@ impl Drop for Reserved<'_> {
     }
 }
 
-/// Where a page is.
-#[derive(Debug)]
-pub(crate) enum Loc {
-    /// Never written: reads as zeros, holds no slot.
-    Zero,
-    /// In a slot of a tier.
-    Resident { tier: Tier, slot: Slot },
-    /// Its slot is in an NVMe read of a batched move. Only seen under the
-    /// page lock — unless the I/O engine failed with the read in flight,
-    /// when the page stays this way and reads say so (never zeros).
-    Lost,
-}
-
-pub(crate) use Loc::{Lost, Resident, Zero};
-
-/// One page-table entry.
-#[derive(Debug)]
-pub(crate) struct Entry {
-    pub(crate) loc: Loc,
-    /// Live pins covering the page: while non-zero it never moves.
-    pub(crate) pins: u32,
-    /// Bumped by every write and every committed move.
-    pub(crate) version: u32,
-    /// Set by accesses, cleared by the reclaimer's clock hand.
-    pub(crate) referenced: bool,
-}
-
-impl Entry {
-    pub(crate) fn tier(&self) -> Option<Tier> {
-        match &self.loc {
-            Resident { tier, .. } => Some(*tier),
-            Zero | Lost => None,
-        }
-    }
-}
-
-pub(crate) fn lost(p: usize) -> Error {
-    Error::new(
-        ErrorKind::Io,
-        format!("page {p} was lost: the i/o engine failed while the page was moving"),
-    )
-}
+pub(crate) use super::page::{lost, Begun, Entry, Loc, Lost, Resident, Zero};
 
 /// Kernel launches over the buffer's device map (see `map.rs`).
 #[derive(Debug, Default)]
@@ -142,14 +101,7 @@ impl Table {
             len,
             placement,
             pages: (0..pages)
-                .map(|_| {
-                    Mutex::new(Entry {
-                        loc: Zero,
-                        pins: 0,
-                        version: 0,
-                        referenced: false,
-                    })
-                })
+                .map(|_| Mutex::new(Entry::default()))
                 .collect(),
             launches: Mutex::new(Launches::default()),
             map: Mutex::new(None),
@@ -290,13 +242,12 @@ impl Table {
     /// Moves the page under `entry` into `dst` (copy, then commit), the
     /// lock held throughout. `Ok(false)` when there was nothing to move.
     pub(crate) fn move_locked(&self, p: usize, entry: &mut Entry, dst: Tier) -> Result<bool> {
-        let Resident { tier: src, slot } = &mut entry.loc else {
+        // A pinned page is left alone by the callers; the check is theirs.
+        let Some(begun) = entry.begin_move(dst, |src| self.may_move(src, dst)) else {
             return Ok(false);
         };
-        if *src == dst || !self.may_move(*src, dst) {
-            return Ok(false);
-        }
-        let src = *src;
+        let src = begun.src;
+        let slot = entry.slot().expect("begun moves are resident");
         let from = self.store(src);
         let to = self
             .rt
@@ -319,27 +270,12 @@ impl Table {
         })();
         match moved {
             Ok(fresh) => {
-                let Resident { slot: old, .. } = std::mem::replace(
-                    &mut entry.loc,
-                    Resident {
-                        tier: dst,
-                        slot: fresh,
-                    },
-                ) else {
-                    unreachable!("the entry was resident")
-                };
-                entry.version = entry.version.wrapping_add(1);
-                if !self.free_old(src, old) {
+                // The lock was held throughout: the commit cannot be refused.
+                let retired = self.commit_locked(p, entry, begun, dst, fresh);
+                if !retired {
                     self.rt.release_moves(1);
                 }
-                self.remap(p, entry);
-                self.rt.counters.moves.fetch_add(1, Ordering::Relaxed);
-                self.rt.filled(dst);
-                self.rt.link(src, dst).record(
-                    self.rt.page_size(),
-                    started.elapsed(),
-                    Duration::ZERO,
-                );
+                self.account(&[src], dst, started, 0);
                 Ok(true)
             }
             Err(e) => {
@@ -499,6 +435,8 @@ impl Table {
         // 1. NVMe-sourced pages read together; the others move in place.
         let mut committed: Vec<Tier> = Vec::new();
         let mut failed = 0u64;
+        // Each read's page, as it was when its slot was taken.
+        let mut begun: Vec<Option<Begun>> = vec![None; guards.len()];
         match nvme.session() {
             Err(e) => {
                 first_err.get_or_insert(e);
@@ -531,16 +469,12 @@ impl Table {
                                 continue;
                             }
                         };
-                        let Resident { slot, .. } = std::mem::replace(&mut entry.loc, Lost) else {
-                            unreachable!("checked resident")
-                        };
+                        let (b, slot) = entry.take_for_read().expect("checked resident");
+                        begun[i] = Some(b);
                         if let Err((e, slot, fresh)) =
                             session.submit_read_into(slot, host, fresh, i as u64)
                         {
-                            entry.loc = Resident {
-                                tier: Tier::Nvme,
-                                slot,
-                            };
+                            entry.put_back(b, slot);
                             let _ = host.free(fresh);
                             first_err.get_or_insert(e);
                         }
@@ -555,14 +489,10 @@ impl Table {
                             continue;
                         }
                     };
-                    let Resident { slot, .. } = std::mem::replace(&mut entry.loc, Lost) else {
-                        unreachable!("checked resident")
-                    };
+                    let (b, slot) = entry.take_for_read().expect("checked resident");
+                    begun[i] = Some(b);
                     if let Err(r) = session.submit_read(slot, buf, i as u64) {
-                        entry.loc = Resident {
-                            tier: Tier::Nvme,
-                            slot: r.slot,
-                        };
+                        entry.put_back(b, r.slot);
                         first_err.get_or_insert(r.error);
                     }
                 }
@@ -577,17 +507,16 @@ impl Table {
                     for c in done.drain(..) {
                         let i = c.tag as usize;
                         let (p, entry) = &mut guards[i];
-                        entry.loc = Resident {
-                            tier: Tier::Nvme,
-                            slot: c.slot,
-                        };
+                        let b = begun[i].expect("every read was begun");
+                        entry.put_back(b, c.slot);
                         let installed = if c.buf.is_lent() {
                             // Read straight into its new host slot.
                             let fresh = crate::tier::nvme::lent_host_slot(c.buf)
                                 .expect("a lent buffer carries its slot");
                             match c.result {
                                 Ok(()) => {
-                                    self.commit(*p, entry, Tier::Host, fresh);
+                                    // From NVMe: freed, never retired.
+                                    self.commit_locked(*p, entry, b, Tier::Host, fresh);
                                     Ok(())
                                 }
                                 Err(e) => {
@@ -597,7 +526,7 @@ impl Table {
                             }
                         } else {
                             c.result
-                                .and_then(|()| self.install(*p, entry, dst, to, &c.buf))
+                                .and_then(|()| self.install(*p, entry, b, dst, to, &c.buf))
                         };
                         match installed {
                             Ok(()) => committed.push(Tier::Nvme),
@@ -709,18 +638,13 @@ impl Table {
         };
         for (i, slot) in fresh {
             let (p, entry) = &mut guards[i];
-            let src = entry.tier().expect("checked resident");
-            let Resident { slot: old, .. } =
-                std::mem::replace(&mut entry.loc, Resident { tier: dst, slot })
-            else {
-                unreachable!("checked resident")
-            };
-            entry.version = entry.version.wrapping_add(1);
-            if self.free_old(src, old) {
+            let begun = entry
+                .begin_move(dst, |_| true)
+                .expect("checked movable under the lock held since");
+            if self.commit_locked(*p, entry, begun, dst, slot) {
                 reserved.pages -= 1;
             }
-            self.remap(*p, entry);
-            committed.push(src);
+            committed.push(begun.src);
         }
         self.account(&committed, dst, started, failed);
         drop(reserved);
@@ -733,6 +657,7 @@ impl Table {
         &self,
         p: usize,
         entry: &mut Entry,
+        begun: Begun,
         dst: Tier,
         to: &dyn PageStore,
         bytes: &[u8],
@@ -742,21 +667,45 @@ impl Table {
             let _ = to.free(slot);
             return Err(e);
         }
-        self.commit(p, entry, dst, slot);
+        // From NVMe: freed, never retired.
+        self.commit_locked(p, entry, begun, dst, slot);
         Ok(())
     }
 
-    /// Switches a page from its NVMe slot to `slot` of `dst` (its lock held).
-    fn commit(&self, p: usize, entry: &mut Entry, dst: Tier, slot: Slot) {
-        let Resident { slot: old, .. } =
-            std::mem::replace(&mut entry.loc, Resident { tier: dst, slot })
-        else {
-            unreachable!("put back after its read")
-        };
-        entry.version = entry.version.wrapping_add(1);
-        // From NVMe: freed, never retired.
-        self.free_old(Tier::Nvme, old);
+    /// Commits a move begun at `begun`, the one commit of every copy
+    /// engine: installs `fresh` (see [`Entry::commit`]), frees or retires
+    /// the old slot, and points the device map at the page's new home.
+    /// `Ok(true)` when the old slot was retired (it keeps the move's
+    /// reservation); `Err(fresh)` when the page changed since the copy (the
+    /// move is abandoned: the caller frees `fresh`).
+    fn commit(
+        &self,
+        p: usize,
+        entry: &mut Entry,
+        begun: Begun,
+        dst: Tier,
+        fresh: Slot,
+    ) -> std::result::Result<bool, Slot> {
+        let old = entry.commit(begun, dst, fresh)?;
+        let retired = self.free_old(begun.src, old);
         self.remap(p, entry);
+        Ok(retired)
+    }
+
+    /// [`commit`](Self::commit) of a copy taken with the page's lock held
+    /// since: nothing can have changed it.
+    fn commit_locked(
+        &self,
+        p: usize,
+        entry: &mut Entry,
+        begun: Begun,
+        dst: Tier,
+        fresh: Slot,
+    ) -> bool {
+        match self.commit(p, entry, begun, dst, fresh) {
+            Ok(retired) => retired,
+            Err(_) => unreachable!("the page's lock was held since its copy began"),
+        }
     }
 
     /// Moves locked memory-tier pages to NVMe: each page is copied out under
@@ -782,7 +731,7 @@ impl Table {
                 return Err(e);
             }
         };
-        let mut meta: Vec<(usize, Tier, u32)> = Vec::with_capacity(guards.len());
+        let mut meta: Vec<(usize, Begun)> = Vec::with_capacity(guards.len());
         for (p, entry) in guards.iter() {
             let Resident { tier, slot } = &entry.loc else {
                 unreachable!("checked resident")
@@ -815,7 +764,13 @@ impl Table {
                 }
             };
             let tag = meta.len() as u64;
-            meta.push((*p, *tier, entry.version));
+            meta.push((
+                *p,
+                Begun {
+                    src: *tier,
+                    version: entry.version,
+                },
+            ));
             if let Err(r) = session.submit_write(fresh, buf, tag) {
                 let _ = nvme.free(r.slot);
                 failed += 1;
@@ -825,13 +780,13 @@ impl Table {
         drop(guards);
 
         // 2. The writes complete with no page lock held.
-        let mut written: Vec<(usize, Tier, u32, Slot)> = Vec::new();
+        let mut written: Vec<(usize, Begun, Slot)> = Vec::new();
         let mut done = Vec::new();
         let reaped = session.reap(session.in_flight(), &mut done);
         for c in done {
-            let (p, src, version) = meta[c.tag as usize];
+            let (p, begun) = meta[c.tag as usize];
             match c.result {
-                Ok(()) => written.push((p, src, version, c.slot)),
+                Ok(()) => written.push((p, begun, c.slot)),
                 Err(e) => {
                     let _ = nvme.free(c.slot);
                     failed += 1;
@@ -851,7 +806,7 @@ impl Table {
         // 3. Commit, in ascending order, what no one touched meanwhile.
         written.sort_unstable_by_key(|w| w.0);
         let mut committed = Vec::new();
-        for (p, src, version, slot) in written {
+        for (p, begun, slot) in written {
             // Never wait long for a page lock while holding reservations: a
             // first write holding it may be waiting for a slot to free up.
             let Some(mut entry) = self.pages[p].try_lock_for(Duration::from_millis(2)) else {
@@ -859,32 +814,24 @@ impl Table {
                 self.rt.counters.abandoned.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            let unchanged = entry.version == version
-                && entry.pins == 0
-                && entry.tier() == Some(src)
-                && self.may_move(src, Tier::Nvme);
-            if !unchanged {
-                let _ = nvme.free(slot);
-                self.rt.counters.abandoned.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            let Resident { slot: old, .. } = std::mem::replace(
-                &mut entry.loc,
-                Resident {
-                    tier: Tier::Nvme,
-                    slot,
-                },
-            ) else {
-                unreachable!("checked resident")
+            // A launch that began since the copy keeps the page where it is.
+            let committed_now = if self.may_move(begun.src, Tier::Nvme) {
+                self.commit(p, &mut entry, begun, Tier::Nvme, slot)
+            } else {
+                Err(slot)
             };
-            entry.version = entry.version.wrapping_add(1);
-            // A launch that began since `may_move` keeps the old slot, and
-            // with it this move's reservation.
-            if self.free_old(src, old) {
-                reserved.pages -= 1;
+            match committed_now {
+                Ok(retired) => {
+                    if retired {
+                        reserved.pages -= 1;
+                    }
+                    committed.push(begun.src);
+                }
+                Err(slot) => {
+                    let _ = nvme.free(slot);
+                    self.rt.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            self.remap(p, &entry);
-            committed.push(src);
         }
         self.account(&committed, Tier::Nvme, started, failed);
         drop(reserved);
@@ -970,8 +917,7 @@ impl Table {
             if self.launches.lock().any() {
                 return;
             }
-            entry.version = entry.version.wrapping_add(1);
-            if let Resident { tier, slot } = std::mem::replace(&mut entry.loc, Zero) {
+            if let Some((tier, slot)) = entry.clear() {
                 // A store refuses only slots that are not its own, which the
                 // page table never holds.
                 let _ = self.store(tier).free(slot);
