@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use super::mover::{From, Priority, Request};
 use super::table::Table;
 use super::Inner;
 use crate::error::{Error, Result};
@@ -277,7 +278,7 @@ impl Balancer {
             }
             self.budget -= promote.len() as f64 * page_size;
         }
-        report.promotions += move_pages(&by_id, &promote, fast, &|t| t != fast);
+        report.promotions += move_pages(&by_id, &promote, fast, From::Not(fast));
         rt.counters
             .promotions
             .fetch_add(report.promotions, Ordering::Relaxed);
@@ -334,7 +335,14 @@ fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], fa
         }
         for (t, ps) in group(by_id, &left) {
             // The pages stay readable; the error is kept for Runtime::check.
-            if let Err(e) = t.move_batched(&ps, dst, &|src| src == fast) {
+            let request = Request {
+                pages: ps,
+                dst,
+                from: From::Only(fast),
+                priority: Priority::Balance,
+                room: None,
+            };
+            if let Err(e) = rt.mover.run(t, request) {
                 t.rt.note_background("the balancer's demotions", e);
             }
         }
@@ -344,14 +352,16 @@ fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], fa
 }
 
 /// Moves `pages` (ids) into `dst`; returns how many arrived.
-fn move_pages(
-    by_id: &HashMap<u32, &Arc<Table>>,
-    pages: &[u64],
-    dst: Tier,
-    wanted: &dyn Fn(Tier) -> bool,
-) -> u64 {
+fn move_pages(by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], dst: Tier, from: From) -> u64 {
     for (t, ps) in group(by_id, pages) {
-        if let Err(e) = t.move_batched(&ps, dst, wanted) {
+        let request = Request {
+            pages: ps,
+            dst,
+            from,
+            priority: Priority::Balance,
+            room: None,
+        };
+        if let Err(e) = t.rt.mover.run(t, request) {
             t.rt.note_background("the balancer's moves", e);
         }
     }

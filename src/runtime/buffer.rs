@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::map::DeviceMap;
-use super::mover::Ticket;
+use super::mover::{From, Priority, Request, Ticket};
 use super::table::{lost, Lost, Resident, Table, Zero};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
@@ -299,49 +299,83 @@ impl Buffer {
             tier,
             addresses: Vec::with_capacity(pages.len()),
         };
+        // The whole range first, in batches, through the engine at demand
+        // priority (room made in `tier` as a prefetch makes it); then page
+        // by page under each page's lock, moving again what raced away.
+        let elsewhere: Vec<usize> = pages
+            .clone()
+            .filter(|&p| {
+                let e = self.table.pages[p].lock();
+                e.pins == 0 && e.tier().is_some_and(|t| t != tier)
+            })
+            .collect();
+        if !elsewhere.is_empty() {
+            match self.demand_move(elsewhere.clone(), tier, &pages) {
+                // What did not fit is tried again page by page below.
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {}
+                Err(e) => return Err(e),
+            }
+            let moved = elsewhere
+                .iter()
+                .filter(|&&p| self.table.pages[p].lock().tier() == Some(tier))
+                .count();
+            self.rt()
+                .counters
+                .faults
+                .fetch_add(moved as u64, Ordering::Relaxed);
+        }
         let zeros = vec![0u8; self.rt().page_size()];
-        for p in pages {
+        for p in pages.clone() {
             // A full tier gets room made in it (a victim demoted), with the
             // page unlocked meanwhile: a few tries, then the error stands.
             let mut tries = 0;
-            let entry = loop {
+            let mut entry = loop {
                 let mut entry = self.table.pages[p].lock();
-                let res = match &entry.loc {
-                    Resident { tier: t, .. } if *t == tier => Ok(()),
+                let src = match &entry.loc {
+                    Resident { tier: t, .. } if *t == tier => break entry,
                     Resident { .. } if entry.pins > 0 => {
                         return Err(Error::invalid(format!(
                             "page {p} is pinned in another tier"
                         )));
                     }
-                    Resident { .. } => match self.table.move_locked(p, &mut entry, tier) {
-                        Ok(true) => {
-                            self.rt().counters.faults.fetch_add(1, Ordering::Relaxed);
-                            Ok(())
-                        }
-                        Ok(false) => {
-                            return Err(Error::invalid(format!(
-                            "page {p} cannot move to the {tier} tier while a kernel launch maps it"
-                        )))
-                        }
-                        Err(e) => Err(e),
-                    },
+                    Resident { tier: t, .. } => *t,
                     Lost => return Err(lost(p)),
-                    Zero => self
-                        .table
-                        .first_write(&zeros, Some(&[tier]))
-                        .map(|loc| entry.loc = loc),
+                    Zero => match self.table.first_write(&zeros, Some(&[tier])) {
+                        Ok(loc) => {
+                            entry.loc = loc;
+                            break entry;
+                        }
+                        Err(e) if e.kind() == ErrorKind::OutOfCapacity && tries < 3 => {
+                            drop(entry);
+                            tries += 1;
+                            super::reclaim::make_room_in(&self.table.rt, tier, 1);
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    },
                 };
-                match res {
-                    Ok(()) => break entry,
-                    Err(e) if e.kind() == ErrorKind::OutOfCapacity && tries < 3 => {
-                        drop(entry);
-                        tries += 1;
-                        super::reclaim::make_room_in(&self.table.rt, tier, 1);
-                    }
-                    Err(e) => return Err(e),
+                drop(entry);
+                if !self.table.may_move(src, tier) {
+                    return Err(Error::invalid(format!(
+                        "page {p} cannot move to the {tier} tier while a kernel launch maps it"
+                    )));
+                }
+                if tries == 3 {
+                    return Err(Error::new(
+                        ErrorKind::OutOfCapacity,
+                        format!(
+                            "page {p} cannot move to the {tier} tier: it is full ({})",
+                            self.rt().capacity_report()
+                        ),
+                    ));
+                }
+                tries += 1;
+                let full = self.demand_move(vec![p], tier, &pages)?;
+                if full.is_empty() && self.table.pages[p].lock().tier() == Some(tier) {
+                    self.rt().counters.faults.fetch_add(1, Ordering::Relaxed);
                 }
             };
-            let mut entry = entry;
             let Resident { slot, .. } = &entry.loc else {
                 unreachable!("made resident above")
             };
@@ -359,6 +393,27 @@ impl Buffer {
         Ok(pin)
     }
 
+    /// Moves `pages` into `tier` through the engine at demand priority,
+    /// making room there (never by demoting a page of `protect`); waits.
+    /// The pages that still found `tier` full.
+    fn demand_move(
+        &self,
+        pages: Vec<usize>,
+        tier: Tier,
+        protect: &Range<usize>,
+    ) -> Result<Vec<usize>> {
+        self.rt().mover.run(
+            &self.table,
+            Request {
+                pages,
+                dst: tier,
+                from: From::Any,
+                priority: Priority::Demand,
+                room: Some(protect.clone()),
+            },
+        )
+    }
+
     /// Moves the pages of `range` that live in tiers faster than `tier`
     /// down to `tier`, or — where it is full — to the next slower tier with
     /// room; `OutOfCapacity` when none has. Pages never written stay
@@ -371,9 +426,22 @@ impl Buffer {
             return Err(Error::invalid(format!("the {tier} tier is not configured")));
         }
         // First everything that fits into `tier` itself, in batches; then
-        // page by page down the slower tiers for what did not fit.
+        // page by page down the slower tiers for what did not fit. Every
+        // move goes through the engine at demand priority.
+        let demote = |pages: Vec<usize>, dst: Tier| {
+            self.rt().mover.run(
+                &self.table,
+                Request {
+                    pages,
+                    dst,
+                    from: From::Above(tier),
+                    priority: Priority::Demand,
+                    room: None,
+                },
+            )
+        };
         let pages: Vec<usize> = pages.collect();
-        let mut full = self.table.move_batched(&pages, tier, &|t| t < tier)?;
+        let mut full = demote(pages.clone(), tier)?;
         // A move abandoned because its page changed meanwhile (a write, or
         // background eviction moving it first) left the page above `tier`:
         // try those again, a few times (pinned pages stay, as said).
@@ -383,12 +451,15 @@ impl Buffer {
                 .iter()
                 .copied()
                 .filter(|p| !skip.contains(p))
-                .filter(|&p| matches!(self.tier_of(p), Ok(Some(t)) if t < tier))
+                .filter(|&p| {
+                    let e = self.table.pages[p].lock();
+                    e.pins == 0 && e.tier().is_some_and(|t| t < tier)
+                })
                 .collect();
             if again.is_empty() {
                 break;
             }
-            full.extend(self.table.move_batched(&again, tier, &|t| t < tier)?);
+            full.extend(demote(again, tier)?);
         }
         if full.is_empty() {
             return Ok(());
@@ -396,25 +467,21 @@ impl Buffer {
         let targets = self.rt().tiers_below(tier);
         for p in full {
             // Stays an error unless a slower tier takes the page.
-            let mut last = Some(Error::new(
-                ErrorKind::OutOfCapacity,
-                format!(
-                    "page {p} cannot be evicted to the {tier} tier or below: all full ({})",
-                    self.rt().capacity_report()
-                ),
-            ));
+            let mut taken = false;
             for &t in &targets {
-                match self.table.move_page(p, t, &|x| x < tier) {
-                    Ok(_) => {
-                        last = None;
-                        break;
-                    }
-                    Err(e) if e.kind() == ErrorKind::OutOfCapacity => last = Some(e),
-                    Err(e) => return Err(e),
+                if demote(vec![p], t)?.is_empty() {
+                    taken = true;
+                    break;
                 }
             }
-            if let Some(e) = last {
-                return Err(e);
+            if !taken {
+                return Err(Error::new(
+                    ErrorKind::OutOfCapacity,
+                    format!(
+                        "page {p} cannot be evicted to the {tier} tier or below: all full ({})",
+                        self.rt().capacity_report()
+                    ),
+                ));
             }
         }
         Ok(())
@@ -440,26 +507,21 @@ impl Buffer {
                 "the {tier} tier is not configured"
             ))));
         }
-        // Group the pages by the tier they are in now, one lane each; a
-        // lane re-checks every page under its lock.
-        let mut by_tier: [Vec<usize>; 4] = Default::default();
-        let request = pages.clone();
-        for p in pages {
-            let entry = self.table.pages[p].lock();
-            if let (Some(t), 0) = (entry.tier(), entry.pins) {
-                if t != tier {
-                    by_tier[t as usize].push(p);
-                }
-            }
-        }
+        // The engine groups the pages by the tier they are in now, one lane
+        // each; a lane re-checks every page under its lock.
         let ticket = Ticket::new();
-        for (src, pages) in Tier::ALL.into_iter().zip(by_tier) {
-            if !pages.is_empty() {
-                self.rt()
-                    .mover
-                    .submit(&self.table, src, pages, tier, &ticket, request.clone());
-            }
-        }
+        self.rt().mover.submit(
+            &self.table,
+            Request {
+                pages: pages.clone().collect(),
+                dst: tier,
+                from: From::Any,
+                priority: Priority::Prefetch,
+                room: Some(pages),
+            },
+            true,
+            &ticket,
+        );
         ticket
     }
 

@@ -25,6 +25,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::mover::{From, Priority, Request};
 use super::table::{lost, Lost, Resident, Table, Zero};
 use crate::device::{DeviceCounters, DeviceWords};
 use crate::error::{Error, ErrorKind, Result};
@@ -196,7 +197,14 @@ impl DeviceMap {
                 if left.is_empty() {
                     break;
                 }
-                left = table.move_batched(&left, t, &|src| src == Tier::Nvme)?;
+                let request = Request {
+                    pages: left,
+                    dst: t,
+                    from: From::Only(Tier::Nvme),
+                    priority: Priority::Demand,
+                    room: None,
+                };
+                left = table.rt.mover.run(table, request)?;
             }
             let staged = before - left.len();
             table

@@ -661,6 +661,21 @@ pub struct Stats {
     pub device_links: Option<(LinkStats, LinkStats)>,
     /// Page moves per link that carried any (wall time of the whole move).
     pub links: Vec<LinkUse>,
+    /// The migration engine's batches per priority: demand, prefetch,
+    /// balance, reclaim, in that order.
+    pub engine: Vec<PriorityUse>,
+}
+
+/// What the migration engine ran for one priority.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct PriorityUse {
+    /// "demand", "prefetch", "balance" or "reclaim".
+    pub priority: &'static str,
+    /// Batches run (up to 32 pages each).
+    pub batches: u64,
+    /// Mean time a batch waited in its lane's queue, in microseconds.
+    pub mean_queued_us: f64,
 }
 
 /// Page moves over one link.
@@ -805,6 +820,15 @@ impl Runtime {
                 .filter_map(|(from, to)| {
                     let stats = inner.links[from as usize * 4 + to as usize].stats();
                     (stats.ops > 0).then_some(LinkUse { from, to, stats })
+                })
+                .collect(),
+            engine: ["demand", "prefetch", "balance", "reclaim"]
+                .into_iter()
+                .zip(inner.mover.priority_report())
+                .map(|(priority, (batches, mean_queued_us))| PriorityUse {
+                    priority,
+                    batches,
+                    mean_queued_us,
                 })
                 .collect(),
         }

@@ -1,29 +1,100 @@
-//! The asynchronous mover: one worker ("lane") per link between two
-//! configured tiers, each fed by a bounded queue of batches — the in-flight
-//! window. A full window blocks the submitter (explicit back-pressure).
+//! The migration engine: every page move of the runtime is a request
+//! submitted here. Demand paths (`pin`, `evict`, a kernel launch's
+//! `prepare`, room made for them), `prefetch`, the balancer and background
+//! eviction all submit; synchronous callers submit and wait.
+//!
+//! - One lane (worker threads and a queue) per direction of each link
+//!   between two configured tiers, so promotions never queue behind
+//!   demotions. NVMe lanes have two workers: one batch's I/O is in flight
+//!   while the other's completes and commits.
+//! - Each lane serves its queue by [`Priority`]: demand before prefetch
+//!   before balance before reclaim. A running batch is never preempted, so
+//!   a demand request waits at most for the batch its lane is copying.
+//! - One in-flight window for the whole runtime, counted in batches:
+//!   background and prefetch submitters wait while it is full; demand
+//!   requests (bounded by their callers' threads) and requests made from
+//!   inside a lane (room for a prefetch) never wait for it, so the window
+//!   cannot deadlock and cannot delay a demand.
+//! - Copy-then-commit lives in `table.rs` (the copy engines) and `page.rs`
+//!   (the one commit); this module only schedules.
+//!
 //! Requests come back through [`Ticket`]s; errors of background work
-//! surface at the ticket's `wait` or `poll`.
+//! surface at the ticket's `wait` or `poll` (and background eviction's and
+//! the balancer's at `Runtime::check` and `Runtime::shutdown`). A panic in
+//! one move fails that request and leaves its lane running.
 #![forbid(unsafe_code)]
 
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{bounded, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use super::table::Table;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::Tier;
 
-/// Batches queued per lane before submitters wait.
-const WINDOW: usize = 8;
+/// Batches queued or moving in the whole runtime before background and
+/// prefetch submitters wait.
+const WINDOW: usize = 16;
+
+/// Who asked for a move; a lane serves the most urgent first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Priority {
+    /// A caller waits for it: `pin`, `evict`, a launch's `prepare`, and
+    /// the room they need.
+    Demand = 0,
+    /// `prefetch` and the room it makes.
+    Prefetch = 1,
+    /// The balancer's promotions and demotions.
+    Balance = 2,
+    /// Background eviction between the watermarks.
+    Reclaim = 3,
+}
+
+/// Which of a request's pages move: checked under each page's lock when
+/// its batch runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum From {
+    /// From wherever they are.
+    Any,
+    /// Only pages in this tier.
+    Only(Tier),
+    /// Only pages in tiers faster than this one.
+    Above(Tier),
+    /// Only pages not in this tier.
+    Not(Tier),
+}
+
+impl From {
+    fn accepts(self, tier: Tier) -> bool {
+        match self {
+            From::Any => true,
+            From::Only(t) => tier == t,
+            From::Above(t) => tier < t,
+            From::Not(t) => tier != t,
+        }
+    }
+}
 
 /// What a ticket waits for.
 #[derive(Debug, Default)]
 struct TicketState {
-    inner: Mutex<(usize, Option<Error>)>,
+    inner: Mutex<Progress>,
     done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    /// Batches not finished.
+    open: usize,
+    error: Option<Error>,
+    /// Pages that found the destination full (synchronous callers decide
+    /// what to do with them).
+    full: Vec<usize>,
 }
 
 /// The handle of an asynchronous request: `wait` for it, or `poll` it.
@@ -44,38 +115,52 @@ impl Ticket {
     pub(crate) fn done(result: Result<()>) -> Self {
         let t = Self::new();
         if let Err(e) = result {
-            t.state.inner.lock().1 = Some(e);
+            t.state.inner.lock().error = Some(e);
         }
         t
     }
 
     fn add(&self) {
-        self.state.inner.lock().0 += 1;
+        self.state.inner.lock().open += 1;
     }
 
-    /// One part of the request finished; the first error is kept.
-    fn finish(&self, result: Result<()>) {
+    /// One batch finished; the first error is kept.
+    fn finish(&self, result: Result<Vec<usize>>) {
         let mut s = self.state.inner.lock();
-        s.0 -= 1;
-        if let Err(e) = result {
-            s.1.get_or_insert(e);
+        s.open -= 1;
+        match result {
+            Ok(full) => s.full.extend(full),
+            Err(e) => {
+                s.error.get_or_insert(e);
+            }
         }
-        if s.0 == 0 {
+        if s.open == 0 {
             self.state.done.notify_all();
         }
     }
 
-    fn result(s: &(usize, Option<Error>)) -> Result<()> {
-        s.1.clone().map_or(Ok(()), Err)
+    fn result(s: &Progress) -> Result<()> {
+        s.error.clone().map_or(Ok(()), Err)
     }
 
     /// Waits for the request and returns its result.
     pub fn wait(self) -> Result<()> {
         let mut s = self.state.inner.lock();
-        while s.0 > 0 {
+        while s.open > 0 {
             self.state.done.wait(&mut s);
         }
         Self::result(&s)
+    }
+
+    /// Waits for the request: the pages that found the destination full,
+    /// or its first error.
+    fn wait_full(self) -> Result<Vec<usize>> {
+        let mut s = self.state.inner.lock();
+        while s.open > 0 {
+            self.state.done.wait(&mut s);
+        }
+        Self::result(&s)?;
+        Ok(std::mem::take(&mut s.full))
     }
 
     /// Waits at most `timeout`: the result, or `None` if still running.
@@ -83,13 +168,13 @@ impl Ticket {
         let mut s = self.state.inner.lock();
         // A timeout beyond any representable instant waits for good.
         let Some(deadline) = Instant::now().checked_add(timeout) else {
-            while s.0 > 0 {
+            while s.open > 0 {
                 self.state.done.wait(&mut s);
             }
             return Some(Self::result(&s));
         };
-        while s.0 > 0 {
-            if self.state.done.wait_until(&mut s, deadline).timed_out() && s.0 > 0 {
+        while s.open > 0 {
+            if self.state.done.wait_until(&mut s, deadline).timed_out() && s.open > 0 {
                 return None;
             }
         }
@@ -99,92 +184,156 @@ impl Ticket {
     /// The result if the request has finished.
     pub fn poll(&self) -> Option<Result<()>> {
         let s = self.state.inner.lock();
-        (s.0 == 0).then(|| Self::result(&s))
+        (s.open == 0).then(|| Self::result(&s))
     }
 }
 
-/// One batch for a lane.
-pub(crate) struct Job {
-    pub(crate) table: Arc<Table>,
+/// A move request as submitted.
+pub(crate) struct Request {
     pub(crate) pages: Vec<usize>,
     pub(crate) dst: Tier,
-    pub(crate) ticket: Ticket,
-    /// The whole request's pages: room in `dst` is never made by demoting
-    /// one of them.
-    pub(crate) request: std::ops::Range<usize>,
+    pub(crate) from: From,
+    pub(crate) priority: Priority,
+    /// Room is made in a full `dst` (as a pin makes it), never by demoting
+    /// a page of this range of the same buffer; `None`: pages that find
+    /// `dst` full are returned (synchronous callers) or, for a ticket,
+    /// nothing is made.
+    pub(crate) room: Option<Range<usize>>,
 }
 
-/// The lanes.
+/// One batch for a lane.
+struct Job {
+    table: Arc<Table>,
+    pages: Vec<usize>,
+    dst: Tier,
+    from: From,
+    priority: Priority,
+    room: Option<Range<usize>>,
+    /// Pages that find `dst` full are an `OutOfCapacity` error (prefetch)
+    /// rather than a list for the caller.
+    full_is_error: bool,
+    ticket: Ticket,
+    /// When it was queued.
+    queued: Instant,
+}
+
+/// A lane's queue, one per priority.
+#[derive(Default)]
+struct Queue {
+    jobs: [VecDeque<Job>; 4],
+    closed: bool,
+}
+
+impl Queue {
+    fn pop(&mut self) -> Option<Job> {
+        self.jobs.iter_mut().find_map(VecDeque::pop_front)
+    }
+}
+
+#[derive(Default)]
+struct Lane {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+}
+
+/// The runtime-wide window, in batches.
+#[derive(Default)]
+struct Window {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Window {
+    fn enter(&self) {
+        let mut used = self.used.lock();
+        while *used >= WINDOW {
+            self.freed.wait(&mut used);
+        }
+        *used += 1;
+    }
+
+    fn leave(&self) {
+        *self.used.lock() -= 1;
+        self.freed.notify_one();
+    }
+}
+
+thread_local! {
+    /// Set on lane threads: what they submit never waits for the window.
+    static IN_LANE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Per-priority figures of the engine.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Batches run, per priority.
+    batches: [AtomicU64; 4],
+    /// Nanoseconds batches waited in their queue, per priority.
+    queued_ns: [AtomicU64; 4],
+}
+
+/// The engine.
 pub(crate) struct Mover {
-    /// Indexed by `lane(a, b)`; `None` for links between tiers not both
-    /// configured.
-    lanes: Vec<Option<Sender<Job>>>,
+    /// Indexed by `src * 4 + dst`; `None` for a direction between tiers
+    /// not both configured.
+    lanes: Vec<Option<Arc<Lane>>>,
+    window: Arc<Window>,
     /// Pages queued or moving.
     pub(crate) in_flight: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     workers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Mover {
     fn drop(&mut self) {
-        // Closing the queues ends the workers; wait for them, so that a
-        // dropped runtime leaves no thread behind.
-        self.lanes.clear();
+        // Closing the queues ends the workers once they are empty; wait
+        // for them, so that a dropped runtime leaves no thread behind.
+        for lane in self.lanes.iter().flatten() {
+            lane.queue.lock().closed = true;
+            lane.ready.notify_all();
+        }
         for w in self.workers.drain(..) {
             super::join(w);
         }
     }
 }
 
-/// One lane per unordered pair of tiers.
-fn lane(a: Tier, b: Tier) -> usize {
-    let (lo, hi) = if a < b { (a, b) } else { (b, a) };
-    lo as usize * 4 + hi as usize
+fn lane_index(src: Tier, dst: Tier) -> usize {
+    src as usize * 4 + dst as usize
 }
 
 impl Mover {
-    /// Starts a lane for each link between two of `tiers`.
+    /// Starts the lanes of every direction between two of `tiers`.
     pub(crate) fn start(tiers: &[Tier]) -> Result<Self> {
-        let mut lanes: Vec<Option<Sender<Job>>> = (0..16).map(|_| None).collect();
+        let mut lanes: Vec<Option<Arc<Lane>>> = (0..16).map(|_| None).collect();
+        let window = Arc::new(Window::default());
         let in_flight = Arc::new(AtomicU64::new(0));
+        let counts = Arc::new(Counts::default());
         let mut workers = Vec::new();
-        for (i, &a) in tiers.iter().enumerate() {
-            for &b in &tiers[i + 1..] {
-                let (tx, rx) = bounded::<Job>(WINDOW);
-                // Two workers on NVMe links, so one batch's I/O is in flight
-                // while the other's completes and commits.
-                let count = if b == Tier::Nvme { 2 } else { 1 };
+        for &src in tiers {
+            for &dst in tiers.iter().filter(|&&t| t != src) {
+                let lane = Arc::new(Lane::default());
+                let count = if src == Tier::Nvme || dst == Tier::Nvme { 2 } else { 1 };
                 for w in 0..count {
-                    let (rx, in_flight) = (rx.clone(), in_flight.clone());
+                    let (lane, window, in_flight, counts) =
+                        (lane.clone(), window.clone(), in_flight.clone(), counts.clone());
                     let w = std::thread::Builder::new()
-                        .name(format!("strata-mover-{a}-{b}-{w}"))
+                        .name(format!("strata-mover-{src}-{dst}-{w}"))
                         .spawn(move || {
-                            // Ends when the runtime drops its senders.
-                            for job in rx {
-                                let (ticket, pages) = (job.ticket.clone(), job.pages.len());
-                                // A bug (or a panicking engine) must not leave
-                                // the ticket waiting forever or kill the lane.
-                                let ran =
-                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                        run(job, &in_flight)
-                                    }));
-                                if ran.is_err() {
-                                    in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
-                                    ticket.finish(Err(Error::new(
-                                        ErrorKind::Io,
-                                        "a page move panicked; its pages stay where they were",
-                                    )));
-                                }
-                            }
+                            IN_LANE.with(|c| c.set(true));
+                            work(&lane, &window, &in_flight, &counts);
                         })
                         .map_err(|e| Error::io("starting a mover thread", e))?;
                     workers.push(w);
                 }
-                lanes[lane(a, b)] = Some(tx);
+                lanes[lane_index(src, dst)] = Some(lane);
             }
         }
         Ok(Self {
             lanes,
+            window,
             in_flight,
+            counts,
             workers,
         })
     }
@@ -197,80 +346,200 @@ impl Mover {
         }
     }
 
-    /// Queues `pages` (all resident in `src` when looked at) for a move to
-    /// `dst`, in batches of `batch`; blocks while the lane's window is full.
+    /// Batches run and their mean queueing time in microseconds, per
+    /// priority (demand, prefetch, balance, reclaim).
+    pub(crate) fn priority_report(&self) -> [(u64, f64); 4] {
+        std::array::from_fn(|i| {
+            let n = self.counts.batches[i].load(Ordering::Relaxed);
+            let ns = self.counts.queued_ns[i].load(Ordering::Relaxed);
+            (n, if n == 0 { 0.0 } else { ns as f64 / n as f64 / 1e3 })
+        })
+    }
+
+    /// Submits `request` on `table`'s pages; the ticket completes when
+    /// every batch has run. Pages are grouped by the tier they are in now
+    /// (each batch re-checks its pages under their locks); pages never
+    /// written, already in `dst` or pinned are left alone, and a lost page
+    /// is the ticket's error. Blocks while the window is full, unless the
+    /// request is a demand or comes from a lane. With `full_is_error`,
+    /// pages that find `dst` full are an `OutOfCapacity` error.
     pub(crate) fn submit(
         &self,
         table: &Arc<Table>,
-        src: Tier,
-        pages: Vec<usize>,
-        dst: Tier,
+        request: Request,
+        full_is_error: bool,
         ticket: &Ticket,
-        request: std::ops::Range<usize>,
     ) {
-        let Some(tx) = self.lanes[lane(src, dst)].as_ref() else {
+        let Request {
+            pages,
+            dst,
+            from,
+            priority,
+            room,
+        } = request;
+        if table.rt.store(dst).is_none() {
             ticket.add();
             ticket.finish(Err(Error::invalid(format!(
-                "no link between the {src} and {dst} tiers"
+                "the {dst} tier is not configured"
             ))));
             return;
-        };
-        for chunk in pages.chunks(table.batch()) {
-            ticket.add();
-            self.in_flight
-                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            let job = Job {
-                table: table.clone(),
-                pages: chunk.to_vec(),
-                dst,
-                ticket: ticket.clone(),
-                request: request.clone(),
+        }
+        let mut by_tier: [Vec<usize>; 4] = Default::default();
+        for p in pages {
+            let Some(entry) = table.pages.get(p).map(|e| e.lock()) else {
+                continue;
             };
-            if let Err(e) = tx.send(job) {
-                // The lane is gone only when the runtime is shutting down.
-                let job = e.into_inner();
-                self.in_flight
-                    .fetch_sub(job.pages.len() as u64, Ordering::Relaxed);
-                job.ticket.finish(Err(Error::new(
-                    ErrorKind::Closed,
-                    "the runtime's mover has stopped",
-                )));
+            match entry.tier() {
+                Some(t) if t != dst && entry.pins == 0 && from.accepts(t) => {
+                    by_tier[t as usize].push(p)
+                }
+                None if matches!(entry.loc, super::table::Lost) => {
+                    ticket.add();
+                    ticket.finish(Err(super::table::lost(p)));
+                }
+                _ => {}
             }
+        }
+        let windowed = priority != Priority::Demand && !IN_LANE.with(Cell::get);
+        for (src, pages) in Tier::ALL.into_iter().zip(by_tier) {
+            if pages.is_empty() {
+                continue;
+            }
+            let Some(lane) = self.lanes[lane_index(src, dst)].as_ref() else {
+                ticket.add();
+                ticket.finish(Err(Error::invalid(format!(
+                    "no link from the {src} to the {dst} tier"
+                ))));
+                continue;
+            };
+            for chunk in pages.chunks(table.batch()) {
+                if windowed {
+                    self.window.enter();
+                } else {
+                    *self.window.used.lock() += 1;
+                }
+                ticket.add();
+                self.in_flight
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                let job = Job {
+                    table: table.clone(),
+                    pages: chunk.to_vec(),
+                    dst,
+                    from,
+                    priority,
+                    room: room.clone(),
+                    full_is_error,
+                    ticket: ticket.clone(),
+                    queued: Instant::now(),
+                };
+                let mut q = lane.queue.lock();
+                if q.closed {
+                    drop(q);
+                    // The lanes close only when the runtime is shutting down.
+                    self.in_flight
+                        .fetch_sub(job.pages.len() as u64, Ordering::Relaxed);
+                    self.window.leave();
+                    job.ticket.finish(Err(Error::new(
+                        ErrorKind::Closed,
+                        "the runtime's mover has stopped",
+                    )));
+                    continue;
+                }
+                q.jobs[priority as usize].push_back(job);
+                drop(q);
+                lane.ready.notify_one();
+            }
+        }
+    }
+
+    /// Submits `request` and waits for it: the pages that found `dst` full
+    /// (with no room made, or not enough), or the first error.
+    pub(crate) fn run(&self, table: &Arc<Table>, request: Request) -> Result<Vec<usize>> {
+        let ticket = Ticket::new();
+        self.submit(table, request, false, &ticket);
+        ticket.wait_full()
+    }
+}
+
+/// A lane's worker: the most urgent batch first, until the queue closes and
+/// is empty.
+fn work(lane: &Lane, window: &Window, in_flight: &AtomicU64, counts: &Counts) {
+    loop {
+        let job = {
+            let mut q = lane.queue.lock();
+            loop {
+                if let Some(job) = q.pop() {
+                    break job;
+                }
+                if q.closed {
+                    return;
+                }
+                lane.ready.wait(&mut q);
+            }
+        };
+        let (ticket, pages, priority) = (job.ticket.clone(), job.pages.len(), job.priority);
+        counts.batches[priority as usize].fetch_add(1, Ordering::Relaxed);
+        counts.queued_ns[priority as usize]
+            .fetch_add(job.queued.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        // A bug (or a panicking engine) must not leave the ticket waiting
+        // forever or kill the lane.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)));
+        in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
+        window.leave();
+        match ran {
+            Ok(result) => ticket.finish(result),
+            Err(_) => ticket.finish(Err(Error::new(
+                ErrorKind::Io,
+                "a page move panicked; its pages stay where they were",
+            ))),
         }
     }
 }
 
-fn run(job: Job, in_flight: &AtomicU64) {
+/// Runs one batch: the pages that found `dst` full, or the first error.
+fn run(job: Job) -> Result<Vec<usize>> {
     let Job {
         table,
         pages,
         dst,
-        ticket,
-        request,
+        from,
+        priority,
+        room,
+        full_is_error,
+        ..
     } = job;
+    let wanted = |t: Tier| from.accepts(t);
+    let mut result = table.move_batched(&pages, dst, &wanted);
     // What does not fit gets room made for it, as a pin does: the coldest
     // pages of `dst` that this request does not cover are demoted (a few
     // rounds, as demotions may race other moves), then it moves.
-    let mut result = table.move_batched(&pages, dst, &|_| true);
-    for _ in 0..3 {
-        let full = match &result {
-            Ok(full) if !full.is_empty() => full.clone(),
-            _ => break,
-        };
-        let (made, failure) =
-            super::reclaim::make_room_for_prefetch(&table.rt, dst, full.len(), &table, &request);
-        if let Some(e) = failure {
-            result = Err(e.context(format!("making room in the {dst} tier for a prefetch")));
-            break;
+    if let Some(protect) = &room {
+        for _ in 0..3 {
+            let full = match &result {
+                Ok(full) if !full.is_empty() => full.clone(),
+                _ => break,
+            };
+            let (made, failure) = super::reclaim::make_room_for(
+                &table.rt,
+                dst,
+                full.len(),
+                &table,
+                protect,
+                priority,
+            );
+            if let Some(e) = failure {
+                result = Err(e.context(format!("making room in the {dst} tier")));
+                break;
+            }
+            if made == 0 {
+                break;
+            }
+            result = table.move_batched(&full, dst, &wanted);
         }
-        if made == 0 {
-            break;
-        }
-        result = table.move_batched(&full, dst, &|_| true);
     }
     // Pages just brought in get the second chance a read gives: the next
-    // prefetch's room-making (or the reclaimer) takes colder pages first.
-    if result.is_ok() {
+    // room-making (or the reclaimer) takes colder pages first.
+    if result.is_ok() && priority <= Priority::Prefetch {
         for &p in &pages {
             let mut entry = table.pages[p].lock();
             if entry.tier() == Some(dst) {
@@ -278,19 +547,19 @@ fn run(job: Job, in_flight: &AtomicU64) {
             }
         }
     }
-    let result = result.and_then(|full| match full.first() {
-        None => Ok(()),
-        Some(&p) => Err(Error::new(
+    let result = match result {
+        Ok(full) if full_is_error && !full.is_empty() => Err(Error::new(
             ErrorKind::OutOfCapacity,
             format!(
-                "page {p} cannot move to the {dst} tier: it is full ({})",
+                "page {} cannot move to the {dst} tier: it is full ({})",
+                full[0],
                 table.rt.capacity_report()
             ),
         )),
-    });
+        other => other,
+    };
     // The table goes before the ticket completes: a waiter that then drops
     // the buffer gets its slots and reservation back at once.
     drop(table);
-    in_flight.fetch_sub(pages.len() as u64, Ordering::Relaxed);
-    ticket.finish(result);
+    result
 }

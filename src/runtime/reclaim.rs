@@ -18,6 +18,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
+use super::mover::{From, Priority, Request};
 use super::table::Table;
 use super::Inner;
 use crate::error::{Error, Result};
@@ -150,7 +151,7 @@ fn pass(rt: &Inner) {
         let low = Watermarks::pages(rt.watermarks.low, store.capacity_pages());
         let need = store.used_pages().saturating_sub(low) as usize;
         let slower = rt.tiers_below(tier);
-        let moved = reclaim(rt, tier, need, &slower);
+        let moved = reclaim(rt, tier, need, &slower, Priority::Reclaim);
         rt.counters
             .reclaimed_pages
             .fetch_add(moved as u64, Ordering::Relaxed);
@@ -174,7 +175,7 @@ pub(crate) fn make_room(rt: &Inner, pages: usize) -> usize {
         if moved >= pages {
             break;
         }
-        moved += reclaim(rt, tier, pages - moved, &[Tier::Nvme]);
+        moved += reclaim(rt, tier, pages - moved, &[Tier::Nvme], Priority::Demand);
     }
     rt.counters
         .reclaimed_pages
@@ -182,28 +183,31 @@ pub(crate) fn make_room(rt: &Inner, pages: usize) -> usize {
     moved
 }
 
-/// Frees `pages` slots in `tier` by demoting unpinned pages of buffers not
-/// in a launch to slower tiers. Returns how many moved.
+/// Frees `pages` slots in `tier` for a caller waiting on them (a pin's
+/// first write) by demoting unpinned pages of buffers not in a launch to
+/// slower tiers. Returns how many moved.
 pub(crate) fn make_room_in(rt: &Inner, tier: Tier, pages: usize) -> usize {
     let slower = rt.tiers_below(tier);
-    let moved = reclaim(rt, tier, pages, &slower);
+    let moved = reclaim(rt, tier, pages, &slower, Priority::Demand);
     rt.counters
         .reclaimed_pages
         .fetch_add(moved as u64, Ordering::Relaxed);
     moved
 }
 
-/// Frees up to `pages` slots in `tier` for a prefetch into it, demoting
-/// the coldest unpinned pages (CLOCK, as the reclaimer) to slower tiers,
-/// never one of the `protect` pages of `table` (the prefetch's own).
-/// Returns how many moved, and the first failure of those demotions (the
-/// prefetch's ticket reports it; the pages stay readable).
-pub(crate) fn make_room_for_prefetch(
+/// Frees up to `pages` slots in `tier` for a move request into it (a
+/// prefetch, a pin), demoting the coldest unpinned pages (CLOCK, as the
+/// reclaimer) to slower tiers at the request's `priority`, never one of the
+/// `protect` pages of `table` (the request's own). Returns how many moved,
+/// and the first failure of those demotions (the request reports it; the
+/// pages stay readable).
+pub(crate) fn make_room_for(
     rt: &Inner,
     tier: Tier,
     pages: usize,
     table: &Table,
     protect: &std::ops::Range<usize>,
+    priority: Priority,
 ) -> (usize, Option<Error>) {
     let slower = rt.tiers_below(tier);
     let mut failure = None;
@@ -213,6 +217,7 @@ pub(crate) fn make_room_for_prefetch(
         pages,
         &slower,
         Some((table, protect)),
+        priority,
         &mut |_, e| {
             if e.kind() != crate::error::ErrorKind::OutOfCapacity {
                 failure.get_or_insert(e);
@@ -228,8 +233,8 @@ pub(crate) fn make_room_for_prefetch(
 /// Demotes up to `need` pages out of `tier` into the first of `slower`
 /// with room; returns how many moved.
 /// A failed demotion is kept for `Runtime::check`.
-fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier]) -> usize {
-    reclaim_except(rt, tier, need, slower, None, &mut |what, e| {
+fn reclaim(rt: &Inner, tier: Tier, need: usize, slower: &[Tier], priority: Priority) -> usize {
+    reclaim_except(rt, tier, need, slower, None, priority, &mut |what, e| {
         rt.note_background(what, e)
     })
 }
@@ -242,6 +247,7 @@ fn reclaim_except(
     need: usize,
     slower: &[Tier],
     protect: Option<(&Table, &std::ops::Range<usize>)>,
+    priority: Priority,
     failed: &mut dyn FnMut(&str, Error),
 ) -> usize {
     // Weak references, upgraded one at a time: a buffer dropped meanwhile
@@ -273,7 +279,7 @@ fn reclaim_except(
                 if victims.is_empty() {
                     break;
                 }
-                let m = demote(&table, &victims, tier, slower, failed);
+                let m = demote(&table, &victims, tier, slower, priority, failed);
                 if m == 0 {
                     break;
                 }
@@ -331,12 +337,14 @@ fn pick(
     victims
 }
 
-/// Moves `victims` out of `tier` to the first slower tier with room.
+/// Moves `victims` out of `tier` to the first slower tier with room,
+/// through the engine at `priority`.
 fn demote(
-    table: &Table,
+    table: &Arc<Table>,
     victims: &[usize],
     tier: Tier,
     slower: &[Tier],
+    priority: Priority,
     failed: &mut dyn FnMut(&str, Error),
 ) -> usize {
     let mut left = victims.to_vec();
@@ -347,7 +355,14 @@ fn demote(
         }
         // The pages stay readable (or are counted lost); the error goes
         // to whoever asked for the room.
-        let full = match table.move_batched(&left, dst, &|t| t == tier) {
+        let request = Request {
+            pages: left.clone(),
+            dst,
+            from: From::Only(tier),
+            priority,
+            room: None,
+        };
+        let full = match table.rt.mover.run(table, request) {
             Ok(full) => full,
             Err(e) => {
                 failed(&format!("demoting pages from {tier} to {dst}"), e);

@@ -125,7 +125,7 @@ impl Table {
     }
 
     /// Whether a page of a memory tier may leave `src` for `dst` now.
-    fn may_move(&self, src: Tier, dst: Tier) -> bool {
+    pub(crate) fn may_move(&self, src: Tier, dst: Tier) -> bool {
         if src == Tier::Nvme {
             // Kernels never address NVMe pages.
             return true;
@@ -291,21 +291,6 @@ impl Table {
                 Err(e.context(format!("moving page {p} from {src} to {dst}")))
             }
         }
-    }
-
-    /// Moves page `p` to `dst` if it is resident in a tier `wanted`
-    /// accepts and not pinned (checked under its lock).
-    pub(crate) fn move_page(
-        &self,
-        p: usize,
-        dst: Tier,
-        wanted: &dyn Fn(Tier) -> bool,
-    ) -> Result<bool> {
-        let mut entry = self.pages[p].lock();
-        if entry.pins > 0 || !entry.tier().is_some_and(wanted) {
-            return Ok(false);
-        }
-        self.move_locked(p, &mut entry, dst)
     }
 
     /// Moves the pages of `pages` whose tier satisfies `wanted` into `dst`,
