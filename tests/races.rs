@@ -242,3 +242,153 @@ fn a_map_of_a_freed_buffer_refuses_launches() {
     );
     assert_eq!(rt.stats().reserved_pages, 0);
 }
+
+/// Holds every queue's writes until the test hands out permits, one write
+/// batch per permit.
+#[derive(Default)]
+struct Permits {
+    left: parking_lot::Mutex<u32>,
+    open: AtomicBool,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+struct PermitEngine {
+    inner: Arc<dyn IoEngine>,
+    permits: Arc<Permits>,
+}
+
+struct PermitQueue {
+    inner: Box<dyn RawQueue>,
+    permits: Arc<Permits>,
+    writes: bool,
+}
+
+impl IoEngine for PermitEngine {
+    fn kind(&self) -> strata::io::EngineKind {
+        self.inner.kind()
+    }
+    fn open_raw(
+        &self,
+        file: &Arc<File>,
+        depth: usize,
+        pool: Option<&Arc<BufPool>>,
+    ) -> strata::Result<Box<dyn RawQueue>> {
+        Ok(Box::new(PermitQueue {
+            inner: self.inner.open_raw(file, depth, pool)?,
+            permits: self.permits.clone(),
+            writes: false,
+        }))
+    }
+}
+
+// SAFETY: every operation goes to the inner queue unchanged, which upholds
+// the contract; the permits only delay `wait`.
+unsafe impl RawQueue for PermitQueue {
+    unsafe fn push(&mut self, op: RawOp) {
+        self.writes |= op.op == IoOp::Write;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.push(op) }
+    }
+    fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
+        if self.writes {
+            let p = &self.permits;
+            p.waiting.fetch_add(1, Ordering::SeqCst);
+            loop {
+                if p.open.load(Ordering::SeqCst) {
+                    break;
+                }
+                let mut left = p.left.lock();
+                if *left > 0 {
+                    *left -= 1;
+                    break;
+                }
+                drop(left);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            p.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.writes = false;
+        self.inner.wait(min, out)
+    }
+}
+
+fn engine_batches(rt: &Runtime, priority: &str) -> u64 {
+    rt.stats()
+        .engine
+        .iter()
+        .find(|p| p.priority == priority)
+        .map_or(0, |p| p.batches)
+}
+
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(30), "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A demand move submitted behind a queue of background demotions on the
+/// same lane runs before them: the first worker to come free takes it.
+#[test]
+fn a_demand_move_overtakes_queued_background_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let permits = Arc::new(Permits::default());
+    let engine = Arc::new(PermitEngine {
+        inner: strata::io::engine(EngineChoice::Psync).unwrap(),
+        permits: permits.clone(),
+    });
+    let mut nvme = NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE);
+    // Batches of 2 pages: many batches from few pages.
+    nvme.queue_depth = 2;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(64 * PAGE as u64)
+        .nvme(nvme)
+        .nvme_engine(engine)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let a = rt.alloc(24 * PAGE as u64).unwrap();
+    a.write(0, &vec![1u8; 24 * PAGE]).unwrap();
+    let b = rt.alloc(PAGE as u64).unwrap();
+    b.write(0, &[2u8; PAGE]).unwrap();
+
+    // 12 background batches: the lane's two workers take two and hold
+    // them at the closed engine; ten wait in the queue.
+    let background = a.prefetch(0..a.len(), Tier::Nvme);
+    wait_until("two prefetch batches at the engine", || {
+        permits.waiting.load(Ordering::SeqCst) == 2
+    });
+    assert_eq!(engine_batches(&rt, "prefetch"), 2);
+    // Whatever the outcome, the engine opens before the scope joins.
+    struct Open<'a>(&'a Permits);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            self.0.open.store(true, Ordering::SeqCst);
+        }
+    }
+    std::thread::scope(|s| {
+        let demand = s.spawn(|| b.evict(0..b.len(), Tier::Nvme));
+        let _open = Open(&permits);
+        wait_until("the demand request queued", || {
+            rt.stats().in_flight_moves == 24 + 1
+        });
+        // One write completes: its worker takes the demand batch, not the
+        // next of the ten queued before it.
+        *permits.left.lock() = 1;
+        wait_until("a worker took the next batch", || {
+            engine_batches(&rt, "demand") + engine_batches(&rt, "prefetch") == 3
+        });
+        assert_eq!(engine_batches(&rt, "demand"), 1, "the demand batch went first");
+        assert_eq!(engine_batches(&rt, "prefetch"), 2);
+        permits.open.store(true, Ordering::SeqCst);
+        demand.join().unwrap().unwrap();
+    });
+    background.wait().unwrap();
+    assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Nvme));
+    assert!((0..24).all(|p| a.tier_of(p).unwrap() == Some(Tier::Nvme)));
+    let mut out = vec![0u8; 24 * PAGE];
+    a.read(0, &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 1));
+}

@@ -154,7 +154,7 @@ impl Ticket {
 
     /// Waits for the request: the pages that found the destination full,
     /// or its first error.
-    fn wait_full(self) -> Result<Vec<usize>> {
+    pub(crate) fn wait_full(self) -> Result<Vec<usize>> {
         let mut s = self.state.inner.lock();
         while s.open > 0 {
             self.state.done.wait(&mut s);

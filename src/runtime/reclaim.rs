@@ -11,6 +11,7 @@
 //! guarantees headroom.
 #![forbid(unsafe_code)]
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -18,7 +19,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
-use super::mover::{From, Priority, Request};
+use super::mover::{From, Priority, Request, Ticket};
 use super::table::Table;
 use super::Inner;
 use crate::error::{Error, Result};
@@ -259,31 +260,38 @@ fn reclaim_except(
     };
     let mut moved = 0;
     // The first pass gives referenced pages a second chance; the second
-    // takes them too.
+    // takes them too. Each buffer's victims are submitted batch by batch
+    // without waiting (the engine's window bounds what is queued, and its
+    // lanes serve demand first), then waited for together.
     for second_chance in [true, false] {
         for table in &tables {
             let Some(table) = table.upgrade() else {
                 continue;
             };
-            while moved < need {
-                let keep = protect
-                    .filter(|(t, _)| std::ptr::eq(*t, &*table))
-                    .map(|(_, r)| r.clone());
+            let keep = protect
+                .filter(|(t, _)| std::ptr::eq(*t, &*table))
+                .map(|(_, r)| r.clone());
+            let mut taken: HashSet<usize> = HashSet::new();
+            let mut pending: Vec<Vec<usize>> = Vec::new();
+            let mut queued = 0;
+            while moved + queued < need {
                 let victims = pick(
                     &table,
                     tier,
-                    (need - moved).min(table.batch()),
+                    (need - moved - queued).min(table.batch()),
                     second_chance,
-                    keep,
+                    keep.as_ref(),
+                    &taken,
                 );
                 if victims.is_empty() {
                     break;
                 }
-                let m = demote(&table, &victims, tier, slower, priority, failed);
-                if m == 0 {
-                    break;
-                }
-                moved += m;
+                queued += victims.len();
+                taken.extend(victims.iter().copied());
+                pending.push(victims);
+            }
+            if !pending.is_empty() {
+                moved += demote(&table, pending, tier, slower, priority, failed);
             }
         }
         if moved >= need {
@@ -300,7 +308,8 @@ fn pick(
     tier: Tier,
     n: usize,
     second_chance: bool,
-    keep: Option<std::ops::Range<usize>>,
+    keep: Option<&std::ops::Range<usize>>,
+    taken: &HashSet<usize>,
 ) -> Vec<usize> {
     let len = table.pages.len();
     let launched = {
@@ -315,7 +324,7 @@ fn pick(
     let mut victims = Vec::new();
     let mut at = start;
     for _ in 0..len {
-        if keep.as_ref().is_some_and(|k| k.contains(&at)) {
+        if keep.is_some_and(|k| k.contains(&at)) || taken.contains(&at) {
             at = (at + 1) % len;
             continue;
         }
@@ -337,32 +346,58 @@ fn pick(
     victims
 }
 
-/// Moves `victims` out of `tier` to the first slower tier with room,
-/// through the engine at `priority`.
+/// Moves the batches of `victims` out of `tier` to the first slower tier
+/// with room, through the engine at `priority`: every batch is submitted
+/// before any is waited for; what found a tier full cascades further down.
+/// Returns how many moved.
 fn demote(
     table: &Arc<Table>,
-    victims: &[usize],
+    victims: Vec<Vec<usize>>,
     tier: Tier,
     slower: &[Tier],
     priority: Priority,
     failed: &mut dyn FnMut(&str, Error),
 ) -> usize {
-    let mut left = victims.to_vec();
+    let Some((&first, rest)) = slower.split_first() else {
+        return 0;
+    };
+    let request = |pages: Vec<usize>, dst: Tier| Request {
+        pages,
+        dst,
+        from: From::Only(tier),
+        priority,
+        room: None,
+    };
+    let tickets: Vec<(usize, Ticket)> = victims
+        .into_iter()
+        .map(|batch| {
+            let ticket = Ticket::new();
+            let n = batch.len();
+            table
+                .rt
+                .mover
+                .submit(table, request(batch, first), false, &ticket);
+            (n, ticket)
+        })
+        .collect();
     let mut moved = 0;
-    for &dst in slower {
+    let mut left = Vec::new();
+    for (n, ticket) in tickets {
+        // The pages stay readable (or are counted lost); the error goes
+        // to whoever asked for the room.
+        match ticket.wait_full() {
+            Ok(full) => {
+                moved += n - full.len();
+                left.extend(full);
+            }
+            Err(e) => failed(&format!("demoting pages from {tier} to {first}"), e),
+        }
+    }
+    for &dst in rest {
         if left.is_empty() {
             break;
         }
-        // The pages stay readable (or are counted lost); the error goes
-        // to whoever asked for the room.
-        let request = Request {
-            pages: left.clone(),
-            dst,
-            from: From::Only(tier),
-            priority,
-            room: None,
-        };
-        let full = match table.rt.mover.run(table, request) {
+        let full = match table.rt.mover.run(table, request(left.clone(), dst)) {
             Ok(full) => full,
             Err(e) => {
                 failed(&format!("demoting pages from {tier} to {dst}"), e);
