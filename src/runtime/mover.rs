@@ -10,6 +10,10 @@
 //! - Each lane serves its queue by [`Priority`]: demand before prefetch
 //!   before balance before reclaim. A running batch is never preempted, so
 //!   a demand request waits at most for the batch its lane is copying.
+//! - While a demand batch is queued or moving in any lane, no lane starts
+//!   a background batch (balance, reclaim): their I/O would queue at the
+//!   disk ahead of the demand's. Background eviction runs in batches an
+//!   eighth the size of the others.
 //! - One in-flight window for the whole runtime, counted in batches:
 //!   background and prefetch submitters wait while it is full; demand
 //!   requests (bounded by their callers' threads) and requests made from
@@ -225,8 +229,15 @@ struct Queue {
 }
 
 impl Queue {
-    fn pop(&mut self) -> Option<Job> {
-        self.jobs.iter_mut().find_map(VecDeque::pop_front)
+    /// The most urgent job; background jobs (balance, reclaim) only when
+    /// `background` (no demand request is waiting anywhere).
+    fn pop(&mut self, background: bool) -> Option<Job> {
+        let upto = if background { 4 } else { Priority::Balance as usize };
+        self.jobs[..upto].iter_mut().find_map(VecDeque::pop_front)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.jobs.iter().all(VecDeque::is_empty)
     }
 }
 
@@ -280,6 +291,10 @@ pub(crate) struct Mover {
     window: Arc<Window>,
     /// Pages queued or moving.
     pub(crate) in_flight: Arc<AtomicU64>,
+    /// Demand batches queued or moving, in any lane: while there are any,
+    /// no lane starts a background batch (its I/O would queue at the disk
+    /// ahead of the demand's).
+    demand: Arc<AtomicU64>,
     counts: Arc<Counts>,
     workers: Vec<std::thread::JoinHandle<()>>,
 }
@@ -309,19 +324,25 @@ impl Mover {
         let window = Arc::new(Window::default());
         let in_flight = Arc::new(AtomicU64::new(0));
         let counts = Arc::new(Counts::default());
+        let demand = Arc::new(AtomicU64::new(0));
         let mut workers = Vec::new();
         for &src in tiers {
             for &dst in tiers.iter().filter(|&&t| t != src) {
                 let lane = Arc::new(Lane::default());
                 let count = if src == Tier::Nvme || dst == Tier::Nvme { 2 } else { 1 };
                 for w in 0..count {
-                    let (lane, window, in_flight, counts) =
-                        (lane.clone(), window.clone(), in_flight.clone(), counts.clone());
+                    let (lane, window, in_flight, counts, demand) = (
+                        lane.clone(),
+                        window.clone(),
+                        in_flight.clone(),
+                        counts.clone(),
+                        demand.clone(),
+                    );
                     let w = std::thread::Builder::new()
                         .name(format!("strata-mover-{src}-{dst}-{w}"))
                         .spawn(move || {
                             IN_LANE.with(|c| c.set(true));
-                            work(&lane, &window, &in_flight, &counts);
+                            work(&lane, &window, &in_flight, &demand, &counts);
                         })
                         .map_err(|e| Error::io("starting a mover thread", e))?;
                     workers.push(w);
@@ -333,6 +354,7 @@ impl Mover {
             lanes,
             window,
             in_flight,
+            demand,
             counts,
             workers,
         })
@@ -412,7 +434,13 @@ impl Mover {
                 ))));
                 continue;
             };
-            for chunk in pages.chunks(table.batch()) {
+            // Background eviction in smaller batches: a demand request
+            // waits at most for the batch its lane is running.
+            let batch = match priority {
+                Priority::Reclaim => (table.batch() / 8).max(1),
+                _ => table.batch(),
+            };
+            for chunk in pages.chunks(batch) {
                 if windowed {
                     self.window.enter();
                 } else {
@@ -421,6 +449,9 @@ impl Mover {
                 ticket.add();
                 self.in_flight
                     .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                if priority == Priority::Demand {
+                    self.demand.fetch_add(1, Ordering::AcqRel);
+                }
                 let job = Job {
                     table: table.clone(),
                     pages: chunk.to_vec(),
@@ -438,6 +469,9 @@ impl Mover {
                     // The lanes close only when the runtime is shutting down.
                     self.in_flight
                         .fetch_sub(job.pages.len() as u64, Ordering::Relaxed);
+                    if priority == Priority::Demand {
+                        self.demand.fetch_sub(1, Ordering::AcqRel);
+                    }
                     self.window.leave();
                     job.ticket.finish(Err(Error::new(
                         ErrorKind::Closed,
@@ -463,18 +497,25 @@ impl Mover {
 
 /// A lane's worker: the most urgent batch first, until the queue closes and
 /// is empty.
-fn work(lane: &Lane, window: &Window, in_flight: &AtomicU64, counts: &Counts) {
+fn work(lane: &Lane, window: &Window, in_flight: &AtomicU64, demand: &AtomicU64, counts: &Counts) {
     loop {
         let job = {
             let mut q = lane.queue.lock();
             loop {
-                if let Some(job) = q.pop() {
+                let background = demand.load(Ordering::Acquire) == 0;
+                if let Some(job) = q.pop(background) {
                     break job;
                 }
-                if q.closed {
+                if q.closed && q.is_empty() {
                     return;
                 }
-                lane.ready.wait(&mut q);
+                if q.is_empty() {
+                    lane.ready.wait(&mut q);
+                } else {
+                    // Background work held back for a demand elsewhere:
+                    // look again shortly.
+                    lane.ready.wait_for(&mut q, Duration::from_micros(100));
+                }
             }
         };
         let (ticket, pages, priority) = (job.ticket.clone(), job.pages.len(), job.priority);
@@ -485,6 +526,9 @@ fn work(lane: &Lane, window: &Window, in_flight: &AtomicU64, counts: &Counts) {
         // forever or kill the lane.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)));
         in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
+        if priority == Priority::Demand {
+            demand.fetch_sub(1, Ordering::AcqRel);
+        }
         window.leave();
         match ran {
             Ok(result) => ticket.finish(result),

@@ -8,6 +8,7 @@ pub mod migrate;
 pub mod moe;
 pub mod optim;
 pub mod pages;
+pub mod priority;
 #[cfg(feature = "foyer")]
 mod pages_foyer;
 pub mod recsys;

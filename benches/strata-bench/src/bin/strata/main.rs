@@ -21,6 +21,7 @@ mod graph;
 mod offload;
 mod out;
 mod pages;
+mod priority;
 mod plot;
 mod recsys;
 mod trace;
@@ -88,6 +89,8 @@ enum BenchCommand {
     Optim(offload::OptimArgs),
     /// Small reads over data 4x DRAM on real DRAM and disk, beside the OS page cache and foyer.
     Pages(pages::PagesArgs),
+    /// A demand move's latency while background eviction has gigabytes queued, beside idle.
+    Priority(priority::PriorityArgs),
     /// The page cache baseline of `bench pages`, in its own process.
     #[command(hide = true)]
     PagesChild {
@@ -239,6 +242,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Bench(BenchCommand::Moe(a)) => offload::run_moe(a),
         Command::Bench(BenchCommand::Optim(a)) => offload::run_optim(a, config),
         Command::Bench(BenchCommand::Pages(a)) => pages::run(a, config),
+        Command::Bench(BenchCommand::Priority(a)) => priority::run(a, config),
         Command::Bench(BenchCommand::PagesChild { spec }) => pages::child(&spec),
         Command::Trace(c) => trace::run(c),
     }
