@@ -323,7 +323,10 @@ fn engine_batches(rt: &Runtime, priority: &str) -> u64 {
 fn wait_until(what: &str, done: impl Fn() -> bool) {
     let start = std::time::Instant::now();
     while !done() {
-        assert!(start.elapsed() < Duration::from_secs(30), "timed out waiting: {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting: {what}"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -380,7 +383,11 @@ fn a_demand_move_overtakes_queued_background_moves() {
         wait_until("a worker took the next batch", || {
             engine_batches(&rt, "demand") + engine_batches(&rt, "prefetch") == 3
         });
-        assert_eq!(engine_batches(&rt, "demand"), 1, "the demand batch went first");
+        assert_eq!(
+            engine_batches(&rt, "demand"),
+            1,
+            "the demand batch went first"
+        );
         assert_eq!(engine_batches(&rt, "prefetch"), 2);
         permits.open.store(true, Ordering::SeqCst);
         demand.join().unwrap().unwrap();

@@ -232,7 +232,11 @@ impl Queue {
     /// The most urgent job; background jobs (balance, reclaim) only when
     /// `background` (no demand request is waiting anywhere).
     fn pop(&mut self, background: bool) -> Option<Job> {
-        let upto = if background { 4 } else { Priority::Balance as usize };
+        let upto = if background {
+            4
+        } else {
+            Priority::Balance as usize
+        };
         self.jobs[..upto].iter_mut().find_map(VecDeque::pop_front)
     }
 
@@ -329,7 +333,11 @@ impl Mover {
         for &src in tiers {
             for &dst in tiers.iter().filter(|&&t| t != src) {
                 let lane = Arc::new(Lane::default());
-                let count = if src == Tier::Nvme || dst == Tier::Nvme { 2 } else { 1 };
+                let count = if src == Tier::Nvme || dst == Tier::Nvme {
+                    2
+                } else {
+                    1
+                };
                 for w in 0..count {
                     let (lane, window, in_flight, counts, demand) = (
                         lane.clone(),
@@ -374,7 +382,14 @@ impl Mover {
         std::array::from_fn(|i| {
             let n = self.counts.batches[i].load(Ordering::Relaxed);
             let ns = self.counts.queued_ns[i].load(Ordering::Relaxed);
-            (n, if n == 0 { 0.0 } else { ns as f64 / n as f64 / 1e3 })
+            (
+                n,
+                if n == 0 {
+                    0.0
+                } else {
+                    ns as f64 / n as f64 / 1e3
+                },
+            )
         })
     }
 

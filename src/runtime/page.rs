@@ -123,9 +123,13 @@ impl<S> Entry<S> {
         if !unchanged {
             return Err(fresh);
         }
-        let Resident { slot: old, .. } =
-            std::mem::replace(&mut self.loc, Resident { tier: dst, slot: fresh })
-        else {
+        let Resident { slot: old, .. } = std::mem::replace(
+            &mut self.loc,
+            Resident {
+                tier: dst,
+                slot: fresh,
+            },
+        ) else {
             unreachable!("checked resident")
         };
         self.version = self.version.wrapping_add(1);
@@ -209,7 +213,13 @@ mod tests {
         let b = e.begin_move(Tier::Nvme, |_| true).unwrap();
         e.note_write();
         assert_eq!(e.commit(b, Tier::Nvme, 2), Err(2));
-        assert_eq!(e.loc, Resident { tier: Tier::Host, slot: 1 });
+        assert_eq!(
+            e.loc,
+            Resident {
+                tier: Tier::Host,
+                slot: 1
+            }
+        );
     }
 
     #[test]
@@ -224,7 +234,13 @@ mod tests {
         assert_eq!(e.commit(b, Tier::Device, 3), Err(3));
         let b = e.begin_move(Tier::Device, |_| true).unwrap();
         assert_eq!(e.commit(b, Tier::Device, 4), Ok(1));
-        assert_eq!(e.loc, Resident { tier: Tier::Device, slot: 4 });
+        assert_eq!(
+            e.loc,
+            Resident {
+                tier: Tier::Device,
+                slot: 4
+            }
+        );
     }
 
     #[test]
@@ -232,7 +248,9 @@ mod tests {
         let e = resident(Tier::Host, 1);
         assert!(e.begin_move(Tier::Host, |_| true).is_none());
         assert!(e.begin_move(Tier::Nvme, |t| t == Tier::Cxl).is_none());
-        assert!(Entry::<u32>::default().begin_move(Tier::Host, |_| true).is_none());
+        assert!(Entry::<u32>::default()
+            .begin_move(Tier::Host, |_| true)
+            .is_none());
     }
 
     #[test]
@@ -390,6 +408,9 @@ mod tests {
                 check_end(&page, 2);
             })
         });
-        assert!(found.is_err(), "loom explored no interleaving that loses the write");
+        assert!(
+            found.is_err(),
+            "loom explored no interleaving that loses the write"
+        );
     }
 }

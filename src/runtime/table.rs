@@ -100,9 +100,7 @@ impl Table {
             id,
             len,
             placement,
-            pages: (0..pages)
-                .map(|_| Mutex::new(Entry::default()))
-                .collect(),
+            pages: (0..pages).map(|_| Mutex::new(Entry::default())).collect(),
             launches: Mutex::new(Launches::default()),
             map: Mutex::new(None),
             hand: AtomicUsize::new(0),

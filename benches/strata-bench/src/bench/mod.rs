@@ -8,9 +8,9 @@ pub mod migrate;
 pub mod moe;
 pub mod optim;
 pub mod pages;
-pub mod priority;
 #[cfg(feature = "foyer")]
 mod pages_foyer;
+pub mod priority;
 pub mod recsys;
 
 use strata::error::Result;

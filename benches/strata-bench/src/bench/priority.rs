@@ -184,7 +184,10 @@ pub fn run(p: &PriorityParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Pr
     let steps = (2 * p.trials) as f64;
     for trial in 0..p.trials {
         for phase in ["busy", "idle"] {
-            progress(phase, (2 * trial + usize::from(phase == "idle")) as f64 / steps);
+            progress(
+                phase,
+                (2 * trial + usize::from(phase == "idle")) as f64 / steps,
+            );
             let (reclaim_before, _) = engine(&rt, "reclaim");
             let data = if phase == "busy" {
                 // Materialized in DRAM under a pin, so that background
@@ -198,7 +201,9 @@ pub fn run(p: &PriorityParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Pr
                 let start = Instant::now();
                 while rt.stats().in_flight_moves > 0 || backlog(&rt, low_pages) > p.data / 64 {
                     if start.elapsed() > Duration::from_secs(600) {
-                        return Err(Error::invalid("background eviction did not finish in 10 minutes"));
+                        return Err(Error::invalid(
+                            "background eviction did not finish in 10 minutes",
+                        ));
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }

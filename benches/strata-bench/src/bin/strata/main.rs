@@ -21,8 +21,8 @@ mod graph;
 mod offload;
 mod out;
 mod pages;
-mod priority;
 mod plot;
+mod priority;
 mod recsys;
 mod trace;
 
