@@ -68,7 +68,7 @@ pub fn run(a: PriorityArgs, config: Option<&std::path::Path>) -> Result<(), Erro
 fn print(r: &PriorityReport) -> Result<(), Error> {
     let p = &r.params;
     outln!(
-        "{} written per busy phase into {} of DRAM (watermarks 1%/2%), {} pages, NVMe in {}",
+        "{} materialized per busy phase in {} of DRAM (watermarks 1%/2%), {} pages, NVMe in {}",
         format_size(p.data),
         format_size(p.dram),
         format_size(p.page_size as u64),
