@@ -482,9 +482,18 @@ typedef struct strata_balance_report {
      */
     uint64_t bypasses;
     /**
-     * Promotions put off by the rate limit or a full device tier.
+     * Promotions put off by a rate limit or a full tier.
      */
     uint64_t deferred;
+    /**
+     * Pages moved up into a tier below the fastest (NVMe into CXL, or into
+     * host DRAM under a device tier).
+     */
+    uint64_t promotions_below;
+    /**
+     * Pages moved down out of a tier below the fastest.
+     */
+    uint64_t demotions_below;
 } strata_balance_report;
 
 /**

@@ -206,3 +206,110 @@ fn counted_touches_weigh_as_reads() {
         ErrorKind::InvalidArgument
     );
 }
+
+/// DRAM, CXL and NVMe: the hot set goes into DRAM, the warm set — more
+/// than DRAM holds, read less often — comes up from NVMe into CXL (the
+/// second level's job: nothing promoted NVMe pages into CXL before), and
+/// the cold pages CXL held at the start go down to NVMe to make room.
+#[test]
+fn every_adjacent_pair_is_balanced() {
+    use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(8 * PAGE as u64)
+        .cxl(CxlConfig::new(CxlMode::Emulated, 16 * PAGE as u64, PAGE))
+        .nvme(NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let b = rt.alloc(64 * PAGE as u64).unwrap();
+    let content: Vec<u8> = (0..64 * PAGE).map(|i| (i / PAGE) as u8).collect();
+    b.write(0, &content).unwrap();
+    // Pages 0..8 filled DRAM, 8..24 CXL; the rest are in NVMe.
+    let (hot, warm) = (40..44, 44..56);
+    assert!(hot
+        .clone()
+        .chain(warm.clone())
+        .all(|p| b.tier_of(p).unwrap() == Some(Tier::Nvme)));
+    rt.configure_balancer(BalancerConfig::default()).unwrap();
+    rt.balance_once().unwrap(); // the writes, folded
+    let mut below = 0;
+    for _ in 0..6 {
+        touch(&b, hot.clone(), 20);
+        touch(&b, warm.clone(), 2);
+        below += rt.balance_once().unwrap().promotions_below;
+    }
+    let count = |r: std::ops::Range<usize>, t: Tier| {
+        r.filter(|&p| b.tier_of(p).unwrap() == Some(t)).count()
+    };
+    assert_eq!(count(hot.clone(), Tier::Host), 4, "the hot set is in DRAM");
+    // DRAM's policy holds the hot set and the warm pages that fit beside
+    // it (7 slots below the high watermark); the rest came up into CXL.
+    let (warm_dram, warm_cxl) = (
+        count(warm.clone(), Tier::Host),
+        count(warm.clone(), Tier::Cxl),
+    );
+    assert_eq!(
+        warm_dram + warm_cxl,
+        12,
+        "the warm set left NVMe: {warm_dram} in DRAM, {warm_cxl} in CXL"
+    );
+    assert!(
+        warm_cxl >= 8,
+        "the warm set came up into CXL: {warm_cxl} of 12"
+    );
+    assert!(
+        below >= warm_cxl as u64,
+        "promotions into CXL counted: {below}"
+    );
+    let s = rt.stats();
+    for t in &s.tiers {
+        let cap = (t.used_pages + t.free_pages) as f64;
+        assert!(
+            t.tier == Tier::Nvme || t.used_pages as f64 <= cap * 0.95,
+            "{:?}",
+            s.tiers
+        );
+    }
+    let mut all = vec![0; 64 * PAGE];
+    b.read(0, &mut all).unwrap();
+    assert_eq!(all, content, "every page reads as written after the moves");
+    assert_eq!(rt.check().map_err(|e| e.to_string()), Ok(()));
+}
+
+/// A link's rate limit holds the balancer's moves over it.
+#[test]
+fn a_link_rate_limit_defers_moves_over_that_link() {
+    use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(8 * PAGE as u64)
+        .cxl(CxlConfig::new(CxlMode::Emulated, 16 * PAGE as u64, PAGE))
+        .nvme(NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let b = rt.alloc(64 * PAGE as u64).unwrap();
+    b.write(0, &vec![1; 64 * PAGE]).unwrap();
+    // A page a second over NVMe→DRAM and NVMe→CXL: after 1.1 s the
+    // budgets afford one page each (they top up over 4 intervals at most).
+    let config = BalancerConfig::default()
+        .with_interval(Duration::from_secs(1))
+        .with_link_rate_limit(Tier::Nvme, Tier::Host, Some(PAGE as u64))
+        .with_link_rate_limit(Tier::Nvme, Tier::Cxl, Some(PAGE as u64));
+    rt.configure_balancer(config).unwrap();
+    rt.balance_once().unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    touch(&b, 44..56, 2);
+    let r = rt.balance_once().unwrap();
+    assert_eq!((r.promotions, r.promotions_below), (1, 1), "{r:?}");
+    assert!(r.deferred >= 10, "{r:?}");
+    // Unlimited, the same round promotes them all.
+    rt.configure_balancer(BalancerConfig::default()).unwrap();
+    rt.balance_once().unwrap();
+    touch(&b, 44..56, 2);
+    let r = rt.balance_once().unwrap();
+    assert!(r.promotions + r.promotions_below >= 10, "{r:?}");
+}

@@ -23,8 +23,13 @@ pub struct strata_balance_report {
     pub demotions: u64,
     /// Touched pages the policy left in place.
     pub bypasses: u64,
-    /// Promotions put off by the rate limit or a full device tier.
+    /// Promotions put off by a rate limit or a full tier.
     pub deferred: u64,
+    /// Pages moved up into a tier below the fastest (NVMe into CXL, or into
+    /// host DRAM under a device tier).
+    pub promotions_below: u64,
+    /// Pages moved down out of a tier below the fastest.
+    pub demotions_below: u64,
 }
 
 /// Folds the buffer's access counters into its decayed scores
@@ -193,6 +198,8 @@ pub unsafe extern "C" fn strata_balance_once(
             demotions: r.demotions,
             bypasses: r.bypasses,
             deferred: r.deferred,
+            promotions_below: r.promotions_below,
+            demotions_below: r.demotions_below,
         });
         Ok(STRATA_OK)
     })

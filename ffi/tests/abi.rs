@@ -63,7 +63,10 @@ fn oversubscribed_device_round_trips_through_every_tier() {
 
     let st = stats(rt);
     assert_eq!(st["backend"], "simulated");
-    assert!(st["moves"].as_u64().unwrap() >= 16, "{st}");
+    // The 12 pages first written into the memory tiers each moved down
+    // once (by evict or by background eviction first), two came back up;
+    // background eviction may have moved more.
+    assert!(st["moves"].as_u64().unwrap() >= 14, "{st}");
     assert_eq!(strata_buffer_free(buf), STRATA_OK);
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
 }

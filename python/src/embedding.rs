@@ -827,7 +827,8 @@ pub(crate) fn stop_balancer(py: Python<'_>, runtime: &Runtime) {
 }
 
 /// Runs one balancer round now and returns what it did: {"promotions",
-/// "demotions", "bypasses", "deferred"}. Needs a device tier.
+/// "demotions", "bypasses", "deferred", "promotions_below",
+/// "demotions_below"}. Needs a tier below the fastest.
 #[pyfunction]
 pub(crate) fn balance_once<'py>(
     py: Python<'py>,
@@ -839,6 +840,8 @@ pub(crate) fn balance_once<'py>(
     d.set_item("demotions", r.demotions)?;
     d.set_item("bypasses", r.bypasses)?;
     d.set_item("deferred", r.deferred)?;
+    d.set_item("promotions_below", r.promotions_below)?;
+    d.set_item("demotions_below", r.demotions_below)?;
     Ok(d)
 }
 

@@ -190,7 +190,8 @@ impl Runtime {
     /// "first_writes", "abandoned_moves", "faults", "reclaimed_pages",
     /// "in_flight_moves", "promotions", "demotions", "bypasses",
     /// "lost_count_readbacks", "lost_pages", "background_errors",
-    /// "device_links", "links".
+    /// "device_links", "links", "engine" (the migration engine's batches
+    /// and mean queueing time per priority).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let json = self.rt.stats_json();
         py.import("json")?.call_method1("loads", (json,))

@@ -89,7 +89,8 @@ class Runtime:
         "first_writes", "abandoned_moves", "faults", "reclaimed_pages",
         "in_flight_moves", "promotions", "demotions", "bypasses",
         "lost_count_readbacks", "lost_pages", "background_errors",
-        "device_links", "links"."""
+        "device_links", "links", "engine" (the migration engine's batches
+        and mean queueing time per priority)."""
     def check(self) -> None:
         """Raises the first failure of background work (eviction, the
         balancer) since the last check, and clears it."""

@@ -1,17 +1,28 @@
 //! The balancer: every interval it harvests the access counters of every
-//! buffer, replays what was touched into a placement policy that models
-//! the fastest tier (device memory; host DRAM in a runtime without a
-//! device tier, over CXL and NVMe), and executes the policy's decisions —
-//! promotions into that tier and demotions out of it, cascading down —
-//! under a migration rate limit and the tier's high watermark.
+//! buffer, replays what was touched into placement policies, and executes
+//! their decisions under the tiers' high watermarks and the links' rate
+//! limits. One policy per adjacent pair of tiers, each modelling the set of
+//! pages that belong in the tiers above the pair's boundary:
 //!
-//! The policy sees one access per touched page per interval, repeated up to
+//! - the first models the fastest tier (device memory; host DRAM in a
+//!   runtime without a device tier): promotions into it from any tier, and
+//!   demotions out of it, cascading down — as before there were levels;
+//! - each further one models the fastest tiers down to the next memory
+//!   tier (device + host, or DRAM + CXL, …): pages it holds that a faster
+//!   level does not are promoted into that tier from below (hot CXL pages
+//!   into DRAM is the first level's job; warm NVMe pages into CXL, or into
+//!   host DRAM under a device tier, is this one's), and pages it drops that
+//!   sit in that tier are demoted below it — what Linux TPP and Memtis do
+//!   for CXL memory, here with the runtime's own counts.
+//!
+//! Each policy sees one access per touched page per interval, repeated up to
 //! [`BalancerConfig::repeat`] times (default [`MAX_REPEAT`]) for pages
-//! counted more often, coldest first, so the
-//! hottest pages are also the most recent. Its decisions are kept in a
-//! shadow set of the pages it holds in the fast tier: a page there
-//! that the policy does not hold (placed there by a first write, or by an
-//! explicit prefetch) is the first to leave when room is needed.
+//! counted more often, coldest first, so the hottest pages are also the
+//! most recent. Its decisions are kept in a shadow set of the pages it
+//! holds: a page in its tier that it does not hold (placed there by a first
+//! write, or by an explicit prefetch) is the first to leave when room is
+//! needed. Every move goes through the migration engine at balance
+//! priority, behind demand moves and prefetches.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -58,6 +69,10 @@ pub struct BalancerConfig {
     /// count, capped): more tells a frequency policy more within a round,
     /// and costs a policy access each.
     pub repeat: u32,
+    /// Bytes per second the balancer moves at most over each link, indexed
+    /// `from * 4 + to` by tier (see [`with_link_rate_limit`](Self::with_link_rate_limit));
+    /// `None`: no limit beyond [`rate_limit`](Self::rate_limit).
+    pub link_rate_limits: [Option<u64>; 16],
 }
 
 impl Default for BalancerConfig {
@@ -69,6 +84,7 @@ impl Default for BalancerConfig {
             decay: 0.5,
             min_accesses: 0,
             repeat: MAX_REPEAT,
+            link_rate_limits: [None; 16],
         }
     }
 }
@@ -104,6 +120,19 @@ impl BalancerConfig {
         self
     }
 
+    /// With the balancer's moves from tier `from` to tier `to` limited to
+    /// `bytes_per_sec` (`None`: no limit). Promotions are limited on the
+    /// link they take; demotions on the link to the first tier below.
+    pub fn with_link_rate_limit(
+        mut self,
+        from: Tier,
+        to: Tier,
+        bytes_per_sec: Option<u64>,
+    ) -> Self {
+        self.link_rate_limits[from as usize * 4 + to as usize] = bytes_per_sec;
+        self
+    }
+
     /// With the policy seeing at most `repeat` accesses per touched page a
     /// round (at least 1).
     pub fn with_repeat(mut self, repeat: u32) -> Self {
@@ -124,20 +153,68 @@ pub struct BalanceReport {
     /// Touched pages the policy chose to leave where they are (served in
     /// place, zero-copy).
     pub bypasses: u64,
-    /// Promotions put off by the rate limit or a full fast tier.
+    /// Promotions put off by a rate limit or a full tier.
     pub deferred: u64,
+    /// Pages moved up into a tier below the fastest (NVMe into CXL, or
+    /// into host DRAM under a device tier).
+    pub promotions_below: u64,
+    /// Pages moved down out of a tier below the fastest.
+    pub demotions_below: u64,
 }
 
-/// The balancer's state: the policy's model of the fastest tier.
+/// One adjacent pair of tiers: a policy modelling the pages that belong in
+/// `upper` or above.
+struct Level {
+    upper: Tier,
+    policy: Box<dyn Policy>,
+    /// Pages (buffer << 32 | page) the policy holds.
+    held: HashSet<u64>,
+}
+
+impl Level {
+    /// Replays the round's accesses; the last decision per page stands
+    /// (true: keep at or above `upper`). Bypasses are counted in `bypasses`.
+    fn decide(
+        &mut self,
+        touched: &[(u32, u64)],
+        repeat: u32,
+        bypasses: &mut u64,
+    ) -> BTreeMap<u64, bool> {
+        let mut want: BTreeMap<u64, bool> = BTreeMap::new();
+        for &(count, page) in touched {
+            for _ in 0..count.min(repeat.max(1)) {
+                match self.policy.access(page) {
+                    Outcome::Hit => {
+                        want.insert(page, true);
+                    }
+                    Outcome::Miss { evicted } => {
+                        self.held.insert(page);
+                        want.insert(page, true);
+                        if let Some(e) = evicted {
+                            self.held.remove(&e);
+                            want.insert(e, false);
+                        }
+                    }
+                    Outcome::Bypass => {
+                        *bypasses += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        want
+    }
+}
+
+/// The balancer's state: a policy per adjacent pair of tiers.
 pub(crate) struct Balancer {
     config: BalancerConfig,
-    /// The tier the policy models (the fastest configured).
-    fast: Tier,
-    policy: Box<dyn Policy>,
-    /// Pages (buffer << 32 | page) the policy holds in the fast tier.
-    held: HashSet<u64>,
-    /// Rate-limit budget in bytes, and when it was last topped up.
+    /// The fastest tier first; one level per memory tier with a tier below.
+    levels: Vec<Level>,
+    /// Rate-limit budget in bytes (promotions into the fastest tier).
     budget: f64,
+    /// Per-link budgets in bytes, indexed `from * 4 + to`.
+    link_budget: [f64; 16],
     topped: Instant,
 }
 
@@ -155,23 +232,80 @@ impl Balancer {
                 config.decay
             )));
         }
-        let mut tiers = rt.stores().map(|s| s.tier());
-        let fast = tiers.next().expect("the host tier is always configured");
-        if tiers.next().is_none() {
+        let tiers: Vec<Tier> = rt.stores().map(|s| s.tier()).collect();
+        let fast = tiers[0];
+        if tiers.len() < 2 {
             return Err(Error::invalid(format!(
                 "the balancer needs a tier below the {fast} tier to place pages in"
             )));
         }
-        let store = rt.store(fast).expect("configured");
-        let capacity = ((store.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
+        let mut levels = Vec::new();
+        let mut capacity = 0usize;
+        for &upper in &tiers[..tiers.len() - 1] {
+            let store = rt.store(upper).expect("configured");
+            capacity += ((store.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
+            levels.push(Level {
+                upper,
+                policy: policy::build(config.policy, capacity, None)?,
+                held: HashSet::new(),
+            });
+        }
         Ok(Self {
             config,
-            fast,
-            policy: policy::build(config.policy, capacity, None)?,
-            held: HashSet::new(),
+            levels,
             budget: 0.0,
+            link_budget: [0.0; 16],
             topped: Instant::now(),
         })
+    }
+
+    /// Tops up the rate-limit budgets for the time since the last round.
+    fn top_up(&mut self) {
+        let now = Instant::now();
+        let dt = (now - self.topped).as_secs_f64();
+        let window = self.config.interval.as_secs_f64().max(0.001) * 4.0;
+        if let Some(rate) = self.config.rate_limit {
+            self.budget = (self.budget + rate as f64 * dt).min(rate as f64 * window);
+        }
+        for (b, limit) in self
+            .link_budget
+            .iter_mut()
+            .zip(self.config.link_rate_limits)
+        {
+            if let Some(rate) = limit {
+                *b = (*b + rate as f64 * dt).min(rate as f64 * window);
+            }
+        }
+        self.topped = now;
+    }
+
+    /// Keeps the pages of `pages` (ids, in order of preference) that the
+    /// links' budgets afford for a move to `dst`, given each page's tier
+    /// now; deducts them. The rest are `deferred`.
+    fn afford(
+        &mut self,
+        by_id: &HashMap<u32, &Arc<Table>>,
+        pages: Vec<u64>,
+        dst: Tier,
+        page_size: f64,
+        deferred: &mut u64,
+    ) -> Vec<u64> {
+        let mut kept = Vec::with_capacity(pages.len());
+        for p in pages {
+            let Some(src) = tier_of(by_id, p) else {
+                continue;
+            };
+            let link = src as usize * 4 + dst as usize;
+            if self.config.link_rate_limits[link].is_some() {
+                if self.link_budget[link] < page_size {
+                    *deferred += 1;
+                    continue;
+                }
+                self.link_budget[link] -= page_size;
+            }
+            kept.push(p);
+        }
+        kept
     }
 
     /// One round.
@@ -207,57 +341,45 @@ impl Balancer {
         touched.retain(|&(c, _)| c as u64 * scale >= min);
         touched.sort_unstable();
 
-        // 2. The policy decides; the last decision per page stands.
-        let mut want: BTreeMap<u64, bool> = BTreeMap::new();
-        for &(count, page) in &touched {
-            for _ in 0..count.min(self.config.repeat.max(1)) {
-                match self.policy.access(page) {
-                    Outcome::Hit => {
-                        want.insert(page, true);
-                    }
-                    Outcome::Miss { evicted } => {
-                        self.held.insert(page);
-                        want.insert(page, true);
-                        if let Some(e) = evicted {
-                            self.held.remove(&e);
-                            want.insert(e, false);
-                        }
-                    }
-                    Outcome::Bypass => {
-                        report.bypasses += 1;
-                        break;
-                    }
-                }
+        // 2. Every level's policy decides; the last decision per page
+        // stands.
+        let repeat = self.config.repeat;
+        let mut wants = Vec::with_capacity(self.levels.len());
+        for (k, level) in self.levels.iter_mut().enumerate() {
+            let mut bypasses = 0;
+            wants.push(level.decide(&touched, repeat, &mut bypasses));
+            if k == 0 {
+                report.bypasses += bypasses;
             }
+            level
+                .held
+                .retain(|p| by_id.contains_key(&((p >> 32) as u32)));
         }
-        self.held
-            .retain(|p| by_id.contains_key(&((p >> 32) as u32)));
+        self.top_up();
+        let count: HashMap<u64, u32> = touched.iter().map(|&(c, p)| (p, c)).collect();
 
-        // 3. Demotions, then promotions within the budget and the room.
+        // 3. The fastest tier: demotions, then promotions within the
+        // budget and the room.
+        let want = &wants[0];
         let demote: Vec<u64> = want.iter().filter(|(_, &w)| !w).map(|(&p, _)| p).collect();
-        let fast = self.fast;
+        let fast = self.levels[0].upper;
+        let demote = self.afford_down(rt, &by_id, demote, fast, page_size);
         report.demotions += demote_pages(rt, &by_id, &demote, fast);
         let store = rt.store(fast).expect("checked at start");
         let high = ((store.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
         // Candidates not in the fast tier yet, hottest first.
-        let count: HashMap<u64, u32> = touched.iter().map(|&(c, p)| (p, c)).collect();
         let mut promote: Vec<u64> = want
             .iter()
             .filter(|(_, &w)| w)
             .map(|(&p, _)| p)
-            .filter(|&p| {
-                by_id.get(&((p >> 32) as u32)).is_some_and(|t| {
-                    let idx = (p & 0xFFFF_FFFF) as usize;
-                    idx < t.pages.len() && t.pages[idx].lock().tier() != Some(fast)
-                })
-            })
+            .filter(|&p| tier_of(&by_id, p).is_some_and(|t| t != fast))
             .collect();
         promote.sort_by_key(|p| std::cmp::Reverse(count.get(p).copied().unwrap_or(0)));
         // Room below the high watermark: strangers leave first.
         let used = store.used_pages() as usize;
         let short = (used + promote.len()).saturating_sub(high);
         if short > 0 {
-            let strangers = strangers(&tables, &self.held, short, fast);
+            let strangers = strangers(&tables, &self.levels[0].held, short, fast);
             report.demotions += demote_pages(rt, &by_id, &strangers, fast);
         }
         let room = high.saturating_sub(store.used_pages() as usize);
@@ -266,11 +388,7 @@ impl Balancer {
             promote.truncate(room);
         }
         // The rate limit, on what fits.
-        if let Some(rate) = self.config.rate_limit {
-            let now = Instant::now();
-            let cap = rate as f64 * self.config.interval.as_secs_f64().max(0.001) * 4.0;
-            self.budget = (self.budget + rate as f64 * (now - self.topped).as_secs_f64()).min(cap);
-            self.topped = now;
+        if self.config.rate_limit.is_some() {
             let affordable = (self.budget / page_size).max(0.0) as usize;
             if promote.len() > affordable {
                 report.deferred += (promote.len() - affordable) as u64;
@@ -278,7 +396,43 @@ impl Balancer {
             }
             self.budget -= promote.len() as f64 * page_size;
         }
+        let promote = self.afford(&by_id, promote, fast, page_size, &mut report.deferred);
         report.promotions += move_pages(&by_id, &promote, fast, From::Not(fast));
+
+        // 4. Each lower level: its tier's pages it dropped go below it; the
+        // pages it holds (and no faster level does) come up into it.
+        for (k, want) in wants.iter().enumerate().skip(1) {
+            let upper = self.levels[k].upper;
+            let held_above = |p: &u64| self.levels[..k].iter().any(|l| l.held.contains(p));
+            let demote: Vec<u64> = want
+                .iter()
+                .filter(|(p, &w)| !w && !held_above(p))
+                .map(|(&p, _)| p)
+                .collect();
+            let mut promote: Vec<u64> = want
+                .iter()
+                .filter(|(p, &w)| w && !held_above(p))
+                .map(|(&p, _)| p)
+                .filter(|&p| tier_of(&by_id, p).is_some_and(|t| t > upper))
+                .collect();
+            let demote = self.afford_down(rt, &by_id, demote, upper, page_size);
+            report.demotions_below += demote_pages(rt, &by_id, &demote, upper);
+            promote.sort_by_key(|p| std::cmp::Reverse(count.get(p).copied().unwrap_or(0)));
+            let store = rt.store(upper).expect("configured");
+            let high = ((store.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
+            let short = (store.used_pages() as usize + promote.len()).saturating_sub(high);
+            if short > 0 {
+                let strangers = strangers(&tables, &self.levels[k].held, short, upper);
+                report.demotions_below += demote_pages(rt, &by_id, &strangers, upper);
+            }
+            let room = high.saturating_sub(store.used_pages() as usize);
+            if promote.len() > room {
+                report.deferred += (promote.len() - room) as u64;
+                promote.truncate(room);
+            }
+            let promote = self.afford(&by_id, promote, upper, page_size, &mut report.deferred);
+            report.promotions_below += move_pages(&by_id, &promote, upper, From::Below(upper));
+        }
         rt.counters
             .promotions
             .fetch_add(report.promotions, Ordering::Relaxed);
@@ -289,6 +443,37 @@ impl Balancer {
             .bypasses
             .fetch_add(report.bypasses, Ordering::Relaxed);
         report
+    }
+
+    /// Keeps the pages of `pages` in `tier` whose demotion to the first
+    /// tier below it the link's budget affords; deducts them. Pages not in
+    /// `tier` pass (they will not move).
+    fn afford_down(
+        &mut self,
+        rt: &Inner,
+        by_id: &HashMap<u32, &Arc<Table>>,
+        pages: Vec<u64>,
+        tier: Tier,
+        page_size: f64,
+    ) -> Vec<u64> {
+        let Some(&below) = rt.tiers_below(tier).first() else {
+            return pages;
+        };
+        let link = tier as usize * 4 + below as usize;
+        if self.config.link_rate_limits[link].is_none() {
+            return pages;
+        }
+        let mut kept = Vec::with_capacity(pages.len());
+        for p in pages {
+            if tier_of(by_id, p) == Some(tier) {
+                if self.link_budget[link] < page_size {
+                    continue;
+                }
+                self.link_budget[link] -= page_size;
+            }
+            kept.push(p);
+        }
+        kept
     }
 }
 
@@ -311,6 +496,14 @@ fn strangers(tables: &[Arc<Table>], held: &HashSet<u64>, n: usize, fast: Tier) -
     v.into_iter().map(|x| x.1).collect()
 }
 
+/// The tier page id `p` is in now.
+fn tier_of(by_id: &HashMap<u32, &Arc<Table>>, p: u64) -> Option<Tier> {
+    by_id.get(&((p >> 32) as u32)).and_then(|t| {
+        let idx = (p & 0xFFFF_FFFF) as usize;
+        t.pages.get(idx).and_then(|e| e.lock().tier())
+    })
+}
+
 /// Whether page id `p` is in tier `tier` now.
 fn is_in(by_id: &HashMap<u32, &Arc<Table>>, p: u64, tier: Tier) -> bool {
     by_id.get(&((p >> 32) as u32)).is_some_and(|t| {
@@ -319,7 +512,7 @@ fn is_in(by_id: &HashMap<u32, &Arc<Table>>, p: u64, tier: Tier) -> bool {
     })
 }
 
-/// Moves `pages` (ids) out of `fast`, cascading down; returns how many
+/// Moves `pages` (ids) out of `fast` (any tier with tiers below), cascading down; returns how many
 /// left it (pages not there to begin with do not count).
 fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], fast: Tier) -> u64 {
     let slower = rt.tiers_below(fast);

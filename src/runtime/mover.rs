@@ -71,6 +71,8 @@ pub(crate) enum From {
     Above(Tier),
     /// Only pages not in this tier.
     Not(Tier),
+    /// Only pages in tiers slower than this one.
+    Below(Tier),
 }
 
 impl From {
@@ -80,6 +82,7 @@ impl From {
             From::Only(t) => tier == t,
             From::Above(t) => tier < t,
             From::Not(t) => tier != t,
+            From::Below(t) => tier > t,
         }
     }
 }
