@@ -661,6 +661,11 @@ typedef struct strata_moe_stats {
      * 1 when `stall_seconds` is modelled (simulated device).
      */
     int stall_modelled;
+    /**
+     * Fetches of an expert whose pages the shared runtime had moved out of
+     * device memory meanwhile (misses; `strata_moe_create_on` only).
+     */
+    uint64_t displaced;
 } strata_moe_stats;
 
 /**
@@ -1219,6 +1224,25 @@ int strata_moe_config_init(struct strata_moe_config *config);
  * NUL-terminated; `out` points to a writable handle.
  */
 int strata_moe_create(const struct strata_moe_config *config, struct strata_moe **out);
+
+/**
+ * Creates an expert cache on the runtime `rt`, shared with the caller's
+ * buffers (and other offload objects): the experts' pages take their place
+ * in `rt`'s host tier (cascading to NVMe) under the same budgets, and
+ * `config->device_slots` slots of `config->slot_bytes` in `rt`'s device
+ * tier are the cache's (a fetch makes room by demoting the coldest pages
+ * of any buffer). `config->device`, `host_bytes`, `nvme_path`,
+ * `nvme_capacity` and `page_size` are the runtime's own and not read.
+ * `STRATA_ERR_INVALID_ARGUMENT` without a device tier,
+ * `STRATA_ERR_OUT_OF_CAPACITY` when the slots exceed it. The cache keeps
+ * the runtime alive until `strata_moe_free`. Thread-safe.
+ *
+ * # Safety
+ * `config` points to a readable config; `out` points to a writable handle.
+ */
+int strata_moe_create_on(const struct strata_runtime *rt,
+                         const struct strata_moe_config *config,
+                         struct strata_moe **out);
 
 /**
  * Registers expert `expert` of `layer` with `len` bytes of weights (at most

@@ -705,3 +705,77 @@ fn step_into_refuses_a_wrong_length_and_follows_importance_windows() {
         assert_eq!(out, opt.read_state(0).unwrap(), "step {t}");
     }
 }
+
+/// An expert cache on a runtime the caller shares: the experts' pages
+/// count against the same host budget as the caller's buffers, the
+/// caller's own device pages and the cache's slots share the device tier
+/// (a fetch makes room by demoting the caller's unpinned pages), and an
+/// expert the runtime moved away between fetches is found gone, counted
+/// and brought back, its bytes intact.
+#[test]
+fn an_expert_cache_shares_a_runtime_with_user_buffers() {
+    use strata::{runtime::Placement, Runtime, Tier};
+    const P: usize = 64 << 10;
+    let rt = Runtime::builder()
+        .page_size(P)
+        .device(strata::device::DeviceChoice::Sim, 6 * P as u64)
+        .host(32 * P as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    // The caller's buffer fills the device tier.
+    let mine = rt
+        .alloc_with(6 * P as u64, Placement::Prefer(Tier::Device))
+        .unwrap();
+    mine.write(0, &vec![7u8; 6 * P]).unwrap();
+    let host_before = rt.stats().tiers[1].used_pages;
+    let mut c = ExpertCache::on(&rt, MoeConfig::new(2, P as u64, 0)).unwrap();
+    for e in 0..4u32 {
+        c.register(0, e, &vec![e as u8 + 1; P]).unwrap();
+    }
+    assert_eq!(
+        rt.stats().tiers[1].used_pages,
+        host_before + 4,
+        "the experts live in the shared host tier"
+    );
+    let c = std::sync::Arc::new(c);
+    let pin = c.fetch_owned(0, 2).unwrap();
+    assert_eq!(pin.buffer().tier_of(0).unwrap(), Some(Tier::Device));
+    let mut got = vec![0u8; P];
+    pin.buffer().read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 3));
+    // Room was made by demoting one of the caller's pages; its bytes stay.
+    let mut all = vec![0u8; 6 * P];
+    mine.read(0, &mut all).unwrap();
+    assert!(all.iter().all(|&b| b == 7));
+    assert!(mine.residency().in_tier(Tier::Device) < 6);
+    // The runtime (here: the caller) moves the unpinned expert away.
+    let expert = pin.buffer().clone();
+    drop(pin);
+    expert.evict(0..expert.len(), Tier::Host).unwrap();
+    let pin = c.fetch(0, 2).unwrap();
+    assert_eq!(pin.buffer().tier_of(0).unwrap(), Some(Tier::Device));
+    pin.buffer().read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 3));
+    drop(pin);
+    let s = c.stats();
+    assert_eq!((s.fetches, s.hits, s.displaced), (2, 0, 1), "{s:?}");
+    // A hit now.
+    drop(c.fetch(0, 2).unwrap());
+    assert_eq!(c.stats().hits, 1);
+}
+
+#[test]
+fn a_shared_expert_cache_needs_a_device_tier_that_holds_its_slots() {
+    use strata::Runtime;
+    let rt = Runtime::builder().host(1 << 20).build().unwrap();
+    let e = ExpertCache::on(&rt, MoeConfig::new(1, 64 << 10, 0)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let rt = Runtime::builder()
+        .device(strata::device::DeviceChoice::Sim, 2 << 16)
+        .host(1 << 20)
+        .build()
+        .unwrap();
+    let e = ExpertCache::on(&rt, MoeConfig::new(3, 64 << 10, 0)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
+}

@@ -275,6 +275,9 @@ pub struct strata_moe_stats {
     pub stall_seconds: f64,
     /// 1 when `stall_seconds` is modelled (simulated device).
     pub stall_modelled: c_int,
+    /// Fetches of an expert whose pages the shared runtime had moved out of
+    /// device memory meanwhile (misses; `strata_moe_create_on` only).
+    pub displaced: u64,
 }
 
 /// Fills `*config` with the defaults: simulated device, 8 slots of 1 MiB,
@@ -328,6 +331,37 @@ pub unsafe extern "C" fn strata_moe_create(
             ));
         }
         let cache = strata::offload::moe::ExpertCache::new(cfg)?;
+        let bits = objects::MOES.insert(parking_lot::RwLock::new(std::sync::Arc::new(cache)), 0)?;
+        out.set(objects::ptr(bits));
+        Ok(STRATA_OK)
+    })
+}
+
+/// Creates an expert cache on the runtime `rt`, shared with the caller's
+/// buffers (and other offload objects): the experts' pages take their place
+/// in `rt`'s host tier (cascading to NVMe) under the same budgets, and
+/// `config->device_slots` slots of `config->slot_bytes` in `rt`'s device
+/// tier are the cache's (a fetch makes room by demoting the coldest pages
+/// of any buffer). `config->device`, `host_bytes`, `nvme_path`,
+/// `nvme_capacity` and `page_size` are the runtime's own and not read.
+/// `STRATA_ERR_INVALID_ARGUMENT` without a device tier,
+/// `STRATA_ERR_OUT_OF_CAPACITY` when the slots exceed it. The cache keeps
+/// the runtime alive until `strata_moe_free`. Thread-safe.
+///
+/// # Safety
+/// `config` points to a readable config; `out` points to a writable handle.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_create_on(
+    rt: *const objects::strata_runtime,
+    config: *const strata_moe_config,
+    out: *mut *mut objects::strata_moe,
+) -> c_int {
+    boundary("strata_moe_create_on", || {
+        // SAFETY: as this function's contract states.
+        let (c, out) = unsafe { (cast::read_in(config, "config")?, cast::out(out, "out")?) };
+        let runtime = objects::get(rt)?;
+        let cfg = strata::offload::moe::MoeConfig::new(c.device_slots, c.slot_bytes, 0);
+        let cache = strata::offload::moe::ExpertCache::on(&runtime.rt, cfg)?;
         let bits = objects::MOES.insert(parking_lot::RwLock::new(std::sync::Arc::new(cache)), 0)?;
         out.set(objects::ptr(bits));
         Ok(STRATA_OK)
@@ -487,6 +521,7 @@ pub unsafe extern "C" fn strata_moe_get_stats(
             bytes_moved: s.bytes_moved,
             stall_seconds: s.stall_seconds,
             stall_modelled: s.stall_modelled as c_int,
+            displaced: s.displaced,
         });
         Ok(STRATA_OK)
     })

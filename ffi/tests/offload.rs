@@ -167,3 +167,65 @@ fn the_expert_cache_through_the_c_abi() {
         "expert cache",
     );
 }
+
+/// An expert cache made on a runtime the caller also allocates from: the
+/// experts share its host tier, a fetch pins them in its device tier, and
+/// a runtime without a device tier is refused with a status.
+#[test]
+fn the_expert_cache_on_a_shared_runtime_through_the_c_abi() {
+    let rt = create(&common::config(
+        4,
+        32,
+        0,
+        &c_path(std::path::Path::new("/")),
+    ));
+    let mut c = std::mem::MaybeUninit::<strata_moe_config>::uninit();
+    // SAFETY: a writable config.
+    assert_eq!(unsafe { strata_moe_config_init(c.as_mut_ptr()) }, STRATA_OK);
+    // SAFETY: filled above.
+    let mut c = unsafe { c.assume_init() };
+    c.device_slots = 2;
+    c.slot_bytes = 64 << 10;
+    let mut moe = null_mut();
+    // SAFETY: a live runtime, a readable config, a writable handle.
+    let s = unsafe { strata_moe_create_on(rt, &c, &mut moe) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    let mine = alloc(rt, 64 << 10);
+    assert_eq!(write(mine, 0, &[9u8; 64 << 10]), STRATA_OK);
+    let w = vec![5u8; 64 << 10];
+    // SAFETY: readable weights.
+    let s = unsafe { strata_moe_register(moe, 0, 0, w.as_ptr().cast(), w.len()) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    let st = stats(rt);
+    let host = &st["tiers"][1];
+    assert_eq!(host["tier"], "host");
+    assert!(host["used_pages"].as_u64().unwrap() >= 1, "{st}");
+    let (mut addresses, mut n, mut pin) = ([0u64; 1], 0usize, null_mut());
+    // SAFETY: a writable address, count and handle.
+    let s = unsafe { strata_moe_fetch(moe, 0, 0, addresses.as_mut_ptr(), 1, &mut n, &mut pin) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    // SAFETY: a simulated device address is host memory, kept by the pin.
+    let bytes = unsafe { std::slice::from_raw_parts(addresses[0] as *const u8, 64 << 10) };
+    assert!(bytes == w.as_slice());
+    assert_eq!(strata_moe_release(pin), STRATA_OK);
+    let mut back = vec![0u8; 64 << 10];
+    assert_eq!(read(mine, 0, &mut back), STRATA_OK);
+    assert!(back.iter().all(|&b| b == 9));
+    assert_eq!(strata_moe_free(moe), STRATA_OK);
+    assert_eq!(strata_buffer_free(mine), STRATA_OK);
+    assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
+
+    // No device tier.
+    let rt = create(&common::config(
+        0,
+        32,
+        0,
+        &c_path(std::path::Path::new("/")),
+    ));
+    let mut moe = null_mut();
+    // SAFETY: as above.
+    let s = unsafe { strata_moe_create_on(rt, &c, &mut moe) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "device tier");
+    assert!(moe.is_null());
+    assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
+}

@@ -2,9 +2,14 @@
 //! number of device slots hold the ones in use.
 //!
 //! Each registered expert is a runtime [`Buffer`] kept in the host tier
-//! (cascading to NVMe when the host budget is full). The runtime's device
-//! tier is sized to exactly `device_slots` experts, and background eviction
-//! is off, so this cache alone decides what is in device memory:
+//! (cascading to NVMe when the host budget is full). [`ExpertCache::new`]
+//! builds a private runtime whose device tier is sized to exactly
+//! `device_slots` experts, with background eviction off, so this cache
+//! alone decides what is in device memory; [`ExpertCache::on`] puts the
+//! cache on a runtime shared with the caller's buffers, where the experts
+//! take their place in the same per-tier budgets and `device_slots` bounds
+//! the cache's share of the device tier (an expert the runtime moved away
+//! between fetches is found gone and moved again). Either way:
 //!
 //! - [`ExpertCache::fetch`] pins the expert's pages in the device tier and
 //!   returns their device addresses; it blocks only when the expert is not
@@ -158,6 +163,10 @@ pub struct MoeStats {
     pub stall_seconds: f64,
     /// Whether `stall_seconds` is modelled (simulated device) or measured.
     pub stall_modelled: bool,
+    /// Fetches of an expert the cache held whose pages the shared runtime
+    /// had moved out of device memory meanwhile (background eviction, the
+    /// balancer): misses, moved again ([`ExpertCache::on`] only).
+    pub displaced: u64,
 }
 
 impl MoeStats {
@@ -355,6 +364,8 @@ struct State {
 /// The expert cache; see the module docs.
 pub struct ExpertCache {
     rt: Runtime,
+    /// Whether `rt` is shared with others (see [`ExpertCache::on`]).
+    shared: bool,
     config: MoeConfig,
     experts: Vec<Expert>,
     index: HashMap<(u32, u32), usize>,
@@ -442,6 +453,28 @@ impl Drop for OwnedExpertPin {
 impl ExpertCache {
     /// Builds the runtime: a device tier of exactly `device_slots` slots.
     pub fn new(config: MoeConfig) -> Result<Self> {
+        Self::check(&config)?;
+        let page = config.page_size as u64;
+        let slot_pages = config.slot_bytes.div_ceil(page);
+        let device_bytes = slot_pages
+            .checked_mul(config.device_slots as u64)
+            .and_then(|p| p.checked_mul(page))
+            .ok_or_else(|| Error::invalid("device slots overflow a byte count"))?;
+        let mut b = Runtime::builder()
+            .page_size(config.page_size)
+            .device(config.device, device_bytes)
+            .host(config.host_bytes)
+            .background_eviction(false)
+            .sampling(None);
+        if let Some(n) = &config.nvme {
+            b = b.nvme(n.clone());
+        }
+        let rt = b.build()?;
+        Self::with_runtime(rt, config, false)
+    }
+
+    /// The configuration's own checks.
+    fn check(config: &MoeConfig) -> Result<()> {
         if config.device_slots == 0 || config.slot_bytes == 0 {
             return Err(Error::invalid(
                 "an expert cache needs at least one device slot of at least one byte",
@@ -461,22 +494,13 @@ impl ExpertCache {
                 )));
             }
         }
-        let page = config.page_size as u64;
-        let slot_pages = config.slot_bytes.div_ceil(page);
-        let device_bytes = slot_pages
-            .checked_mul(config.device_slots as u64)
-            .and_then(|p| p.checked_mul(page))
-            .ok_or_else(|| Error::invalid("device slots overflow a byte count"))?;
-        let mut b = Runtime::builder()
-            .page_size(config.page_size)
-            .device(config.device, device_bytes)
-            .host(config.host_bytes)
-            .background_eviction(false)
-            .sampling(None);
-        if let Some(n) = &config.nvme {
-            b = b.nvme(n.clone());
-        }
-        let rt = b.build()?;
+        Ok(())
+    }
+
+    /// Checks `config` and makes the cache on `rt`; `shared` when others
+    /// use `rt` too.
+    fn with_runtime(rt: Runtime, config: MoeConfig, shared: bool) -> Result<Self> {
+        Self::check(&config)?;
         let clock = (rt.device_backend() == Some(BackendKind::Sim)).then_some(Clock {
             now: 0.0,
             link_free: 0.0,
@@ -489,6 +513,7 @@ impl ExpertCache {
         let layers = config.layers.max(1);
         Ok(Self {
             rt,
+            shared,
             experts: Vec::new(),
             index: HashMap::new(),
             state: Mutex::new(State {
@@ -504,6 +529,50 @@ impl ExpertCache {
             }),
             config,
         })
+    }
+
+    /// An expert cache on `rt`, a runtime the caller shares with its own
+    /// buffers (and other offload objects): the experts' pages take their
+    /// place in `rt`'s host tier (cascading to NVMe) under the same budgets
+    /// as everything else, and `config.device_slots` slots of `rt`'s
+    /// device tier are the cache's to fill. Every move goes through `rt`'s
+    /// migration engine: a fetch is a demand pin (room made in the device
+    /// tier by demoting the coldest pages of any buffer), a prefetch a
+    /// prefetch. `config.device`, `host_bytes`, `nvme` and `page_size` are
+    /// the runtime's own here and are not used.
+    ///
+    /// The runtime's background eviction and balancer may move an expert
+    /// that is not pinned; the cache then finds it gone at its next fetch
+    /// (a miss, counted as one) and brings it back.
+    pub fn on(rt: &Runtime, config: MoeConfig) -> Result<Self> {
+        if !rt.tiers().contains(&Tier::Device) {
+            return Err(Error::invalid(
+                "an expert cache needs a runtime with a device tier",
+            ));
+        }
+        let page = rt.page_size() as u64;
+        let slot_pages = config.slot_bytes.div_ceil(page);
+        let device_pages = rt
+            .stats()
+            .tiers
+            .iter()
+            .find(|t| t.tier == Tier::Device)
+            .map_or(0, |t| (t.used_pages + t.free_pages) as u64);
+        let wanted = slot_pages.saturating_mul(config.device_slots as u64);
+        if wanted > device_pages {
+            return Err(Error::new(
+                ErrorKind::OutOfCapacity,
+                format!(
+                    "{} device slots of {} pages need {wanted} pages; the runtime's device tier has {device_pages}",
+                    config.device_slots, slot_pages
+                ),
+            ));
+        }
+        let config = MoeConfig {
+            page_size: rt.page_size(),
+            ..config
+        };
+        Self::with_runtime(rt.clone(), config, true)
     }
 
     /// The runtime underneath (for its stats).
@@ -656,6 +725,13 @@ impl ExpertCache {
         Ok(true)
     }
 
+    /// Whether every page of expert `i` is in device memory now.
+    fn in_device(&self, i: usize) -> bool {
+        let b = &self.experts[i].buffer;
+        let pages = b.len().div_ceil(self.rt.page_size() as u64) as usize;
+        (0..pages).all(|p| matches!(b.tier_of(p), Ok(Some(Tier::Device))))
+    }
+
     fn mark_resident(&self, s: &mut State, i: usize) {
         s.meta[i].resident = true;
         s.resident += 1;
@@ -707,7 +783,24 @@ impl ExpertCache {
             self.evict(s, i)?;
         }
         let bytes = self.experts[i].buffer.len();
-        if s.meta[i].resident {
+        // On a shared runtime, background eviction or the balancer may
+        // have moved an unpinned expert out of device memory: a miss, its
+        // slot still the cache's.
+        let displaced = self.shared
+            && s.meta[i].resident
+            && s.meta[i].ticket.is_none()
+            && s.meta[i].pins == 0
+            && !self.in_device(i);
+        if displaced {
+            s.stats.displaced += 1;
+            s.stats.bytes_moved += bytes;
+            if let Some(c) = &mut s.clock {
+                let done = c.demand(bytes, &mut s.meta);
+                s.stats.stall_seconds += done - c.now;
+                c.now = done;
+                s.meta[i].ready_at = done;
+            }
+        } else if s.meta[i].resident {
             s.stats.hits += 1;
             let m = &mut s.meta[i];
             if m.protected_since.take().is_some() {

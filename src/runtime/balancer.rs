@@ -73,6 +73,16 @@ pub struct BalancerConfig {
     /// `from * 4 + to` by tier (see [`with_link_rate_limit`](Self::with_link_rate_limit));
     /// `None`: no limit beyond [`rate_limit`](Self::rate_limit).
     pub link_rate_limits: [Option<u64>; 16],
+    /// Whether the pairs of tiers below the fastest are balanced too
+    /// (default); off, only the fastest tier is (promotions into it,
+    /// demotions out of it).
+    pub lower_levels: bool,
+    /// A page is promoted into a tier below the fastest only when it was
+    /// accessed at least this often in the round (scaled for sampling):
+    /// such a promotion reads a whole page from the slower tier (and, into
+    /// a full tier, writes one down) to serve reads that the slower tier
+    /// would serve in place.
+    pub lower_min_accesses: u64,
 }
 
 impl Default for BalancerConfig {
@@ -85,6 +95,8 @@ impl Default for BalancerConfig {
             min_accesses: 0,
             repeat: MAX_REPEAT,
             link_rate_limits: [None; 16],
+            lower_levels: true,
+            lower_min_accesses: 0,
         }
     }
 }
@@ -130,6 +142,20 @@ impl BalancerConfig {
         bytes_per_sec: Option<u64>,
     ) -> Self {
         self.link_rate_limits[from as usize * 4 + to as usize] = bytes_per_sec;
+        self
+    }
+
+    /// With promotions into tiers below the fastest needing
+    /// `lower_min_accesses` accesses a round.
+    pub fn with_lower_min_accesses(mut self, n: u64) -> Self {
+        self.lower_min_accesses = n;
+        self
+    }
+
+    /// With the tiers below the fastest balanced too (`true`, the default)
+    /// or only the fastest tier.
+    pub fn with_lower_levels(mut self, on: bool) -> Self {
+        self.lower_levels = on;
         self
     }
 
@@ -241,7 +267,12 @@ impl Balancer {
         }
         let mut levels = Vec::new();
         let mut capacity = 0usize;
-        for &upper in &tiers[..tiers.len() - 1] {
+        let balanced = if config.lower_levels {
+            tiers.len() - 1
+        } else {
+            1
+        };
+        for &upper in &tiers[..balanced] {
             let store = rt.store(upper).expect("configured");
             capacity += ((store.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
             levels.push(Level {
@@ -413,6 +444,10 @@ impl Balancer {
                 .iter()
                 .filter(|(p, &w)| w && !held_above(p))
                 .map(|(&p, _)| p)
+                .filter(|p| {
+                    count.get(p).copied().unwrap_or(0) as u64 * scale
+                        >= self.config.lower_min_accesses
+                })
                 .filter(|&p| tier_of(&by_id, p).is_some_and(|t| t > upper))
                 .collect();
             let demote = self.afford_down(rt, &by_id, demote, upper, page_size);

@@ -119,6 +119,14 @@ pub struct PagesParams {
     /// strata's balancer: accesses a round for a page to be a promotion
     /// candidate (`None`: the balancer's default).
     pub min_accesses: Option<u64>,
+    /// strata's balancer balances only the fastest tier (DRAM), not the
+    /// pairs below it (CXL and NVMe).
+    #[serde(default)]
+    pub fastest_only: bool,
+    /// strata's balancer: accesses a round before a page is promoted into
+    /// a tier below DRAM (`None`: the balancer's default).
+    #[serde(default)]
+    pub lower_min_accesses: Option<u64>,
     /// Rounds of all configurations, interleaved.
     pub trials: usize,
     /// Seed of the content and the page sequence.
@@ -528,30 +536,45 @@ pub fn run_strata(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
         fill_page(p.seed, q, &mut page);
         buf.write(q * ps as u64, &page)?;
     }
-    let mut balancer = BalancerConfig::default();
+    let mut balancer = BalancerConfig::default().with_lower_levels(!p.fastest_only);
     if let Some(m) = p.min_accesses {
         balancer = balancer.with_min_accesses(m);
+    }
+    if let Some(m) = p.lower_min_accesses {
+        balancer = balancer.with_lower_min_accesses(m);
     }
     let min = balancer.min_accesses;
     rt.start_balancer(balancer)?;
     let disk0 = disk_read_bytes();
+    let cxl_reads = std::sync::atomic::AtomicU64::new(0);
     let (tally, seconds) = drive(p, seq, &|| Ok(()), &|_, page, off, out| {
-        let fast = buf.tier_of(page as usize)? == Some(Tier::Host);
+        let tier = buf.tier_of(page as usize)?;
+        if tier == Some(Tier::Cxl) {
+            cxl_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         buf.read(page * ps as u64 + off as u64, out)?;
-        Ok(fast)
+        Ok(tier == Some(Tier::Host))
     })?;
+    let cxl_reads = cxl_reads.into_inner();
     let disk = disk_read_bytes() - disk0;
     rt.stop_balancer();
     rt.check()?;
     let s = rt.stats();
     let note = format!(
-        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}: {} promotions, {} demotions",
+        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}: {} promotions, {} demotions{}",
         p.dram_pages(),
         p.cxl
             .map(|c| format!(", emulated CXL {} pages", c / ps as u64))
             .unwrap_or_default(),
         s.promotions,
-        s.demotions
+        s.demotions,
+        p.cxl
+            .map(|_| format!(
+                "; {:.1}% of reads served from CXL (DRAM or CXL: {:.1}%)",
+                100.0 * cxl_reads as f64 / seq.len().max(1) as f64,
+                100.0 * (tally.fast + cxl_reads) as f64 / seq.len().max(1) as f64
+            ))
+            .unwrap_or_default()
     );
     Ok(finish(
         "strata",
@@ -850,6 +873,8 @@ mod tests {
             baselines: false,
             configs: None,
             min_accesses: None,
+            fastest_only: false,
+            lower_min_accesses: None,
             trials: 1,
             seed: 7,
         }

@@ -54,6 +54,14 @@ pub struct PagesArgs {
     /// (default: the balancer's own, 0).
     #[arg(long)]
     min_accesses: Option<u64>,
+    /// strata's balancer: balance only DRAM (promotions into it, demotions
+    /// out of it), not CXL and NVMe below it.
+    #[arg(long)]
+    fastest_tier_only: bool,
+    /// strata's balancer: accesses a round before a page may be promoted
+    /// into a tier below DRAM (default: the balancer's own).
+    #[arg(long)]
+    lower_min_accesses: Option<u64>,
     /// Rounds of every configuration, interleaved.
     #[arg(long, default_value_t = 1)]
     trials: usize,
@@ -86,6 +94,8 @@ pub fn run(a: PagesArgs, config: Option<&std::path::Path>) -> Result<(), Error> 
             .configs
             .map(|c| c.split(',').map(|x| x.trim().to_string()).collect()),
         min_accesses: a.min_accesses,
+        fastest_only: a.fastest_tier_only,
+        lower_min_accesses: a.lower_min_accesses,
         trials: a.trials,
         seed: a.seed,
     };
