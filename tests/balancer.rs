@@ -232,7 +232,8 @@ fn every_adjacent_pair_is_balanced() {
         .clone()
         .chain(warm.clone())
         .all(|p| b.tier_of(p).unwrap() == Some(Tier::Nvme)));
-    rt.configure_balancer(BalancerConfig::default()).unwrap();
+    rt.configure_balancer(BalancerConfig::default().with_lower_levels(true))
+        .unwrap();
     rt.balance_once().unwrap(); // the writes, folded
     let mut below = 0;
     for _ in 0..6 {
@@ -296,6 +297,7 @@ fn a_link_rate_limit_defers_moves_over_that_link() {
     // A page a second over NVMe→DRAM and NVMe→CXL: after 1.1 s the
     // budgets afford one page each (they top up over 4 intervals at most).
     let config = BalancerConfig::default()
+        .with_lower_levels(true)
         .with_interval(Duration::from_secs(1))
         .with_link_rate_limit(Tier::Nvme, Tier::Host, Some(PAGE as u64))
         .with_link_rate_limit(Tier::Nvme, Tier::Cxl, Some(PAGE as u64));
@@ -307,9 +309,48 @@ fn a_link_rate_limit_defers_moves_over_that_link() {
     assert_eq!((r.promotions, r.promotions_below), (1, 1), "{r:?}");
     assert!(r.deferred >= 10, "{r:?}");
     // Unlimited, the same round promotes them all.
-    rt.configure_balancer(BalancerConfig::default()).unwrap();
+    rt.configure_balancer(BalancerConfig::default().with_lower_levels(true))
+        .unwrap();
     rt.balance_once().unwrap();
     touch(&b, 44..56, 2);
     let r = rt.balance_once().unwrap();
     assert!(r.promotions + r.promotions_below >= 10, "{r:?}");
+}
+
+/// A prefetch reaches the balancer's policy as a hint (`Policy::hint`): the
+/// lookahead policy holds a prefetched page until its use, so a round that
+/// needs room in the device tier evicts one of the policy's own pages
+/// rather than the prefetched one; without the hint the prefetched page,
+/// a stranger to the policy, is the first to go.
+#[test]
+fn prefetches_reach_the_policy_as_hints() {
+    let run = |policy: PolicyKind| {
+        let rt = runtime();
+        let b = rt
+            .alloc_with(16 * PAGE as u64, Placement::Prefer(Tier::Host))
+            .unwrap();
+        b.write(0, &vec![1; 16 * PAGE]).unwrap();
+        rt.configure_balancer(BalancerConfig::default().with_policy(policy))
+            .unwrap();
+        rt.balance_once().unwrap(); // the writes, folded
+                                    // The device holds 8 pages, the policy 7 (the high watermark).
+        for _ in 0..2 {
+            touch(&b, 0..6, 10);
+            rt.balance_once().unwrap();
+        }
+        assert_eq!(on_device(&b, 0..6), 6);
+        b.prefetch((10 * PAGE) as u64..(11 * PAGE) as u64, Tier::Device)
+            .wait()
+            .unwrap();
+        // Two new hot pages: the policy needs one slot beyond its seven.
+        touch(&b, 0..6, 10);
+        touch(&b, 6..8, 10);
+        rt.balance_once().unwrap();
+        b.tier_of(10).unwrap() == Some(Tier::Device)
+    };
+    assert!(run(PolicyKind::Lookahead), "the hinted page stayed");
+    assert!(
+        !run(PolicyKind::Lru),
+        "without hints it is the first to leave"
+    );
 }

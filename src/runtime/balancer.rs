@@ -1,19 +1,23 @@
 //! The balancer: every interval it harvests the access counters of every
-//! buffer, replays what was touched into placement policies, and executes
-//! their decisions under the tiers' high watermarks and the links' rate
-//! limits. One policy per adjacent pair of tiers, each modelling the set of
-//! pages that belong in the tiers above the pair's boundary:
+//! buffer, replays what was touched (and, as hints, what was prefetched)
+//! into placement policies, and executes their decisions under the tiers'
+//! high watermarks and the links' rate limits. A policy per level, each
+//! modelling the set of pages that belong at or above its tier:
 //!
 //! - the first models the fastest tier (device memory; host DRAM in a
 //!   runtime without a device tier): promotions into it from any tier, and
-//!   demotions out of it, cascading down — as before there were levels;
-//! - each further one models the fastest tiers down to the next memory
-//!   tier (device + host, or DRAM + CXL, …): pages it holds that a faster
-//!   level does not are promoted into that tier from below (hot CXL pages
-//!   into DRAM is the first level's job; warm NVMe pages into CXL, or into
-//!   host DRAM under a device tier, is this one's), and pages it drops that
-//!   sit in that tier are demoted below it — what Linux TPP and Memtis do
-//!   for CXL memory, here with the runtime's own counts.
+//!   demotions out of it, cascading to the first tier below with room (so
+//!   the tier below holds what the fastest tier let go: hot CXL pages come
+//!   up into DRAM, cold DRAM pages go down to CXL);
+//! - with [`BalancerConfig::with_lower_levels`], one more per memory tier
+//!   below it, modelling the fastest tiers down to that one (device + host,
+//!   or DRAM + CXL): pages it holds that a faster level does not are
+//!   promoted into its tier from below (NVMe into CXL, or into host DRAM
+//!   under a device tier), and pages it drops that sit in its tier are
+//!   demoted below it — what Linux TPP and Memtis do for CXL memory, here
+//!   with the runtime's own counts. Off by default: measured on real DRAM
+//!   and disk its whole-page promotions did not pay for themselves
+//!   (`docs/perf.md`, issue 14).
 //!
 //! Each policy sees one access per touched page per interval, repeated up to
 //! [`BalancerConfig::repeat`] times (default [`MAX_REPEAT`]) for pages
@@ -73,16 +77,15 @@ pub struct BalancerConfig {
     /// `from * 4 + to` by tier (see [`with_link_rate_limit`](Self::with_link_rate_limit));
     /// `None`: no limit beyond [`rate_limit`](Self::rate_limit).
     pub link_rate_limits: [Option<u64>; 16],
-    /// Whether the pairs of tiers below the fastest are balanced too
-    /// (default); off, only the fastest tier is (promotions into it,
-    /// demotions out of it).
+    /// Whether the pairs of tiers below the fastest are balanced too (a
+    /// policy per pair: promotions from NVMe into CXL, or into host DRAM
+    /// under a device tier). Off (the default), only the fastest tier is:
+    /// promotions into it from any tier, demotions out of it cascading to
+    /// the first tier below with room. Measured on real DRAM and disk
+    /// (`strata bench pages --cxl`, 4 KiB reads of 64 KiB pages), the lower
+    /// levels' whole-page promotions cost more disk reads than the reads
+    /// they then served from memory (`docs/perf.md`, issue 14).
     pub lower_levels: bool,
-    /// A page is promoted into a tier below the fastest only when it was
-    /// accessed at least this often in the round (scaled for sampling):
-    /// such a promotion reads a whole page from the slower tier (and, into
-    /// a full tier, writes one down) to serve reads that the slower tier
-    /// would serve in place.
-    pub lower_min_accesses: u64,
 }
 
 impl Default for BalancerConfig {
@@ -95,8 +98,7 @@ impl Default for BalancerConfig {
             min_accesses: 0,
             repeat: MAX_REPEAT,
             link_rate_limits: [None; 16],
-            lower_levels: true,
-            lower_min_accesses: 0,
+            lower_levels: false,
         }
     }
 }
@@ -145,15 +147,8 @@ impl BalancerConfig {
         self
     }
 
-    /// With promotions into tiers below the fastest needing
-    /// `lower_min_accesses` accesses a round.
-    pub fn with_lower_min_accesses(mut self, n: u64) -> Self {
-        self.lower_min_accesses = n;
-        self
-    }
-
-    /// With the tiers below the fastest balanced too (`true`, the default)
-    /// or only the fastest tier.
+    /// With the tiers below the fastest balanced too (`true`) or only the
+    /// fastest tier (`false`, the default).
     pub fn with_lower_levels(mut self, on: bool) -> Self {
         self.lower_levels = on;
         self
@@ -202,11 +197,26 @@ impl Level {
     /// (true: keep at or above `upper`). Bypasses are counted in `bypasses`.
     fn decide(
         &mut self,
+        hints: &[(Tier, u64)],
         touched: &[(u32, u64)],
         repeat: u32,
         bypasses: &mut u64,
     ) -> BTreeMap<u64, bool> {
         let mut want: BTreeMap<u64, bool> = BTreeMap::new();
+        // Prefetches into this level's tier first: a policy that honours
+        // hints holds the page (and may evict for it); not an access.
+        for &(_, page) in hints.iter().filter(|(t, _)| *t == self.upper) {
+            match self.policy.hint(page) {
+                Outcome::Hit | Outcome::Bypass => {}
+                Outcome::Miss { evicted } => {
+                    self.held.insert(page);
+                    if let Some(e) = evicted {
+                        self.held.remove(&e);
+                        want.insert(e, false);
+                    }
+                }
+            }
+        }
         for &(count, page) in touched {
             for _ in 0..count.min(repeat.max(1)) {
                 match self.policy.access(page) {
@@ -372,13 +382,15 @@ impl Balancer {
         touched.retain(|&(c, _)| c as u64 * scale >= min);
         touched.sort_unstable();
 
-        // 2. Every level's policy decides; the last decision per page
+        // 2. Every level's policy decides (the prefetches since the last
+        // round as hints, then the accesses); the last decision per page
         // stands.
+        let hints = rt.hints.take();
         let repeat = self.config.repeat;
         let mut wants = Vec::with_capacity(self.levels.len());
         for (k, level) in self.levels.iter_mut().enumerate() {
             let mut bypasses = 0;
-            wants.push(level.decide(&touched, repeat, &mut bypasses));
+            wants.push(level.decide(&hints, &touched, repeat, &mut bypasses));
             if k == 0 {
                 report.bypasses += bypasses;
             }
@@ -444,10 +456,6 @@ impl Balancer {
                 .iter()
                 .filter(|(p, &w)| w && !held_above(p))
                 .map(|(&p, _)| p)
-                .filter(|p| {
-                    count.get(p).copied().unwrap_or(0) as u64 * scale
-                        >= self.config.lower_min_accesses
-                })
                 .filter(|&p| tier_of(&by_id, p).is_some_and(|t| t > upper))
                 .collect();
             let demote = self.afford_down(rt, &by_id, demote, upper, page_size);
@@ -660,6 +668,38 @@ impl Drop for BalancerThread {
             t.thread().unpark();
             super::join(t);
         }
+    }
+}
+
+/// Hinted pages waiting for the balancer's next round: prefetches tell the
+/// policies what is about to be used (`Policy::hint`).
+#[derive(Default)]
+pub(crate) struct Hints {
+    /// Whether a balancer is configured (no hints are kept otherwise).
+    pub(crate) on: AtomicBool,
+    pages: Mutex<Vec<(Tier, u64)>>,
+}
+
+/// Hints kept between rounds, at most; later ones are dropped.
+const MAX_HINTS: usize = 1 << 16;
+
+impl Hints {
+    /// Notes that `pages` of buffer `id` were prefetched into `tier`.
+    pub(crate) fn add(&self, tier: Tier, id: u32, pages: std::ops::Range<usize>) {
+        if !self.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut v = self.pages.lock();
+        let room = MAX_HINTS.saturating_sub(v.len());
+        v.extend(
+            pages
+                .take(room)
+                .map(|p| (tier, (id as u64) << 32 | p as u64)),
+        );
+    }
+
+    fn take(&self) -> Vec<(Tier, u64)> {
+        std::mem::take(&mut *self.pages.lock())
     }
 }
 

@@ -302,6 +302,7 @@ impl RuntimeBuilder {
             trace: Default::default(),
             buffer_ids: Default::default(),
             balancer: Mutex::new(None),
+            hints: balancer::Hints::default(),
             balancer_thread: Mutex::new(None),
             background_error: Mutex::new(None),
         });
@@ -417,6 +418,10 @@ pub(crate) struct Inner {
     pub(crate) buffer_ids: Mutex<BufferIds>,
     /// The balancer's policy state, when one was started.
     pub(crate) balancer: balancer::BalancerSlot,
+    /// Prefetches since the balancer's last round, for its policies'
+    /// `Policy::hint`: (destination tier, page id); filled only while a
+    /// balancer is configured.
+    pub(crate) hints: balancer::Hints,
     balancer_thread: Mutex<Option<balancer::BalancerThread>>,
     /// The first failure of background work since the last check.
     background_error: Mutex<Option<Error>>,
@@ -849,6 +854,7 @@ impl Runtime {
     pub fn start_balancer(&self, config: BalancerConfig) -> Result<()> {
         let b = balancer::Balancer::new(&self.inner, config)?;
         *self.inner.balancer.lock() = Some(b);
+        self.inner.hints.on.store(true, Ordering::Relaxed);
         let thread = balancer::BalancerThread::start(Arc::downgrade(&self.inner), config.interval)?;
         *self.inner.balancer_thread.lock() = Some(thread);
         Ok(())
@@ -860,6 +866,7 @@ impl Runtime {
     pub fn configure_balancer(&self, config: BalancerConfig) -> Result<()> {
         let b = balancer::Balancer::new(&self.inner, config)?;
         *self.inner.balancer.lock() = Some(b);
+        self.inner.hints.on.store(true, Ordering::Relaxed);
         Ok(())
     }
 

@@ -119,14 +119,10 @@ pub struct PagesParams {
     /// strata's balancer: accesses a round for a page to be a promotion
     /// candidate (`None`: the balancer's default).
     pub min_accesses: Option<u64>,
-    /// strata's balancer balances only the fastest tier (DRAM), not the
-    /// pairs below it (CXL and NVMe).
+    /// strata's balancer balances the pairs of tiers below DRAM too (CXL
+    /// and NVMe), not only DRAM.
     #[serde(default)]
-    pub fastest_only: bool,
-    /// strata's balancer: accesses a round before a page is promoted into
-    /// a tier below DRAM (`None`: the balancer's default).
-    #[serde(default)]
-    pub lower_min_accesses: Option<u64>,
+    pub lower_levels: bool,
     /// Rounds of all configurations, interleaved.
     pub trials: usize,
     /// Seed of the content and the page sequence.
@@ -536,12 +532,9 @@ pub fn run_strata(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
         fill_page(p.seed, q, &mut page);
         buf.write(q * ps as u64, &page)?;
     }
-    let mut balancer = BalancerConfig::default().with_lower_levels(!p.fastest_only);
+    let mut balancer = BalancerConfig::default().with_lower_levels(p.lower_levels);
     if let Some(m) = p.min_accesses {
         balancer = balancer.with_min_accesses(m);
-    }
-    if let Some(m) = p.lower_min_accesses {
-        balancer = balancer.with_lower_min_accesses(m);
     }
     let min = balancer.min_accesses;
     rt.start_balancer(balancer)?;
@@ -873,8 +866,7 @@ mod tests {
             baselines: false,
             configs: None,
             min_accesses: None,
-            fastest_only: false,
-            lower_min_accesses: None,
+            lower_levels: false,
             trials: 1,
             seed: 7,
         }

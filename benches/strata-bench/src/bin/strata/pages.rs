@@ -54,14 +54,10 @@ pub struct PagesArgs {
     /// (default: the balancer's own, 0).
     #[arg(long)]
     min_accesses: Option<u64>,
-    /// strata's balancer: balance only DRAM (promotions into it, demotions
-    /// out of it), not CXL and NVMe below it.
+    /// strata's balancer: balance the pairs of tiers below DRAM too (a
+    /// policy for DRAM + CXL: NVMe pages promoted into CXL), not only DRAM.
     #[arg(long)]
-    fastest_tier_only: bool,
-    /// strata's balancer: accesses a round before a page may be promoted
-    /// into a tier below DRAM (default: the balancer's own).
-    #[arg(long)]
-    lower_min_accesses: Option<u64>,
+    lower_levels: bool,
     /// Rounds of every configuration, interleaved.
     #[arg(long, default_value_t = 1)]
     trials: usize,
@@ -94,8 +90,7 @@ pub fn run(a: PagesArgs, config: Option<&std::path::Path>) -> Result<(), Error> 
             .configs
             .map(|c| c.split(',').map(|x| x.trim().to_string()).collect()),
         min_accesses: a.min_accesses,
-        fastest_only: a.fastest_tier_only,
-        lower_min_accesses: a.lower_min_accesses,
+        lower_levels: a.lower_levels,
         trials: a.trials,
         seed: a.seed,
     };
