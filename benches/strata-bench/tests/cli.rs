@@ -1588,3 +1588,59 @@ fn bench_graph_refuses_unknown_platforms_and_configurations() {
         assert_bad_input(&out, needle);
     }
 }
+
+#[test]
+fn bench_priority_reports_busy_and_idle_phases() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("prio.json");
+    let out = strata(&[
+        "bench",
+        "priority",
+        "--data",
+        "16M",
+        "--path",
+        dir.path().to_str().unwrap(),
+        "--ops",
+        "20",
+        "--trials",
+        "2",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let r = report(&out, &json);
+    let phases = r["phases"].as_array().unwrap();
+    let names: Vec<&str> = phases
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["busy", "idle", "busy", "idle"]);
+    for p in phases.iter().filter(|p| p["phase"] == "idle") {
+        assert_eq!(p["promote"]["n"], 20, "{p}");
+        assert!(p["promote"]["p50_us"].as_f64().unwrap() > 0.0);
+        assert!(p["demote"]["p99_us"].as_f64().unwrap() > 0.0);
+    }
+    assert!(r["ratio_promote_p50"].is_number() || r["ratio_promote_p50"].is_null());
+}
+
+#[test]
+fn bench_priority_rejects_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    assert_bad_input(
+        &strata(&["bench", "priority", "--data", "64k", "--path", path]),
+        "--data",
+    );
+    assert_bad_input(
+        &strata(&[
+            "bench", "priority", "--data", "16M", "--dram", "1M", "--path", path,
+        ]),
+        "--dram",
+    );
+    assert_bad_input(
+        &strata(&[
+            "bench", "priority", "--data", "16M", "--ops", "0", "--path", path,
+        ]),
+        "--ops",
+    );
+}
