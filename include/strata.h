@@ -1179,6 +1179,27 @@ int strata_optim_create(const float *weights,
                         struct strata_optim **out);
 
 /**
+ * Creates an optimizer whose states live in a buffer of the runtime `rt`,
+ * shared with the caller's buffers and other offload objects: the states
+ * take their place in `config->tier` of `rt` (for `STRATA_TIER_NVME` the
+ * runtime's own NVMe tier: `nvme_path` is not read) under the same
+ * budgets, and move like any buffer's pages. `config->chunk_bytes` must be
+ * `rt`'s page size and `config->updater` `STRATA_UPDATER_CPU`; a tier `rt`
+ * lacks is `STRATA_ERR_INVALID_ARGUMENT`. The optimizer keeps the runtime
+ * alive until `strata_optim_free`. Thread-safe; one optimizer serializes
+ * its own calls.
+ *
+ * # Safety
+ * `config` points to a readable `strata_optim_config`; `weights` points to
+ * `n` readable floats; `out` points to a writable handle.
+ */
+int strata_optim_create_on(const struct strata_runtime *rt,
+                           const float *weights,
+                           size_t n,
+                           const struct strata_optim_config *config,
+                           struct strata_optim **out);
+
+/**
  * One step with the `n` gradients at `grads` (`n` = the weights' count);
  * stores what it did in `*stats` if not NULL. A misaligned `stats` (or a
  * bad `grads`) is refused before the step: the weights stay as they were.

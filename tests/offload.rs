@@ -779,3 +779,100 @@ fn a_shared_expert_cache_needs_a_device_tier_that_holds_its_slots() {
     let e = ExpertCache::on(&rt, MoeConfig::new(3, 64 << 10, 0)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
 }
+
+/// The optimizer on a runtime shared with the caller's buffers: bitwise
+/// the reference Adam with its states in each tier of that runtime, the
+/// states counted in the runtime's tiers beside the caller's own buffer,
+/// whose bytes stay as written.
+#[test]
+fn the_optimizer_on_a_shared_runtime_is_bitwise_the_reference_in_every_tier() {
+    use strata::runtime::Runtime;
+    use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
+    use strata::Tier;
+    const P: usize = 16 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(P)
+        .host(64 * P as u64)
+        .cxl(CxlConfig::new(CxlMode::Emulated, 64 * P as u64, P))
+        .nvme(NvmeConfig::new(dir.path(), 256 * P as u64, P))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let mine = rt.alloc(8 * P as u64).unwrap();
+    mine.write(0, &vec![4u8; 8 * P]).unwrap();
+    let n = 3 * 4096 + 123;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).cos()).collect();
+    let p = AdamParams {
+        lr: 1e-2,
+        weight_decay: 0.01,
+        ..AdamParams::default()
+    };
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for (tier, home) in [
+        (StateTier::Host, Tier::Host),
+        (StateTier::Cxl, Tier::Cxl),
+        (StateTier::Nvme(dir.path().into()), Tier::Nvme),
+    ] {
+        let used = |t: Tier| {
+            rt.stats()
+                .tiers
+                .iter()
+                .find(|s| s.tier == t)
+                .unwrap()
+                .used_pages
+        };
+        let before = used(home);
+        let mut cfg = OptimConfig::new(tier);
+        cfg.chunk_bytes = P;
+        cfg.adam = p;
+        let mut opt = OffloadedAdam::on(&rt, &w0, cfg).unwrap();
+        // Four chunks of three pages, in the runtime's tier.
+        assert_eq!(used(home), before + 12, "{home}");
+        let (mut w, mut m, mut v) = (w0.clone(), vec![0f32; n], vec![0f32; n]);
+        for t in 1..=4u64 {
+            let g = grads(n, t);
+            let mut out = vec![f32::NAN; n];
+            let s = opt.step_into(&g, Some(&mut out)).unwrap();
+            assert_eq!(s.bytes_read, 12 * P as u64);
+            reference_step(&mut w, &mut m, &mut v, &g, p, t as i32);
+            assert_eq!(bits(&out), bits(&w), "{home}: weights out of step {t}");
+        }
+        assert_eq!(bits(&opt.read_state(1).unwrap()), bits(&m), "{home}");
+        assert_eq!(bits(&opt.read_state(2).unwrap()), bits(&v), "{home}");
+        // A checkpoint's restore: the states written back, read again.
+        opt.write_state(1, &w0).unwrap();
+        assert_eq!(bits(&opt.read_state(1).unwrap()), bits(&w0), "{home}");
+        drop(opt);
+        assert_eq!(used(home), before, "{home}: the states' pages came back");
+    }
+    let mut back = vec![0u8; 8 * P];
+    mine.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 4));
+}
+
+#[test]
+fn the_optimizer_on_a_shared_runtime_refuses_what_it_cannot_do() {
+    use strata::runtime::Runtime;
+    let rt = Runtime::builder()
+        .page_size(16 << 10)
+        .host(1 << 20)
+        .build()
+        .unwrap();
+    let w = vec![0.5f32; 100];
+    let mut cfg = OptimConfig::new(StateTier::Host);
+    let e = OffloadedAdam::on(&rt, &w, cfg.clone()).unwrap_err();
+    assert!(e.to_string().contains("page size"), "{e}");
+    cfg.chunk_bytes = 16 << 10;
+    let mut cxl = cfg.clone();
+    cxl.tier = StateTier::Cxl;
+    let e = OffloadedAdam::on(&rt, &w, cxl).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("cxl"), "{e}");
+    let mut gpu = cfg.clone();
+    gpu.updater = Updater::Cuda;
+    let e = OffloadedAdam::on(&rt, &w, gpu).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(OffloadedAdam::on(&rt, &[], cfg.clone()).is_err());
+    assert!(OffloadedAdam::on(&rt, &w, cfg).is_ok());
+}

@@ -91,6 +91,54 @@ pub unsafe extern "C" fn strata_optim_config_init(config: *mut strata_optim_conf
     })
 }
 
+/// The optimizer's configuration from the C struct; with `read_path`, an
+/// NVMe tier reads `nvme_path` (which must then be set).
+///
+/// # Safety
+/// With `read_path`, `c.nvme_path` is NULL or NUL-terminated.
+unsafe fn optim_config(c: &strata_optim_config, read_path: bool) -> Result<OptimConfig, Fail> {
+    let tier = match c.tier {
+        STRATA_TIER_HOST => StateTier::Host,
+        STRATA_TIER_CXL => StateTier::Cxl,
+        STRATA_TIER_NVME if !read_path => StateTier::Nvme(std::path::PathBuf::new()),
+        STRATA_TIER_NVME => {
+            // SAFETY: NULL or NUL-terminated (this function's contract).
+            let bytes =
+                unsafe { cast::c_str_bytes(c.nvme_path) }.ok_or_else(|| Fail::null("nvme_path"))?;
+            let p =
+                std::str::from_utf8(bytes).map_err(|_| Fail::invalid("nvme_path is not UTF-8"))?;
+            StateTier::Nvme(p.into())
+        }
+        t => {
+            return Err(Fail::invalid(format!(
+                "unknown state tier {t} (use STRATA_TIER_HOST, _CXL or _NVME)"
+            )));
+        }
+    };
+    let importance = if c.importance_fraction == 0.0 {
+        None
+    } else {
+        Some(Importance {
+            fraction: c.importance_fraction,
+            every: c.importance_every,
+        })
+    };
+    let config = OptimConfig {
+        tier,
+        chunk_bytes: c.chunk_bytes,
+        adam: AdamParams {
+            lr: c.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            weight_decay: c.weight_decay,
+        },
+        importance,
+        updater: enums::updater(c.updater)?,
+    };
+    Ok(config)
+}
+
 /// Creates an optimizer for the `n` fp32 master weights at `weights`
 /// (copied into the state tier, with zeroed moments) and stores its handle
 /// in `*out`; free it with `strata_optim_free`. Thread-safe; one optimizer
@@ -116,45 +164,51 @@ pub unsafe extern "C" fn strata_optim_create(
                 cast::out(out, "out")?,
             )
         };
-        let tier = match c.tier {
-            STRATA_TIER_HOST => StateTier::Host,
-            STRATA_TIER_CXL => StateTier::Cxl,
-            STRATA_TIER_NVME => {
-                // SAFETY: NULL or NUL-terminated (this function's contract).
-                let bytes = unsafe { cast::c_str_bytes(c.nvme_path) }
-                    .ok_or_else(|| Fail::null("nvme_path"))?;
-                let p = std::str::from_utf8(bytes)
-                    .map_err(|_| Fail::invalid("nvme_path is not UTF-8"))?;
-                StateTier::Nvme(p.into())
-            }
-            t => {
-                return Err(Fail::invalid(format!(
-                    "unknown state tier {t} (use STRATA_TIER_HOST, _CXL or _NVME)"
-                )))
-            }
-        };
-        let importance = if c.importance_fraction == 0.0 {
-            None
-        } else {
-            Some(Importance {
-                fraction: c.importance_fraction,
-                every: c.importance_every,
-            })
-        };
-        let config = OptimConfig {
-            tier,
-            chunk_bytes: c.chunk_bytes,
-            adam: AdamParams {
-                lr: c.lr,
-                beta1: c.beta1,
-                beta2: c.beta2,
-                eps: c.eps,
-                weight_decay: c.weight_decay,
-            },
-            importance,
-            updater: enums::updater(c.updater)?,
-        };
+        // SAFETY: `nvme_path` is NULL or NUL-terminated (this function's
+        // contract).
+        let config = unsafe { optim_config(&c, true) }?;
         let opt = OffloadedAdam::new(w, config)?;
+        // Not a runtime's child: owner 0 is never swept.
+        let bits = OPTIMS.insert(Mutex::new(opt), 0)?;
+        out.set(objects::ptr(bits));
+        Ok(STRATA_OK)
+    })
+}
+
+/// Creates an optimizer whose states live in a buffer of the runtime `rt`,
+/// shared with the caller's buffers and other offload objects: the states
+/// take their place in `config->tier` of `rt` (for `STRATA_TIER_NVME` the
+/// runtime's own NVMe tier: `nvme_path` is not read) under the same
+/// budgets, and move like any buffer's pages. `config->chunk_bytes` must be
+/// `rt`'s page size and `config->updater` `STRATA_UPDATER_CPU`; a tier `rt`
+/// lacks is `STRATA_ERR_INVALID_ARGUMENT`. The optimizer keeps the runtime
+/// alive until `strata_optim_free`. Thread-safe; one optimizer serializes
+/// its own calls.
+///
+/// # Safety
+/// `config` points to a readable `strata_optim_config`; `weights` points to
+/// `n` readable floats; `out` points to a writable handle.
+#[no_mangle]
+pub unsafe extern "C" fn strata_optim_create_on(
+    rt: *const objects::strata_runtime,
+    weights: *const f32,
+    n: usize,
+    config: *const strata_optim_config,
+    out: *mut *mut strata_optim,
+) -> c_int {
+    boundary("strata_optim_create_on", || {
+        // SAFETY: as this function's contract states.
+        let (c, w, out) = unsafe {
+            (
+                cast::read_in(config, "config")?,
+                cast::slice(weights, n, "weights")?,
+                cast::out(out, "out")?,
+            )
+        };
+        // SAFETY: the path is not read.
+        let config = unsafe { optim_config(&c, false) }?;
+        let runtime = objects::get(rt)?;
+        let opt = OffloadedAdam::on(&runtime.rt, w, config)?;
         // Not a runtime's child: owner 0 is never swept.
         let bits = OPTIMS.insert(Mutex::new(opt), 0)?;
         out.set(objects::ptr(bits));

@@ -229,3 +229,58 @@ fn the_expert_cache_on_a_shared_runtime_through_the_c_abi() {
     assert!(moe.is_null());
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
 }
+
+/// The optimizer on a runtime the caller shares, through the C ABI: the
+/// same weights as the Rust optimizer's, its states in the runtime's NVMe
+/// tier (the config's path is not read), bad settings refused by status.
+#[test]
+fn the_optimizer_on_a_shared_runtime_through_the_c_abi() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = c_path(dir.path());
+    let rt = create(&common::config(0, 32, 256, &path));
+    let n = 3000usize;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.29).sin()).collect();
+    let mut c = config();
+    c.tier = STRATA_TIER_NVME;
+    c.nvme_path = std::ptr::null();
+    c.chunk_bytes = PAGE as usize;
+    let mut opt = null_mut();
+    // SAFETY: a live runtime, readable weights and config, a writable handle.
+    let s = unsafe { strata_optim_create_on(rt, w0.as_ptr(), n, &c, &mut opt) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    let mut reference = OffloadedAdam::new(
+        &w0,
+        OptimConfig {
+            chunk_bytes: PAGE as usize,
+            ..OptimConfig::new(StateTier::Host)
+        },
+    )
+    .unwrap();
+    for step in 0..3 {
+        let g: Vec<f32> = (0..n).map(|i| ((i + step) as f32 * 0.13).cos()).collect();
+        // SAFETY: readable gradients; no stats.
+        let s = unsafe { strata_optim_step(opt, g.as_ptr(), n, null_mut()) };
+        assert_eq!(s, STRATA_OK, "{}", last_error());
+        reference.step(&g).unwrap();
+    }
+    let mut w = vec![0f32; n];
+    // SAFETY: n writable floats.
+    let s = unsafe { strata_optim_weights(opt, w.as_mut_ptr(), n) };
+    assert_eq!(s, STRATA_OK);
+    let want = reference.weights().unwrap();
+    assert!(w.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let st = stats(rt);
+    assert!(st["tiers"][1]["used_pages"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(strata_optim_free(opt), STRATA_OK);
+    // A chunk other than the runtime's page size; a tier it lacks.
+    c.chunk_bytes = 2 * PAGE as usize;
+    // SAFETY: as above.
+    let s = unsafe { strata_optim_create_on(rt, w0.as_ptr(), n, &c, &mut opt) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "page size");
+    c.chunk_bytes = PAGE as usize;
+    c.tier = STRATA_TIER_CXL;
+    // SAFETY: as above.
+    let s = unsafe { strata_optim_create_on(rt, w0.as_ptr(), n, &c, &mut opt) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "cxl");
+    assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
+}

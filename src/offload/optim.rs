@@ -22,8 +22,17 @@
 //!   to the chunk's slots in place: after a failed write the optimizer
 //!   refuses further steps (its state is no longer whole).
 //!
+//! - **a shared runtime** ([`OffloadedAdam::on`]): the states are a
+//!   buffer of a runtime the caller also allocates from, placed first in
+//!   the configured tier of that runtime and moved by it like any buffer's
+//!   pages (the budgets per tier are shared); each chunk's three pages are
+//!   read in place wherever they are, updated and written back, chunks in
+//!   parallel.
+//!
 //! "Waited on I/O" is the time the update loop spent blocked waiting for a
-//! chunk to arrive (plus, on NVMe, draining the last writes).
+//! chunk to arrive (plus, on NVMe, draining the last writes); on a shared
+//! runtime, the time in the chunks' reads and writes, summed over the
+//! threads.
 //!
 //! **The update** (the same order of operations for every element, so the
 //! result is bitwise that of a plain loop; `t` counts steps from 1, `bc1 =
@@ -74,10 +83,12 @@ use serde::Serialize;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::AlignedBuf;
+use crate::runtime::{Buffer, Placement, Runtime};
 use crate::sys::Topology;
 use crate::tier::nvme::NvmeCompletion;
 use crate::tier::{
     CxlConfig, CxlMode, CxlStore, HostConfig, HostStore, NvmeConfig, NvmeStore, PageStore, Slot,
+    Tier,
 };
 
 /// Adam hyper-parameters.
@@ -272,14 +283,25 @@ enum Store {
     Host(HostStore),
     Cxl(CxlStore),
     Nvme(NvmeStore),
+    /// A buffer of a runtime shared with others ([`OffloadedAdam::on`]):
+    /// chunk `c`'s weights, first and second moments are its pages
+    /// `3c`, `3c + 1` and `3c + 2`.
+    Runtime {
+        buf: Buffer,
+        rt: Runtime,
+        /// The tier the states were placed in.
+        home: Tier,
+    },
 }
 
 impl Store {
-    fn pages(&self) -> &dyn PageStore {
+    /// The store of the raw slots, for every store but a runtime's.
+    fn pages(&self) -> Option<&dyn PageStore> {
         match self {
-            Store::Host(s) => s,
-            Store::Cxl(s) => s,
-            Store::Nvme(s) => s,
+            Store::Host(s) => Some(s),
+            Store::Cxl(s) => Some(s),
+            Store::Nvme(s) => Some(s),
+            Store::Runtime { .. } => None,
         }
     }
 }
@@ -447,9 +469,8 @@ fn as_f32_mut(b: &mut [u8]) -> &mut [f32] {
 }
 
 impl OffloadedAdam {
-    /// Stores `weights` as the fp32 master weights (moments zero) in the
-    /// configured tier.
-    pub fn new(weights: &[f32], config: OptimConfig) -> Result<Self> {
+    /// The checks every constructor makes.
+    fn check_config(weights: &[f32], config: &OptimConfig) -> Result<()> {
         crate::size::check_page_size(config.chunk_bytes).map_err(|e| e.context("chunk"))?;
         if weights.is_empty() {
             return Err(Error::invalid("an optimizer needs at least one parameter"));
@@ -462,6 +483,13 @@ impl OffloadedAdam {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Stores `weights` as the fp32 master weights (moments zero) in the
+    /// configured tier.
+    pub fn new(weights: &[f32], config: OptimConfig) -> Result<Self> {
+        Self::check_config(weights, &config)?;
         // Before any state is laid out: no GPU is the cheapest failure.
         let gpu = open_gpu(config.updater)?;
         let chunk = config.chunk_bytes / 4;
@@ -497,7 +525,7 @@ impl OffloadedAdam {
         let mut page = vec![0u8; config.chunk_bytes];
         let zeros = vec![0u8; config.chunk_bytes];
         let mut slots = Vec::with_capacity(chunks);
-        let ps = store.pages();
+        let ps = store.pages().expect("a raw store");
         for c in 0..chunks {
             let src = &weights[c * chunk..((c + 1) * chunk).min(weights.len())];
             page.fill(0);
@@ -530,6 +558,80 @@ impl OffloadedAdam {
         })
     }
 
+    /// Stores `weights` as the fp32 master weights (moments zero) in a
+    /// buffer of `rt`, a runtime shared with the caller's buffers and other
+    /// offload objects: the states take their place in `config.tier` of
+    /// `rt` (host, CXL or NVMe — for NVMe the runtime's own, the path in
+    /// `StateTier::Nvme` is not used) under the same budgets as everything
+    /// else, placed there first and moved by the runtime like any buffer's
+    /// pages. `config.chunk_bytes` must be `rt`'s page size. Each step
+    /// reads and writes every chunk's three pages in place, wherever they
+    /// are, chunks in parallel. Updates run on the CPU (`Updater::Cpu`).
+    pub fn on(rt: &Runtime, weights: &[f32], config: OptimConfig) -> Result<Self> {
+        Self::check_config(weights, &config)?;
+        if config.chunk_bytes != rt.page_size() {
+            return Err(Error::invalid(format!(
+                "chunk of {} bytes: an optimizer on a runtime uses its page size, {} bytes",
+                config.chunk_bytes,
+                rt.page_size()
+            )));
+        }
+        if config.updater != Updater::Cpu {
+            return Err(Error::invalid(format!(
+                "the {} updater is not available for an optimizer on a shared runtime; use cpu",
+                config.updater.name()
+            )));
+        }
+        let home = match &config.tier {
+            StateTier::Host => Tier::Host,
+            StateTier::Cxl => Tier::Cxl,
+            StateTier::Nvme(_) => Tier::Nvme,
+        };
+        if !rt.tiers().contains(&home) {
+            return Err(Error::invalid(format!(
+                "the runtime has no {home} tier for the optimizer's states"
+            )));
+        }
+        let chunk = config.chunk_bytes / 4;
+        let chunks = weights.len().div_ceil(chunk);
+        let page = config.chunk_bytes;
+        let buf = rt.alloc_with((chunks * 3 * page) as u64, Placement::Prefer(home))?;
+        let mut set = vec![0f32; 3 * chunk];
+        for c in 0..chunks {
+            let src = &weights[c * chunk..((c + 1) * chunk).min(weights.len())];
+            set.fill(0.0);
+            set[..src.len()].copy_from_slice(src);
+            buf.write_as((c * 3 * page) as u64, &set)?;
+        }
+        let accum = if config.importance.is_some() {
+            vec![0.0; weights.len()]
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            store: Store::Runtime {
+                buf,
+                rt: rt.clone(),
+                home,
+            },
+            slots: Vec::new(),
+            params: weights.len(),
+            chunk,
+            t: 0,
+            config,
+            accum,
+            deferred_steps: 0,
+            resident: Vec::new(),
+            broken: false,
+            gpu: None,
+        })
+    }
+
+    /// Chunks of the state arrays.
+    fn chunks(&self) -> usize {
+        self.params.div_ceil(self.chunk)
+    }
+
     /// Number of parameters.
     pub fn len(&self) -> usize {
         self.params
@@ -547,7 +649,14 @@ impl OffloadedAdam {
 
     /// Whether the states are on an emulated medium (CXL without a CPU-less node).
     pub fn emulated(&self) -> bool {
-        self.store.pages().emulated()
+        match &self.store {
+            Store::Runtime { rt, home, .. } => rt
+                .stats()
+                .tiers
+                .iter()
+                .any(|t| t.tier == *home && t.emulated),
+            s => s.pages().is_some_and(|p| p.emulated()),
+        }
     }
 
     /// Where the update runs.
@@ -682,7 +791,7 @@ impl OffloadedAdam {
             params: self.params,
             flush,
         };
-        let n_chunks = self.slots.len();
+        let n_chunks = self.chunks();
         let mut acc_chunks: Vec<&mut [f32]> = self.accum.chunks_mut(plan.chunk).collect();
         acc_chunks.resize_with(n_chunks, || &mut []);
         // Where the host path copies each chunk's new weights (if asked).
@@ -791,6 +900,41 @@ impl OffloadedAdam {
                     Ok(())
                 })
             }
+            Store::Runtime { buf, .. } => {
+                // Every chunk's three pages read in place, wherever the
+                // runtime has them, updated, written back; chunks in
+                // parallel. The I/O time is summed over the threads.
+                let page = self.config.chunk_bytes;
+                let chunk = plan.chunk;
+                let io_ns = std::sync::atomic::AtomicU64::new(0);
+                let timed = |f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+                    let t = Instant::now();
+                    let r = f();
+                    io_ns.fetch_add(
+                        t.elapsed().as_nanos() as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                    r
+                };
+                acc_chunks
+                    .par_iter_mut()
+                    .zip(chosen.par_iter_mut())
+                    .zip(out_chunks.par_iter_mut())
+                    .enumerate()
+                    .try_for_each(|(c, ((acc, out), wout))| -> Result<()> {
+                        let off = (c * 3 * page) as u64;
+                        let mut set = vec![0f32; 3 * chunk];
+                        timed(&mut || buf.read_as(off, &mut set))?;
+                        let (w, rest) = set.split_at_mut(chunk);
+                        let (m, v) = rest.split_at_mut(chunk);
+                        *out = update_one(c, w, m, v, acc, None)?;
+                        wout.copy_from_slice(&w[..wout.len()]);
+                        timed(&mut || buf.write_as(off, &set))
+                    })
+                    .map(|()| {
+                        Duration::from_nanos(io_ns.load(std::sync::atomic::Ordering::Relaxed))
+                    })
+            }
             Store::Nvme(n) => streamed(n, &mut self.slots, &mut |c, bufs| {
                 let [w, m, v] = bufs;
                 let (w, m, v) = (as_f32_mut(w), as_f32_mut(m), as_f32_mut(v));
@@ -824,7 +968,7 @@ impl OffloadedAdam {
             self.resident = chosen.into_iter().map(Option::unwrap_or_default).collect();
             self.deferred_steps = 0;
         }
-        let bytes = self.slots.len() as u64 * 3 * self.config.chunk_bytes as u64;
+        let bytes = self.chunks() as u64 * 3 * self.config.chunk_bytes as u64;
         let stats = StepStats {
             seconds: start.elapsed().as_secs_f64(),
             bytes_read: bytes,
@@ -915,19 +1059,27 @@ impl OffloadedAdam {
                 self.params
             )));
         }
-        let ps = self.store.pages();
         let chunk = self.chunk;
         let mut scratch = Vec::new();
-        for (c, set) in self.slots.iter().enumerate() {
-            let slot = set[which].as_ref().expect("slot home");
+        for c in 0..self.chunks() {
             let dst = &mut out[c * chunk..((c + 1) * chunk).min(self.params)];
-            if dst.len() == chunk {
-                ps.read_page(slot, bytemuck::cast_slice_mut(dst))?;
-            } else {
-                // The last chunk is short: through a whole page.
-                scratch.resize(self.config.chunk_bytes, 0u8);
-                ps.read_page(slot, &mut scratch)?;
-                dst.copy_from_slice(&as_f32_mut(&mut scratch)[..dst.len()]);
+            match (&self.store, self.slots.get(c)) {
+                (Store::Runtime { buf, .. }, _) => {
+                    buf.read_as(((c * 3 + which) * self.config.chunk_bytes) as u64, dst)?
+                }
+                (store, Some(set)) => {
+                    let ps = store.pages().expect("raw stores");
+                    let slot = set[which].as_ref().expect("slot home");
+                    if dst.len() == chunk {
+                        ps.read_page(slot, bytemuck::cast_slice_mut(dst))?;
+                    } else {
+                        // The last chunk is short: through a whole page.
+                        scratch.resize(self.config.chunk_bytes, 0u8);
+                        ps.read_page(slot, &mut scratch)?;
+                        dst.copy_from_slice(&as_f32_mut(&mut scratch)[..dst.len()]);
+                    }
+                }
+                (_, None) => unreachable!("a slot set per chunk"),
             }
             // Between flushes the resident copy is the truth.
             if let Some(r) = self.resident.get(c) {
@@ -980,12 +1132,21 @@ impl OffloadedAdam {
         }
         let chunk = self.chunk;
         let mut page = vec![0u8; self.config.chunk_bytes];
-        for (c, set) in self.slots.iter_mut().enumerate() {
+        for c in 0..self.chunks() {
             let src = &values[c * chunk..((c + 1) * chunk).min(values.len())];
             page.fill(0);
             page[..src.len() * 4].copy_from_slice(bytemuck::cast_slice(src));
-            let slot = set[which].as_mut().expect("slot home");
-            if let Err(e) = self.store.pages().write_page(slot, &page) {
+            let written = match (&self.store, self.slots.get_mut(c)) {
+                (Store::Runtime { buf, .. }, _) => {
+                    buf.write(((c * 3 + which) * self.config.chunk_bytes) as u64, &page)
+                }
+                (store, Some(set)) => store
+                    .pages()
+                    .expect("raw stores")
+                    .write_page(set[which].as_mut().expect("slot home"), &page),
+                (_, None) => unreachable!("a slot set per chunk"),
+            };
+            if let Err(e) = written {
                 self.broken = true;
                 return Err(e);
             }
@@ -1064,7 +1225,7 @@ impl OffloadedAdam {
         let mut resident = Vec::new();
         if window.started {
             let state: Vec<Vec<f32>> = (0..3).map(|k| self.read_state(k)).collect::<Result<_>>()?;
-            resident = vec![Resident::default(); self.slots.len()];
+            resident = vec![Resident::default(); self.chunks()];
             for &i in &window.resident {
                 let i = i as usize;
                 let r = &mut resident[i / self.chunk];
