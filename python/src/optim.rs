@@ -76,8 +76,11 @@ fn adam(lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> PyResult<Ada
 /// (fraction, every): the importance-aware mode (ZenFlow's idea; see the
 /// Rust `strata::offload::optim` docs): per chunk, the fraction of
 /// elements with the largest |g| at a flush update every step, the others
-/// once every `every` steps with their mean gradient. Every call that
-/// touches the state releases the GIL.
+/// once every `every` steps with their mean gradient. runtime: a
+/// strata.Runtime shared with the caller's buffers — the states then live
+/// in that runtime's `tier` under its budgets (for "nvme" its own NVMe
+/// tier: no nvme_path), in chunks of its page size, updated on the CPU.
+/// Every call that touches the state releases the GIL.
 #[pyclass(module = "strata", frozen)]
 pub(crate) struct OffloadedAdam {
     inner: Mutex<strata::offload::optim::OffloadedAdam>,
@@ -90,7 +93,7 @@ impl OffloadedAdam {
     #[pyo3(signature = (
         weights, *, tier = "host", nvme_path = None, chunk_bytes = 1 << 20,
         lr = 1e-3, betas = (0.9, 0.999), eps = 1e-8, weight_decay = 0.0, updater = "cpu",
-        importance = None,
+        importance = None, runtime = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -105,7 +108,17 @@ impl OffloadedAdam {
         weight_decay: f64,
         updater: &str,
         importance: Option<(f64, u64)>,
+        runtime: Option<PyRef<'_, crate::runtime::Runtime>>,
     ) -> PyResult<Self> {
+        // On a shared runtime the NVMe tier is the runtime's own.
+        let nvme_path =
+            match (&runtime, tier, nvme_path) {
+                (Some(_), _, Some(_)) => return Err(invalid(
+                    "nvme_path is the runtime's own for an optimizer on a runtime; leave it None",
+                )),
+                (Some(_), "nvme", None) => Some(PathBuf::new()),
+                (_, _, p) => p,
+            };
         let state_tier = match (tier, nvme_path) {
             ("host", None) => StateTier::Host,
             ("cxl", None) => StateTier::Cxl,
@@ -123,14 +136,19 @@ impl OffloadedAdam {
             }
         };
         let mut config = OptimConfig::new(state_tier);
-        config.chunk_bytes = chunk_bytes;
+        // On a runtime a chunk is one of its pages.
+        config.chunk_bytes = runtime.as_ref().map_or(chunk_bytes, |r| r.rt.page_size());
         config.adam = adam(lr, betas, eps, weight_decay)?;
         config.updater = updater.parse::<Updater>().map_err(raise)?;
         config.importance = importance.map(|(fraction, every)| Importance { fraction, every });
         let view = Contiguous::readable(weights)?;
         let w = floats(view.as_slice())?;
+        let shared = runtime.as_ref().map(|r| r.rt.clone());
         let inner = py
-            .detach(|| strata::offload::optim::OffloadedAdam::new(&w, config))
+            .detach(|| match &shared {
+                Some(rt) => strata::offload::optim::OffloadedAdam::on(rt, &w, config),
+                None => strata::offload::optim::OffloadedAdam::new(&w, config),
+            })
             .map_err(raise)?;
         let tier = match tier {
             "host" => "host",

@@ -242,7 +242,10 @@ class OffloadedAdam:
     directory nvme_path) and streamed through in chunks at each step; the
     engine under strata.optim.Adam/AdamW. Decoupled weight decay
     (weight_decay 0 is plain Adam). Arrays are float32 buffers (NumPy
-    views of CPU tensors), read and written in place."""
+    views of CPU tensors), read and written in place. With runtime (a
+    Runtime shared with your buffers), the states live in that runtime's
+    tier under its budgets, in chunks of its page size ("nvme": its own
+    NVMe tier, no nvme_path; the update on the CPU)."""
 
     def __new__(
         cls,
@@ -257,6 +260,7 @@ class OffloadedAdam:
         weight_decay: float = 0.0,
         updater: Literal["cpu", "cuda"] = "cpu",
         importance: Optional[Tuple[float, int]] = None,
+        runtime: Optional[Runtime] = None,
     ) -> "OffloadedAdam": ...
     def configure(
         self, *, lr: float, betas: Tuple[float, float], eps: float, weight_decay: float

@@ -34,6 +34,11 @@ others accumulate their gradients and update once, with the mean, at the
 flush. ``state_dict`` saves the window (extra keys ``importance_*``), so a
 run resumes exactly.
 
+On a runtime shared with your own buffers, ``runtime=strata.Runtime(...)``:
+the states then live in that runtime's ``tier`` under the same per-tier
+budgets as everything else allocated from it (for ``"nvme"`` its own NVMe
+tier, no ``nvme_path``), in chunks of its page size, updated on the CPU.
+
 ZeRO-1-style sharding, ``shard=True`` (torch.distributed initialised, e.g.
 under DDP): each rank keeps and streams the states of only its contiguous
 1/world of every parameter, steps it with its slice of the gradient (which
@@ -82,6 +87,7 @@ class _OffloadedAdamBase(Optimizer):
         chunk_bytes: int = 1 << 20,
         updater: str = "cpu",
         importance: Optional[Tuple[float, int]] = None,
+        runtime: Optional[Any] = None,
         shard: bool = False,
         process_group: Optional[Any] = None,
         amsgrad: bool = False,
@@ -110,6 +116,8 @@ class _OffloadedAdamBase(Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if tier not in ("host", "cxl", "nvme"):
             raise ValueError(f"unknown optimizer state tier {tier!r} (use 'host', 'cxl' or 'nvme')")
+        if runtime is not None and nvme_path is not None:
+            raise ValueError("nvme_path is the runtime's own for an optimizer on a runtime; leave it None")
         if importance is not None:
             try:
                 fraction, every = float(importance[0]), importance[1]
@@ -145,6 +153,7 @@ class _OffloadedAdamBase(Optimizer):
         self._tier = tier
         self._nvme_path = None if nvme_path is None else str(nvme_path)
         self._chunk_limit = chunk_bytes
+        self._runtime = runtime
         self._updater = updater
         self._importance = importance
         self._shard = bool(shard)
@@ -204,6 +213,7 @@ class _OffloadedAdamBase(Optimizer):
             chunk_bytes=_chunk_bytes(hi - lo, self._chunk_limit),
             updater=self._updater,
             importance=self._importance,
+            runtime=self._runtime,
             **self._hyper(group),
         )
         self._offloaded[p] = [adam, p._version, p.shape]

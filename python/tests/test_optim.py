@@ -187,3 +187,21 @@ def test_offloaded_adam_directly():
         adam.step(np.ones(10, dtype=np.float32))
     with pytest.raises(strata.InvalidArgumentError, match="state 3"):
         adam.read_state(3, m)
+
+
+def test_on_a_shared_runtime_agrees_bitwise_and_uses_its_tiers(rt):
+    m = model()
+    train(m, strata.optim.AdamW(groups(m), tier="host"), 5)
+    want = [p.detach().clone() for p in m.parameters()]
+    for tier, index in (("host", 1), ("nvme", 2)):
+        before = rt.stats()["tiers"][index]["used_pages"]
+        m = model()
+        opt = strata.optim.AdamW(groups(m), tier=tier, runtime=rt)
+        train(m, opt, 5)
+        for p, q in zip(want, m.parameters()):
+            assert torch.equal(p, q), tier
+        assert rt.stats()["tiers"][index]["tier"] == tier
+        assert rt.stats()["tiers"][index]["used_pages"] > before, "the states are in the runtime"
+        del opt
+    with pytest.raises(ValueError, match="nvme_path"):
+        strata.optim.AdamW(groups(model()), tier="nvme", nvme_path="/tmp", runtime=rt)
