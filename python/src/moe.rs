@@ -49,6 +49,12 @@ fn u32_of(value: i64, what: &str) -> PyResult<u32> {
 ///     eviction for this many fetches.
 /// link_priority: on the simulated link, demand transfers go ahead of
 ///     queued prefetches (False: one FIFO of whole transfers).
+/// runtime: a strata.Runtime shared with your own buffers: the experts then
+///     live in its host tier (cascading to its NVMe) under its budgets, and
+///     device_slots is the cache's share of its device tier; device,
+///     host_bytes, nvme_path, nvme_capacity and page_size are the runtime's
+///     own (leave them unset). An expert the runtime moved away between
+///     fetches is found gone and moved again (stats()["displaced"]).
 ///
 /// Experts are registered before use; fetch, prefetch and the rest are
 /// thread-safe and release the GIL.
@@ -66,7 +72,7 @@ impl ExpertCache {
     #[pyo3(signature = (
         *,
         slot_bytes,
-        host_bytes,
+        host_bytes = None,
         device_slots = None,
         device_bytes = None,
         device = "sim".to_owned(),
@@ -79,12 +85,13 @@ impl ExpertCache {
         layers = 1,
         protect_fetches = 16,
         link_priority = true,
+        runtime = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         slot_bytes: i64,
-        host_bytes: i64,
+        host_bytes: Option<i64>,
         device_slots: Option<i64>,
         device_bytes: Option<i64>,
         device: String,
@@ -97,7 +104,24 @@ impl ExpertCache {
         layers: i64,
         protect_fetches: i64,
         link_priority: bool,
+        runtime: Option<PyRef<'_, crate::runtime::Runtime>>,
     ) -> PyResult<Self> {
+        let host_bytes = match (&runtime, host_bytes) {
+            (None, Some(h)) => h,
+            (None, None) => return Err(invalid("host_bytes is needed without a runtime")),
+            // On a runtime the experts share its host tier.
+            (Some(_), None) => 0,
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "host_bytes is the runtime's own for a cache on a runtime; leave it None",
+                ))
+            }
+        };
+        if runtime.is_some() && (nvme_path.is_some() || nvme_capacity.is_some()) {
+            return Err(invalid(
+                "the NVMe tier is the runtime's own for a cache on a runtime; leave nvme_path None",
+            ));
+        }
         let slot = offset(slot_bytes, "slot_bytes")?;
         if slot == 0 {
             return Err(invalid("slot_bytes is 0"));
@@ -149,8 +173,12 @@ impl ExpertCache {
             (None, Some(_)) => return Err(invalid("nvme_capacity needs an nvme_path")),
         }
         // Opening the tiers can take a while (an NVMe file).
+        let shared = runtime.as_ref().map(|r| r.rt.clone());
         let c = py
-            .detach(move || cache::ExpertCache::new(cfg))
+            .detach(move || match &shared {
+                Some(rt) => cache::ExpertCache::on(rt, cfg),
+                None => cache::ExpertCache::new(cfg),
+            })
             .map_err(raise)?;
         Ok(Self {
             cache: RwLock::new(Arc::new(c)),
@@ -281,6 +309,7 @@ impl ExpertCache {
         d.set_item("bytes_moved", s.bytes_moved)?;
         d.set_item("stall_seconds", s.stall_seconds)?;
         d.set_item("stall_modelled", s.stall_modelled)?;
+        d.set_item("displaced", s.displaced)?;
         d.set_item("hit_rate", s.hit_rate())?;
         d.set_item("prefetch_accuracy", s.prefetch_accuracy())?;
         Ok(d)

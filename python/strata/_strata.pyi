@@ -355,13 +355,14 @@ def balance_once(runtime: Runtime) -> Dict[str, int]: ...
 class ExpertCache:
     """An MoE expert cache: experts registered into the host tier (NVMe
     beyond host_bytes), device_slots of them in device memory at once
-    (host memory on the simulated device). See strata.moe."""
+    (host memory on the simulated device); with runtime, on a Runtime
+    shared with your buffers (its tiers and budgets). See strata.moe."""
 
     def __new__(
         cls,
         *,
         slot_bytes: int,
-        host_bytes: int,
+        host_bytes: Optional[int] = None,
         device_slots: Optional[int] = None,
         device_bytes: Optional[int] = None,
         device: Literal["sim", "cuda", "auto"] = "sim",
@@ -374,6 +375,7 @@ class ExpertCache:
         layers: int = 1,
         protect_fetches: int = 16,
         link_priority: bool = True,
+        runtime: Optional[Runtime] = None,
     ) -> "ExpertCache": ...
     @property
     def slot_bytes(self) -> int: ...

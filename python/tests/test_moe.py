@@ -315,3 +315,29 @@ def test_expert_cache_binding_round_trip():
     assert s["stall_modelled"] is True and s["hit_rate"] == s["hits"] / 6
     with pytest.raises(strata.InvalidArgumentError, match="exactly one"):
         strata.ExpertCache(slot_bytes=8192, host_bytes=1 << 20)
+
+
+def test_expert_cache_on_a_shared_runtime(rt):
+    import numpy as np
+
+    mine = rt.alloc(8 * 4096)
+    mine.write(0, bytes([3]) * (8 * 4096))
+    c = strata.ExpertCache(slot_bytes=8192, device_slots=2, runtime=rt)
+    assert c.page_size == 4096
+    host_before = rt.stats()["tiers"][1]["used_pages"]
+    for e in range(3):
+        c.register(0, e, np.full(2048, e + 1, dtype=np.float32))
+    assert rt.stats()["tiers"][1]["used_pages"] == host_before + 6, "the experts share the host tier"
+    for e in (0, 1, 2, 0):
+        with c.fetch(0, e) as slot:
+            t = torch.from_dlpack(slot.pin((0, 4096), "float32"))
+            assert torch.all(t == e + 1)
+            del t
+    assert c.stats()["fetches"] == 4 and c.stats()["displaced"] == 0
+    assert mine.read(0) == bytes([3]) * (8 * 4096)
+    with pytest.raises(strata.InvalidArgumentError, match="host_bytes"):
+        strata.ExpertCache(slot_bytes=8192, device_slots=2, host_bytes=1 << 20, runtime=rt)
+    with pytest.raises(strata.InvalidArgumentError, match="host_bytes is needed"):
+        strata.ExpertCache(slot_bytes=8192, device_slots=2)
+    with pytest.raises(strata.OutOfCapacityError):
+        strata.ExpertCache(slot_bytes=8192, device_slots=64, runtime=rt)
