@@ -876,3 +876,43 @@ fn the_optimizer_on_a_shared_runtime_refuses_what_it_cannot_do() {
     assert!(OffloadedAdam::on(&rt, &[], cfg.clone()).is_err());
     assert!(OffloadedAdam::on(&rt, &w, cfg).is_ok());
 }
+
+/// On a shared runtime a prefetch can find the device tier full of the
+/// caller's pinned pages; once they are unpinned, a fetch of that expert
+/// still works (the failed prefetch is a miss, not an error).
+#[test]
+fn a_failed_prefetch_on_a_shared_runtime_is_a_miss_not_an_error() {
+    use strata::{runtime::Placement, Runtime, Tier};
+    const P: usize = 64 << 10;
+    let rt = Runtime::builder()
+        .page_size(P)
+        .device(strata::device::DeviceChoice::Sim, 4 * P as u64)
+        .host(32 * P as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let mine = rt
+        .alloc_with(4 * P as u64, Placement::Prefer(Tier::Device))
+        .unwrap();
+    mine.write(0, &vec![7u8; 4 * P]).unwrap();
+    let mut c = ExpertCache::on(&rt, MoeConfig::new(2, P as u64, 0)).unwrap();
+    for e in 0..2u32 {
+        c.register(0, e, &vec![e as u8 + 1; P]).unwrap();
+    }
+    let pinned = mine.pin(0..mine.len(), Tier::Device).unwrap();
+    assert_eq!(c.prefetch(0, &[1]).unwrap(), 1);
+    // The prefetch ends (refused: no room) before the pages are unpinned.
+    let start = std::time::Instant::now();
+    while rt.stats().in_flight_moves > 0 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30));
+        std::thread::yield_now();
+    }
+    drop(pinned);
+    let pin = c.fetch(0, 1).unwrap();
+    let mut got = vec![0u8; P];
+    pin.buffer().read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 2));
+    drop(pin);
+    let s = c.stats();
+    assert_eq!((s.fetches, s.hits, s.displaced), (1, 0, 1), "{s:?}");
+}

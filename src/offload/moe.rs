@@ -696,7 +696,13 @@ impl ExpertCache {
         }
         let m = &mut s.meta[victim];
         if let Some(t) = m.ticket.take() {
-            t.wait()?;
+            // On a shared runtime a prefetch that found no room is no
+            // error of this eviction: the slot is freed all the same.
+            if let Err(e) = t.wait() {
+                if !self.shared {
+                    return Err(e);
+                }
+            }
         }
         m.resident = false;
         m.protected_since = None;
@@ -786,13 +792,27 @@ impl ExpertCache {
         // On a shared runtime, background eviction or the balancer may
         // have moved an unpinned expert out of device memory: a miss, its
         // slot still the cache's.
+        // A prefetch on its way is waited for first. On a shared runtime
+        // one that failed (its room taken by others) is no error: the pin
+        // below moves the expert.
+        let mut prefetch_failed = false;
+        if s.meta[i].resident {
+            if let Some(t) = s.meta[i].ticket.take() {
+                if let Err(e) = t.wait() {
+                    if !self.shared {
+                        return Err(e);
+                    }
+                    prefetch_failed = true;
+                }
+            }
+        }
         let displaced = self.shared
             && s.meta[i].resident
-            && s.meta[i].ticket.is_none()
             && s.meta[i].pins == 0
-            && !self.in_device(i);
+            && (prefetch_failed || !self.in_device(i));
         if displaced {
             s.stats.displaced += 1;
+            s.meta[i].protected_since = None;
             s.stats.bytes_moved += bytes;
             if let Some(c) = &mut s.clock {
                 let done = c.demand(bytes, &mut s.meta);
@@ -805,9 +825,6 @@ impl ExpertCache {
             let m = &mut s.meta[i];
             if m.protected_since.take().is_some() {
                 s.stats.prefetches_used += 1;
-            }
-            if let Some(t) = m.ticket.take() {
-                t.wait()?;
             }
             if let Some(c) = &mut s.clock {
                 c.run_until(c.now, &mut s.meta);

@@ -603,6 +603,9 @@ impl OffloadedAdam {
             set[..src.len()].copy_from_slice(src);
             buf.write_as((c * 3 * page) as u64, &set)?;
         }
+        // Where `home` was full the pages went to the fastest tier with
+        // room: down to `home` or below with them.
+        buf.evict(0..buf.len(), home)?;
         let accum = if config.importance.is_some() {
             vec![0.0; weights.len()]
         } else {

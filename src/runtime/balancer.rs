@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use super::mover::{From, Priority, Request};
+use super::mover::{Priority, Request, Source};
 use super::table::Table;
 use super::Inner;
 use crate::error::{Error, Result};
@@ -291,6 +291,8 @@ impl Balancer {
                 held: HashSet::new(),
             });
         }
+        // From now on prefetches are kept as hints for the rounds.
+        rt.hints.on.store(true, Ordering::Relaxed);
         Ok(Self {
             config,
             levels,
@@ -440,7 +442,7 @@ impl Balancer {
             self.budget -= promote.len() as f64 * page_size;
         }
         let promote = self.afford(&by_id, promote, fast, page_size, &mut report.deferred);
-        report.promotions += move_pages(&by_id, &promote, fast, From::Not(fast));
+        report.promotions += move_pages(&by_id, &promote, fast, Source::Not(fast));
 
         // 4. Each lower level: its tier's pages it dropped go below it; the
         // pages it holds (and no faster level does) come up into it.
@@ -474,7 +476,7 @@ impl Balancer {
                 promote.truncate(room);
             }
             let promote = self.afford(&by_id, promote, upper, page_size, &mut report.deferred);
-            report.promotions_below += move_pages(&by_id, &promote, upper, From::Below(upper));
+            report.promotions_below += move_pages(&by_id, &promote, upper, Source::Below(upper));
         }
         rt.counters
             .promotions
@@ -574,7 +576,7 @@ fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], fa
             let request = Request {
                 pages: ps,
                 dst,
-                from: From::Only(fast),
+                from: Source::Only(fast),
                 priority: Priority::Balance,
                 room: None,
             };
@@ -588,7 +590,7 @@ fn demote_pages(rt: &Inner, by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], fa
 }
 
 /// Moves `pages` (ids) into `dst`; returns how many arrived.
-fn move_pages(by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], dst: Tier, from: From) -> u64 {
+fn move_pages(by_id: &HashMap<u32, &Arc<Table>>, pages: &[u64], dst: Tier, from: Source) -> u64 {
     for (t, ps) in group(by_id, pages) {
         let request = Request {
             pages: ps,

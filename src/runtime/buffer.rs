@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::map::DeviceMap;
-use super::mover::{From, Priority, Request, Ticket};
+use super::mover::{Priority, Request, Source, Ticket};
 use super::table::{lost, Lost, Resident, Table, Zero};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
@@ -349,7 +349,18 @@ impl Buffer {
                         Err(e) if e.kind() == ErrorKind::OutOfCapacity && tries < 3 => {
                             drop(entry);
                             tries += 1;
-                            super::reclaim::make_room_in(&self.table.rt, tier, 1);
+                            // Never by demoting a page of this pin's range.
+                            let (_, failed) = super::reclaim::make_room_for(
+                                &self.table.rt,
+                                tier,
+                                1,
+                                &self.table,
+                                &pages,
+                                Priority::Demand,
+                            );
+                            if let Some(e) = failed {
+                                self.rt().note_background("making room for a pin", e);
+                            }
                             continue;
                         }
                         Err(e) => return Err(e),
@@ -407,7 +418,7 @@ impl Buffer {
             Request {
                 pages,
                 dst: tier,
-                from: From::Any,
+                from: Source::Any,
                 priority: Priority::Demand,
                 room: Some(protect.clone()),
             },
@@ -434,7 +445,7 @@ impl Buffer {
                 Request {
                     pages,
                     dst,
-                    from: From::Above(tier),
+                    from: Source::Above(tier),
                     priority: Priority::Demand,
                     room: None,
                 },
@@ -517,7 +528,7 @@ impl Buffer {
             Request {
                 pages: pages.clone().collect(),
                 dst: tier,
-                from: From::Any,
+                from: Source::Any,
                 priority: Priority::Prefetch,
                 room: Some(pages),
             },

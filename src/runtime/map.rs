@@ -25,7 +25,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::mover::{From, Priority, Request};
+use super::mover::{Priority, Request, Source};
 use super::table::{lost, Lost, Resident, Table, Zero};
 use crate::device::{DeviceCounters, DeviceWords};
 use crate::error::{Error, ErrorKind, Result};
@@ -200,7 +200,7 @@ impl DeviceMap {
                 let request = Request {
                     pages: left,
                     dst: t,
-                    from: From::Only(Tier::Nvme),
+                    from: Source::Only(Tier::Nvme),
                     priority: Priority::Demand,
                     room: None,
                 };

@@ -854,7 +854,6 @@ impl Runtime {
     pub fn start_balancer(&self, config: BalancerConfig) -> Result<()> {
         let b = balancer::Balancer::new(&self.inner, config)?;
         *self.inner.balancer.lock() = Some(b);
-        self.inner.hints.on.store(true, Ordering::Relaxed);
         let thread = balancer::BalancerThread::start(Arc::downgrade(&self.inner), config.interval)?;
         *self.inner.balancer_thread.lock() = Some(thread);
         Ok(())
@@ -866,7 +865,6 @@ impl Runtime {
     pub fn configure_balancer(&self, config: BalancerConfig) -> Result<()> {
         let b = balancer::Balancer::new(&self.inner, config)?;
         *self.inner.balancer.lock() = Some(b);
-        self.inner.hints.on.store(true, Ordering::Relaxed);
         Ok(())
     }
 

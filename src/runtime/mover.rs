@@ -9,16 +9,19 @@
 //!   while the other's completes and commits.
 //! - Each lane serves its queue by [`Priority`]: demand before prefetch
 //!   before balance before reclaim. A running batch is never preempted, so
-//!   a demand request waits at most for the batch its lane is copying.
+//!   a demand request waits for the batch its lane is running (which, for
+//!   a prefetch making room, includes that room's demotions).
 //! - While a demand batch is queued or moving in any lane, no lane starts
-//!   a background batch (balance, reclaim): their I/O would queue at the
-//!   disk ahead of the demand's. Background eviction runs in batches an
-//!   eighth the size of the others.
+//!   a background batch (balance, reclaim) that has waited less than
+//!   10 ms: their I/O would queue at the disk ahead of the demand's.
+//!   Background eviction runs in batches an eighth the size of the others.
 //! - One in-flight window for the whole runtime, counted in batches:
-//!   background and prefetch submitters wait while it is full; demand
-//!   requests (bounded by their callers' threads) and requests made from
-//!   inside a lane (room for a prefetch) never wait for it, so the window
-//!   cannot deadlock and cannot delay a demand.
+//!   background and prefetch submitters wait while it is full, and
+//!   background batches may hold half of it at most (a prefetch always
+//!   finds a place beside them); demand requests (bounded by their
+//!   callers' threads) and requests made from inside a lane (room for a
+//!   prefetch) never wait for it, so the window cannot deadlock and cannot
+//!   delay a demand.
 //! - Copy-then-commit lives in `table.rs` (the copy engines) and `page.rs`
 //!   (the one commit); this module only schedules.
 //!
@@ -45,6 +48,16 @@ use crate::tier::Tier;
 /// prefetch submitters wait.
 const WINDOW: usize = 16;
 
+/// Of the window, what background batches (balance, reclaim) may hold: a
+/// prefetch always finds room beside them, even while they are held back
+/// for a demand.
+const BACKGROUND_WINDOW: usize = WINDOW / 2;
+
+/// A background batch held back for demand requests starts anyway once it
+/// has waited this long, so background work (and the balancer's callers)
+/// never waits without bound.
+const MAX_HOLD: Duration = Duration::from_millis(10);
+
 /// Who asked for a move; a lane serves the most urgent first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Priority {
@@ -62,7 +75,7 @@ pub(crate) enum Priority {
 /// Which of a request's pages move: checked under each page's lock when
 /// its batch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum From {
+pub(crate) enum Source {
     /// From wherever they are.
     Any,
     /// Only pages in this tier.
@@ -75,14 +88,14 @@ pub(crate) enum From {
     Below(Tier),
 }
 
-impl From {
+impl Source {
     fn accepts(self, tier: Tier) -> bool {
         match self {
-            From::Any => true,
-            From::Only(t) => tier == t,
-            From::Above(t) => tier < t,
-            From::Not(t) => tier != t,
-            From::Below(t) => tier > t,
+            Source::Any => true,
+            Source::Only(t) => tier == t,
+            Source::Above(t) => tier < t,
+            Source::Not(t) => tier != t,
+            Source::Below(t) => tier > t,
         }
     }
 }
@@ -199,7 +212,7 @@ impl Ticket {
 pub(crate) struct Request {
     pub(crate) pages: Vec<usize>,
     pub(crate) dst: Tier,
-    pub(crate) from: From,
+    pub(crate) from: Source,
     pub(crate) priority: Priority,
     /// Room is made in a full `dst` (as a pin makes it), never by demoting
     /// a page of this range of the same buffer; `None`: pages that find
@@ -213,7 +226,7 @@ struct Job {
     table: Arc<Table>,
     pages: Vec<usize>,
     dst: Tier,
-    from: From,
+    from: Source,
     priority: Priority,
     room: Option<Range<usize>>,
     /// Pages that find `dst` full are an `OutOfCapacity` error (prefetch)
@@ -233,14 +246,22 @@ struct Queue {
 
 impl Queue {
     /// The most urgent job; background jobs (balance, reclaim) only when
-    /// `background` (no demand request is waiting anywhere).
+    /// `background` (no demand request is waiting anywhere) or once they
+    /// have been held back for [`MAX_HOLD`].
     fn pop(&mut self, background: bool) -> Option<Job> {
-        let upto = if background {
-            4
-        } else {
-            Priority::Balance as usize
-        };
-        self.jobs[..upto].iter_mut().find_map(VecDeque::pop_front)
+        if let Some(job) = self.jobs[..Priority::Balance as usize]
+            .iter_mut()
+            .find_map(VecDeque::pop_front)
+        {
+            return Some(job);
+        }
+        self.jobs[Priority::Balance as usize..]
+            .iter_mut()
+            .find(|q| {
+                q.front()
+                    .is_some_and(|j| background || j.queued.elapsed() >= MAX_HOLD)
+            })
+            .and_then(VecDeque::pop_front)
     }
 
     fn is_empty(&self) -> bool {
@@ -254,25 +275,32 @@ struct Lane {
     ready: Condvar,
 }
 
-/// The runtime-wide window, in batches.
+/// The runtime-wide window, in batches: all of them, and the background
+/// ones among them.
 #[derive(Default)]
 struct Window {
-    used: Mutex<usize>,
+    used: Mutex<(usize, usize)>,
     freed: Condvar,
 }
 
 impl Window {
-    fn enter(&self) {
+    /// Takes a place, waiting for one if `wait` (background batches wait
+    /// for a place of their own share too).
+    fn enter(&self, wait: bool, background: bool) {
         let mut used = self.used.lock();
-        while *used >= WINDOW {
+        while wait && (used.0 >= WINDOW || (background && used.1 >= BACKGROUND_WINDOW)) {
             self.freed.wait(&mut used);
         }
-        *used += 1;
+        used.0 += 1;
+        used.1 += usize::from(background);
     }
 
-    fn leave(&self) {
-        *self.used.lock() -= 1;
-        self.freed.notify_one();
+    fn leave(&self, background: bool) {
+        let mut used = self.used.lock();
+        used.0 -= 1;
+        used.1 -= usize::from(background);
+        drop(used);
+        self.freed.notify_all();
     }
 }
 
@@ -327,15 +355,20 @@ fn lane_index(src: Tier, dst: Tier) -> usize {
 impl Mover {
     /// Starts the lanes of every direction between two of `tiers`.
     pub(crate) fn start(tiers: &[Tier]) -> Result<Self> {
-        let mut lanes: Vec<Option<Arc<Lane>>> = (0..16).map(|_| None).collect();
-        let window = Arc::new(Window::default());
-        let in_flight = Arc::new(AtomicU64::new(0));
-        let counts = Arc::new(Counts::default());
-        let demand = Arc::new(AtomicU64::new(0));
-        let mut workers = Vec::new();
+        // Built in place: if a thread cannot start, dropping the half-made
+        // engine closes the lanes started so far and joins their threads.
+        let mut mover = Self {
+            lanes: (0..16).map(|_| None).collect(),
+            window: Arc::new(Window::default()),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            demand: Arc::new(AtomicU64::new(0)),
+            counts: Arc::new(Counts::default()),
+            workers: Vec::new(),
+        };
         for &src in tiers {
             for &dst in tiers.iter().filter(|&&t| t != src) {
                 let lane = Arc::new(Lane::default());
+                mover.lanes[lane_index(src, dst)] = Some(lane.clone());
                 let count = if src == Tier::Nvme || dst == Tier::Nvme {
                     2
                 } else {
@@ -344,10 +377,10 @@ impl Mover {
                 for w in 0..count {
                     let (lane, window, in_flight, counts, demand) = (
                         lane.clone(),
-                        window.clone(),
-                        in_flight.clone(),
-                        counts.clone(),
-                        demand.clone(),
+                        mover.window.clone(),
+                        mover.in_flight.clone(),
+                        mover.counts.clone(),
+                        mover.demand.clone(),
                     );
                     let w = std::thread::Builder::new()
                         .name(format!("strata-mover-{src}-{dst}-{w}"))
@@ -356,19 +389,11 @@ impl Mover {
                             work(&lane, &window, &in_flight, &demand, &counts);
                         })
                         .map_err(|e| Error::io("starting a mover thread", e))?;
-                    workers.push(w);
+                    mover.workers.push(w);
                 }
-                lanes[lane_index(src, dst)] = Some(lane);
             }
         }
-        Ok(Self {
-            lanes,
-            window,
-            in_flight,
-            demand,
-            counts,
-            workers,
-        })
+        Ok(mover)
     }
 
     /// Waits until no move is queued or running (moves submitted
@@ -459,11 +484,7 @@ impl Mover {
                 _ => table.batch(),
             };
             for chunk in pages.chunks(batch) {
-                if windowed {
-                    self.window.enter();
-                } else {
-                    *self.window.used.lock() += 1;
-                }
+                self.window.enter(windowed, priority >= Priority::Balance);
                 ticket.add();
                 self.in_flight
                     .fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -490,7 +511,7 @@ impl Mover {
                     if priority == Priority::Demand {
                         self.demand.fetch_sub(1, Ordering::AcqRel);
                     }
-                    self.window.leave();
+                    self.window.leave(priority >= Priority::Balance);
                     job.ticket.finish(Err(Error::new(
                         ErrorKind::Closed,
                         "the runtime's mover has stopped",
@@ -547,7 +568,7 @@ fn work(lane: &Lane, window: &Window, in_flight: &AtomicU64, demand: &AtomicU64,
         if priority == Priority::Demand {
             demand.fetch_sub(1, Ordering::AcqRel);
         }
-        window.leave();
+        window.leave(priority >= Priority::Balance);
         match ran {
             Ok(result) => ticket.finish(result),
             Err(_) => ticket.finish(Err(Error::new(
@@ -590,7 +611,13 @@ fn run(job: Job) -> Result<Vec<usize>> {
                 priority,
             );
             if let Some(e) = failure {
-                result = Err(e.context(format!("making room in the {dst} tier")));
+                if priority == Priority::Demand {
+                    // A pin or a launch does not fail for another page's
+                    // demotion: recorded, and the room found is what it is.
+                    table.rt.note_background("making room for a demand move", e);
+                } else {
+                    result = Err(e.context(format!("making room in the {dst} tier")));
+                }
                 break;
             }
             if made == 0 {
@@ -599,9 +626,10 @@ fn run(job: Job) -> Result<Vec<usize>> {
             result = table.move_batched(&full, dst, &wanted);
         }
     }
-    // Pages just brought in get the second chance a read gives: the next
-    // room-making (or the reclaimer) takes colder pages first.
-    if result.is_ok() && priority <= Priority::Prefetch {
+    // The requester's own pages (a prefetch's, a pin's) get the second
+    // chance a read gives: the next room-making (or the reclaimer) takes
+    // colder pages first. Demotions (evict, room made for others) do not.
+    if result.is_ok() && room.is_some() {
         for &p in &pages {
             let mut entry = table.pages[p].lock();
             if entry.tier() == Some(dst) {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
-use super::mover::{From, Priority, Request, Ticket};
+use super::mover::{Priority, Request, Source, Ticket};
 use super::table::Table;
 use super::Inner;
 use crate::error::{Error, Result};
@@ -178,18 +178,6 @@ pub(crate) fn make_room(rt: &Inner, pages: usize) -> usize {
         }
         moved += reclaim(rt, tier, pages - moved, &[Tier::Nvme], Priority::Demand);
     }
-    rt.counters
-        .reclaimed_pages
-        .fetch_add(moved as u64, Ordering::Relaxed);
-    moved
-}
-
-/// Frees `pages` slots in `tier` for a caller waiting on them (a pin's
-/// first write) by demoting unpinned pages of buffers not in a launch to
-/// slower tiers. Returns how many moved.
-pub(crate) fn make_room_in(rt: &Inner, tier: Tier, pages: usize) -> usize {
-    let slower = rt.tiers_below(tier);
-    let moved = reclaim(rt, tier, pages, &slower, Priority::Demand);
     rt.counters
         .reclaimed_pages
         .fetch_add(moved as u64, Ordering::Relaxed);
@@ -364,7 +352,7 @@ fn demote(
     let request = |pages: Vec<usize>, dst: Tier| Request {
         pages,
         dst,
-        from: From::Only(tier),
+        from: Source::Only(tier),
         priority,
         room: None,
     };
