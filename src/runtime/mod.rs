@@ -681,6 +681,9 @@ pub struct PriorityUse {
     pub batches: u64,
     /// Mean time a batch waited in its lane's queue, in microseconds.
     pub mean_queued_us: f64,
+    /// Seconds lanes spent running these batches (wall time of their
+    /// copies, commits and the room they made).
+    pub busy_seconds: f64,
 }
 
 /// Page moves over one link.
@@ -830,11 +833,14 @@ impl Runtime {
             engine: ["demand", "prefetch", "balance", "reclaim"]
                 .into_iter()
                 .zip(inner.mover.priority_report())
-                .map(|(priority, (batches, mean_queued_us))| PriorityUse {
-                    priority,
-                    batches,
-                    mean_queued_us,
-                })
+                .map(
+                    |(priority, (batches, mean_queued_us, busy_seconds))| PriorityUse {
+                        priority,
+                        batches,
+                        mean_queued_us,
+                        busy_seconds,
+                    },
+                )
                 .collect(),
         }
     }

@@ -316,6 +316,9 @@ struct Counts {
     batches: [AtomicU64; 4],
     /// Nanoseconds batches waited in their queue, per priority.
     queued_ns: [AtomicU64; 4],
+    /// Nanoseconds lanes spent running batches, per priority (wall time:
+    /// copies, commits, room made).
+    busy_ns: [AtomicU64; 4],
 }
 
 /// The engine.
@@ -404,20 +407,20 @@ impl Mover {
         }
     }
 
-    /// Batches run and their mean queueing time in microseconds, per
-    /// priority (demand, prefetch, balance, reclaim).
-    pub(crate) fn priority_report(&self) -> [(u64, f64); 4] {
+    /// Batches run, their mean queueing time in microseconds and the
+    /// lanes' seconds running them, per priority (demand, prefetch,
+    /// balance, reclaim).
+    pub(crate) fn priority_report(&self) -> [(u64, f64, f64); 4] {
         std::array::from_fn(|i| {
             let n = self.counts.batches[i].load(Ordering::Relaxed);
             let ns = self.counts.queued_ns[i].load(Ordering::Relaxed);
-            (
-                n,
-                if n == 0 {
-                    0.0
-                } else {
-                    ns as f64 / n as f64 / 1e3
-                },
-            )
+            let busy = self.counts.busy_ns[i].load(Ordering::Relaxed) as f64 / 1e9;
+            let mean = if n == 0 {
+                0.0
+            } else {
+                ns as f64 / n as f64 / 1e3
+            };
+            (n, mean, busy)
         })
     }
 
@@ -563,7 +566,10 @@ fn work(lane: &Lane, window: &Window, in_flight: &AtomicU64, demand: &AtomicU64,
             .fetch_add(job.queued.elapsed().as_nanos() as u64, Ordering::Relaxed);
         // A bug (or a panicking engine) must not leave the ticket waiting
         // forever or kill the lane.
+        let started = Instant::now();
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)));
+        counts.busy_ns[priority as usize]
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
         if priority == Priority::Demand {
             demand.fetch_sub(1, Ordering::AcqRel);

@@ -600,23 +600,34 @@ impl Mem for TieredMem<'_> {
         self.cost.rounds += 1;
         // A kernel launch ends; the balancer moves pages; the next begins.
         self.launches.clear();
-        // The round's CPU time (of this thread: not the time it waits for
-        // a core the kernel's idle workers hold), less the copies it made:
-        // those are DMA on a GPU, charged as migrations at the link's rate.
+        // The round's CPU time: of this thread (not the time it waits for
+        // a core the kernel's idle workers hold: the policy, the harvest,
+        // submitting), plus the migration engine's lanes running its moves,
+        // less the copies they made: those are DMA on a GPU, charged as
+        // migrations at the link's rate.
         let links = || self.graph.rt.stats().device_links.unwrap_or_default();
         let copying = || {
             let (h2d, d2h) = links();
             h2d.wall_seconds + d2h.wall_seconds
         };
-        let copied = copying();
+        let lanes = || {
+            self.graph
+                .rt
+                .stats()
+                .engine
+                .iter()
+                .find(|p| p.priority == "balance")
+                .map_or(0.0, |p| p.busy_seconds)
+        };
+        let (copied, laned) = (copying(), lanes());
         let (h2d0, d2h0) = links();
         let t = crate::sys::thread_cpu_seconds();
         let rep = self.graph.rt.balance_once();
-
-        let round = crate::sys::thread_cpu_seconds() - t;
+        let own = crate::sys::thread_cpu_seconds() - t;
         if let Err(e) = rep {
             self.errors.push(e);
         }
+        let round = own + (lanes() - laned);
         let cpu = (round - (copying() - copied)).max(0.0);
         self.cost.balancer_seconds += cpu;
         // The next round waits for kernels worth ten times this one: its
