@@ -761,9 +761,14 @@ fn bench_optim_update_cuda_runs_on_a_gpu_or_says_there_is_none() {
 #[test]
 fn bench_optim_reports_throughput_beside_the_limits() {
     let dir = tempfile::tempdir().unwrap();
-    for tier in ["host", "nvme"] {
-        let json = dir.path().join(format!("{tier}.json"));
-        let out = strata(&[
+    for (tier, shared) in [
+        ("host", false),
+        ("nvme", false),
+        ("host", true),
+        ("nvme", true),
+    ] {
+        let json = dir.path().join(format!("{tier}-{shared}.json"));
+        let mut args = vec![
             "bench",
             "optim",
             "--params",
@@ -779,8 +784,13 @@ fn bench_optim_reports_throughput_beside_the_limits() {
             "--quiet",
             "--json",
             json.to_str().unwrap(),
-        ]);
+        ];
+        if shared {
+            args.push("--shared");
+        }
+        let out = strata(&args);
         let v = report(&out, &json);
+        assert_eq!(v["params"]["shared"], shared);
         assert_eq!(v["tier"], tier);
         assert_eq!(v["backend"], "cpu");
         assert_eq!(v["params"]["update"], "cpu");

@@ -14,7 +14,8 @@ use serde::Serialize;
 use strata::error::{Error, Result};
 use strata::io::{AlignedBuf, IoOp};
 use strata::offload::optim::{Importance, OffloadedAdam, OptimConfig, StateTier, Updater};
-use strata::tier::{NvmeConfig, NvmeStore, PageStore};
+use strata::runtime::Runtime;
+use strata::tier::{CxlConfig, CxlMode, NvmeConfig, NvmeStore, PageStore};
 
 /// Parameters.
 #[derive(Debug, Clone, Serialize)]
@@ -33,6 +34,10 @@ pub struct OptimParams {
     pub update: Updater,
     /// Importance-aware mode (ZenFlow), or plain.
     pub importance: Option<Importance>,
+    /// The states in a runtime's tier ([`OffloadedAdam::on`]: pages of
+    /// `chunk` bytes, the runtime's own NVMe file in `path`) rather than
+    /// in the optimizer's own store.
+    pub shared: bool,
 }
 
 /// The report.
@@ -116,7 +121,33 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     cfg.chunk_bytes = p.chunk;
     cfg.updater = p.update;
     cfg.importance = p.importance;
-    let mut opt = OffloadedAdam::new(&w, cfg)?;
+    // A shared runtime: its tier holds the states (with a 64 MiB host tier
+    // beside an NVMe one, as a user's runtime might have).
+    let runtime = if p.shared {
+        let margin = 64 << 20;
+        let mut b = Runtime::builder().page_size(p.chunk);
+        b = match p.tier.as_str() {
+            "host" => b.host(state_bytes + margin),
+            "cxl" => b.host(margin).cxl(CxlConfig::new(
+                CxlMode::Emulated,
+                state_bytes + margin,
+                p.chunk,
+            )),
+            // Room for the store's reserve (1/64 of its slots), in pages.
+            _ => b.host(margin).nvme(NvmeConfig::new(
+                &p.path,
+                (state_bytes + state_bytes / 32 + margin).next_multiple_of(p.chunk as u64),
+                p.chunk,
+            )),
+        };
+        Some(b.build()?)
+    } else {
+        None
+    };
+    let mut opt = match &runtime {
+        Some(rt) => OffloadedAdam::on(rt, &w, cfg)?,
+        None => OffloadedAdam::new(&w, cfg)?,
+    };
     drop(w);
     let g: Vec<f32> = (0..p.params)
         .map(|i| (((i * 7) % 13) as f32 - 6.0) * 1e-3)

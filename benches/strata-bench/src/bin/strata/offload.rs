@@ -207,6 +207,11 @@ pub struct OptimArgs {
     /// the rest every EVERY steps.
     #[arg(long)]
     importance: Option<String>,
+    /// The states in a strata runtime's tier (`OffloadedAdam::on`, the
+    /// runtime shared with a user's buffers; pages of --chunk) rather than
+    /// the optimizer's own store.
+    #[arg(long)]
+    shared: bool,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -249,6 +254,7 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
         steps: a.steps,
         update: a.update.parse().map_err(|e: Error| e.context("--update"))?,
         importance: a.importance.as_deref().map(parse_importance).transpose()?,
+        shared: a.shared,
     };
     let json = crate::open_json(&a.json)?;
     let r = crate::with_progress(a.quiet, |progress| optim::run(&params, progress))?;
@@ -257,9 +263,14 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
         None => format!("on the CPU ({} threads)", r.threads),
     };
     outln!(
-        "{} parameters, states {} in {}{}, chunks of {}; update {on}",
+        "{} parameters, states {} in {}{}{}, chunks of {}; update {on}",
         params.params,
         format_size(r.state_bytes),
+        if params.shared {
+            "a shared runtime's "
+        } else {
+            ""
+        },
         r.tier,
         if r.emulated { " (emulated)" } else { "" },
         format_size(params.chunk as u64),
