@@ -731,6 +731,18 @@ impl ExpertCache {
         Ok(true)
     }
 
+    /// A fetch moves expert `i` (`bytes`) itself: counted, and on the
+    /// modelled link a demand transfer the fetch stalls for.
+    fn demand_transfer(s: &mut State, i: usize, bytes: u64) {
+        s.stats.bytes_moved += bytes;
+        if let Some(c) = &mut s.clock {
+            let done = c.demand(bytes, &mut s.meta);
+            s.stats.stall_seconds += done - c.now;
+            c.now = done;
+            s.meta[i].ready_at = done;
+        }
+    }
+
     /// Whether every page of expert `i` is in device memory now.
     fn in_device(&self, i: usize) -> bool {
         let b = &self.experts[i].buffer;
@@ -813,13 +825,7 @@ impl ExpertCache {
         if displaced {
             s.stats.displaced += 1;
             s.meta[i].protected_since = None;
-            s.stats.bytes_moved += bytes;
-            if let Some(c) = &mut s.clock {
-                let done = c.demand(bytes, &mut s.meta);
-                s.stats.stall_seconds += done - c.now;
-                c.now = done;
-                s.meta[i].ready_at = done;
-            }
+            Self::demand_transfer(s, i, bytes);
         } else if s.meta[i].resident {
             s.stats.hits += 1;
             let m = &mut s.meta[i];
@@ -842,13 +848,7 @@ impl ExpertCache {
         } else {
             self.make_room(s, layer, true)?;
             self.mark_resident(s, i);
-            s.stats.bytes_moved += bytes;
-            if let Some(c) = &mut s.clock {
-                let done = c.demand(bytes, &mut s.meta);
-                s.stats.stall_seconds += done - c.now;
-                c.now = done;
-                s.meta[i].ready_at = done;
-            }
+            Self::demand_transfer(s, i, bytes);
         }
         let m = &mut s.meta[i];
         m.score = self.score(m, tick) + 1.0;

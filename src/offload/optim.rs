@@ -538,16 +538,27 @@ impl OffloadedAdam {
             }
             slots.push(set);
         }
+        Ok(Self::assemble(store, slots, weights.len(), config, gpu))
+    }
+
+    /// The optimizer over its laid-out `store`, before its first step.
+    fn assemble(
+        store: Store,
+        slots: Vec<[Option<Slot>; 3]>,
+        params: usize,
+        config: OptimConfig,
+        gpu: Option<Gpu>,
+    ) -> Self {
         let accum = if config.importance.is_some() {
-            vec![0.0; weights.len()]
+            vec![0.0; params]
         } else {
             Vec::new()
         };
-        Ok(Self {
+        Self {
             store,
             slots,
-            params: weights.len(),
-            chunk,
+            params,
+            chunk: config.chunk_bytes / 4,
             t: 0,
             config,
             accum,
@@ -555,7 +566,7 @@ impl OffloadedAdam {
             resident: Vec::new(),
             broken: false,
             gpu,
-        })
+        }
     }
 
     /// Stores `weights` as the fp32 master weights (moments zero) in a
@@ -606,28 +617,18 @@ impl OffloadedAdam {
         // Where `home` was full the pages went to the fastest tier with
         // room: down to `home` or below with them.
         buf.evict(0..buf.len(), home)?;
-        let accum = if config.importance.is_some() {
-            vec![0.0; weights.len()]
-        } else {
-            Vec::new()
+        let store = Store::Runtime {
+            buf,
+            rt: rt.clone(),
+            home,
         };
-        Ok(Self {
-            store: Store::Runtime {
-                buf,
-                rt: rt.clone(),
-                home,
-            },
-            slots: Vec::new(),
-            params: weights.len(),
-            chunk,
-            t: 0,
+        Ok(Self::assemble(
+            store,
+            Vec::new(),
+            weights.len(),
             config,
-            accum,
-            deferred_steps: 0,
-            resident: Vec::new(),
-            broken: false,
-            gpu: None,
-        })
+            None,
+        ))
     }
 
     /// Chunks of the state arrays.
