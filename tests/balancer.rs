@@ -21,6 +21,20 @@ fn runtime() -> Runtime {
         .unwrap()
 }
 
+/// No device: 8 pages of DRAM, 16 of emulated CXL, `nvme_pages` of NVMe in
+/// `dir`, background eviction off.
+fn dram_cxl_nvme(dir: &std::path::Path, nvme_pages: u64) -> Runtime {
+    use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
+    Runtime::builder()
+        .page_size(PAGE)
+        .host(8 * PAGE as u64)
+        .cxl(CxlConfig::new(CxlMode::Emulated, 16 * PAGE as u64, PAGE))
+        .nvme(NvmeConfig::new(dir, nvme_pages * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap()
+}
+
 fn touch(b: &strata::Buffer, pages: impl Iterator<Item = usize>, times: usize) {
     let mut out = [0u8; 8];
     for p in pages {
@@ -141,16 +155,8 @@ fn bad_configurations_are_refused() {
 /// the kernel).
 #[test]
 fn without_a_device_dram_is_the_tier_balanced() {
-    use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
     let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::builder()
-        .page_size(PAGE)
-        .host(8 * PAGE as u64)
-        .cxl(CxlConfig::new(CxlMode::Emulated, 16 * PAGE as u64, PAGE))
-        .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
-        .background_eviction(false)
-        .build()
-        .unwrap();
+    let rt = dram_cxl_nvme(dir.path(), 64);
     let b = rt.alloc(40 * PAGE as u64).unwrap();
     b.write(0, &vec![5; 40 * PAGE]).unwrap();
     // The first pages filled DRAM, then CXL; the hot set is in NVMe.
@@ -213,16 +219,8 @@ fn counted_touches_weigh_as_reads() {
 /// the cold pages CXL held at the start go down to NVMe to make room.
 #[test]
 fn every_adjacent_pair_is_balanced() {
-    use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
     let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::builder()
-        .page_size(PAGE)
-        .host(8 * PAGE as u64)
-        .cxl(CxlConfig::new(CxlMode::Emulated, 16 * PAGE as u64, PAGE))
-        .nvme(NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE))
-        .background_eviction(false)
-        .build()
-        .unwrap();
+    let rt = dram_cxl_nvme(dir.path(), 128);
     let b = rt.alloc(64 * PAGE as u64).unwrap();
     let content: Vec<u8> = (0..64 * PAGE).map(|i| (i / PAGE) as u8).collect();
     b.write(0, &content).unwrap();
@@ -282,16 +280,8 @@ fn every_adjacent_pair_is_balanced() {
 /// A link's rate limit holds the balancer's moves over it.
 #[test]
 fn a_link_rate_limit_defers_moves_over_that_link() {
-    use strata::tier::{CxlConfig, CxlMode, NvmeConfig};
     let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::builder()
-        .page_size(PAGE)
-        .host(8 * PAGE as u64)
-        .cxl(CxlConfig::new(CxlMode::Emulated, 16 * PAGE as u64, PAGE))
-        .nvme(NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE))
-        .background_eviction(false)
-        .build()
-        .unwrap();
+    let rt = dram_cxl_nvme(dir.path(), 128);
     let b = rt.alloc(64 * PAGE as u64).unwrap();
     b.write(0, &vec![1; 64 * PAGE]).unwrap();
     // A page a second over NVMe→DRAM and NVMe→CXL: after 1.1 s the

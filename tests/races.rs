@@ -22,12 +22,14 @@ use common::pattern;
 
 const PAGE: usize = 16 << 10;
 
-/// While `closed`, queues that were handed a write hold it in `wait`
-/// (the write has not completed), and say so through `entered`.
+/// Unless `open`, queues that were handed a write hold it in `wait` (the
+/// write has not completed) until the test hands out a permit, one write
+/// batch per permit; `waiting` counts the writes held.
 #[derive(Default)]
 struct Gate {
-    closed: AtomicBool,
-    entered: AtomicBool,
+    left: parking_lot::Mutex<u32>,
+    open: AtomicBool,
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 struct GateEngine {
@@ -60,7 +62,7 @@ impl IoEngine for GateEngine {
 }
 
 // SAFETY: every operation goes to the inner queue unchanged, which upholds
-// the contract; the gate only delays `wait`.
+// the contract; the gate only delay `wait`.
 unsafe impl RawQueue for GateQueue {
     unsafe fn push(&mut self, op: RawOp) {
         self.writes |= op.op == IoOp::Write;
@@ -68,11 +70,22 @@ unsafe impl RawQueue for GateQueue {
         unsafe { self.inner.push(op) }
     }
     fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
-        if self.writes && self.gate.closed.load(Ordering::SeqCst) {
-            self.gate.entered.store(true, Ordering::SeqCst);
-            while self.gate.closed.load(Ordering::SeqCst) {
+        if self.writes {
+            let p = &self.gate;
+            p.waiting.fetch_add(1, Ordering::SeqCst);
+            loop {
+                if p.open.load(Ordering::SeqCst) {
+                    break;
+                }
+                let mut left = p.left.lock();
+                if *left > 0 {
+                    *left -= 1;
+                    break;
+                }
+                drop(left);
                 std::thread::sleep(Duration::from_millis(1));
             }
+            p.waiting.fetch_sub(1, Ordering::SeqCst);
         }
         self.writes = false;
         self.inner.wait(min, out)
@@ -81,6 +94,7 @@ unsafe impl RawQueue for GateQueue {
 
 fn gated(dir: &std::path::Path) -> (Runtime, Arc<Gate>) {
     let gate = Arc::new(Gate::default());
+    gate.open.store(true, Ordering::SeqCst);
     let engine = Arc::new(GateEngine {
         inner: strata::io::engine(EngineChoice::Psync).unwrap(),
         gate: gate.clone(),
@@ -99,14 +113,14 @@ fn gated(dir: &std::path::Path) -> (Runtime, Arc<Gate>) {
 /// Runs `meanwhile` while an eviction of `b`'s page to NVMe is between its
 /// copy and its commit, then lets the eviction finish.
 fn during_demotion(gate: &Gate, b: &strata::Buffer, meanwhile: impl FnOnce()) {
-    gate.closed.store(true, Ordering::SeqCst);
+    gate.open.store(false, Ordering::SeqCst);
     std::thread::scope(|s| {
         let evict = s.spawn(|| b.evict(0..b.len(), Tier::Nvme));
-        while !gate.entered.load(Ordering::SeqCst) {
+        while gate.waiting.load(Ordering::SeqCst) == 0 {
             std::thread::yield_now();
         }
         meanwhile();
-        gate.closed.store(false, Ordering::SeqCst);
+        gate.open.store(true, Ordering::SeqCst);
         evict.join().unwrap().unwrap();
     });
 }
@@ -243,75 +257,6 @@ fn a_map_of_a_freed_buffer_refuses_launches() {
     assert_eq!(rt.stats().reserved_pages, 0);
 }
 
-/// Holds every queue's writes until the test hands out permits, one write
-/// batch per permit.
-#[derive(Default)]
-struct Permits {
-    left: parking_lot::Mutex<u32>,
-    open: AtomicBool,
-    waiting: std::sync::atomic::AtomicUsize,
-}
-
-struct PermitEngine {
-    inner: Arc<dyn IoEngine>,
-    permits: Arc<Permits>,
-}
-
-struct PermitQueue {
-    inner: Box<dyn RawQueue>,
-    permits: Arc<Permits>,
-    writes: bool,
-}
-
-impl IoEngine for PermitEngine {
-    fn kind(&self) -> strata::io::EngineKind {
-        self.inner.kind()
-    }
-    fn open_raw(
-        &self,
-        file: &Arc<File>,
-        depth: usize,
-        pool: Option<&Arc<BufPool>>,
-    ) -> strata::Result<Box<dyn RawQueue>> {
-        Ok(Box::new(PermitQueue {
-            inner: self.inner.open_raw(file, depth, pool)?,
-            permits: self.permits.clone(),
-            writes: false,
-        }))
-    }
-}
-
-// SAFETY: every operation goes to the inner queue unchanged, which upholds
-// the contract; the permits only delay `wait`.
-unsafe impl RawQueue for PermitQueue {
-    unsafe fn push(&mut self, op: RawOp) {
-        self.writes |= op.op == IoOp::Write;
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.inner.push(op) }
-    }
-    fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
-        if self.writes {
-            let p = &self.permits;
-            p.waiting.fetch_add(1, Ordering::SeqCst);
-            loop {
-                if p.open.load(Ordering::SeqCst) {
-                    break;
-                }
-                let mut left = p.left.lock();
-                if *left > 0 {
-                    *left -= 1;
-                    break;
-                }
-                drop(left);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            p.waiting.fetch_sub(1, Ordering::SeqCst);
-        }
-        self.writes = false;
-        self.inner.wait(min, out)
-    }
-}
-
 fn engine_batches(rt: &Runtime, priority: &str) -> u64 {
     rt.stats()
         .engine
@@ -336,10 +281,10 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
 #[test]
 fn a_demand_move_overtakes_queued_background_moves() {
     let dir = tempfile::tempdir().unwrap();
-    let permits = Arc::new(Permits::default());
-    let engine = Arc::new(PermitEngine {
+    let gate = Arc::new(Gate::default());
+    let engine = Arc::new(GateEngine {
         inner: strata::io::engine(EngineChoice::Psync).unwrap(),
-        permits: permits.clone(),
+        gate: gate.clone(),
     });
     let mut nvme = NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE);
     // Batches of 2 pages: many batches from few pages.
@@ -361,11 +306,11 @@ fn a_demand_move_overtakes_queued_background_moves() {
     // them at the closed engine; ten wait in the queue.
     let background = a.prefetch(0..a.len(), Tier::Nvme);
     wait_until("two prefetch batches at the engine", || {
-        permits.waiting.load(Ordering::SeqCst) == 2
+        gate.waiting.load(Ordering::SeqCst) == 2
     });
     assert_eq!(engine_batches(&rt, "prefetch"), 2);
     // Whatever the outcome, the engine opens before the scope joins.
-    struct Open<'a>(&'a Permits);
+    struct Open<'a>(&'a Gate);
     impl Drop for Open<'_> {
         fn drop(&mut self) {
             self.0.open.store(true, Ordering::SeqCst);
@@ -373,13 +318,13 @@ fn a_demand_move_overtakes_queued_background_moves() {
     }
     std::thread::scope(|s| {
         let demand = s.spawn(|| b.evict(0..b.len(), Tier::Nvme));
-        let _open = Open(&permits);
+        let _open = Open(&gate);
         wait_until("the demand request queued", || {
             rt.stats().in_flight_moves == 24 + 1
         });
         // One write completes: its worker takes the demand batch, not the
         // next of the ten queued before it.
-        *permits.left.lock() = 1;
+        *gate.left.lock() = 1;
         wait_until("a worker took the next batch", || {
             engine_batches(&rt, "demand") + engine_batches(&rt, "prefetch") == 3
         });
@@ -389,7 +334,7 @@ fn a_demand_move_overtakes_queued_background_moves() {
             "the demand batch went first"
         );
         assert_eq!(engine_batches(&rt, "prefetch"), 2);
-        permits.open.store(true, Ordering::SeqCst);
+        gate.open.store(true, Ordering::SeqCst);
         demand.join().unwrap().unwrap();
     });
     background.wait().unwrap();

@@ -551,10 +551,7 @@ fn tier_of(by_id: &HashMap<u32, &Arc<Table>>, p: u64) -> Option<Tier> {
 
 /// Whether page id `p` is in tier `tier` now.
 fn is_in(by_id: &HashMap<u32, &Arc<Table>>, p: u64, tier: Tier) -> bool {
-    by_id.get(&((p >> 32) as u32)).is_some_and(|t| {
-        let idx = (p & 0xFFFF_FFFF) as usize;
-        idx < t.pages.len() && t.pages[idx].lock().tier() == Some(tier)
-    })
+    tier_of(by_id, p) == Some(tier)
 }
 
 /// Moves `pages` (ids) out of `fast` (any tier with tiers below), cascading down; returns how many
