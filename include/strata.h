@@ -873,6 +873,11 @@ typedef struct strata_config {
 #define STRATA_POLICY_SIEVE 7
 
 /**
+ * LRFU (Lee et al., 2001): decayed counts of uses, the expert cache's eviction.
+ */
+#define STRATA_POLICY_LRFU 8
+
+/**
  * On the CPU (vectorized; host-tier chunks over all threads).
  */
 #define STRATA_UPDATE_CPU 0

@@ -79,6 +79,8 @@ pub const STRATA_POLICY_ARC: strata_policy = 5;
 pub const STRATA_POLICY_S3FIFO: strata_policy = 6;
 /// SIEVE (Zhang et al., NSDI 2024), a reference policy.
 pub const STRATA_POLICY_SIEVE: strata_policy = 7;
+/// LRFU (Lee et al., 2001): decayed counts of uses, the expert cache's eviction.
+pub const STRATA_POLICY_LRFU: strata_policy = 8;
 
 /// Where the offloaded optimizer's update runs (`STRATA_UPDATE_*`).
 pub type strata_updater = i32;
@@ -169,10 +171,11 @@ pub(crate) fn policy(p: strata_policy) -> R<strata::policy::PolicyKind> {
         STRATA_POLICY_ARC => Ok(PolicyKind::Arc),
         STRATA_POLICY_S3FIFO => Ok(PolicyKind::S3Fifo),
         STRATA_POLICY_SIEVE => Ok(PolicyKind::Sieve),
+        STRATA_POLICY_LRFU => Ok(PolicyKind::Lrfu),
         _ => Err(unknown(
             "policy",
             p,
-            "STRATA_POLICY_DEFAULT, _LRU, _LFU, _GMT, _LOOKAHEAD, _ARC, _S3FIFO or _SIEVE",
+            "STRATA_POLICY_DEFAULT, _LRU, _LFU, _GMT, _LOOKAHEAD, _ARC, _S3FIFO, _SIEVE or _LRFU",
         )),
     }
 }

@@ -20,10 +20,10 @@
 //!   prefetched expert is protected from eviction until it is used or
 //!   until `protect_fetches` fetches have passed.
 //! - Eviction ([`Eviction::Lrfu`], the default) scores every expert by
-//!   LRFU — the sum over its past uses of `decay^(age in fetches)` — which
-//!   weighs frequency and recency in one number (decay 1 is LFU, decay → 0
-//!   is LRU); the resident, unpinned, unprotected expert with the lowest
-//!   score goes. [`Eviction::Lru`] with `per_layer` is the mixtral-offloading
+//!   LRFU ([`crate::policy::lrfu`]) — the sum over its past uses of
+//!   `decay^(age in fetches)` — which weighs frequency and recency in one
+//!   number (decay 1 is LFU, decay → 0 is LRU); the resident, unpinned,
+//!   unprotected expert the policy ranks lowest goes. [`Eviction::Lru`] with `per_layer` is the mixtral-offloading
 //!   baseline; [`Eviction::NoCache`] moves every fetch.
 //!
 //! The cache's bookkeeping lock is held while a fetch moves its expert (and
@@ -60,6 +60,7 @@ use serde::Serialize;
 use crate::device::{BackendKind, DeviceChoice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::link::LinkModel;
+use crate::policy::lrfu::{self, Ranking};
 use crate::runtime::{Buffer, Pin, Placement, Runtime, Ticket};
 use crate::tier::{NvmeConfig, Tier};
 
@@ -198,9 +199,6 @@ struct Expert {
 struct Meta {
     resident: bool,
     pins: u32,
-    score: f64,
-    /// Fetch tick of the last use (and of the score).
-    last: u64,
     /// Prefetched and not used yet: the tick it was prefetched at.
     protected_since: Option<u64>,
     ticket: Option<Ticket>,
@@ -354,6 +352,8 @@ impl Clock {
 
 struct State {
     meta: Vec<Meta>,
+    /// The eviction policy's order of the experts (by index), by fetch tick.
+    ranking: Box<dyn Ranking>,
     tick: u64,
     resident: usize,
     resident_per_layer: Vec<usize>,
@@ -487,14 +487,15 @@ impl ExpertCache {
             )));
         }
         config.link.check()?;
-        if let Eviction::Lrfu { decay } = config.eviction {
-            if !(decay > 0.0 && decay <= 1.0) {
-                return Err(Error::invalid(format!(
-                    "LRFU decay {decay} must be in (0, 1]"
-                )));
-            }
-        }
-        Ok(())
+        Self::ranking(config.eviction).map(drop)
+    }
+
+    /// The policy that orders the experts for `eviction`.
+    fn ranking(eviction: Eviction) -> Result<Box<dyn Ranking>> {
+        Ok(match eviction {
+            Eviction::Lrfu { decay } => Box::new(lrfu::Scores::new(decay)?),
+            Eviction::Lru | Eviction::NoCache => Box::new(lrfu::Recency::default()),
+        })
     }
 
     /// Checks `config` and makes the cache on `rt`; `shared` when others
@@ -518,6 +519,7 @@ impl ExpertCache {
             index: HashMap::new(),
             state: Mutex::new(State {
                 meta: Vec::new(),
+                ranking: Self::ranking(config.eviction)?,
                 tick: 0,
                 resident: 0,
                 resident_per_layer: vec![0; layers],
@@ -652,13 +654,6 @@ impl ExpertCache {
         }
     }
 
-    fn score(&self, m: &Meta, tick: u64) -> f64 {
-        match self.config.eviction {
-            Eviction::Lrfu { decay } => m.score * decay.powf((tick - m.last) as f64),
-            Eviction::Lru | Eviction::NoCache => m.last as f64,
-        }
-    }
-
     /// The victim for a new expert of `layer`: unpinned, and unprotected
     /// unless `demand` allows taking the oldest protected one.
     fn victim(&self, s: &State, layer: u32, demand: bool) -> Option<usize> {
@@ -673,14 +668,10 @@ impl ExpertCache {
                     && (!self.config.per_layer || self.experts[*i].layer == layer)
             })
         };
-        let best = candidates()
+        let unprotected = candidates()
             .filter(|(_, m)| !protect(m))
-            .min_by(|a, b| {
-                self.score(a.1, s.tick)
-                    .total_cmp(&self.score(b.1, s.tick))
-                    .then(a.1.last.cmp(&b.1.last))
-            })
-            .map(|(i, _)| i);
+            .map(|(i, _)| i as u64);
+        let best = lrfu::victim(&*s.ranking, unprotected).map(|i| i as usize);
         if best.is_some() || !demand {
             return best;
         }
@@ -850,10 +841,8 @@ impl ExpertCache {
             self.mark_resident(s, i);
             Self::demand_transfer(s, i, bytes);
         }
-        let m = &mut s.meta[i];
-        m.score = self.score(m, tick) + 1.0;
-        m.last = tick;
-        m.pins += 1;
+        s.ranking.touch(i as u64, tick);
+        s.meta[i].pins += 1;
         let pinned = pin(&self.experts[i].buffer);
         if s.clock.is_none() {
             s.stats.stall_seconds += start.elapsed().as_secs_f64();

@@ -17,6 +17,7 @@
 //! | `arc` | [`arc`] | ARC (Megiddo & Modha, FAST 2003): recency and frequency lists with ghosts, an adaptive split |
 //! | `s3fifo` | [`s3fifo`] | S3-FIFO (Yang et al., SOSP 2023): small, main and ghost FIFOs, 2-bit counters |
 //! | `sieve` | [`sieve`] | SIEVE (Zhang et al., NSDI 2024): one FIFO, a visited bit, a sifting hand |
+//! | `lrfu` | [`lrfu`] | LRFU (Lee et al., 2001): decayed counts of uses; the expert cache's eviction, also as a [`lrfu::Ranking`] for callers that filter victims |
 //! | `perfect-lfu` | [`reference`](mod@reference) | reference only: exact counts of every page ever seen, evicts the lowest |
 //! | `lfu-admission` | [`reference`](mod@reference) | reference only: perfect LFU that admits a page only if it is counted more than the victim |
 //! | `default` | [`default`] | W-TinyLFU with an adaptive window; what the runtime uses when none is named |
@@ -38,6 +39,7 @@ pub mod gmt;
 pub mod lfu;
 pub(crate) mod list;
 pub mod lookahead;
+pub mod lrfu;
 pub mod lru;
 pub mod reference;
 pub mod replay;
@@ -120,6 +122,8 @@ pub enum PolicyKind {
     S3Fifo,
     /// [`sieve::Sieve`].
     Sieve,
+    /// [`lrfu::Lrfu`] with [`lrfu::Lrfu::default_decay`].
+    Lrfu,
     /// [`reference::PerfectLfu`] without admission (a reference, for
     /// comparison).
     PerfectLfu,
@@ -134,7 +138,7 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 11] = [
+    pub const ALL: [PolicyKind; 12] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Gmt,
@@ -142,6 +146,7 @@ impl PolicyKind {
         PolicyKind::Arc,
         PolicyKind::S3Fifo,
         PolicyKind::Sieve,
+        PolicyKind::Lrfu,
         PolicyKind::PerfectLfu,
         PolicyKind::LfuAdmission,
         PolicyKind::Default,
@@ -158,6 +163,7 @@ impl PolicyKind {
             PolicyKind::Arc => "arc",
             PolicyKind::S3Fifo => "s3fifo",
             PolicyKind::Sieve => "sieve",
+            PolicyKind::Lrfu => "lrfu",
             PolicyKind::PerfectLfu => "perfect-lfu",
             PolicyKind::LfuAdmission => "lfu-admission",
             PolicyKind::Belady => "belady",
@@ -194,7 +200,7 @@ impl FromStr for PolicyKind {
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "unknown policy {s:?} (choose lru, lfu, gmt, lookahead, arc, s3fifo, \
-                     sieve, perfect-lfu, lfu-admission, belady or default)"
+                     sieve, lrfu, perfect-lfu, lfu-admission, belady or default)"
                 ))
             })
     }
@@ -227,6 +233,10 @@ pub fn build(kind: PolicyKind, capacity: usize, trace: Option<&[u64]>) -> Result
         PolicyKind::Arc => Box::new(arc::Arc::new(capacity)),
         PolicyKind::S3Fifo => Box::new(s3fifo::S3Fifo::new(capacity)),
         PolicyKind::Sieve => Box::new(sieve::Sieve::new(capacity)),
+        PolicyKind::Lrfu => Box::new(lrfu::Lrfu::new(
+            capacity,
+            lrfu::Lrfu::default_decay(capacity),
+        )?),
         PolicyKind::PerfectLfu => Box::new(reference::PerfectLfu::new(capacity, false)),
         PolicyKind::LfuAdmission => Box::new(reference::PerfectLfu::new(capacity, true)),
         PolicyKind::Default => Box::new(default::DefaultPolicy::new(capacity)),

@@ -893,13 +893,14 @@ fn cli_gen_then_replay_reports_the_documented_keys() {
             "arc",
             "s3fifo",
             "sieve",
+            "lrfu",
             "perfect-lfu",
             "lfu-admission",
             "default",
             "belady"
         ]
     );
-    let opt = rows[10]["misses"].as_u64().unwrap();
+    let opt = rows[11]["misses"].as_u64().unwrap();
     assert!(rows.iter().all(|r| r["misses"].as_u64().unwrap() >= opt));
 }
 
