@@ -296,7 +296,13 @@ fn a_link_rate_limit_defers_moves_over_that_link() {
     std::thread::sleep(Duration::from_millis(1100));
     touch(&b, 44..56, 2);
     let r = rt.balance_once().unwrap();
-    assert_eq!((r.promotions, r.promotions_below), (1, 1), "{r:?}");
+    // Into DRAM the page is marked for its next read (the default), which
+    // the limit bounds as it bounds a move.
+    assert_eq!(
+        (r.promotions + r.marked, r.promotions_below),
+        (1, 1),
+        "{r:?}"
+    );
     assert!(r.deferred >= 10, "{r:?}");
     // Unlimited, the same round promotes them all.
     rt.configure_balancer(BalancerConfig::default().with_lower_levels(true))
@@ -304,7 +310,72 @@ fn a_link_rate_limit_defers_moves_over_that_link() {
     rt.balance_once().unwrap();
     touch(&b, 44..56, 2);
     let r = rt.balance_once().unwrap();
-    assert!(r.promotions + r.promotions_below >= 10, "{r:?}");
+    assert!(r.promotions + r.marked + r.promotions_below >= 10, "{r:?}");
+}
+
+/// Promotions from NVMe into DRAM wait for the page's next read (the
+/// default): a round marks the hot pages and moves nothing from disk; the
+/// next read of a marked page is answered from NVMe and starts its move;
+/// a page the policy lets go before it is read again never moves. In the
+/// background instead, the same round moves the pages itself.
+#[test]
+fn promotions_from_nvme_wait_for_the_next_read() {
+    for on_read in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = dram_cxl_nvme(dir.path(), 64);
+        let b = rt.alloc(40 * PAGE as u64).unwrap();
+        let content: Vec<u8> = (0..40 * PAGE).map(|i| (i / PAGE) as u8 ^ 0x5a).collect();
+        b.write(0, &content).unwrap();
+        rt.configure_balancer(BalancerConfig::default().with_promote_on_read(on_read))
+            .unwrap();
+        rt.balance_once().unwrap(); // the writes, folded
+        let hot = 32..36;
+        touch(&b, hot.clone(), 10);
+        let r = rt.balance_once().unwrap();
+        let in_dram = |r: std::ops::Range<usize>| {
+            r.filter(|&p| b.tier_of(p).unwrap() == Some(Tier::Host))
+                .count()
+        };
+        if !on_read {
+            assert_eq!((r.promotions, r.marked), (4, 0), "{r:?}");
+            assert_eq!(in_dram(hot.clone()), 4);
+            continue;
+        }
+        assert_eq!((r.promotions, r.marked), (0, 4), "{r:?}");
+        assert_eq!(in_dram(hot.clone()), 0, "marked, not moved");
+        // Reads of three of them: right bytes, and their moves start.
+        let mut out = vec![0u8; 100];
+        for p in 32..35 {
+            b.read((p * PAGE + 7) as u64, &mut out).unwrap();
+            assert_eq!(out, content[p * PAGE + 7..p * PAGE + 107]);
+        }
+        assert_eq!(rt.stats().promotions_on_read, 3);
+        // The next round waits for those moves.
+        let r = rt.balance_once().unwrap();
+        assert_eq!(in_dram(32..35), 3, "{r:?}");
+        assert_eq!(b.tier_of(35).unwrap(), Some(Tier::Nvme), "never read again");
+        // Cold now, and the policy takes in a new hot set: page 35's mark
+        // is taken back once the policy lets it go, so reading it later
+        // moves nothing.
+        for _ in 0..6 {
+            touch(&b, 24..31, 20);
+            rt.balance_once().unwrap();
+            touch(&b, 24..31, 20);
+        }
+        rt.balance_once().unwrap();
+        let before = rt.stats().promotions_on_read;
+        b.read((35 * PAGE) as u64, &mut out).unwrap();
+        rt.balance_once().unwrap();
+        assert_eq!(
+            (rt.stats().promotions_on_read, b.tier_of(35).unwrap()),
+            (before, Some(Tier::Nvme)),
+            "a page the policy let go is not promoted by a later read"
+        );
+        let mut all = vec![0; 40 * PAGE];
+        b.read(0, &mut all).unwrap();
+        assert_eq!(all, content);
+        assert_eq!(rt.check().map_err(|e| e.to_string()), Ok(()));
+    }
 }
 
 /// A prefetch reaches the balancer's policy as a hint (`Policy::hint`): the

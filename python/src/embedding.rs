@@ -828,7 +828,7 @@ pub(crate) fn stop_balancer(py: Python<'_>, runtime: &Runtime) {
 
 /// Runs one balancer round now and returns what it did: {"promotions",
 /// "demotions", "bypasses", "deferred", "promotions_below",
-/// "demotions_below"}. Needs a tier below the fastest.
+/// "demotions_below", "marked"}. Needs a tier below the fastest.
 #[pyfunction]
 pub(crate) fn balance_once<'py>(
     py: Python<'py>,
@@ -842,6 +842,7 @@ pub(crate) fn balance_once<'py>(
     d.set_item("deferred", r.deferred)?;
     d.set_item("promotions_below", r.promotions_below)?;
     d.set_item("demotions_below", r.demotions_below)?;
+    d.set_item("marked", r.marked)?;
     Ok(d)
 }
 

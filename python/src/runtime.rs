@@ -188,8 +188,8 @@ impl Runtime {
     /// (per tier: "tier", "used_pages", "free_pages", "pinned_pages",
     /// "emulated"), "reserved_pages", "moves", "failed_moves",
     /// "first_writes", "abandoned_moves", "faults", "reclaimed_pages",
-    /// "in_flight_moves", "promotions", "demotions", "bypasses",
-    /// "lost_count_readbacks", "lost_pages", "background_errors",
+    /// "in_flight_moves", "promotions", "promotions_on_read", "demotions",
+    /// "bypasses", "lost_count_readbacks", "lost_pages", "background_errors",
     /// "device_links", "links", "engine" (the migration engine's batches
     /// and mean queueing time per priority).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

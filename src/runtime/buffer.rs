@@ -164,6 +164,7 @@ impl Buffer {
             let mut entry = self.table.pages[p].lock();
             entry.referenced = true;
             self.table.touch(p);
+            let promote = entry.take_promotion();
             match &entry.loc {
                 Zero => dst.fill(0),
                 Lost => return Err(lost(p)),
@@ -176,9 +177,35 @@ impl Buffer {
                     }
                 }
             }
+            drop(entry);
+            if let Some(tier) = promote {
+                self.promote_after_read(p, tier);
+            }
             done += n;
         }
         Ok(())
+    }
+
+    /// A read found page `p` marked by the balancer for promotion into
+    /// `tier` (and read it where it was): the page moves there now, in the
+    /// background at balance priority. The ticket goes to the balancer,
+    /// which keeps its failure for `Runtime::check`.
+    fn promote_after_read(&self, p: usize, tier: Tier) {
+        let rt = self.rt();
+        let request = Request {
+            pages: vec![p],
+            dst: tier,
+            from: Source::Not(tier),
+            priority: Priority::Balance,
+            room: None,
+        };
+        let ticket = Ticket::new();
+        rt.mover.submit(&self.table, request, false, &ticket);
+        rt.counters.promotions.fetch_add(1, Ordering::Relaxed);
+        rt.counters
+            .promotions_on_read
+            .fetch_add(1, Ordering::Relaxed);
+        rt.hints.read_promotions.lock().push(ticket);
     }
 
     /// Writes `data` at `offset`. A page written for the first time takes a

@@ -337,6 +337,8 @@ struct Counters {
     reclaimed_pages: AtomicU64,
     /// Balancer decisions carried out.
     promotions: AtomicU64,
+    /// Of the promotions, those a read carried out.
+    promotions_on_read: AtomicU64,
     demotions: AtomicU64,
     bypasses: AtomicU64,
     /// Read-backs of CUDA kernels' access counters that failed.
@@ -644,6 +646,10 @@ pub struct Stats {
     /// Balancer: pages promoted into the fastest tier (device memory, or
     /// host DRAM without a device tier).
     pub promotions: u64,
+    /// Of `promotions`, those a read carried out: NVMe pages the balancer
+    /// marked, moved whole by their next read (see
+    /// [`BalancerConfig::promote_on_read`](crate::runtime::BalancerConfig::promote_on_read)).
+    pub promotions_on_read: u64,
     /// Balancer: pages demoted out of the fastest tier.
     pub demotions: u64,
     /// Balancer: touched pages left in place (served zero-copy).
@@ -819,6 +825,7 @@ impl Runtime {
             reclaimed_pages: inner.counters.reclaimed_pages.load(Ordering::Relaxed),
             in_flight_moves: inner.mover.in_flight.load(Ordering::Relaxed),
             promotions: inner.counters.promotions.load(Ordering::Relaxed),
+            promotions_on_read: inner.counters.promotions_on_read.load(Ordering::Relaxed),
             demotions: inner.counters.demotions.load(Ordering::Relaxed),
             bypasses: inner.counters.bypasses.load(Ordering::Relaxed),
             device_links: device.map(|d| d.link_stats()),

@@ -50,6 +50,11 @@ pub(crate) struct Entry<S = Slot> {
     pub(crate) version: u32,
     /// Set by accesses, cleared by the reclaimer's clock hand.
     pub(crate) referenced: bool,
+    /// The balancer wants the page in this tier, and the next read takes
+    /// it there: one whole-page read from NVMe instead of the read's range
+    /// and a separate promotion (see [`Entry::mark_promotion`]). Cleared
+    /// when the page moves or is freed.
+    pub(crate) promote_on_read: Option<Tier>,
 }
 
 /// A move begun by [`Entry::begin_move`]: what its commit checks.
@@ -68,6 +73,7 @@ impl<S> Default for Entry<S> {
             pins: 0,
             version: 0,
             referenced: false,
+            promote_on_read: None,
         }
     }
 }
@@ -133,7 +139,26 @@ impl<S> Entry<S> {
             unreachable!("checked resident")
         };
         self.version = self.version.wrapping_add(1);
+        self.promote_on_read = None;
         Ok(old)
+    }
+
+    /// Marks the page for promotion into `dst` at its next read, if it is
+    /// resident in a tier `wanted` accepts (not `dst`) and unpinned; true
+    /// when it is marked now.
+    pub(crate) fn mark_promotion(&mut self, dst: Tier, wanted: impl Fn(Tier) -> bool) -> bool {
+        let ok = self.begin_move(dst, wanted).is_some();
+        if ok {
+            self.promote_on_read = Some(dst);
+        }
+        ok
+    }
+
+    /// The tier a read should move the page into first, if it is marked
+    /// and may still move there; the mark is taken either way.
+    pub(crate) fn take_promotion(&mut self) -> Option<Tier> {
+        let dst = self.promote_on_read.take()?;
+        self.begin_move(dst, |_| true).map(|_| dst)
     }
 
     /// Takes the resident slot out of the entry for an NVMe read that
@@ -181,6 +206,7 @@ impl<S> Entry<S> {
     /// Empties the entry (the buffer is freed): the slot it held, if any.
     pub(crate) fn clear(&mut self) -> Option<(Tier, S)> {
         self.note_write();
+        self.promote_on_read = None;
         match std::mem::replace(&mut self.loc, Zero) {
             Resident { tier, slot } => Some((tier, slot)),
             Zero | Lost => None,
@@ -264,6 +290,29 @@ mod tests {
         e.put_back(b, slot);
         assert_eq!(e.commit(b, Tier::Host, 8), Ok(7));
         assert_eq!(e.tier(), Some(Tier::Host));
+    }
+
+    #[test]
+    fn a_promotion_mark_is_taken_once_and_cleared_by_moves() {
+        let mut e = resident(Tier::Nvme, 1);
+        assert!(!e.mark_promotion(Tier::Host, |t| t == Tier::Cxl));
+        assert!(e.mark_promotion(Tier::Host, |t| t == Tier::Nvme));
+        assert_eq!(e.take_promotion(), Some(Tier::Host));
+        assert_eq!(e.take_promotion(), None, "taken once");
+        // A pinned page keeps no mark a read would act on.
+        assert!(e.mark_promotion(Tier::Host, |_| true));
+        e.pin();
+        assert_eq!(e.take_promotion(), None);
+        e.unpin();
+        // A committed move clears it, and so does freeing the page.
+        assert!(e.mark_promotion(Tier::Host, |_| true));
+        let b = e.begin_move(Tier::Cxl, |_| true).unwrap();
+        assert_eq!(e.commit(b, Tier::Cxl, 2), Ok(1));
+        assert_eq!(e.promote_on_read, None);
+        assert!(e.mark_promotion(Tier::Host, |_| true));
+        e.clear();
+        assert_eq!(e.promote_on_read, None);
+        assert!(!e.mark_promotion(Tier::Host, |_| true), "nothing to move");
     }
 
     /// A page and the contents of the slots it may use (0: free). The

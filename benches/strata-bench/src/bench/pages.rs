@@ -89,6 +89,19 @@ impl FromStr for Access {
     }
 }
 
+/// The configurations `--configs` takes: strata with the balancer's
+/// defaults, strata with promotions from NVMe moved in the background or
+/// left to the pages' next reads (`BalancerConfig::promote_on_read`), the
+/// page cache (default readahead, and `MADV_RANDOM`) and foyer.
+pub const CONFIGS: [&str; 6] = [
+    "strata",
+    "strata-background",
+    "strata-on-read",
+    "os",
+    "os-random",
+    "foyer",
+];
+
 /// Parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PagesParams {
@@ -181,12 +194,10 @@ impl PagesParams {
             return Err(Error::invalid("--ops must be at least 1"));
         }
         if let Some(c) = &self.configs {
-            if let Some(bad) = c
-                .iter()
-                .find(|c| !["strata", "os", "os-random", "foyer"].contains(&c.as_str()))
-            {
+            if let Some(bad) = c.iter().find(|c| !CONFIGS.contains(&c.as_str())) {
                 return Err(Error::invalid(format!(
-                    "--configs: unknown configuration {bad:?} (strata, os, os-random, foyer)"
+                    "--configs: unknown configuration {bad:?} ({})",
+                    CONFIGS.join(", ")
                 )));
             }
             if c.is_empty() {
@@ -511,8 +522,14 @@ pub fn finish(
 
 /// strata: DRAM (the fastest tier), emulated CXL if asked, NVMe below in
 /// `--path`; the data written page by page (not timed), then the reads
-/// with the balancer running at its defaults.
-pub fn run_strata(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesResult> {
+/// with the balancer running at its defaults (`on_read`: with
+/// promotions from NVMe left to the pages' next reads, or not).
+pub fn run_strata(
+    p: &PagesParams,
+    seq: &[u32],
+    trial: usize,
+    on_read: Option<bool>,
+) -> Result<PagesResult> {
     let ps = p.page_size;
     let pages = p.data_pages();
     // The NVMe tier holds all the data, with room for its reserve.
@@ -536,7 +553,16 @@ pub fn run_strata(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
     if let Some(m) = p.min_accesses {
         balancer = balancer.with_min_accesses(m);
     }
+    let name = match on_read {
+        None => "strata",
+        Some(false) => "strata-background",
+        Some(true) => "strata-on-read",
+    };
+    if let Some(on) = on_read {
+        balancer = balancer.with_promote_on_read(on);
+    }
     let min = balancer.min_accesses;
+    let on_read = balancer.promote_on_read;
     rt.start_balancer(balancer)?;
     let disk0 = disk_read_bytes();
     let cxl_reads = std::sync::atomic::AtomicU64::new(0);
@@ -554,12 +580,18 @@ pub fn run_strata(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
     rt.check()?;
     let s = rt.stats();
     let note = format!(
-        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}: {} promotions, {} demotions{}",
+        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}, promotions from NVMe {}: {} promotions ({} by reads), {} demotions{}",
         p.dram_pages(),
         p.cxl
             .map(|c| format!(", emulated CXL {} pages", c / ps as u64))
             .unwrap_or_default(),
+        if on_read {
+            "on the next read"
+        } else {
+            "in the background"
+        },
         s.promotions,
+        s.promotions_on_read,
         s.demotions,
         p.cxl
             .map(|_| format!(
@@ -570,7 +602,7 @@ pub fn run_strata(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
             .unwrap_or_default()
     );
     Ok(finish(
-        "strata",
+        name,
         trial,
         tally,
         seconds,
@@ -758,7 +790,7 @@ pub fn run(
     };
     let mut configs: Vec<&str> = Vec::new();
     let mut group = None;
-    if wanted.iter().any(|&c| c != "strata") {
+    if wanted.iter().any(|c| !c.starts_with("strata")) {
         write_data_file(p)?;
     }
     for c in wanted {
@@ -791,7 +823,9 @@ pub fn run(
         for (k, &config) in configs.iter().enumerate() {
             progress(config, (trial * configs.len() + k) as f64 / steps);
             let r = match config {
-                "strata" => run_strata(p, &seq, trial)?,
+                "strata" => run_strata(p, &seq, trial, None)?,
+                "strata-background" => run_strata(p, &seq, trial, Some(false))?,
+                "strata-on-read" => run_strata(p, &seq, trial, Some(true))?,
                 "os" | "os-random" => {
                     drop_cached(&data_file(p))?;
                     child(&ChildSpec {
@@ -926,9 +960,11 @@ mod tests {
         let mut p = params(Access::Zipf { alpha: 0.99 });
         p.path = dir.path().to_path_buf();
         let seq = sequence(&p).unwrap();
-        let r = run_strata(&p, &seq, 0).unwrap();
-        assert_eq!(r.wrong_reads, 0);
-        assert_eq!(r.lost, 0);
-        assert!(r.fast_tier_hit_rate > 0.0 && r.fast_tier_hit_rate <= 1.0);
+        for on_read in [false, true] {
+            let r = run_strata(&p, &seq, 0, Some(on_read)).unwrap();
+            assert_eq!(r.wrong_reads, 0, "on_read {on_read}");
+            assert_eq!(r.lost, 0);
+            assert!(r.fast_tier_hit_rate > 0.0 && r.fast_tier_hit_rate <= 1.0);
+        }
     }
 }

@@ -47,7 +47,10 @@ pub struct PagesArgs {
     #[arg(long)]
     baselines: bool,
     /// Only these configurations, comma-separated: strata, os, os-random,
-    /// foyer (default: strata, and with --baselines all of them).
+    /// foyer, and strata-background / strata-on-read (strata with its
+    /// promotions from NVMe moved in the background, or left to the pages'
+    /// next reads) (default: strata, and with --baselines strata and the
+    /// peers).
     #[arg(long)]
     configs: Option<String>,
     /// strata's balancer: accesses a round before a page may be promoted
