@@ -314,15 +314,27 @@ fn a_link_rate_limit_defers_moves_over_that_link() {
 }
 
 /// Promotions from NVMe into DRAM wait for the page's next read (the
-/// default): a round marks the hot pages and moves nothing from disk; the
-/// next read of a marked page is answered from NVMe and starts its move;
-/// a page the policy lets go before it is read again never moves. In the
-/// background instead, the same round moves the pages itself.
+/// default, DRAM right over NVMe): a round marks the hot pages and moves
+/// nothing from disk; the next read of a marked page is answered from NVMe
+/// and starts its move; a page the policy lets go before it is read again
+/// never moves. In the background instead (asked for, or with CXL between
+/// DRAM and NVMe), the same round moves the pages itself.
 #[test]
 fn promotions_from_nvme_wait_for_the_next_read() {
-    for on_read in [true, false] {
+    use strata::tier::NvmeConfig;
+    for (on_read, cxl) in [(true, false), (false, false), (true, true)] {
         let dir = tempfile::tempdir().unwrap();
-        let rt = dram_cxl_nvme(dir.path(), 64);
+        let rt = if cxl {
+            dram_cxl_nvme(dir.path(), 64)
+        } else {
+            Runtime::builder()
+                .page_size(PAGE)
+                .host(24 * PAGE as u64)
+                .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
+                .background_eviction(false)
+                .build()
+                .unwrap()
+        };
         let b = rt.alloc(40 * PAGE as u64).unwrap();
         let content: Vec<u8> = (0..40 * PAGE).map(|i| (i / PAGE) as u8 ^ 0x5a).collect();
         b.write(0, &content).unwrap();
@@ -336,7 +348,7 @@ fn promotions_from_nvme_wait_for_the_next_read() {
             r.filter(|&p| b.tier_of(p).unwrap() == Some(Tier::Host))
                 .count()
         };
-        if !on_read {
+        if !on_read || cxl {
             assert_eq!((r.promotions, r.marked), (4, 0), "{r:?}");
             assert_eq!(in_dram(hot.clone()), 4);
             continue;
@@ -358,9 +370,9 @@ fn promotions_from_nvme_wait_for_the_next_read() {
         // is taken back once the policy lets it go, so reading it later
         // moves nothing.
         for _ in 0..6 {
-            touch(&b, 24..31, 20);
+            touch(&b, 0..23, 20);
             rt.balance_once().unwrap();
-            touch(&b, 24..31, 20);
+            touch(&b, 0..23, 20);
         }
         rt.balance_once().unwrap();
         let before = rt.stats().promotions_on_read;

@@ -19,8 +19,9 @@
 //!   and disk its whole-page promotions did not pay for themselves
 //!   (`docs/perf.md`, issue 14).
 //!
-//! Promotions from NVMe into host memory (a runtime without a device tier)
-//! are left to the page's next read by default
+//! Promotions from NVMe into host memory (a runtime without a device tier,
+//! NVMe right below its fastest tier) are left to the page's next read by
+//! default
 //! ([`BalancerConfig::promote_on_read`]): the balancer marks the page, and
 //! the read that finds the mark starts its move.
 //!
@@ -92,8 +93,9 @@ pub struct BalancerConfig {
     /// they then served from memory (`docs/perf.md`, issue 14).
     pub lower_levels: bool,
     /// Whether promotions from NVMe into a fastest tier in host memory
-    /// (DRAM or CXL; a runtime without a device tier) are left to the
-    /// page's next read instead of moved in the background: the balancer
+    /// (DRAM or CXL; a runtime without a device tier) whose next tier down
+    /// is NVMe are left to the page's next read instead of moved in the
+    /// background: the balancer
     /// marks the page, and the read that finds the mark moves it whole (one
     /// whole-page read from NVMe where the read alone would have read its
     /// range) and goes on from memory. A promotion then costs no disk read
@@ -101,10 +103,14 @@ pub struct BalancerConfig {
     /// is never read from disk at all; the first read after the decision
     /// still misses. Marks count against the tier's room like moves. On
     /// (the default): measured on real DRAM and disk (`strata bench pages`,
-    /// 4 KiB reads of 64 KiB pages) it read 2.1–2.5× fewer bytes from disk
-    /// for the same reads per second on a stationary Zipf and more on a
-    /// shifting one (`docs/perf.md`, issue 14). A runtime with a device
-    /// tier promotes in the background either way.
+    /// 4 KiB reads of 64 KiB pages, DRAM over NVMe) it read 2.2–2.6× fewer
+    /// bytes from disk and served 1.1× more reads per second than
+    /// background promotion, with a lower p99 (`docs/perf.md`, issue 14).
+    /// With a memory tier between the fastest tier and NVMe (DRAM over
+    /// CXL), and with a device tier, promotions are moved in the
+    /// background either way: there a promoted page's later demotion lands
+    /// in memory, and the same measurement with CXL below DRAM served 15%
+    /// fewer reads per second when they waited for reads.
     pub promote_on_read: bool,
 }
 
@@ -464,7 +470,12 @@ impl Balancer {
         let held = &self.levels[0].held;
         self.marked
             .retain(|&p| still_marked(&by_id, p, fast, held.contains(&p)));
-        let on_read = self.config.promote_on_read && matches!(fast, Tier::Host | Tier::Cxl);
+        // Only where the fastest tier demotes straight to NVMe: with a
+        // memory tier below it, a promoted page's later demotion lands
+        // there, where its next reads are memory reads.
+        let on_read = self.config.promote_on_read
+            && matches!(fast, Tier::Host | Tier::Cxl)
+            && rt.tiers_below(fast).first() == Some(&Tier::Nvme);
         // Candidates not in the fast tier yet, hottest first.
         let mut promote: Vec<u64> = want
             .iter()
