@@ -361,10 +361,30 @@ fn promotions_from_nvme_wait_for_the_next_read() {
             b.read((p * PAGE + 7) as u64, &mut out).unwrap();
             assert_eq!(out, content[p * PAGE + 7..p * PAGE + 107]);
         }
-        assert_eq!(rt.stats().promotions_on_read, 3);
-        // The next round waits for those moves.
+        // The next round waits for those moves, and counts them.
         let r = rt.balance_once().unwrap();
         assert_eq!(in_dram(32..35), 3, "{r:?}");
+        assert_eq!(rt.stats().promotions_on_read, 3);
+        // A whole-page read of a marked page moves it first, then reads it
+        // from DRAM.
+        touch(&b, 28..30, 30);
+        let r = rt.balance_once().unwrap();
+        assert!(r.marked >= 2, "{r:?}");
+        let mut page = vec![0u8; PAGE];
+        b.read((28 * PAGE) as u64, &mut page).unwrap();
+        assert_eq!(page, content[28 * PAGE..29 * PAGE]);
+        assert_eq!(
+            b.tier_of(28).unwrap(),
+            Some(Tier::Host),
+            "moved before the read"
+        );
+        assert_eq!(rt.stats().promotions_on_read, 4);
+        // Stopping the balancer takes its other marks back: page 29 stays.
+        rt.stop_balancer();
+        b.read((29 * PAGE) as u64, &mut page).unwrap();
+        rt.balance_once().unwrap();
+        assert_eq!(b.tier_of(29).unwrap(), Some(Tier::Nvme));
+        assert_eq!(rt.stats().promotions_on_read, 4);
         assert_eq!(b.tier_of(35).unwrap(), Some(Tier::Nvme), "never read again");
         // Cold now, and the policy takes in a new hot set: page 35's mark
         // is taken back once the policy lets it go, so reading it later

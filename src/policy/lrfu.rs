@@ -181,8 +181,12 @@ pub struct Lrfu {
 }
 
 impl Lrfu {
-    /// A cache of `capacity` pages whose uses decay by `decay` per access.
+    /// A cache of `capacity` pages (at least 1) whose uses decay by
+    /// `decay` per access. It remembers every page it has seen.
     pub fn new(capacity: usize, decay: f64) -> Result<Self> {
+        if capacity == 0 {
+            return Err(Error::invalid("the capacity must be at least 1 page"));
+        }
         Ok(Self {
             capacity,
             scores: Scores::new(decay)?,
@@ -249,6 +253,7 @@ mod tests {
         assert_eq!(s.score(2, 4), 0.0);
         assert!(Scores::new(0.0).is_err() && Scores::new(1.5).is_err());
         assert!(Scores::new(f64::NAN).is_err());
+        assert!(Lrfu::new(0, 0.5).is_err());
     }
 
     #[test]

@@ -345,6 +345,23 @@ impl Balancer {
         })
     }
 
+    /// Takes back every mark not yet taken by a read (the balancer is
+    /// replaced or stopped: nothing would settle or account for them).
+    pub(crate) fn take_back_marks(&mut self, rt: &Inner) {
+        if self.marked.is_empty() {
+            return;
+        }
+        let tables: Vec<Arc<Table>> = {
+            let list = rt.tables.lock();
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        let by_id: HashMap<u32, &Arc<Table>> = tables.iter().map(|t| (t.id, t)).collect();
+        let fast = self.levels[0].upper;
+        for p in self.marked.drain() {
+            still_marked(&by_id, p, fast, false);
+        }
+    }
+
     /// Tops up the rate-limit budgets for the time since the last round.
     fn top_up(&mut self) {
         let now = Instant::now();
@@ -456,15 +473,8 @@ impl Balancer {
         let store = rt.store(fast).expect("checked at start");
         let high = ((store.capacity_pages() as f64 * rt.watermarks.high) as usize).max(1);
         // The moves reads started for marked pages finish first (single
-        // pages at balance priority), their failures kept.
-        let started = std::mem::take(&mut *rt.hints.read_promotions.lock());
-        for t in started {
-            if let Err(e) = t.wait() {
-                if e.kind() != crate::error::ErrorKind::OutOfCapacity {
-                    rt.note_background("a promotion a read started", e);
-                }
-            }
-        }
+        // pages), counted and their failures kept.
+        settle_read_promotions(rt, true);
         // Earlier marks: those a read took (or a move cleared), or whose
         // page the policy let go since (unmarked now), are done.
         let held = &self.levels[0].held;
@@ -785,9 +795,74 @@ pub(crate) struct Hints {
     pub(crate) on: AtomicBool,
     pages: Mutex<Vec<(Tier, u64)>>,
     /// The moves reads started for pages the balancer marked
-    /// ([`BalancerConfig::promote_on_read`]); each round keeps their
-    /// failures for `Runtime::check`.
-    pub(crate) read_promotions: Mutex<Vec<super::mover::Ticket>>,
+    /// ([`BalancerConfig::promote_on_read`]), until
+    /// [`settle_read_promotions`] counts them and keeps their failures.
+    pub(crate) read_promotions: Mutex<Vec<ReadPromotion>>,
+}
+
+/// A move a read started for a page the balancer marked.
+pub(crate) struct ReadPromotion {
+    pub(crate) ticket: super::mover::Ticket,
+    pub(crate) table: Weak<Table>,
+    pub(crate) page: usize,
+    pub(crate) dst: Tier,
+}
+
+/// Counts a promotion a read carried out.
+pub(crate) fn count_read_promotion(rt: &Inner) {
+    rt.counters.promotions.fetch_add(1, Ordering::Relaxed);
+    rt.counters
+        .promotions_on_read
+        .fetch_add(1, Ordering::Relaxed);
+}
+
+/// Settles the moves reads started (all of them when `wait`, else those
+/// done): a page that arrived counts as a promotion; a failure other than a
+/// full tier is kept for `Runtime::check`.
+pub(crate) fn settle_read_promotions(rt: &Inner, wait: bool) {
+    let started = std::mem::take(&mut *rt.hints.read_promotions.lock());
+    let mut open = Vec::new();
+    for ReadPromotion {
+        ticket,
+        table,
+        page,
+        dst,
+    } in started
+    {
+        let result = match (ticket.poll(), wait) {
+            (Some(r), _) => r,
+            (None, true) => ticket.wait(),
+            (None, false) => {
+                open.push(ReadPromotion {
+                    ticket,
+                    table,
+                    page,
+                    dst,
+                });
+                continue;
+            }
+        };
+        match result {
+            Err(e) => {
+                if e.kind() != crate::error::ErrorKind::OutOfCapacity {
+                    rt.note_background("a promotion a read started", e);
+                }
+            }
+            Ok(()) => {
+                let arrived = table.upgrade().is_some_and(|t| {
+                    t.pages
+                        .get(page)
+                        .is_some_and(|e| e.lock().tier() == Some(dst))
+                });
+                if arrived {
+                    count_read_promotion(rt);
+                }
+            }
+        }
+    }
+    if !open.is_empty() {
+        rt.hints.read_promotions.lock().extend(open);
+    }
 }
 
 /// Hints kept between rounds, at most; later ones are dropped.

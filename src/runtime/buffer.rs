@@ -5,8 +5,11 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use parking_lot::MutexGuard;
+
 use super::map::DeviceMap;
 use super::mover::{Priority, Request, Source, Ticket};
+use super::page::Entry;
 use super::table::{lost, Lost, Resident, Table, Zero};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
@@ -164,7 +167,14 @@ impl Buffer {
             let mut entry = self.table.pages[p].lock();
             entry.referenced = true;
             self.table.touch(p);
-            let promote = entry.take_promotion();
+            let mut promote = entry.take_promotion();
+            if let (Some(tier), true) = (promote, n == page) {
+                // A whole-page read moves the page first and reads it from
+                // memory: one disk read, not two.
+                drop(entry);
+                entry = self.promote_before_read(p, tier);
+                promote = None;
+            }
             match &entry.loc {
                 Zero => dst.fill(0),
                 Lost => return Err(lost(p)),
@@ -186,26 +196,58 @@ impl Buffer {
         Ok(())
     }
 
-    /// A read found page `p` marked by the balancer for promotion into
-    /// `tier` (and read it where it was): the page moves there now, in the
-    /// background at balance priority. The ticket goes to the balancer,
-    /// which keeps its failure for `Runtime::check`.
+    /// A read of part of page `p` found it marked by the balancer for
+    /// promotion into `tier` (and read it where it was): the page moves
+    /// there now, in the background at prefetch priority (the read's
+    /// caller uses the page; it does not wait for background work). The
+    /// move is settled (counted, its failure kept for `Runtime::check`) by
+    /// the balancer's next round, `check`, `stop_balancer` or `shutdown`.
     fn promote_after_read(&self, p: usize, tier: Tier) {
         let rt = self.rt();
         let request = Request {
             pages: vec![p],
             dst: tier,
             from: Source::Not(tier),
-            priority: Priority::Balance,
+            priority: Priority::Prefetch,
             room: None,
         };
         let ticket = Ticket::new();
         rt.mover.submit(&self.table, request, false, &ticket);
-        rt.counters.promotions.fetch_add(1, Ordering::Relaxed);
-        rt.counters
-            .promotions_on_read
-            .fetch_add(1, Ordering::Relaxed);
-        rt.hints.read_promotions.lock().push(ticket);
+        rt.hints
+            .read_promotions
+            .lock()
+            .push(super::balancer::ReadPromotion {
+                ticket,
+                table: Arc::downgrade(&self.table),
+                page: p,
+                dst: tier,
+            });
+    }
+
+    /// A read of the whole of page `p` found it marked for promotion into
+    /// `tier`: the page moves there first, at demand priority, and the read
+    /// goes on from wherever it is then (a failed move leaves it readable
+    /// where it was; the failure is kept for `Runtime::check` unless it was
+    /// only a full tier).
+    fn promote_before_read(&self, p: usize, tier: Tier) -> MutexGuard<'_, Entry> {
+        let rt = self.rt();
+        let request = Request {
+            pages: vec![p],
+            dst: tier,
+            from: Source::Not(tier),
+            priority: Priority::Demand,
+            room: None,
+        };
+        if let Err(e) = rt.mover.run(&self.table, request) {
+            if e.kind() != ErrorKind::OutOfCapacity {
+                rt.note_background("a promotion on read", e);
+            }
+        }
+        let entry = self.table.pages[p].lock();
+        if entry.tier() == Some(tier) {
+            super::balancer::count_read_promotion(rt);
+        }
+        entry
     }
 
     /// Writes `data` at `offset`. A page written for the first time takes a

@@ -866,7 +866,7 @@ impl Runtime {
     /// without a device tier (over CXL and NVMe). Needs a tier below it.
     pub fn start_balancer(&self, config: BalancerConfig) -> Result<()> {
         let b = balancer::Balancer::new(&self.inner, config)?;
-        *self.inner.balancer.lock() = Some(b);
+        self.replace_balancer(Some(b));
         let thread = balancer::BalancerThread::start(Arc::downgrade(&self.inner), config.interval)?;
         *self.inner.balancer_thread.lock() = Some(thread);
         Ok(())
@@ -877,14 +877,30 @@ impl Runtime {
     /// [`balance_once`](Self::balance_once) is called.
     pub fn configure_balancer(&self, config: BalancerConfig) -> Result<()> {
         let b = balancer::Balancer::new(&self.inner, config)?;
-        *self.inner.balancer.lock() = Some(b);
+        self.replace_balancer(Some(b));
         Ok(())
     }
 
+    /// Installs `b` (or nothing) as the balancer; the old one's marks for
+    /// promotion at the next read are taken back.
+    fn replace_balancer(&self, b: Option<balancer::Balancer>) {
+        let mut slot = self.inner.balancer.lock();
+        if let Some(old) = slot.as_mut() {
+            old.take_back_marks(&self.inner);
+        }
+        *slot = b;
+    }
+
     /// Stops the background balancer (its policy state is kept for
-    /// [`balance_once`](Self::balance_once)).
+    /// [`balance_once`](Self::balance_once); its marks for promotion at the
+    /// next read are taken back, and the moves reads started are waited
+    /// for and counted).
     pub fn stop_balancer(&self) {
         self.inner.balancer_thread.lock().take();
+        if let Some(b) = self.inner.balancer.lock().as_mut() {
+            b.take_back_marks(&self.inner);
+        }
+        balancer::settle_read_promotions(&self.inner, true);
     }
 
     /// Runs one balancer round now, on this thread (a balancer with the
@@ -911,6 +927,7 @@ impl Runtime {
     /// failed background move touched stay readable where they were
     /// (or are counted in `Stats::lost_pages` and refused, never misread).
     pub fn check(&self) -> Result<()> {
+        balancer::settle_read_promotions(&self.inner, false);
         self.inner
             .background_error
             .lock()

@@ -203,10 +203,11 @@ fn print(r: &PagesReport) -> Result<(), Error> {
         b.belady_misses,
         100.0 * b.static_optimum_hit_rate
     );
-    for x in r.results.iter().filter(|x| x.config == "strata") {
+    for x in r.results.iter().filter(|x| x.config.starts_with("strata")) {
         let misses = ((1.0 - x.fast_tier_hit_rate) * r.ops as f64).round();
         outln!(
-            "strata trial {}: DRAM misses {:.3}x Belady's; DRAM share {:.3}x the best fixed placement's",
+            "{} trial {}: DRAM misses {:.3}x Belady's; DRAM share {:.3}x the best fixed placement's",
+            x.config,
             x.trial,
             misses / b.belady_misses.max(1) as f64,
             x.fast_tier_hit_rate / b.static_optimum_hit_rate.max(1e-12)
