@@ -103,9 +103,10 @@ pub struct BalancerConfig {
     /// is never read from disk at all; the first read after the decision
     /// still misses. Marks count against the tier's room like moves. On
     /// (the default): measured on real DRAM and disk (`strata bench pages`,
-    /// 4 KiB reads of 64 KiB pages, DRAM over NVMe) it read 2.2–2.6× fewer
-    /// bytes from disk and served 1.1× more reads per second than
-    /// background promotion, with a lower p99 (`docs/perf.md`, issue 14).
+    /// 4 KiB reads of 64 KiB pages, DRAM over NVMe) it read 2.1–2.6× fewer
+    /// bytes from disk than background promotion and served as many reads
+    /// per second on a stationary Zipf, 1.2× more on a shifting one with a
+    /// quarter of the p99 (`docs/perf.md`, issue 14).
     /// With a memory tier between the fastest tier and NVMe (DRAM over
     /// CXL), and with a device tier, promotions are moved in the
     /// background either way: there a promoted page's later demotion lands
