@@ -242,6 +242,112 @@ public:
     }
 };
 
+// An expert pinned in device memory until it drops (strata_moe_release).
+class ExpertPin : public Owned<strata_expert_pin, strata_moe_release> {
+public:
+    ExpertPin(strata_expert_pin *p, std::vector<uint64_t> addresses) noexcept
+        : Owned(p), addresses_(std::move(addresses)) {}
+    // The expert's page addresses in device memory, in order.
+    const std::vector<uint64_t> &addresses() const noexcept { return addresses_; }
+
+private:
+    std::vector<uint64_t> addresses_;
+};
+
+// The MoE expert cache (strata_moe_*).
+class ExpertCache : public Owned<strata_moe, strata_moe_free> {
+public:
+    using Owned::Owned;
+    static strata_moe_config defaults() {
+        strata_moe_config c;
+        check(strata_moe_config_init(&c));
+        return c;
+    }
+    // On its own runtime (strata_moe_create).
+    explicit ExpertCache(const strata_moe_config &config) {
+        strata_moe *m = nullptr;
+        check(strata_moe_create(&config, &m));
+        *this = ExpertCache(m);
+    }
+    // On `rt`, sharing its tiers' budgets with the caller's buffers
+    // (strata_moe_create_on); the cache keeps the runtime alive.
+    ExpertCache(const Runtime &rt, const strata_moe_config &config) {
+        strata_moe *m = nullptr;
+        check(strata_moe_create_on(rt.get(), &config, &m));
+        *this = ExpertCache(m);
+    }
+    // Registers expert `expert` of `layer` (strata_moe_register).
+    void add(uint32_t layer, uint32_t expert, const void *weights, size_t len) const {
+        check(strata_moe_register(get(), layer, expert, weights, len));
+    }
+    // The expert in device memory, pinned until the result drops; an expert
+    // of more than `max_pages` pages is refused (and released).
+    ExpertPin fetch(uint32_t layer, uint32_t expert, size_t max_pages = 1024) const {
+        std::vector<uint64_t> a(max_pages);
+        size_t n = 0;
+        strata_expert_pin *p = nullptr;
+        check(strata_moe_fetch(get(), layer, expert, a.data(), a.size(), &n, &p));
+        bool fits = n <= a.size();
+        a.resize(fits ? n : a.size());
+        ExpertPin pin(p, std::move(a));
+        if (!fits) throw Error(STRATA_ERR_INVALID_ARGUMENT, "the expert has more pages than max_pages");
+        return pin;
+    }
+    // Starts moving a router's predictions for `layer`; how many started.
+    size_t prefetch(uint32_t layer, const std::vector<uint32_t> &experts) const {
+        size_t started = 0;
+        check(strata_moe_prefetch(get(), layer, experts.data(), experts.size(), &started));
+        return started;
+    }
+    // Drops `layer`'s unfinished prefetches; how many.
+    size_t cancel_prefetches(uint32_t layer) const {
+        size_t cancelled = 0;
+        check(strata_moe_cancel_prefetches(get(), layer, &cancelled));
+        return cancelled;
+    }
+    strata_moe_stats stats() const {
+        strata_moe_stats s;
+        check(strata_moe_get_stats(get(), &s));
+        return s;
+    }
+};
+
+// Adam/AdamW with its states in a tier (strata_optim_*).
+class Optimizer : public Owned<strata_optim, strata_optim_free> {
+public:
+    using Owned::Owned;
+    static strata_optim_config defaults() {
+        strata_optim_config c;
+        check(strata_optim_config_init(&c));
+        return c;
+    }
+    // Its own stores (strata_optim_create).
+    Optimizer(const std::vector<float> &weights, const strata_optim_config &config) {
+        strata_optim *o = nullptr;
+        check(strata_optim_create(weights.data(), weights.size(), &config, &o));
+        *this = Optimizer(o);
+    }
+    // States in a buffer of `rt` (strata_optim_create_on); the optimizer
+    // keeps the runtime alive.
+    Optimizer(const Runtime &rt, const std::vector<float> &weights, const strata_optim_config &config) {
+        strata_optim *o = nullptr;
+        check(strata_optim_create_on(rt.get(), weights.data(), weights.size(), &config, &o));
+        *this = Optimizer(o);
+    }
+    // One step with one gradient per weight.
+    strata_step_stats step(const std::vector<float> &grads) const {
+        strata_step_stats s;
+        check(strata_optim_step(get(), grads.data(), grads.size(), &s));
+        return s;
+    }
+    // The current fp32 master weights (`n` of them).
+    std::vector<float> weights(size_t n) const {
+        std::vector<float> w(n);
+        check(strata_optim_weights(get(), w.data(), w.size()));
+        return w;
+    }
+};
+
 }  // namespace strata
 
 #endif  // STRATA_HPP

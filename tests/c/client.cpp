@@ -6,6 +6,7 @@
 // Usage: client_cpp [--psync]
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +125,44 @@ int main(int argc, char **argv) {
             CHECK(launch.map_address() != 0 && launch.entry(3) != 0 && launch.counters_address() != 0);
             CHECK(map.counts().size() == 4);
             EXPECT_ERROR(launch.entry(4), STRATA_ERR_INVALID_ARGUMENT, "beyond");
+        }
+
+        // The offload objects on the same runtime: experts and optimizer
+        // states share its tiers with the buffers above.
+        {
+            strata_moe_config mc = strata::ExpertCache::defaults();
+            mc.device_slots = 2;
+            mc.slot_bytes = kPage;
+            strata::ExpertCache cache(rt, mc);
+            std::vector<unsigned char> w(kPage, 7);
+            for (uint32_t e = 0; e < 3; e++) cache.add(0, e, w.data(), w.size());
+            {
+                strata::ExpertPin pin = cache.fetch(0, 1);
+                CHECK(pin.addresses().size() == 1 && pin.addresses()[0] != 0);
+            }  // released here
+            CHECK(cache.prefetch(0, {2}) <= 1);
+            cache.cancel_prefetches(0);
+            strata_moe_stats ms = cache.stats();
+            CHECK(ms.fetches == 1);
+            EXPECT_ERROR(cache.fetch(1, 0), STRATA_ERR_NOT_FOUND, "not registered");
+
+            strata_optim_config oc = strata::Optimizer::defaults();
+            oc.tier = STRATA_TIER_HOST;
+            oc.chunk_bytes = kPage;
+            std::vector<float> w0(1000, 1.0f), g(1000);
+            for (size_t i = 0; i < g.size(); i++) g[i] = i % 2 ? 0.5f : -0.25f;
+            strata::Optimizer opt(rt, w0, oc);
+            opt.step(g);
+            std::vector<float> w1 = opt.weights(w0.size());
+            // Adam's first step moves each weight by about lr against its
+            // gradient's sign.
+            bool moved = true;
+            for (size_t i = 0; i < w1.size(); i++) {
+                float want = g[i] > 0 ? 1.0f - oc.lr : 1.0f + oc.lr;
+                if (std::abs(w1[i] - want) > 1e-5f) moved = false;
+            }
+            CHECK(moved);
+            EXPECT_ERROR(opt.step(std::vector<float>(3)), STRATA_ERR_INVALID_ARGUMENT, "3");
         }
 
         std::string stats = rt.stats_json();
