@@ -204,15 +204,13 @@ impl Buffer {
     /// the balancer's next round, `check`, `stop_balancer` or `shutdown`.
     fn promote_after_read(&self, p: usize, tier: Tier) {
         let rt = self.rt();
-        let request = Request {
-            pages: vec![p],
-            dst: tier,
-            from: Source::Not(tier),
-            priority: Priority::Prefetch,
-            room: None,
-        };
         let ticket = Ticket::new();
-        rt.mover.submit(&self.table, request, false, &ticket);
+        rt.mover.submit(
+            &self.table,
+            promotion(p, tier, Priority::Prefetch),
+            false,
+            &ticket,
+        );
         rt.hints
             .read_promotions
             .lock()
@@ -231,14 +229,10 @@ impl Buffer {
     /// only a full tier).
     fn promote_before_read(&self, p: usize, tier: Tier) -> MutexGuard<'_, Entry> {
         let rt = self.rt();
-        let request = Request {
-            pages: vec![p],
-            dst: tier,
-            from: Source::Not(tier),
-            priority: Priority::Demand,
-            room: None,
-        };
-        if let Err(e) = rt.mover.run(&self.table, request) {
+        if let Err(e) = rt
+            .mover
+            .run(&self.table, promotion(p, tier, Priority::Demand))
+        {
             if e.kind() != ErrorKind::OutOfCapacity {
                 rt.note_background("a promotion on read", e);
             }
@@ -731,5 +725,16 @@ impl Drop for OwnedPin {
             tier: self.tier,
             addresses: Vec::new(),
         });
+    }
+}
+
+/// The move of marked page `p` into `tier` that a read carries out.
+fn promotion(p: usize, tier: Tier, priority: Priority) -> Request {
+    Request {
+        pages: vec![p],
+        dst: tier,
+        from: Source::Not(tier),
+        priority,
+        room: None,
     }
 }
