@@ -981,6 +981,21 @@ impl GenParams {
 
 /// Generates the trace `p` describes.
 pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
+    // The counts that set a trace's length: none of them may be 0, or the
+    // trace is empty (a replay of it measures nothing).
+    let (count, flag, what) = match p.kind {
+        GenKind::Bfs | GenKind::Sssp => (p.roots, "roots", "searches"),
+        GenKind::Pr => (p.iterations, "iterations", "sweeps"),
+        GenKind::Emb => (p.batches, "batches", "batches"),
+        GenKind::Moe => (p.tokens, "tokens", "tokens"),
+        _ => (1, "", ""),
+    };
+    if count == 0 {
+        return Err(Error::invalid(format!(
+            "--{flag} 0: the {} trace of no {what} would be empty (use at least 1)",
+            p.kind.name()
+        )));
+    }
     let limit = if p.accesses == 0 {
         usize::MAX
     } else {

@@ -1654,3 +1654,125 @@ fn bench_priority_rejects_bad_input() {
         "--ops",
     );
 }
+
+#[test]
+fn bench_graph_caps_a_device_budget_above_the_graph_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("g.json");
+    let out = strata(&[
+        "bench",
+        "graph",
+        "--graph",
+        "kron:8",
+        "--algo",
+        "bfs",
+        "--device-budget",
+        "1T",
+        "--configs",
+        "strata,uvm,all-device",
+        "--trials",
+        "1",
+        "--verify",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let r = report(&out, &json);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("--device-budget 1T is more than the graph needs: capped to"),
+        "{stdout}"
+    );
+    assert_eq!(r["budget_requested"], 1u64 << 40);
+    let budget = r["budget_bytes"].as_u64().unwrap();
+    let graph = r["graph_bytes"].as_u64().unwrap();
+    assert!(budget >= graph && budget < 1 << 30, "{budget} for {graph}");
+    // Capped, every configuration holds the whole graph on the device:
+    // each moves it in once (Unified Memory's first touches fault) and
+    // nothing is evicted.
+    for c in r["results"].as_array().unwrap() {
+        assert_eq!(c["trials"][0]["verified"], true, "{c}");
+        assert!(c["bytes_moved"].as_u64().unwrap() <= budget, "{c}");
+        if c["config"] != "uvm" {
+            assert_eq!(c["hit_rate"], 1.0, "{c}");
+        }
+    }
+    // A budget the graph fills is not capped, and the report says nothing.
+    let out = strata(&[
+        "bench",
+        "graph",
+        "--graph",
+        "kron:8",
+        "--algo",
+        "bfs",
+        "--device-budget",
+        "16k",
+        "--page-size",
+        "4k",
+        "--trials",
+        "1",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let r = report(&out, &json);
+    assert_eq!(r["budget_bytes"], 16384);
+    assert!(r.get("budget_requested").is_none(), "{r}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("capped"));
+}
+
+#[test]
+fn bench_graph_refuses_a_binary_file_as_an_edge_list() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes) in [
+        // Not UTF-8.
+        (
+            "random.el",
+            vec![0x7f, b'E', b'L', b'F', 0xff, 0xfe, b'\n', 0x80],
+        ),
+        // UTF-8, but NULs: no text file has them.
+        ("zeros.wel", vec![0u8; 4096]),
+        // Text, but one line longer than any edge list has.
+        ("long.el", vec![b'7'; 100_000]),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        let graph = format!("file:{}", path.display());
+        let out = strata(&["bench", "graph", "--graph", &graph, "--quiet"]);
+        assert_bad_input(&out, "so not an edge list");
+        assert_bad_input(&out, &format!("{name} line 1"));
+    }
+}
+
+#[test]
+fn trace_gen_refuses_a_count_that_makes_the_trace_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("t.txt");
+    let out = out_path.to_str().unwrap();
+    for (kind, flag) in [
+        ("bfs", "--roots"),
+        ("sssp", "--roots"),
+        ("pr", "--iterations"),
+        ("emb", "--batches"),
+        ("moe", "--tokens"),
+        ("bfs", "--accesses"),
+        ("zipf", "--accesses"),
+    ] {
+        let run = strata(&[
+            "trace", "gen", "--kind", kind, "--scale", "8", flag, "0", "--out", out,
+        ]);
+        assert_bad_input(&run, flag);
+        assert!(!out_path.exists(), "{kind} {flag} 0 left {out}");
+    }
+    // One root is a trace.
+    let run = strata(&[
+        "trace", "gen", "--kind", "bfs", "--scale", "8", "--roots", "1", "--out", out,
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let t = std::fs::read_to_string(&out_path).unwrap();
+    assert!(t.lines().filter(|l| !l.starts_with('#')).count() > 0);
+}

@@ -19,7 +19,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::workloads::graph::algo::{self, Mem};
-use crate::workloads::graph::model::Platform;
+use crate::workloads::graph::model::{Platform, UVM_BASIC_BLOCK};
 use crate::workloads::graph::tiered::{Config, ResidentMem, RunCost, TieredGraph, TieredMem};
 use crate::workloads::graph::{verify, Csr, GraphSpec};
 use strata::device::DeviceChoice;
@@ -212,6 +212,11 @@ pub struct GraphReport {
     pub graph_bytes: u64,
     /// The device budget in bytes.
     pub budget_bytes: u64,
+    /// Only where the budget asked for was more than the graph needs: that
+    /// budget (`budget_bytes` is then the graph's size, all of it on the
+    /// device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_requested: Option<u64>,
     /// The modelled GPU (simulated device): every figure of the preset.
     pub model: Option<Platform>,
     /// One entry per configuration.
@@ -319,6 +324,17 @@ pub fn run_on(
             ((paged as f64 * p / 100.0) as u64).max(params.page_size as u64)
         }
     };
+    // A budget above what the graph needs holds all of it: it is capped
+    // there, rather than mapping device memory nothing would use (a 1T
+    // budget is a 1 TiB arena). Counted in whole Unified Memory blocks
+    // too, so that every configuration holds the whole graph.
+    let whole =
+        TieredGraph::paged_footprint(g, weights, params.page_size.max(UVM_BASIC_BLOCK as usize));
+    let (budget, budget_requested) = if budget > whole {
+        (whole, Some(budget))
+    } else {
+        (budget, None)
+    };
     // Sources, the same for every configuration.
     let sources: Vec<Option<usize>> = (0..params.trials)
         .map(|t| match params.algo {
@@ -338,7 +354,9 @@ pub fn run_on(
         })
         .collect();
     if resolve(params.device)? == DeviceChoice::Cuda {
-        return run_cuda(g, params, budget, footprint, &sources, progress);
+        let (mut report, dump) = run_cuda(g, params, budget, footprint, &sources, progress)?;
+        report.budget_requested = budget_requested;
+        return Ok((report, dump));
     }
     let platform = params.platform;
     let configs = sim_configs(params);
@@ -446,6 +464,7 @@ pub fn run_on(
             edges: g.edges(),
             graph_bytes: footprint,
             budget_bytes: budget,
+            budget_requested,
             model: Some(platform),
             results,
             skipped: Vec::new(),
@@ -742,6 +761,7 @@ fn run_cuda(
             edges: g.edges(),
             graph_bytes: footprint,
             budget_bytes: budget,
+            budget_requested: None,
             model: None,
             results,
             skipped,

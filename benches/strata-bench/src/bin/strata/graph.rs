@@ -28,6 +28,8 @@ pub struct GraphArgs {
     #[arg(long)]
     undirected: bool,
     /// Device memory for the graph: bytes (e.g. 64M) or a percentage (25%).
+    /// A budget above the graph's size is capped to it (the whole graph on
+    /// the device), and the report says so.
     #[arg(long, default_value = "25%")]
     device_budget: String,
     /// strata's placement policy (default: the default policy).
@@ -215,6 +217,13 @@ fn print_table(r: &GraphReport) -> Result<(), Error> {
         format_size(r.budget_bytes),
         100.0 * r.budget_bytes as f64 / r.graph_bytes.max(1) as f64
     );
+    if let Some(asked) = r.budget_requested {
+        outln!(
+            "--device-budget {} is more than the graph needs: capped to {} (the whole graph fits)",
+            format_size(asked),
+            format_size(r.budget_bytes)
+        );
+    }
     match &r.model {
         Some(m) => outln!(
             "backend: simulated — times are modelled GPU time on {} (link {:.0} GB/s DMA, L2 {}); wall is this machine",

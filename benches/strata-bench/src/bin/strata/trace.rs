@@ -99,10 +99,10 @@ pub struct GenArgs {
     /// Graph kinds and emb: bytes per page (e.g. 4k, 64k).
     #[arg(long, default_value = "4k")]
     page_size: String,
-    /// bfs, sssp: searches from random roots.
+    /// bfs, sssp: searches from random roots (at least 1).
     #[arg(long, default_value_t = GenParams::default().roots)]
     roots: usize,
-    /// pr: PageRank sweeps.
+    /// pr: PageRank sweeps (at least 1).
     #[arg(long, default_value_t = GenParams::default().iterations)]
     iterations: usize,
     /// sssp: bucket width of delta-stepping (weights are 1..=255).
@@ -123,7 +123,7 @@ pub struct GenArgs {
     /// emb: indices per bag.
     #[arg(long, default_value_t = GenParams::default().pooling)]
     pooling: usize,
-    /// emb: batches.
+    /// emb: batches (at least 1).
     #[arg(long, default_value_t = GenParams::default().batches)]
     batches: usize,
     /// moe: layers.
@@ -139,7 +139,7 @@ pub struct GenArgs {
     /// adjacent ranks.
     #[arg(long, default_value_t = GenParams::default().drift)]
     drift: f64,
-    /// moe: tokens.
+    /// moe: tokens (at least 1).
     #[arg(long, default_value_t = GenParams::default().tokens)]
     tokens: usize,
 }
@@ -342,7 +342,8 @@ fn gen(a: GenArgs) -> Result<(), Error> {
         drift: a.drift,
         tokens: a.tokens,
     };
-    if !graph_kind && params.accesses == 0 {
+    // 0 would be an empty trace (or, as a limit, read as no limit).
+    if a.accesses == Some(0) {
         return Err(Error::invalid("--accesses must be at least 1"));
     }
     if !graph_kind && params.pages == 0 {

@@ -2,7 +2,7 @@
 //! generator, uniform random edges, or GAP edge-list files.
 #![forbid(unsafe_code)]
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -21,6 +21,9 @@ pub const MAX_VERTEX: u32 = (1 << 28) - 1;
 /// Largest edge weight a `.wel` file may use (delta-stepping's buckets are
 /// dense up to the largest distance over the bucket width).
 pub const MAX_WEIGHT: u32 = 1 << 16;
+
+/// Longest line an edge-list file may have (a comment included).
+pub const MAX_LINE: usize = 1 << 16;
 
 /// Where a graph comes from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -301,8 +304,36 @@ fn read_edge_list(path: &Path, undirected: bool) -> Result<Csr> {
     let weighted = path.extension().is_some_and(|e| e == "wel");
     let mut edges = Vec::new();
     let mut max = 0u32;
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut raw = Vec::new();
+    for i in 0.. {
+        raw.clear();
+        // At most one line more than the longest an edge list has: a
+        // binary file's "line" can be the whole file.
+        let read = (&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut raw)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        if read == 0 {
+            break;
+        }
+        // Bytes that are not text (a NUL, or not UTF-8), or a line longer
+        // than any edge list has: not an edge list at all.
+        let not_list = |why: &str| {
+            Error::invalid(format!(
+                "{} line {}: {why}, so not an edge list (one `src dst{}` per line)",
+                path.display(),
+                i + 1,
+                if weighted { " weight" } else { "" }
+            ))
+        };
+        if raw.len() > MAX_LINE {
+            return Err(not_list(&format!("over {MAX_LINE} bytes")));
+        }
+        let line = std::str::from_utf8(&raw)
+            .ok()
+            .filter(|t| !t.contains('\0'))
+            .ok_or_else(|| not_list("not text"))?;
         let t = line.trim();
         if t.is_empty() || t.starts_with('#') {
             continue;
