@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device model's runs of issue 15: `strata bench graph` on the simulated
+# The device model's runs: `strata bench graph` on the simulated
 # device (modelled GPU time, platform presets of
 # benches/strata-bench/src/workloads/graph/model.rs), and markdown tables of
 # what they say.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The policy evaluation corpus of issue 16: regenerates every trace with
+# The policy evaluation corpus (docs/perf.md, placement policies): regenerates every trace with
 # `strata trace gen` (deterministic: fixed parameters and seeds), replays
 # each at several capacities through `strata trace replay --json`, and
 # prints markdown tables: per trace and capacity the default policy's misses

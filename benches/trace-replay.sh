@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Trace replay: generates the docs/perf.md traces with `strata trace gen`,
-# replays each through every policy with `strata trace replay --policy all`
-# at 1/2, 1/4 and 1/8 of its footprint (distinct pages), and prints
-# markdown tables: misses per policy beside Belady, the default policy
-# against the targets (the reference LRU, perfect LFU and perfect
-# LFU with admission of benches/strata-bench/tests/policy.rs), and replay speed.
+# Trace replay: generates the traces of docs/perf-log.md's trace-replay
+# entry (2026-11-30) with `strata trace gen`, replays each through every
+# policy with `strata trace replay --policy all` at 1/2, 1/4 and 1/8 of its
+# footprint (distinct pages), and prints markdown tables: misses per policy
+# beside Belady, the default policy against its targets (the reference LRU,
+# perfect LFU and perfect LFU with admission of
+# benches/strata-bench/tests/policy.rs), and replay speed.
 #
 # usage: benches/trace-replay.sh DIR
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """strata.nn.EmbeddingBag against torch.nn.EmbeddingBag over a memory-mapped
-table, under one memory limit that holds 20% of the tables (issue 13).
+table, under one memory limit that holds 20% of the tables.
 
 Set-up (not run by CI; needs root for the cgroup and for dropping caches):
 
@@ -50,9 +50,10 @@ tier is shared) and the same for 4 KiB pages; and, since a short stream's
 hindsight counts every row it read at all as a hit, the same placements'
 expected share under the Zipf law (its probability mass: the long-run
 optimum of a fixed placement under independent references). Nothing is tuned: every
-setting is a default of strata or torch, or the issue's.
+setting is a default of strata or torch, or one of the workload's
+stated above.
 
-fbgemm-gpu-cpu (the DRAM ceiling the issue mentions) is not run: it pins
+fbgemm-gpu-cpu (the DRAM ceiling for this workload) is not run: it pins
 its own torch build, a separate venv with a multi-GiB download.
 """
 

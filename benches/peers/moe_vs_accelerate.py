@@ -1,5 +1,5 @@
 """strata.moe against accelerate's disk offload on a tiny random Mixtral
-whose experts do not fit in the memory given (issue 13, item 4).
+whose experts do not fit in the memory given.
 
 Configurations, each generating --new-tokens greedy tokens for the same
 batch of prompts, each in its own process, interleaved over --trials:

@@ -1,4 +1,4 @@
-"""What the Python binding adds to an optimizer step (issue 12's target:
+"""What the Python binding adds to an optimizer step (the target:
 at most 5% over calling the Rust optimizer directly, ~17 M parameters,
 states in DRAM).
 

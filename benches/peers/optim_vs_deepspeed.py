@@ -1,4 +1,4 @@
-"""strata.optim against DeepSpeed's offloaded optimizers on one machine (issue 12).
+"""strata.optim against DeepSpeed's offloaded optimizers on one machine.
 
 Set-up (not run by CI; DeepSpeed and torch in their own virtual environment):
   python -m pip install torch deepspeed     # DeepSpeed 0.19.x; check torch is not replaced

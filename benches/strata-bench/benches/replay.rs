@@ -1,7 +1,7 @@
 //! Trace replay speed per policy (target: lru, lfu and default at least
 //! 10 M accesses/s in release): a Zipf(1.0) trace over 1 M pages through a
 //! cache of 1/8 of its footprint; and the default alone at capacities from
-//! 64 pages up (issue 16: at least 10 M accesses/s at every capacity).
+//! 64 pages up (target: at least 10 M accesses/s at every capacity).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use strata::policy::{self, PolicyKind};

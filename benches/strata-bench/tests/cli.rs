@@ -915,7 +915,7 @@ fn closed_pipe() -> std::process::Stdio {
     std::process::Stdio::from(write)
 }
 
-/// Every class of bad input (issue 17): each gives its documented status
+/// Every class of bad input: each gives its documented status
 /// and exactly one stderr line naming the flag or path, never a panic or
 /// an abort, and leaves no file at an output path it refused.
 #[test]
