@@ -1,7 +1,8 @@
 //! Page-access traces: the file format, a reader and a writer. (The
 //! synthetic generators live in the `strata-bench` crate.)
 //!
-//! The format (design §7) is text, one decimal page id per access per line;
+//! The format (a stable interface: `strata trace`, tests and users read it)
+//! is text, one decimal page id per access per line;
 //! lines starting with `#` are comments and blank lines are ignored. Leading
 //! and trailing whitespace on a line is ignored too.
 //!

@@ -5,7 +5,7 @@
 //! doorkeeper (Caffeine's choice). Measured on the trace suite of
 //! `tests/policy.rs`, exact counts miss less: collisions and the doorkeeper
 //! break the ties that keep a loop's resident set stable, and blur the
-//! ranking of Zipf pages near the cache's boundary (docs/perf.md). Two
+//! ranking of Zipf pages near the cache's boundary (`docs/perf-log.md`). Two
 //! things keep a page read in a burst (a neighbour list during a graph
 //! traversal: many accesses within a few dozen, then none) from looking hot
 //! long after its burst: an access closer than `gap` accesses to the page's

@@ -17,8 +17,8 @@
 //!   hash, at most 1024 pages' worth of cache) through small copies of the
 //!   policy with windows of 1%, 4%, 12%, 30%, 60% and 100%, and moves the real
 //!   window one step towards a copy that missed significantly less, over the
-//!   recent past and over a longer one. Caffeine's hill climber, which the
-//!   issue suggests, follows the real cache's own hit rate from sample to
+//!   recent past and over a longer one. Caffeine's hill climber, the usual
+//!   choice, follows the real cache's own hit rate from sample to
 //!   sample; in an earlier version measured on the same suite it cost 1–5%
 //!   more misses than a fixed 1% window on stationary Zipf traces, moving on
 //!   noise. The copies compare the candidate windows on the same accesses.
@@ -30,8 +30,8 @@
 //!   half of the accesses are sampled (below 2048 pages of capacity the
 //!   copies are half the cache's size). Sampling everything at small
 //!   capacities cost seven caches' work per access and held replay under
-//!   10 M accesses/s (issue 16); sampling a quarter or less made the copies
-//!   too small to choose well on the training corpus (docs/perf.md).
+//!   10 M accesses/s; sampling a quarter or less made the copies too small
+//!   to choose well on the training corpus (both in `docs/perf-log.md`).
 //!
 //! O(1) per access, plus the copies' work in proportion to the sampled share
 //! (six copies at min(1/2, 1024 / capacity)); a window move sorts the
