@@ -184,3 +184,17 @@ fn the_adam_kernel_rounds_every_operation_as_the_cpu_does() {
     }
     assert!(ptx.contains("div.rn.f32") && ptx.contains("sqrt.rn.f32"));
 }
+
+/// A source NVRTC cannot take (a NUL byte) is refused as bad input, not a
+/// panic; the log of a clean source is empty.
+#[test]
+fn a_source_with_a_nul_byte_is_refused_and_a_clean_one_logs_nothing() {
+    if !nvrtc_here() {
+        return;
+    }
+    let e = nvrtc::compile("nul.cu", "extern \"C\" __global__ void k() {}\0").unwrap_err();
+    assert_eq!(e.kind(), strata::ErrorKind::InvalidArgument, "{e}");
+    let clean = nvrtc::compile_with_log("k.cu", "extern \"C\" __global__ void k() {}").unwrap();
+    assert!(clean.log.is_empty(), "{}", clean.log);
+    assert!(clean.ptx.as_str().contains(".entry k("));
+}

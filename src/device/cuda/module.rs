@@ -130,13 +130,17 @@ impl<'a, T: Pod> KernelArg<'a> for &'a T {
 
 impl<'a, T> KernelArg<'a> for &'a DeviceBuffer<T> {
     fn param(self) -> *mut c_void {
-        (self.ptr_ref() as *const sys::CUdeviceptr).cast_mut().cast()
+        (self.ptr_ref() as *const sys::CUdeviceptr)
+            .cast_mut()
+            .cast()
     }
 }
 
 impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
     fn param(self) -> *mut c_void {
-        (self.ptr_ref() as *const sys::CUdeviceptr).cast_mut().cast()
+        (self.ptr_ref() as *const sys::CUdeviceptr)
+            .cast_mut()
+            .cast()
     }
 }
 
