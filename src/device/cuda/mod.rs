@@ -33,6 +33,9 @@
 //! wait returns only once the stream's work is done, also in a `Drop`
 //! that is about to free what a kernel reads.
 //!
+//! Public for strata's own bench and tests, like
+//! [`lowlevel`](crate::lowlevel), and like it outside the stable API.
+//!
 //! Ordering between streams is the caller's: a buffer used on two streams
 //! needs an [`Event`] (or a synchronizing call) between the uses. Every
 //! allocation that fails is `OutOfCapacity`; other driver failures are
