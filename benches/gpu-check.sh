@@ -4,9 +4,10 @@
 #   benches/gpu-check.sh            # here: builds into gpu-carry/ (git-ignored)
 #   gpu-carry/run.sh                # on the GPU machine (no Rust toolchain needed)
 #
-# gpu-carry/ gets the CUDA-enabled CLI and the device, hotness, runtime and
-# graph and offload test binaries (cudarc loads libcuda and libnvrtc at run
-# time; the GPU machine must have libnvrtc for the kernels to compile).
+# gpu-carry/ gets the CUDA-enabled CLI and the device (strata's CUDA layer,
+# src/device/cuda/, on its own and as the device tier), hotness, runtime,
+# graph and offload test binaries (the layer loads libcuda and libnvrtc at
+# run time; the GPU machine must have libnvrtc for the kernels to compile).
 # STRATA_REQUIRE_GPU=1 turns the tests' "no GPU" skips into failures.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -12,7 +12,8 @@
 //!    CxlStore  ─ HostStore on a CPU-less node, or emulated   cxl.rs
 //!    NvmeStore ─ O_DIRECT file/device, XXH3 per page    nvme.rs
 //!  I/O engines: io_uring | psync, under one retrying queue   src/io/
-//!  Device backends: cuda (cudarc) | sim (link model)    src/device/
+//!  Device backends: cuda | sim (link model)             src/device/
+//!    safe CUDA layer: context, streams, kernels         cuda/
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
 //!  Runtime: buffers, page table, mover, reclaim, maps   src/runtime/
 //!  Placement policies (pure: no I/O, no unsafe)         src/policy/
@@ -25,7 +26,7 @@
 //!
 //! | cargo feature | what it adds |
 //! |---------------|--------------|
-//! | `cuda` | the CUDA backend via cudarc, loading `libcuda` at run time (builds without a toolkit) |
+//! | `cuda` | the CUDA backend and its safe layer (`device::cuda`), loading `libcuda` and `libnvrtc` at run time (builds without a toolkit) |
 //!
 //! ```
 //! use strata::{Placement, Runtime, Tier};

@@ -98,3 +98,149 @@ fn auto_picks_cuda_only_where_a_gpu_is() {
     assert!("gpu".parse::<DeviceChoice>().is_err());
     assert_eq!("sim".parse::<DeviceChoice>().unwrap(), DeviceChoice::Sim);
 }
+
+/// strata's CUDA layer on its own (`strata::device::cuda`): copies, events,
+/// pinned, mapped and managed memory, the per-context module cache and a
+/// launch. Skipped with a printed reason without a GPU (or NVRTC, for the
+/// kernel), a failure then with STRATA_REQUIRE_GPU=1.
+#[cfg(feature = "cuda")]
+mod cuda_layer {
+    use strata::device::cuda::{
+        nvrtc, Context, DeviceBuffer, LaunchConfig, ManagedBuffer, PinnedBuffer,
+    };
+    use strata::ErrorKind;
+
+    fn context() -> Option<Context> {
+        match Context::open(0) {
+            Ok(ctx) => Some(ctx),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::NoDevice, "{e}");
+                assert!(
+                    std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
+                    "STRATA_REQUIRE_GPU is set but no GPU opened: {e}"
+                );
+                eprintln!("skipping the cuda layer: {e}");
+                None
+            }
+        }
+    }
+
+    fn data() -> Vec<u32> {
+        (0..1000u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect()
+    }
+
+    #[test]
+    fn copies_round_trip_and_are_bounds_checked() {
+        let Some(ctx) = context() else { return };
+        let s = ctx.stream().unwrap();
+        let data = data();
+        let mut d = s.clone_htod(&data).unwrap();
+        assert_eq!(s.clone_dtoh(&d).unwrap(), data);
+        let mut head = [0u32; 3];
+        s.memcpy_dtoh(&d, &mut head).unwrap();
+        assert_eq!(head, data[..3]);
+        s.memset_zeros(&mut d).unwrap();
+        assert!(s.clone_dtoh(&d).unwrap().iter().all(|&x| x == 0));
+        let too_long = vec![0u32; data.len() + 1];
+        assert_eq!(
+            s.memcpy_htod(&too_long, &mut d).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        // Several copies at offsets, waited for once.
+        let dev = DeviceBuffer::<u32>::alloc(&ctx, 8).unwrap();
+        // SAFETY: `dev` is this test's alone; the ranges do not overlap.
+        unsafe { s.write_many(&dev, &[(0, &[1, 2][..]), (6, &[7, 8][..])]) }.unwrap();
+        let (mut a, mut b) = ([0u32; 2], [0u32; 2]);
+        // SAFETY: nothing writes `dev` meanwhile.
+        unsafe { s.read_many(&dev, &mut [(0, &mut a[..]), (6, &mut b[..])]) }.unwrap();
+        assert_eq!((a, b), ([1, 2], [7, 8]));
+        // SAFETY: as above.
+        let e = unsafe { s.write_many(&dev, &[(7, &[1, 2][..])]) }.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    }
+
+    #[test]
+    fn pinned_copies_are_asynchronous_until_an_event() {
+        let Some(ctx) = context() else { return };
+        let s = ctx.stream().unwrap();
+        let data = data();
+        let mut up = PinnedBuffer::<u32>::new(&ctx, data.len()).unwrap();
+        assert!(up.iter().all(|&x| x == 0), "pinned memory starts zeroed");
+        up.copy_from_slice(&data);
+        let mut down = PinnedBuffer::<u32>::new(&ctx, data.len()).unwrap();
+        let dev = DeviceBuffer::<u32>::alloc(&ctx, data.len()).unwrap();
+        let done = ctx.event().unwrap();
+        // SAFETY: both pinned buffers and `dev` are untouched until the
+        // event below has completed.
+        unsafe {
+            s.upload_async(&up, &dev, 0).unwrap();
+            s.download_async(&dev, 0, &mut down).unwrap();
+        }
+        done.record(&s).unwrap();
+        done.synchronize().unwrap();
+        assert_eq!(&down[..], &data[..]);
+    }
+
+    #[test]
+    fn a_module_loads_once_per_context_and_its_kernel_runs() {
+        let Some(ctx) = context() else { return };
+        if !nvrtc::available() {
+            assert!(
+                std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
+                "STRATA_REQUIRE_GPU is set but libnvrtc cannot be loaded"
+            );
+            eprintln!("skipping the launch: libnvrtc cannot be loaded");
+            return;
+        }
+        const ADD: &str = "extern \"C\" __global__ void add(unsigned *x, unsigned n, unsigned k) {
+            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) x[i] += k;
+        }";
+        let mut compiled = 0;
+        let module = ctx
+            .module("device-test add", || {
+                compiled += 1;
+                nvrtc::compile("add.cu", ADD)
+            })
+            .unwrap();
+        let again = Context::open(0)
+            .unwrap()
+            .module("device-test add", || {
+                compiled += 1;
+                nvrtc::compile("add.cu", ADD)
+            })
+            .unwrap();
+        assert_eq!(compiled, 1, "one context per GPU, one load per module");
+        assert!(again.kernel("no_such_kernel").is_err());
+        let add = module.kernel("add").unwrap();
+        let s = ctx.stream().unwrap();
+        let data = data();
+        let n = data.len() as u32;
+        let plus = 7u32;
+        let mut x = s.clone_htod(&data).unwrap();
+        let mut launch = s.launch(&add);
+        launch.arg(&mut x).arg(&n).arg(&plus);
+        // SAFETY: `add` takes (unsigned*, unsigned, unsigned); `x` holds `n`
+        // elements and the kernel touches no element at or past `n`.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+        let want: Vec<u32> = data.iter().map(|&v| v.wrapping_add(plus)).collect();
+        assert_eq!(s.clone_dtoh(&x).unwrap(), want);
+        // The same kernel on mapped host memory (zero-copy), by address.
+        let mapped = PinnedBuffer::mapped_from_slice(&ctx, &data).unwrap();
+        let address = mapped.device_address().expect("mapped");
+        let mut launch = s.launch(&add);
+        launch.arg(&address).arg(&n).arg(&plus);
+        // SAFETY: as above; the host leaves `mapped` alone until the stream
+        // is synchronized.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(&mapped[..], &want[..]);
+        // Unified Memory: filled from the host, prefetched back to it.
+        let managed = ManagedBuffer::from_slice(&ctx, &data).unwrap();
+        assert_eq!(managed.len(), data.len());
+        s.prefetch_to_host(&managed).unwrap();
+        s.synchronize().unwrap();
+    }
+}

@@ -59,30 +59,6 @@ fn entry_points(file: &str, source: &str) -> Vec<String> {
     names
 }
 
-/// NVRTC's log for `source` compiled with the runtime's options (cudarc's
-/// safe API returns the log only on failure; warnings count too).
-fn nvrtc_log(name: &str, source: &str) -> String {
-    use cudarc::nvrtc::result;
-    use std::ffi::{CStr, CString};
-    let src = CString::new(nvrtc::expand_includes(source)).unwrap();
-    let cname = CString::new(name).unwrap();
-    let prog = result::create_program(&src, Some(&cname)).unwrap();
-    let opts: Vec<String> = nvrtc::OPTIONS.iter().map(|o| o.to_string()).collect();
-    // SAFETY: `prog` was created just above and is destroyed only at the
-    // end; `src` and `cname` outlive it.
-    let log = unsafe {
-        let _ = result::compile_program(prog, &opts);
-        let log = result::get_program_log(prog).unwrap();
-        result::destroy_program(prog).unwrap();
-        log
-    };
-    // SAFETY: NVRTC's log is NUL-terminated.
-    unsafe { CStr::from_ptr(log.as_ptr()) }
-        .to_string_lossy()
-        .trim()
-        .to_string()
-}
-
 fn compile_and_check(path: &Path, runtime_loads: &[&str]) -> Vec<String> {
     let file = path.file_name().unwrap().to_string_lossy().into_owned();
     let source = std::fs::read_to_string(path).unwrap();
@@ -91,9 +67,9 @@ fn compile_and_check(path: &Path, runtime_loads: &[&str]) -> Vec<String> {
         !names.is_empty(),
         "{file}: no extern \"C\" __global__ kernel"
     );
-    let ptx = nvrtc::compile(&file, &source)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .to_src();
+    // The PTX and NVRTC's log (warnings count too).
+    let compiled = nvrtc::compile_with_log(&file, &source).unwrap_or_else(|e| panic!("{e}"));
+    let ptx = compiled.ptx.to_src();
     for name in names
         .iter()
         .map(String::as_str)
@@ -104,7 +80,7 @@ fn compile_and_check(path: &Path, runtime_loads: &[&str]) -> Vec<String> {
             "{file}: no entry point {name} in the PTX"
         );
     }
-    let log = nvrtc_log(&file, &source);
+    let log = compiled.log;
     assert!(log.is_empty(), "{file}: NVRTC says:\n{log}");
     eprintln!("{file}: {} ({} bytes of PTX)", names.join(", "), ptx.len());
     names
@@ -207,4 +183,18 @@ fn the_adam_kernel_rounds_every_operation_as_the_cpu_does() {
         assert!(!ptx.contains(bad), "adam.cu's PTX has {bad}");
     }
     assert!(ptx.contains("div.rn.f32") && ptx.contains("sqrt.rn.f32"));
+}
+
+/// A source NVRTC cannot take (a NUL byte) is refused as bad input, not a
+/// panic; the log of a clean source is empty.
+#[test]
+fn a_source_with_a_nul_byte_is_refused_and_a_clean_one_logs_nothing() {
+    if !nvrtc_here() {
+        return;
+    }
+    let e = nvrtc::compile("nul.cu", "extern \"C\" __global__ void k() {}\0").unwrap_err();
+    assert_eq!(e.kind(), strata::ErrorKind::InvalidArgument, "{e}");
+    let clean = nvrtc::compile_with_log("k.cu", "extern \"C\" __global__ void k() {}").unwrap();
+    assert!(clean.log.is_empty(), "{}", clean.log);
+    assert!(clean.ptx.as_str().contains(".entry k("));
 }

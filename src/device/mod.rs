@@ -1,26 +1,31 @@
 //! Device backends behind one trait, chosen at run time:
 //!
-//! - **cuda** (cargo feature `cuda`): cudarc loads `libcuda` at run time.
-//!   cudarc panics on the first driver call when the library is missing,
-//!   so every entry point checks for it first and reports `NoDevice`.
+//! - **cuda** (cargo feature `cuda`, module `cuda`): the driver is loaded at
+//!   run time, so the feature builds without a CUDA toolkit; where the
+//!   driver library is missing every entry point reports `NoDevice`.
+//!   `cuda` is the one safe layer over the driver and NVRTC (context,
+//!   streams, events, device and pinned buffers, modules and launches)
+//!   that the backend, the kernels and the bench's graph kernels use.
 //! - **sim** ([`sim`]): host memory under a capacity budget behind a link
 //!   model that accounts modelled time beside wall time. Reports call it
 //!   "simulated".
 //!
 //! [`DeviceStore`](crate::tier::DeviceStore) puts page slots on either.
 //!
-//! CUDA kernels (`kernels/*.cu`) are compiled at run time by `nvrtc`
-//! (one set of options for all) and launched by `cuda_hotness` (the
-//! access-counter harvest) and `cuda_adam` (the offloaded Adam update).
+//! CUDA kernels (`kernels/*.cu`) are compiled at run time by
+//! `cuda::nvrtc` (one set of options for all) and launched by
+//! `cuda/hotness.rs` (the access-counter harvest) and `cuda/adam.rs` (the
+//! offloaded Adam update).
 
 #[cfg(feature = "cuda")]
-mod cuda;
+pub mod cuda;
+// The paths the runtime and the optimizer have always used.
 #[cfg(feature = "cuda")]
-pub(crate) mod cuda_adam;
+pub(crate) use cuda::adam as cuda_adam;
 #[cfg(feature = "cuda")]
-pub(crate) mod cuda_hotness;
+pub(crate) use cuda::hotness as cuda_hotness;
 #[cfg(feature = "cuda")]
-pub mod nvrtc;
+pub use cuda::nvrtc;
 pub mod sim;
 
 use std::ptr::NonNull;

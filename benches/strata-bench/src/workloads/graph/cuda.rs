@@ -13,20 +13,24 @@
 //!
 //! The kernels' working memory (per-vertex state, queues, bitmaps) is plain
 //! device memory outside the device budget, in every configuration.
+//!
+//! Everything CUDA goes through strata's safe layer
+//! ([`strata::device::cuda`]); the one `unsafe` block here is the kernel
+//! launch.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{
-    result, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
-};
+use bytemuck::{Pod, Zeroable};
 
 use super::algo::{BfsResult, PrResult, SsspResult};
 use super::tiered::TieredGraph;
 use super::Csr;
-use strata::error::{Error, ErrorKind, Result};
+use strata::device::cuda::{
+    Context, DeviceBuffer, Kernel, LaunchConfig, ManagedBuffer, PinnedBuffer, Ptx, Stream,
+};
+use strata::error::{Error, Result};
 use strata::runtime::{Access, DeviceMap, OwnedLaunch};
 use strata::tier::Tier;
 
@@ -59,10 +63,6 @@ const BLOCK: u32 = 256;
 /// length of PageRank's per-block partial sums.
 const MAX_BLOCKS: u64 = 4096;
 
-fn driver(call: &str, e: impl std::fmt::Debug) -> Error {
-    Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
-}
-
 /// How the kernels read the CSR arrays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Flavour {
@@ -75,7 +75,7 @@ pub enum Flavour {
 /// `graph.cu` as NVRTC compiles it (the runtime's options and header
 /// substitution, `strata::device::nvrtc`), with `STRATA_GRAPH_PLAIN`
 /// defined for [`Flavour::Plain`].
-pub fn compile_ptx(flavour: Flavour) -> Result<cudarc::nvrtc::Ptx> {
+pub fn compile_ptx(flavour: Flavour) -> Result<Ptx> {
     let source = match flavour {
         Flavour::Mapped => SOURCE.to_string(),
         Flavour::Plain => format!("#define STRATA_GRAPH_PLAIN 1\n{SOURCE}"),
@@ -86,75 +86,50 @@ pub fn compile_ptx(flavour: Flavour) -> Result<cudarc::nvrtc::Ptx> {
 /// The compiled graph kernels of one context and flavour, and the stream
 /// they run on.
 pub struct GraphKernels {
-    stream: Arc<CudaStream>,
-    functions: HashMap<&'static str, CudaFunction>,
-}
-
-type Cache = Mutex<HashMap<(usize, Flavour), Arc<GraphKernels>>>;
-
-/// Compiled modules, per context (keyed by the context's address) and
-/// flavour.
-fn cache() -> &'static Cache {
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    CACHE.get_or_init(Default::default)
+    stream: Stream,
+    functions: HashMap<&'static str, Kernel>,
 }
 
 impl GraphKernels {
-    /// The kernels of `flavour` for `ctx`, compiled the first time.
-    pub fn for_context(ctx: &Arc<CudaContext>, flavour: Flavour) -> Result<Arc<Self>> {
-        let key = (Arc::as_ptr(ctx) as usize, flavour);
-        if let Some(k) = cache().lock().expect("cache lock").get(&key) {
-            return Ok(k.clone());
-        }
-        let module = ctx
-            .load_module(compile_ptx(flavour)?)
-            .map_err(|e| driver("cuModuleLoadData", e))?;
+    /// The kernels of `flavour` for `ctx` (the module compiled and loaded
+    /// the first time, cached by the context), on a new stream.
+    pub fn for_context(ctx: &Context, flavour: Flavour) -> Result<Arc<Self>> {
+        let key = match flavour {
+            Flavour::Mapped => "graph.cu",
+            Flavour::Plain => "graph.cu (plain)",
+        };
+        let module = ctx.module(key, || compile_ptx(flavour))?;
         let mut functions = HashMap::new();
         for name in KERNELS {
-            let f = module
-                .load_function(name)
-                .map_err(|e| driver(&format!("cuModuleGetFunction({name})"), e))?;
-            functions.insert(name, f);
+            functions.insert(name, module.kernel(name)?);
         }
-        let k = Arc::new(Self {
-            stream: ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?,
+        Ok(Arc::new(Self {
+            stream: ctx.stream()?,
             functions,
-        });
-        cache().lock().expect("cache lock").insert(key, k.clone());
-        Ok(k)
+        }))
     }
 
     /// The stream the kernels run on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
-    fn function(&self, name: &str) -> &CudaFunction {
+    fn function(&self, name: &str) -> &Kernel {
         // The names are the constants of KERNELS, every one loaded.
         &self.functions[name]
     }
 }
 
-/// The GPU of the primary context of device 0: the context strata's cuda
-/// backend opens (cudarc's `CudaContext::new` retains the primary context),
-/// so device maps and registered host memory of a cuda runtime are valid
-/// in it.
-/// One handle per process, so the kernels compile once.
-pub fn context() -> Result<Arc<CudaContext>> {
-    static CONTEXT: Mutex<Option<Arc<CudaContext>>> = Mutex::new(None);
+/// GPU 0's primary context: the one strata's cuda backend opens, so device
+/// maps and registered host memory of a cuda runtime are valid in it.
+/// Held for the process, so the kernels compile once.
+pub fn context() -> Result<Context> {
+    static CONTEXT: Mutex<Option<Context>> = Mutex::new(None);
     let mut slot = CONTEXT.lock().expect("context lock");
     if let Some(ctx) = &*slot {
         return Ok(ctx.clone());
     }
-    // SAFETY: only tries to load the driver library; calls nothing in it.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(Error::new(
-            ErrorKind::NoDevice,
-            "the CUDA driver library (libcuda.so) is not present",
-        ));
-    }
-    let ctx = CudaContext::new(0)
-        .map_err(|e| Error::new(ErrorKind::NoDevice, format!("opening GPU 0: {e:?}")))?;
+    let ctx = Context::open(0)?;
     *slot = Some(ctx.clone());
     Ok(ctx)
 }
@@ -162,7 +137,7 @@ pub fn context() -> Result<Arc<CudaContext>> {
 /// Where a kernel finds the CSR arrays: `graph_view` in `graph.cu`, passed
 /// by value to every kernel.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, Pod, Zeroable)]
 pub struct GraphView {
     /// Per array (offsets, neighbours, weights, incoming offsets, incoming
     /// neighbours): its device map's address, or its data's.
@@ -180,10 +155,8 @@ pub struct GraphView {
     pub sample_shift: u32,
 }
 
-// SAFETY: repr(C) with only integers, laid out as graph.cu's graph_view
-// (five u64, five u64, two u64, two u32: no padding on either side), and
-// every bit pattern is valid.
-unsafe impl DeviceRepr for GraphView {}
+// Laid out as graph.cu's graph_view: five u64, five u64, two u64, two u32,
+// no padding on either side (which `Pod` checks).
 
 /// A graph the GPU kernels read: where its arrays are, and what happens
 /// between steps.
@@ -224,58 +197,42 @@ fn grid(threads: u64) -> LaunchConfig {
 macro_rules! launch {
     ($k:expr, $name:literal, $threads:expr; $($arg:expr),* $(,)?) => {{
         let k: &GraphKernels = &$k;
-        let mut b = k.stream.launch_builder(k.function($name));
+        let mut b = k.stream.launch(k.function($name));
         $( b.arg($arg); )*
         // SAFETY: each call site passes the arguments of the kernel's
         // signature in graph.cu, in order and type; every buffer holds the
         // elements the kernel indexes (vertex arrays `n`, queues `n`,
-        // bitmaps `ceil(n/32)` words, counters one), and the kernels stride
-        // over their work whatever the grid.
-        unsafe { b.launch(grid($threads)) }.map_err(|e| driver($name, e))?;
+        // bitmaps `ceil(n/32)` words, counters one) and lives until the
+        // stream is synchronized (every function below reads a result back,
+        // which waits, before its buffers drop; the graphs' drops wait for
+        // the stream before freeing the arrays the views point at), and the
+        // kernels stride over their work whatever the grid.
+        unsafe { b.launch(grid($threads))? };
     }};
 }
 
-fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<T>> {
+fn zeros<T: Pod>(s: &Stream, n: usize) -> Result<DeviceBuffer<T>> {
     s.alloc_zeros::<T>(n.max(1))
-        .map_err(|e| driver("cuMemAlloc", e))
 }
 
-fn clear<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, x: &mut CudaSlice<T>) -> Result<()> {
-    s.memset_zeros(x).map_err(|e| driver("cuMemsetD8", e))
+fn clear<T>(s: &Stream, x: &mut DeviceBuffer<T>) -> Result<()> {
+    s.memset_zeros(x)
 }
 
-fn first<T: DeviceRepr + Copy>(s: &Arc<CudaStream>, x: &CudaSlice<T>) -> Result<T> {
-    let v = s.clone_dtoh(x).map_err(|e| driver("cuMemcpyDtoH", e))?;
+fn first<T: Pod>(s: &Stream, x: &DeviceBuffer<T>) -> Result<T> {
+    let mut v = [T::zeroed()];
+    s.memcpy_dtoh(x, &mut v)?;
     Ok(v[0])
 }
 
-fn set_first<T: DeviceRepr>(s: &Arc<CudaStream>, x: &mut CudaSlice<T>, value: T) -> Result<()> {
+fn set_first<T: Pod>(s: &Stream, x: &mut DeviceBuffer<T>, value: T) -> Result<()> {
     s.memcpy_htod(&[value], x)
-        .map_err(|e| driver("cuMemcpyHtoD", e))
 }
 
-fn to_host<T: DeviceRepr>(s: &Arc<CudaStream>, x: &CudaSlice<T>, n: usize) -> Result<Vec<T>> {
-    let mut v = s.clone_dtoh(x).map_err(|e| driver("cuMemcpyDtoH", e))?;
+fn to_host<T: Pod>(s: &Stream, x: &DeviceBuffer<T>, n: usize) -> Result<Vec<T>> {
+    let mut v = s.clone_dtoh(x)?;
     v.truncate(n);
     Ok(v)
-}
-
-fn sync(s: &Arc<CudaStream>) -> Result<()> {
-    s.synchronize()
-        .map_err(|e| driver("cuStreamSynchronize", e))
-}
-
-/// Waits for everything queued on `s`, for `Drop`s that free what the
-/// kernels read (the launches' pages, the arrays). Through the driver
-/// directly: cudarc's `CudaStream::synchronize` first reports (and clears)
-/// an error an unrelated call recorded earlier, and then returns without
-/// waiting, which would let the drop free memory a kernel still reads.
-fn sync_for_drop(s: &CudaStream) {
-    // SAFETY: the stream's context outlives it (the stream holds an Arc).
-    if unsafe { result::ctx::set_current(s.context().cu_ctx()) }.is_ok() {
-        // SAFETY: the stream belongs to the context made current above.
-        let _ = unsafe { result::stream::synchronize(s.cu_stream()) };
-    }
 }
 
 /// Vertex ids are u32 (as the CSR's neighbours).
@@ -464,11 +421,7 @@ pub fn pagerank(g: &mut dyn GpuGraph, tolerance: f64, max_iterations: u32) -> Re
         let view = g.view();
         launch!(k, "graph_pr_pull", n64 * 32;
             &view, &contrib, &mut scores, &base, &damping, &mut partial);
-        let change: f64 = s
-            .clone_dtoh(&partial)
-            .map_err(|e| driver("cuMemcpyDtoH", e))?
-            .iter()
-            .sum();
+        let change: f64 = s.clone_dtoh(&partial)?.iter().sum();
         g.between_steps()?;
         if change < tolerance {
             break;
@@ -646,7 +599,7 @@ impl GpuGraph for StrataGpu<'_> {
     }
 
     fn between_steps(&mut self) -> Result<()> {
-        sync(self.kernels.stream())?;
+        self.kernels.stream().synchronize()?;
         // The launches end: the kernels' counts land in the buffers'
         // counters (the runtime drains its device counters), where this
         // step's accesses are tallied by where the pages were, and the
@@ -675,8 +628,9 @@ impl Drop for StrataGpu<'_> {
     fn drop(&mut self) {
         // A kernel may still read through the maps (a run that failed
         // half-way): the launches must outlive it (they drop after this,
-        // freeing retired pages and draining the device counters).
-        sync_for_drop(self.kernels.stream());
+        // freeing retired pages and draining the device counters). The
+        // layer's wait waits even after an unrelated earlier error.
+        self.kernels.stream().synchronize_quietly();
     }
 }
 
@@ -693,120 +647,37 @@ pub enum PlainKind {
     Device,
 }
 
-/// One raw driver allocation, freed on drop.
-struct RawAlloc {
-    ctx: Arc<CudaContext>,
-    kind: PlainKind,
-    /// The address kernels use.
-    device: u64,
-    /// The host address (HostMapped).
-    host: usize,
-    len: usize,
+/// One array of a [`PlainGpu`], freed on drop.
+enum Array {
+    Managed(ManagedBuffer<u8>),
+    HostMapped(PinnedBuffer<u8>),
+    Device(DeviceBuffer<u8>),
 }
 
-impl RawAlloc {
-    fn new(ctx: &Arc<CudaContext>, kind: PlainKind, len: usize) -> Result<Self> {
-        ctx.bind_to_thread()
-            .map_err(|e| driver("cuCtxSetCurrent", e))?;
-        let len = len.max(1);
-        let (device, host) = match kind {
-            // SAFETY: plain allocations in the context bound just above;
-            // each is freed once, by Drop.
-            PlainKind::Device => (unsafe { result::malloc_sync(len) }, 0),
-            // SAFETY: as above.
-            PlainKind::Managed => (
-                unsafe {
-                    result::malloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)
-                },
-                0,
-            ),
-            PlainKind::HostMapped => {
-                let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-                // SAFETY: as above.
-                let host = unsafe { result::malloc_host(len, flags) }
-                    .map_err(|e| driver("cuMemHostAlloc", e))?;
-                let mut device: sys::CUdeviceptr = 0;
-                // SAFETY: `host` was allocated with DEVICEMAP just above;
-                // the out pointer is a local.
-                let got =
-                    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }.result();
-                if let Err(e) = got {
-                    // SAFETY: allocated above, not yet owned by anything.
-                    let _ = unsafe { result::free_host(host) };
-                    return Err(driver("cuMemHostGetDevicePointer", e));
-                }
-                (Ok(device), host as usize)
+impl Array {
+    /// A copy of `data` in `kind` memory of `kernels`' context, complete on
+    /// return (device copies go on the kernels' stream and are waited for).
+    fn new(kernels: &GraphKernels, kind: PlainKind, data: &[u8]) -> Result<Self> {
+        let ctx = kernels.stream().context();
+        Ok(match kind {
+            PlainKind::Managed => Array::Managed(ManagedBuffer::from_slice(ctx, data)?),
+            PlainKind::HostMapped => Array::HostMapped(PinnedBuffer::mapped_from_slice(ctx, data)?),
+            PlainKind::Device => {
+                let mut b = DeviceBuffer::alloc(ctx, data.len())?;
+                kernels.stream().memcpy_htod(data, &mut b)?;
+                Array::Device(b)
             }
-        };
-        let device = device.map_err(|e| {
-            Error::new(
-                ErrorKind::OutOfCapacity,
-                format!("allocating {len} bytes ({kind:?}) failed: {e:?}"),
-            )
-        })?;
-        Ok(Self {
-            ctx: ctx.clone(),
-            kind,
-            device,
-            host,
-            len,
         })
     }
 
-    /// Copies `data` to the start of the allocation.
-    fn fill(&self, data: &[u8]) -> Result<()> {
-        assert!(data.len() <= self.len, "fill beyond the allocation");
-        match self.kind {
-            PlainKind::Device => {
-                self.ctx
-                    .bind_to_thread()
-                    .map_err(|e| driver("cuCtxSetCurrent", e))?;
-                // SAFETY: `device` holds `len >= data.len()` bytes; `data`
-                // is staged before the call returns.
-                unsafe { result::memcpy_htod_sync(self.device, data) }
-                    .map_err(|e| driver("cuMemcpyHtoD", e))?;
-                // From pageable memory cuMemcpyHtoD returns once the data is
-                // staged, before the DMA ends, and the kernels' stream is a
-                // non-blocking one that does not wait for the legacy stream
-                // the copy ran on: wait for it here.
-                self.ctx
-                    .synchronize()
-                    .map_err(|e| driver("cuCtxSynchronize", e))
-            }
-            PlainKind::Managed | PlainKind::HostMapped => {
-                let dst = match self.kind {
-                    PlainKind::Managed => self.device as usize,
-                    _ => self.host,
-                };
-                // SAFETY: managed memory and mapped host memory are
-                // host-addressable at these addresses, `len >= data.len()`
-                // bytes long, and no kernel runs on them now (fills happen
-                // before any launch).
-                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()) };
-                Ok(())
-            }
-        }
-    }
-}
-
-impl Drop for RawAlloc {
-    fn drop(&mut self) {
-        // SAFETY: the context outlives the allocation (we hold an Arc); no
-        // kernel uses it any more (their stream synchronized before the
-        // owner drops).
-        if unsafe { result::ctx::set_current(self.ctx.cu_ctx()) }.is_err() {
-            return;
-        }
-        match self.kind {
-            PlainKind::Device | PlainKind::Managed => {
-                // SAFETY: allocated by malloc_sync / malloc_managed, freed
-                // once.
-                let _ = unsafe { result::free_sync(self.device) };
-            }
-            PlainKind::HostMapped => {
-                // SAFETY: allocated by malloc_host, freed once.
-                let _ = unsafe { result::free_host(self.host as *mut std::ffi::c_void) };
-            }
+    /// The address kernels use.
+    fn device(&self) -> u64 {
+        match self {
+            Array::Managed(b) => b.device_address(),
+            Array::HostMapped(b) => b
+                .device_address()
+                .expect("mapped_from_slice maps the buffer"),
+            Array::Device(b) => b.device_address(),
         }
     }
 }
@@ -815,8 +686,8 @@ impl Drop for RawAlloc {
 /// [`PlainKind`], read by the plain kernels.
 pub struct PlainGpu {
     kernels: Arc<GraphKernels>,
-    arrays: Vec<Option<RawAlloc>>,
-    balloon: Option<RawAlloc>,
+    arrays: Vec<Option<Array>>,
+    balloon: Option<DeviceBuffer<u8>>,
     kind: PlainKind,
     view: GraphView,
     vertices: usize,
@@ -828,14 +699,10 @@ pub struct PlainGpu {
 impl PlainGpu {
     /// `g`'s arrays (with the weights if `weights`) in `kind` memory of
     /// `ctx`, and the plain kernels.
-    pub fn new(ctx: &Arc<CudaContext>, g: &Csr, kind: PlainKind, weights: bool) -> Result<Self> {
+    pub fn new(ctx: &Context, g: &Csr, kind: PlainKind, weights: bool) -> Result<Self> {
         let kernels = GraphKernels::for_context(ctx, Flavour::Plain)?;
-        let array = |bytes: &[u8]| -> Result<RawAlloc> {
-            let a = RawAlloc::new(ctx, kind, bytes.len())?;
-            a.fill(bytes)?;
-            Ok(a)
-        };
-        let mut arrays: Vec<Option<RawAlloc>> = (0..5).map(|_| None).collect();
+        let array = |bytes: &[u8]| Array::new(&kernels, kind, bytes);
+        let mut arrays: Vec<Option<Array>> = (0..5).map(|_| None).collect();
         arrays[0] = Some(array(bytemuck::cast_slice(&g.offsets))?);
         arrays[1] = Some(array(bytemuck::cast_slice(&g.neighbors))?);
         if weights {
@@ -850,7 +717,7 @@ impl PlainGpu {
             ..Default::default()
         };
         for (a, x) in arrays.iter().enumerate() {
-            view.base[a] = x.as_ref().map_or(0, |x| x.device);
+            view.base[a] = x.as_ref().map_or(0, Array::device);
         }
         if !g.directed() {
             view.base[3] = view.base[0];
@@ -873,12 +740,12 @@ impl PlainGpu {
     /// (Unified Memory then keeps at most that much of the graph on the
     /// GPU): one `cuMemAlloc` of the rest, freed on drop. Replaces an
     /// earlier hold.
-    pub fn hold_back(&mut self, ctx: &Arc<CudaContext>, leave_free: u64) -> Result<u64> {
+    pub fn hold_back(&mut self, ctx: &Context, leave_free: u64) -> Result<u64> {
         self.balloon = None;
-        let (free, _) = ctx.mem_get_info().map_err(|e| driver("cuMemGetInfo", e))?;
-        let held = (free as u64).saturating_sub(leave_free);
+        let (free, _) = ctx.memory_info()?;
+        let held = free.saturating_sub(leave_free);
         if held > 0 {
-            self.balloon = Some(RawAlloc::new(ctx, PlainKind::Device, held as usize)?);
+            self.balloon = Some(DeviceBuffer::alloc(ctx, held as usize)?);
         }
         Ok(held)
     }
@@ -889,49 +756,13 @@ impl PlainGpu {
             return Ok(());
         }
         let s = self.kernels.stream();
-        // The prefetches below are raw driver calls: they need the context
-        // current on this thread.
-        s.context()
-            .bind_to_thread()
-            .map_err(|e| driver("cuCtxSetCurrent", e))?;
         for a in self.arrays.iter().flatten() {
-            // SAFETY: a managed range of this context; no kernel runs (the
-            // stream is synchronized below before anything reads it).
-            unsafe { prefetch_to_host(a.device, a.len, s) }?;
+            if let Array::Managed(b) = a {
+                s.prefetch_to_host(b)?;
+            }
         }
-        sync(s)
+        s.synchronize()
     }
-}
-
-/// `CU_DEVICE_CPU` of cuda.h: the host as a prefetch target.
-const CU_DEVICE_CPU: sys::CUdevice = -1;
-
-/// Queues a prefetch of managed memory to the host on `s`.
-///
-/// CUDA 13's headers name only the `CUmemLocation` form
-/// (`cuMemPrefetchAsync_v2`, CUDA 12.2+), and cudarc panics on a driver
-/// symbol that is missing: the `_v2` entry point where the driver exports
-/// it, the legacy one (a device ordinal) on older drivers.
-///
-/// # Safety
-/// `device..device+len` is managed memory of `s`'s context, which is
-/// current.
-unsafe fn prefetch_to_host(device: u64, len: usize, s: &CudaStream) -> Result<()> {
-    // SAFETY: only looks a symbol up in the loaded driver library.
-    let v2 =
-        unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuMemPrefetchAsync_v2") }.is_ok();
-    let r = if v2 {
-        let host = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-            id: 0,
-        };
-        // SAFETY: the caller's contract; the symbol exists (checked above).
-        unsafe { sys::cuMemPrefetchAsync_v2(device, len, host, 0, s.cu_stream()) }
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { sys::cuMemPrefetchAsync(device, len, CU_DEVICE_CPU, s.cu_stream()) }
-    };
-    r.result().map_err(|e| driver("cuMemPrefetchAsync", e))
 }
 
 impl GpuGraph for PlainGpu {
@@ -965,6 +796,6 @@ impl GpuGraph for PlainGpu {
 impl Drop for PlainGpu {
     fn drop(&mut self) {
         // Kernels may still read the arrays: wait for them before freeing.
-        sync_for_drop(self.kernels.stream());
+        self.kernels.stream().synchronize_quietly();
     }
 }

@@ -12,19 +12,15 @@
 //! host's copies overlap both. Every tile's results are in its chunk when
 //! [`CudaAdam::update`] returns, before the caller writes the chunk back.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use cudarc::driver::{
-    result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError, LaunchConfig,
-    PushKernelArg,
-};
-use cudarc::nvrtc::Ptx;
+use super::{nvrtc, Context, DeviceBuffer, Event, Kernel, LaunchConfig, PinnedBuffer, Ptx, Stream};
 
 use super::no_device;
 use crate::error::{Error, ErrorKind, Result};
 use crate::offload::optim::StepScalars;
 
-const SOURCE: &str = include_str!("../../kernels/adam.cu");
+const SOURCE: &str = include_str!("../../../kernels/adam.cu");
 
 /// The kernels loaded from `adam.cu` (checked against its PTX by
 /// `tests/kernels.rs`).
@@ -43,10 +39,6 @@ const G: usize = 3;
 /// What a tile uploads, and what it downloads.
 const UP: [usize; 4] = [W, M, V, G];
 const DOWN: [usize; 3] = [W, M, V];
-
-fn driver(call: &str, e: DriverError) -> Error {
-    Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
-}
 
 /// One chunk's state and gradients, all of the same length.
 #[derive(Debug)]
@@ -105,7 +97,7 @@ fn ptx() -> Result<Ptx> {
     if let Some(src) = PTX.get() {
         return Ok(Ptx::from_src(src.clone()));
     }
-    let src = super::nvrtc::compile("adam.cu", SOURCE)?.to_src();
+    let src = nvrtc::compile("adam.cu", SOURCE)?.to_src();
     Ok(Ptx::from_src(PTX.get_or_init(|| src).clone()))
 }
 
@@ -113,65 +105,21 @@ fn ptx() -> Result<Ptx> {
 /// device memory, the stream its work runs on, and an event recorded after
 /// its last download.
 struct Set {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    done: CudaEvent,
-    host: *mut f32,
-    dev: sys::CUdeviceptr,
+    stream: Stream,
+    done: Event,
+    host: PinnedBuffer<f32>,
+    dev: DeviceBuffer<f32>,
 }
 
-// SAFETY: `host` is a pinned allocation owned by this set alone; it is read
-// and written only through `&mut Set` (after the set's event has completed,
-// so no copy engine touches it at the same time). The CUDA objects are
-// usable from any thread once the context is bound, which every method does.
-unsafe impl Send for Set {}
-
 impl Set {
-    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        let bytes = ARRAYS * TILE * 4;
-        let stream = ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
-        let done = ctx
-            .new_event(None)
-            .map_err(|e| driver("cuEventCreate", e))?;
-        ctx.bind_to_thread()
-            .map_err(|e| driver("cuCtxSetCurrent", e))?;
-        // SAFETY: a plain allocation in the context bound above; no flags
-        // (not write-combined: the host reads the results back).
-        let host = unsafe { result::malloc_host(bytes, 0) }
-            .map_err(|e| driver("cuMemHostAlloc", e))?
-            .cast::<f32>();
-        // SAFETY: as above.
-        let dev = match unsafe { result::malloc_sync(bytes) } {
-            Ok(d) => d,
-            Err(e) => {
-                // SAFETY: allocated just above, never used.
-                let _ = unsafe { result::free_host(host.cast()) };
-                return Err(driver("cuMemAlloc", e));
-            }
-        };
+    fn new(ctx: &Context) -> Result<Self> {
         Ok(Self {
-            ctx: ctx.clone(),
-            stream,
-            done,
-            host,
-            dev,
+            stream: ctx.stream()?,
+            done: ctx.event()?,
+            // Not write-combined: the host reads the results back.
+            host: PinnedBuffer::new(ctx, ARRAYS * TILE)?,
+            dev: DeviceBuffer::alloc(ctx, ARRAYS * TILE)?,
         })
-    }
-
-    /// The pinned staging memory.
-    ///
-    /// # Safety
-    /// No copy queued on this set's stream is still running (its event has
-    /// completed, or nothing was queued since the stream last synchronized).
-    unsafe fn staging(&mut self) -> &mut [f32] {
-        // SAFETY: `host` holds ARRAYS × TILE floats, owned by this set;
-        // `&mut self` makes this the only reference, and the caller
-        // guarantees no DMA touches it meanwhile.
-        unsafe { std::slice::from_raw_parts_mut(self.host, ARRAYS * TILE) }
-    }
-
-    fn dev(&self, array: usize) -> u64 {
-        self.dev + (array * TILE * 4) as u64
     }
 
     /// Stages `tile`'s inputs and queues its uploads, kernel and downloads.
@@ -182,57 +130,52 @@ impl Set {
     unsafe fn submit(&mut self, tile: &Chunk<'_>, s: &StepScalars, k: &Kernels) -> Result<()> {
         let n = tile.w.len();
         debug_assert!(n <= TILE);
-        let dev: [u64; ARRAYS] = std::array::from_fn(|a| self.dev(a));
-        let stream = self.stream.clone();
-        // SAFETY: this function's contract.
-        let h = unsafe { self.staging() };
+        let dev: [u64; ARRAYS] =
+            std::array::from_fn(|a| self.dev.device_address() + (a * TILE * 4) as u64);
+        let (stream, buffer) = (&self.stream, &self.dev);
+        // No copy touches the staging memory: this function's contract.
+        let h = &mut self.host[..];
         h[W * TILE..W * TILE + n].copy_from_slice(tile.w);
         h[M * TILE..M * TILE + n].copy_from_slice(tile.m);
         h[V * TILE..V * TILE + n].copy_from_slice(tile.v);
         h[G * TILE..G * TILE + n].copy_from_slice(tile.g);
-        let cu = stream.cu_stream();
         for a in UP {
             let src = &h[a * TILE..a * TILE + n];
             // SAFETY: `src` is pinned and stays allocated and untouched by
             // the host until the set's event completes (the contract of
-            // `staging`); the destination is inside this set's device
-            // allocation.
-            unsafe { result::memcpy_htod_async(dev[a], src, cu) }
-                .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+            // `submit`: the next host access comes after `finish` or a
+            // synchronize); the destination is this set's alone.
+            unsafe { stream.upload_async(src, buffer, a * TILE)? };
         }
         let (w, m, v, g) = (dev[W], dev[M], dev[V], dev[G]);
         let n32 = n as u32;
         let p = &s.p;
         let cfg = LaunchConfig::for_num_elems(n32);
-        let mut b = stream.launch_builder(&k.plain);
+        let mut b = stream.launch(&k.plain);
         b.arg(&w).arg(&m).arg(&v).arg(&g).arg(&n32);
         b.arg(&p.lr).arg(&p.beta1).arg(&p.beta2).arg(&p.eps);
         b.arg(&p.weight_decay).arg(&s.bc1).arg(&s.bc2);
         // SAFETY: the arguments match strata_adam's signature; the four
-        // arrays hold `n` floats each on the device and the kernel touches
-        // no element at or past `n`.
-        unsafe { b.launch(cfg) }.map_err(|e| driver("strata_adam", e))?;
+        // arrays hold `n` floats each in this set's device memory, which
+        // lives as long as the set (whose drop waits for its stream), and
+        // the kernel touches no element at or past `n`.
+        unsafe { b.launch(cfg)? };
         for a in DOWN {
             let dst = &mut h[a * TILE..a * TILE + n];
             // SAFETY: as for the uploads; the host reads `dst` only after
             // the event recorded below has completed.
-            unsafe { result::memcpy_dtoh_async(dst, dev[a], cu) }
-                .map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+            unsafe { stream.download_async(buffer, a * TILE, dst)? };
         }
-        self.done
-            .record(&self.stream)
-            .map_err(|e| driver("cuEventRecord", e))
+        self.done.record(stream)
     }
 
     /// Waits for `tile`'s results and copies them into it.
     fn finish(&mut self, tile: Chunk<'_>) -> Result<()> {
-        self.done
-            .synchronize()
-            .map_err(|e| driver("cuEventSynchronize", e))?;
+        // The event recorded after this set's last download has completed
+        // on return, so no copy touches the staging memory.
+        self.done.synchronize()?;
         let n = tile.w.len();
-        // SAFETY: the event recorded after this set's last download has
-        // completed, so no copy touches the staging memory.
-        let h = unsafe { self.staging() };
+        let h = &self.host[..];
         tile.w.copy_from_slice(&h[W * TILE..W * TILE + n]);
         tile.m.copy_from_slice(&h[M * TILE..M * TILE + n]);
         tile.v.copy_from_slice(&h[V * TILE..V * TILE + n]);
@@ -241,36 +184,24 @@ impl Set {
 
     /// Waits for everything queued on the set (after a failure).
     fn quiesce(&self) {
-        // SAFETY: the stream belongs to this set's context, bound by every
-        // caller.
-        let _ = unsafe { result::stream::synchronize(self.stream.cu_stream()) };
+        self.stream.synchronize_quietly();
     }
 }
 
 impl Drop for Set {
     fn drop(&mut self) {
-        // Errors here cannot be returned. Bind the context directly (cudarc's
-        // `bind_to_thread` fails on an unrelated recorded error).
-        // SAFETY: the context outlives the set (we hold an Arc).
-        if unsafe { result::ctx::set_current(self.ctx.cu_ctx()) }.is_ok() {
-            self.quiesce();
-            // SAFETY: both allocations came from this context, and no copy
-            // or kernel uses them any more (the stream was synchronized).
-            unsafe {
-                let _ = result::free_sync(self.dev);
-                let _ = result::free_host(self.host.cast());
-            }
-        }
+        // The staging memory and device memory free themselves after this:
+        // nothing may still copy into them.
+        self.quiesce();
     }
 }
 
 struct Kernels {
-    plain: CudaFunction,
+    plain: Kernel,
 }
 
 /// The Adam update on GPU `ordinal`: the kernels and two staging sets.
 pub struct CudaAdam {
-    ctx: Arc<CudaContext>,
     kernels: Kernels,
     sets: [Set; 2],
     name: String,
@@ -286,34 +217,19 @@ impl CudaAdam {
     /// Opens GPU `ordinal` and compiles the kernels (NVRTC). `NoDevice`
     /// ("no CUDA device: …") without a driver, a GPU or NVRTC.
     pub fn new(ordinal: usize) -> Result<Self> {
-        let none = |why: String| no_device(format!("no CUDA device: {why}"));
-        // SAFETY: only tries to load the driver library; calls nothing in it.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(none(
-                "the CUDA driver library (libcuda.so) is not present".into(),
-            ));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(|e| none(format!("GPU {ordinal}: {e:?}")))?;
-        let ptx = ptx().map_err(|e| match e.kind() {
-            ErrorKind::NoDevice => none(e.to_string()),
+        let none = |e: Error| match e.kind() {
+            ErrorKind::NoDevice => no_device(format!("no CUDA device: {e}")),
             _ => e,
-        })?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| driver("cuModuleLoadData", e))?;
-        let get = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| driver("cuModuleGetFunction", e))
         };
+        let ctx = Context::open(ordinal).map_err(none)?;
+        let ptx = ptx().map_err(none)?;
+        let module = ctx.module("adam.cu", || Ok(ptx))?;
         let kernels = Kernels {
-            plain: get(ENTRY_POINTS[0])?,
+            plain: module.kernel(ENTRY_POINTS[0])?,
         };
         let sets = [Set::new(&ctx)?, Set::new(&ctx)?];
-        let name = result::device::get_name(ctx.cu_device()).unwrap_or_else(|_| "GPU".into());
         Ok(Self {
-            name: format!("GPU {ordinal} ({name})"),
-            ctx,
+            name: format!("GPU {ordinal} ({})", ctx.name()),
             kernels,
             sets,
         })
@@ -333,9 +249,6 @@ impl CudaAdam {
             c.check()?;
             c.tiles(&mut tiles);
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver("cuCtxSetCurrent", e))?;
         let (sets, kernels) = (&mut self.sets, &self.kernels);
         let mut pending: [Option<Chunk<'_>>; 2] = [None, None];
         let r = (|| -> Result<()> {

@@ -2,68 +2,39 @@
 //! with NVRTC on first use and cached per context. Semantics (and the
 //! shared test vectors) are those of [`crate::hotness`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
-
-use crate::error::{Error, ErrorKind, Result};
+use super::{nvrtc, Context, DeviceBuffer, Kernel, LaunchConfig, Stream};
+use crate::error::{Error, Result};
 use crate::hotness::{Harvest, HarvestParams};
 
-const SOURCE: &str = include_str!("../../kernels/hotness.cu");
+const SOURCE: &str = include_str!("../../../kernels/hotness.cu");
 
 /// The kernels loaded from `hotness.cu` (checked against its PTX by
 /// `tests/kernels.rs`).
 pub const ENTRY_POINTS: &[&str] = &["strata_fold", "strata_histogram", "strata_collect"];
 
-fn driver(call: &str, e: impl std::fmt::Debug) -> Error {
-    Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
-}
-
-/// The compiled harvest kernels of one context.
+/// The harvest kernels of one context, and the stream they run on.
 pub struct CudaHotness {
-    stream: Arc<CudaStream>,
-    fold: CudaFunction,
-    histogram: CudaFunction,
-    collect: CudaFunction,
-}
-
-/// Compiled modules, one per context (keyed by the context's address).
-fn cache() -> &'static Mutex<HashMap<usize, Arc<CudaHotness>>> {
-    static CACHE: OnceLock<Mutex<HashMap<usize, Arc<CudaHotness>>>> = OnceLock::new();
-    CACHE.get_or_init(Default::default)
+    stream: Stream,
+    fold: Kernel,
+    histogram: Kernel,
+    collect: Kernel,
 }
 
 impl CudaHotness {
-    /// The harvest kernels for `ctx`, compiled the first time.
-    pub fn for_context(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
-        let key = Arc::as_ptr(ctx) as usize;
-        if let Some(h) = cache().lock().expect("cache lock").get(&key) {
-            return Ok(h.clone());
-        }
-        let ptx = super::nvrtc::compile("hotness.cu", SOURCE)?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| driver("cuModuleLoadData", e))?;
-        let get = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| driver("cuModuleGetFunction", e))
-        };
-        let h = Arc::new(Self {
-            stream: ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?,
-            fold: get("strata_fold")?,
-            histogram: get("strata_histogram")?,
-            collect: get("strata_collect")?,
-        });
-        cache().lock().expect("cache lock").insert(key, h.clone());
-        Ok(h)
+    /// The harvest kernels for `ctx` (the module compiled and loaded the
+    /// first time, cached by the context), on a new stream.
+    pub fn for_context(ctx: &Context) -> Result<Self> {
+        let module = ctx.module("hotness.cu", || nvrtc::compile("hotness.cu", SOURCE))?;
+        Ok(Self {
+            stream: ctx.stream()?,
+            fold: module.kernel("strata_fold")?,
+            histogram: module.kernel("strata_histogram")?,
+            collect: module.kernel("strata_collect")?,
+        })
     }
 
     /// The stream the kernels run on (for uploads in tests and callers).
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
@@ -71,9 +42,9 @@ impl CudaHotness {
     /// lists; `resident[p]` is nonzero for pages in device memory.
     pub fn harvest(
         &self,
-        counts: &mut CudaSlice<u32>,
-        scores: &mut CudaSlice<f32>,
-        resident: &CudaSlice<u8>,
+        counts: &mut DeviceBuffer<u32>,
+        scores: &mut DeviceBuffer<f32>,
+        resident: &DeviceBuffer<u8>,
         params: HarvestParams,
     ) -> Result<Harvest> {
         let n = counts.len();
@@ -89,16 +60,12 @@ impl CudaHotness {
             return Err(Error::invalid("a harvest covers at most 2^32 pages"));
         }
         let s = &self.stream;
-        let mut hot = s
-            .alloc_zeros::<u64>(n)
-            .map_err(|e| driver("cuMemAlloc", e))?;
-        let mut cold = s
-            .alloc_zeros::<u64>(n)
-            .map_err(|e| driver("cuMemAlloc", e))?;
+        let mut hot = s.alloc_zeros::<u64>(n)?;
+        let mut cold = s.alloc_zeros::<u64>(n)?;
         let n64 = n as u64;
         let scale = (1u64 << params.shift) as f32;
         let cfg = LaunchConfig::for_num_elems(n as u32);
-        let mut fold = s.launch_builder(&self.fold);
+        let mut fold = s.launch(&self.fold);
         fold.arg(counts)
             .arg(scores)
             .arg(resident)
@@ -109,7 +76,7 @@ impl CudaHotness {
             .arg(&mut cold);
         // SAFETY: the argument list matches strata_fold's signature; every
         // buffer holds `n` elements and the grid covers `n` threads.
-        unsafe { fold.launch(cfg) }.map_err(|e| driver("strata_fold", e))?;
+        unsafe { fold.launch(cfg)? };
         Ok(Harvest {
             hot: self
                 .select(&hot, params.k)?
@@ -125,7 +92,7 @@ impl CudaHotness {
     }
 
     /// The `k` largest nonzero keys, largest first.
-    fn select(&self, keys: &CudaSlice<u64>, k: usize) -> Result<Vec<u64>> {
+    fn select(&self, keys: &DeviceBuffer<u64>, k: usize) -> Result<Vec<u64>> {
         if k == 0 {
             return Ok(Vec::new());
         }
@@ -133,14 +100,11 @@ impl CudaHotness {
         let n = keys.len() as u64;
         let (mut prefix, mut mask, mut remaining) = (0u64, 0u64, k as u64);
         let mut threshold = 1u64; // fewer than k candidates: all of them
-        let mut hist = s
-            .alloc_zeros::<u32>(256)
-            .map_err(|e| driver("cuMemAlloc", e))?;
+        let mut hist = s.alloc_zeros::<u32>(256)?;
         for digit in (0..8u32).rev() {
             let shift = digit * 8;
-            s.memset_zeros(&mut hist)
-                .map_err(|e| driver("cuMemsetD8", e))?;
-            let mut b = s.launch_builder(&self.histogram);
+            s.memset_zeros(&mut hist)?;
+            let mut b = s.launch(&self.histogram);
             b.arg(keys)
                 .arg(&n)
                 .arg(&prefix)
@@ -154,8 +118,8 @@ impl CudaHotness {
             };
             // SAFETY: matches strata_histogram's signature; `hist` has 256
             // entries, the kernel strides over all `n` keys.
-            unsafe { b.launch(cfg) }.map_err(|e| driver("strata_histogram", e))?;
-            let h: Vec<u32> = s.clone_dtoh(&hist).map_err(|e| driver("cuMemcpyDtoH", e))?;
+            unsafe { b.launch(cfg)? };
+            let h: Vec<u32> = s.clone_dtoh(&hist)?;
             if digit == 7 && h.iter().map(|&c| c as u64).sum::<u64>() <= remaining {
                 break;
             }
@@ -174,13 +138,9 @@ impl CudaHotness {
             threshold = prefix;
         }
         let capacity = k as u32;
-        let mut out = s
-            .alloc_zeros::<u64>(k)
-            .map_err(|e| driver("cuMemAlloc", e))?;
-        let mut count = s
-            .alloc_zeros::<u32>(1)
-            .map_err(|e| driver("cuMemAlloc", e))?;
-        let mut b = s.launch_builder(&self.collect);
+        let mut out = s.alloc_zeros::<u64>(k)?;
+        let mut count = s.alloc_zeros::<u32>(1)?;
+        let mut b = s.launch(&self.collect);
         b.arg(keys)
             .arg(&n)
             .arg(&threshold)
@@ -189,12 +149,9 @@ impl CudaHotness {
             .arg(&mut count);
         // SAFETY: matches strata_collect's signature; `out` holds `capacity`
         // keys and the kernel writes no more.
-        unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }
-            .map_err(|e| driver("strata_collect", e))?;
-        let found = s
-            .clone_dtoh(&count)
-            .map_err(|e| driver("cuMemcpyDtoH", e))?[0];
-        let mut keys = s.clone_dtoh(&out).map_err(|e| driver("cuMemcpyDtoH", e))?;
+        unsafe { b.launch(LaunchConfig::for_num_elems(n as u32))? };
+        let found = s.clone_dtoh(&count)?[0];
+        let mut keys = s.clone_dtoh(&out)?;
         keys.truncate((found as usize).min(k));
         keys.sort_unstable_by(|a, b| b.cmp(a));
         Ok(keys)
