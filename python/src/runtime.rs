@@ -147,7 +147,7 @@ fn settings(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
             }
             _ => {
                 return Err(PyTypeError::new_err(format!(
-                    "Runtime() got an unexpected keyword argument {key:?} (takes {})",
+                    "Runtime() got an unexpected keyword argument '{key}' (takes {})",
                     KEYWORDS.join(", ")
                 )))
             }
