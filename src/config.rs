@@ -273,8 +273,8 @@ impl Settings {
     /// The settings of TOML text in the format of the config file (see the
     /// module documentation).
     pub fn from_toml(text: &str) -> Result<Self> {
-        let f: FileConfig = toml::from_str(text)
-            .map_err(|e| Error::invalid(format!("config: {}", e.message())))?;
+        let f: FileConfig =
+            toml::from_str(text).map_err(|e| Error::invalid(format!("config: {}", e.message())))?;
         Ok(Self {
             page_size: f.page_size.map(u64::from),
             device: f.device.map(|d| d.parse()).transpose()?,

@@ -99,7 +99,10 @@ fn every_setting_resolves_alike_from_rust_and_toml() {
     assert_eq!(nvme.capacity, 2 << 20);
     assert_eq!(nvme.engine, EngineChoice::Psync);
     assert_eq!(nvme.queue_depth, 8);
-    assert_eq!((from_rust.watermarks.low, from_rust.watermarks.high), (0.5, 0.75));
+    assert_eq!(
+        (from_rust.watermarks.low, from_rust.watermarks.high),
+        (0.5, 0.75)
+    );
     assert_eq!(from_rust.policy, PolicyKind::Lru);
     assert!(!from_rust.background_eviction);
     assert_eq!(from_rust.sampling, Some(3));
@@ -130,7 +133,10 @@ fn unset_settings_take_the_defaults_of_an_empty_file() {
     program.nvme_capacity = Some(0);
     let c = rust(&program).unwrap();
     assert!(c.cxl.is_none() && c.nvme.is_none());
-    assert_eq!(c, toml("[cxl]\nmode = \"off\"\n[nvme]\ncapacity = 0\n").unwrap());
+    assert_eq!(
+        c,
+        toml("[cxl]\nmode = \"off\"\n[nvme]\ncapacity = 0\n").unwrap()
+    );
     // A capacity of 0 turns the device, CXL and NVMe tiers off alike.
     let c = toml("device_capacity = 0\n[cxl]\nmode = \"emulated\"\ncapacity = 0\n").unwrap();
     assert_eq!(c.device_capacity, Some(0));
@@ -152,29 +158,56 @@ fn the_environment_still_overrides_the_file() {
     assert!(c.cxl.is_none());
     let env = |k: &str| (k == "STRATA_CXL_MODE").then(|| "cxl2".to_owned());
     let e = Config::resolve(None, &env, &Topology::default()).unwrap_err();
-    assert!(e.message().starts_with("STRATA_CXL_MODE: unknown cxl mode"), "{e}");
+    assert!(
+        e.message().starts_with("STRATA_CXL_MODE: unknown cxl mode"),
+        "{e}"
+    );
 }
 
 #[test]
 fn a_bad_value_gives_the_same_message_from_rust_and_toml() {
     type Spoil = fn(&mut Settings);
     let cases: [(Spoil, &str, &str); 9] = [
-        (|s| s.page_size = Some(3000), "page_size = 3000", "power of two"),
-        (|s| s.page_size = Some(8 << 20), "page_size = \"8M\"", "outside 4K..2M"),
+        (
+            |s| s.page_size = Some(3000),
+            "page_size = 3000",
+            "power of two",
+        ),
+        (
+            |s| s.page_size = Some(8 << 20),
+            "page_size = \"8M\"",
+            "outside 4K..2M",
+        ),
         (
             |s| (s.watermark_low, s.watermark_high) = (Some(0.9), Some(0.5)),
             "watermark_low = 0.9\nwatermark_high = 0.5",
             "watermarks",
         ),
-        (|s| s.sampling = Some(Some(17)), "sampling = 17", "at most 2^16"),
-        (|s| s.nvme_queue_depth = Some(0), "[nvme]\nqueue_depth = 0", "queue depth 0"),
-        (|s| s.host_capacity = Some(100), "[host]\ncapacity = 100", "holds no whole page"),
+        (
+            |s| s.sampling = Some(Some(17)),
+            "sampling = 17",
+            "at most 2^16",
+        ),
+        (
+            |s| s.nvme_queue_depth = Some(0),
+            "[nvme]\nqueue_depth = 0",
+            "queue depth 0",
+        ),
+        (
+            |s| s.host_capacity = Some(100),
+            "[host]\ncapacity = 100",
+            "holds no whole page",
+        ),
         (
             |s| s.nvme_capacity = Some(100_000),
             "[nvme]\ncapacity = 100000",
             "not a multiple of the page size",
         ),
-        (|s| s.nvme_path = Some("".into()), "[nvme]\npath = \"\"", "nvme path is empty"),
+        (
+            |s| s.nvme_path = Some("".into()),
+            "[nvme]\npath = \"\"",
+            "nvme path is empty",
+        ),
         (
             |s| (s.cxl_mode, s.cxl_capacity) = (Some(CxlMode::Emulated), Some(100)),
             "[cxl]\nmode = \"emulated\"\ncapacity = 100",
@@ -193,7 +226,9 @@ fn a_bad_value_gives_the_same_message_from_rust_and_toml() {
     // Names parse to the same error wherever they come from.
     assert_eq!(
         toml("sampling = \"often\"").unwrap_err().message(),
-        strata::config::parse_sampling("often").unwrap_err().message()
+        strata::config::parse_sampling("often")
+            .unwrap_err()
+            .message()
     );
     assert_eq!(
         toml("policy = \"mru\"").unwrap_err().message(),
@@ -209,7 +244,9 @@ fn a_bad_value_gives_the_same_message_from_rust_and_toml() {
     );
     assert_eq!(
         toml("[cxl]\nmode = \"cxl2\"").unwrap_err().message(),
-        strata::config::parse_cxl_mode("cxl2").unwrap_err().message()
+        strata::config::parse_cxl_mode("cxl2")
+            .unwrap_err()
+            .message()
     );
 }
 

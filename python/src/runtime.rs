@@ -113,7 +113,9 @@ fn settings(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
                 );
             }
             "page_size" => s.page_size = Some(bytes(&v, "page_size")?),
-            "cxl_mode" => s.cxl_mode = Some(parse_cxl_mode(&v.extract::<String>()?).map_err(raise)?),
+            "cxl_mode" => {
+                s.cxl_mode = Some(parse_cxl_mode(&v.extract::<String>()?).map_err(raise)?)
+            }
             "cxl_capacity" => s.cxl_capacity = Some(bytes(&v, "cxl_capacity")?),
             "cxl_bandwidth" if none => {}
             "cxl_bandwidth" => s.cxl_bandwidth = Some(bytes(&v, "cxl_bandwidth")?),
