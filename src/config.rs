@@ -574,8 +574,14 @@ impl Config {
     /// `page_size`, `huge_pages`, `numa_node`), `cxl` and `nvme` (null
     /// without the tier), `watermarks` (`low`, `high`), `policy`,
     /// `background_eviction`, `sampling` (the shift, null for none).
+    /// An NVMe path that is not UTF-8 is shown lossily.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a config serializes")
+        let mut shown = self.clone();
+        if let Some(nvme) = &mut shown.nvme {
+            nvme.path = PathBuf::from(nvme.path.to_string_lossy().into_owned());
+        }
+        // Every path is UTF-8 now, and no map has keys that are not strings.
+        serde_json::to_string(&shown).expect("a config serializes")
     }
 }
 

@@ -277,3 +277,13 @@ fn a_built_runtime_carries_every_setting() {
     off.device_capacity = Some(0);
     assert_eq!(rust(&off).unwrap().build().unwrap().sampling(), None);
 }
+
+#[test]
+fn a_path_that_is_not_utf8_is_shown_lossily() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut s = Settings::default();
+    s.nvme_path = Some(std::ffi::OsStr::from_bytes(b"/tmp/swap-\xff").into());
+    s.nvme_capacity = Some(1 << 20);
+    let json: serde_json::Value = serde_json::from_str(&rust(&s).unwrap().to_json()).unwrap();
+    assert_eq!(json["nvme"]["path"], "/tmp/swap-\u{fffd}");
+}

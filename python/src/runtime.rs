@@ -19,8 +19,9 @@ use crate::errors::{invalid, raise};
 ///
 /// Build one from keyword arguments (below) or from the TOML of the
 /// `strata` command's config file with `Runtime.from_toml(text)`. A keyword
-/// left out keeps the configuration's default, the same as TOML's and C's
-/// (`Runtime.config()` shows the result). Capacities are in bytes.
+/// left out, or None, keeps the configuration's default, the same as TOML's
+/// and C's (`Runtime.config()` shows the result); only `device=None` means
+/// something else: no device tier. Capacities are in bytes.
 ///
 /// device: "auto" (the default: a GPU where present, else the simulated
 ///     one), "sim", "cuda" (a GPU, else NoDeviceError), or None for no
@@ -85,9 +86,9 @@ fn bytes(v: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
     offset(v.extract::<i64>()?, name)
 }
 
-/// The partial configuration of `Runtime`'s keywords: what is left out
-/// stays unset. A program gets a CXL tier only with a cxl_mode and an NVMe
-/// tier only with an nvme_path.
+/// The partial configuration of `Runtime`'s keywords: what is left out (or
+/// None) stays unset. A program gets a CXL tier only with a cxl_mode and an
+/// NVMe tier only with an nvme_path; `device=None` means no device tier.
 fn settings(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
     let mut s = Settings::default();
     s.cxl_mode = Some(CxlMode::Off);
@@ -97,15 +98,15 @@ fn settings(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
     };
     for (key, v) in kw.iter() {
         let key: String = key.extract()?;
-        let none = v.is_none();
+        // None leaves a setting to its default (`device=None`: see below).
+        if v.is_none() && KEYWORDS.contains(&key.as_str()) {
+            continue;
+        }
         match key.as_str() {
-            "device" if none => {}
             "device" => s.device = Some(v.extract::<String>()?.parse().map_err(raise)?),
-            "device_capacity" if none => {}
             "device_capacity" => s.device_capacity = Some(bytes(&v, "device_capacity")?),
             "host_capacity" => s.host_capacity = Some(bytes(&v, "host_capacity")?),
             "huge_pages" => s.huge_pages = Some(v.extract()?),
-            "numa_node" if none => s.numa_node = None,
             "numa_node" => {
                 let n = bytes(&v, "numa_node")?;
                 s.numa_node = Some(
@@ -117,25 +118,19 @@ fn settings(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
                 s.cxl_mode = Some(parse_cxl_mode(&v.extract::<String>()?).map_err(raise)?)
             }
             "cxl_capacity" => s.cxl_capacity = Some(bytes(&v, "cxl_capacity")?),
-            "cxl_bandwidth" if none => {}
             "cxl_bandwidth" => s.cxl_bandwidth = Some(bytes(&v, "cxl_bandwidth")?),
             "cxl_latency_ns" => s.cxl_latency_ns = Some(bytes(&v, "cxl_latency_ns")?),
-            "nvme_path" if none => {}
             "nvme_path" => s.nvme_path = Some(v.extract::<PathBuf>()?),
-            "nvme_capacity" if none => {}
             "nvme_capacity" => s.nvme_capacity = Some(bytes(&v, "nvme_capacity")?),
             "nvme_engine" => s.nvme_engine = Some(v.extract::<String>()?.parse().map_err(raise)?),
             "nvme_queue_depth" => s.nvme_queue_depth = Some(bytes(&v, "nvme_queue_depth")?),
             "background_eviction" => s.background_eviction = Some(v.extract()?),
-            "watermarks" if none => {}
             "watermarks" => {
                 let (low, high): (f64, f64) = v.extract()?;
                 s.watermark_low = Some(low);
                 s.watermark_high = Some(high);
             }
-            "policy" if none => {}
             "policy" => s.policy = Some(v.extract::<String>()?.parse().map_err(raise)?),
-            "sampling" if none => {}
             "sampling" => {
                 s.sampling = Some(match v.extract::<String>() {
                     Ok(text) => strata::config::parse_sampling(&text).map_err(raise)?,

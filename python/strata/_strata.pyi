@@ -34,8 +34,9 @@ _WritableBuffer = Any
 class Runtime:
     """The tiers and everything allocated in them.
 
-    Every keyword is optional: one left out keeps the configuration's
-    default, the same as TOML's and C's (config() shows the result).
+    Every keyword is optional: one left out, or None, keeps the
+    configuration's default, the same as TOML's and C's (config() shows the
+    result); only device=None means something else: no device tier.
 
     device: "auto" (the default: a GPU where present, else the simulated
         one), "sim", "cuda" (a GPU, else NoDeviceError), or None for no
@@ -77,19 +78,19 @@ class Runtime:
         *,
         device: Optional[Literal["auto", "sim", "cuda"]] = ...,
         device_capacity: Optional[int] = ...,
-        host_capacity: int = ...,
-        huge_pages: bool = ...,
+        host_capacity: Optional[int] = ...,
+        huge_pages: Optional[bool] = ...,
         numa_node: Optional[int] = ...,
-        page_size: int = ...,
-        cxl_mode: Literal["auto", "emulated", "off"] = ...,
-        cxl_capacity: int = ...,
+        page_size: Optional[int] = ...,
+        cxl_mode: Optional[Literal["auto", "emulated", "off"]] = ...,
+        cxl_capacity: Optional[int] = ...,
         cxl_bandwidth: Optional[int] = ...,
-        cxl_latency_ns: int = ...,
+        cxl_latency_ns: Optional[int] = ...,
         nvme_path: Union[str, "PathLike[str]", None] = ...,
         nvme_capacity: Optional[int] = ...,
-        nvme_engine: Literal["auto", "uring", "psync"] = ...,
-        nvme_queue_depth: int = ...,
-        background_eviction: bool = ...,
+        nvme_engine: Optional[Literal["auto", "uring", "psync"]] = ...,
+        nvme_queue_depth: Optional[int] = ...,
+        background_eviction: Optional[bool] = ...,
         watermarks: Optional[Tuple[float, float]] = ...,
         policy: Optional[str] = ...,
         sampling: Union[int, Literal["off"], None] = ...,

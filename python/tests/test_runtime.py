@@ -330,3 +330,9 @@ def test_an_unknown_keyword_is_a_type_error():
         strata.Runtime(host_capacty=1 << 20)
     with pytest.raises(TypeError):
         strata.Runtime(huge_pages="yes")
+
+
+def test_none_leaves_a_keyword_to_its_default():
+    assert strata.resolve_config(host_capacity=None, page_size=None, policy=None) == strata.resolve_config()
+    # device=None alone means something: no device tier.
+    assert strata.resolve_config(device=None, device_capacity=1 << 20)["device_capacity"] == 0
