@@ -58,9 +58,27 @@
 #include <stdint.h>
 
 /**
- * The layout version of `strata_config` this library reads.
+ * The layout of `strata_config` this library reads: its size in bytes, so
+ * that each layout has its own number (the first layout, which ended at
+ * `watermark_high`, was 1). Set by `strata_config_init`.
  */
-#define STRATA_CONFIG_VERSION 1
+#define STRATA_CONFIG_VERSION 120
+
+/**
+ * A capacity, rate or latency in `strata_config` left to its default (the
+ * value `strata_config_init` writes there).
+ */
+#define STRATA_CONFIG_DEFAULT UINT64_MAX
+
+/**
+ * `strata_config.numa_node`: no NUMA binding (the default).
+ */
+#define STRATA_NUMA_NONE -1
+
+/**
+ * `strata_config.sampling`: no access counting.
+ */
+#define STRATA_SAMPLING_OFF UINT32_MAX
 
 /**
  * Flag for `strata_runtime_from_toml`: `STRATA_*` environment variables
@@ -684,9 +702,14 @@ typedef int32_t strata_cxl_mode;
 typedef int32_t strata_io_engine;
 
 /**
- * How to build a runtime. Fill it with `strata_config_init`, then change
- * fields. Capacities are in bytes; a tier with capacity 0 is absent, except
- * the host tier, which is always present.
+ * How to build a runtime: a partial configuration. Fill it with
+ * `strata_config_init`, then change the fields you want; what you leave
+ * keeps the default of the configuration (the same as TOML's and
+ * Python's). Capacities are in bytes; `STRATA_CONFIG_DEFAULT` leaves one
+ * to its default, and a device, CXL or NVMe capacity of 0 turns that tier
+ * off (the host tier is always present). A program gets a CXL tier only
+ * when `cxl_mode` asks for one and an NVMe tier only with an `nvme_path`.
+ * `strata_config_json` shows what a config resolves to.
  */
 typedef struct strata_config {
     /**
@@ -694,61 +717,98 @@ typedef struct strata_config {
      */
     uint32_t version;
     /**
-     * `STRATA_DEVICE_*`.
+     * `STRATA_DEVICE_*` (default `STRATA_DEVICE_AUTO`).
      */
     strata_device device;
     /**
-     * Page size of every tier: a power of two, 4 KiB … 2 MiB.
+     * Page size of every tier: a power of two, 4 KiB … 2 MiB (default 64
+     * KiB).
      */
     uint64_t page_size;
     /**
-     * The device tier's size: the simulated GPU's, or a cap on a real one
-     * (`UINT64_MAX`: all the GPU's free memory less a reserve). 0: none.
+     * The device tier's size: the simulated GPU's (default 1 GiB), or a
+     * cap on a real one (default: all the GPU's free memory less a
+     * reserve). 0: no device tier.
      */
     uint64_t device_capacity;
     /**
-     * Host DRAM tier capacity.
+     * Host DRAM tier capacity (default: a quarter of physical memory).
      */
     uint64_t host_capacity;
     /**
-     * `STRATA_CXL_*`.
+     * `STRATA_CXL_*` (default `STRATA_CXL_OFF`: no CXL tier).
      */
     strata_cxl_mode cxl_mode;
     /**
-     * `STRATA_IO_*`: the NVMe tier's engine.
+     * `STRATA_IO_*`: the NVMe tier's engine (default `STRATA_IO_AUTO`).
      */
     strata_io_engine nvme_engine;
     /**
-     * CXL tier capacity (0 with `STRATA_CXL_AUTO`: the node's memory).
+     * CXL tier capacity (default: the CXL node's memory, else half the
+     * host tier). 0: no CXL tier.
      */
     uint64_t cxl_capacity;
     /**
      * NVMe tier: a directory (a private swap file is made in it), a new
      * file name, or a block device; NULL for no NVMe tier. Read during
-     * `strata_runtime_create` only.
+     * the call it is passed to only.
      */
     const char *nvme_path;
     /**
-     * NVMe tier capacity: a whole number of pages.
+     * NVMe tier capacity: a whole number of pages (default: 16 GiB or half
+     * the free space under `nvme_path`, whichever is less). 0: no NVMe
+     * tier.
      */
     uint64_t nvme_capacity;
     /**
-     * NVMe operations in flight per queue (default 32).
+     * NVMe operations in flight per queue, at least 1 (default 32).
      */
     uint32_t nvme_queue_depth;
     /**
-     * 1: background eviction keeps tiers between the watermarks; 0: off.
+     * 1: background eviction keeps tiers between the watermarks (the
+     * default); 0: off.
      */
     uint32_t background_eviction;
     /**
      * Background eviction demotes pages from a tier above `watermark_high`
-     * of its capacity until it is at `watermark_low` (0 < low <= high <= 1).
+     * of its capacity until it is at `watermark_low` (0 < low <= high <= 1;
+     * default 0.85 and 0.95).
      */
     double watermark_low;
     /**
      * See `watermark_low`.
      */
     double watermark_high;
+    /**
+     * 1: ask for transparent huge pages for the host tier (the default);
+     * 0: do not.
+     */
+    uint32_t huge_pages;
+    /**
+     * Bind the host tier to this NUMA node; `STRATA_NUMA_NONE` (the
+     * default): no binding.
+     */
+    int32_t numa_node;
+    /**
+     * The balancer's placement policy, `STRATA_POLICY_*` (default
+     * `STRATA_POLICY_DEFAULT`).
+     */
+    strata_policy policy;
+    /**
+     * Access counting: 1 in 2^`sampling` accesses, 0 … 16 (default 0:
+     * every access); `STRATA_SAMPLING_OFF`: none.
+     */
+    uint32_t sampling;
+    /**
+     * Emulated CXL: bandwidth cap in bytes/s (default: half of this
+     * machine's measured memcpy bandwidth).
+     */
+    uint64_t cxl_bandwidth;
+    /**
+     * Emulated CXL: added latency per transfer in nanoseconds (default
+     * 100).
+     */
+    uint64_t cxl_latency_ns;
 } strata_config;
 
 /**
@@ -876,6 +936,22 @@ typedef struct strata_config {
  * LRFU (Lee et al., 2001): decayed counts of uses, the expert cache's eviction.
  */
 #define STRATA_POLICY_LRFU 8
+
+/**
+ * Exact access counts without admission, a reference for comparison.
+ */
+#define STRATA_POLICY_PERFECT_LFU 9
+
+/**
+ * Exact access counts with admission, a reference for comparison.
+ */
+#define STRATA_POLICY_LFU_ADMISSION 10
+
+/**
+ * Belady's MIN, offline: it needs the whole trace, so a runtime's
+ * balancer refuses it; for replays.
+ */
+#define STRATA_POLICY_BELADY 11
 
 /**
  * On the CPU (vectorized; host-tier chunks over all threads).
@@ -1499,10 +1575,13 @@ int strata_launch_entry(const struct strata_launch *launch, size_t page, uint64_
 int strata_launch_end(struct strata_launch *launch);
 
 /**
- * Fills `*config` with the defaults: version `STRATA_CONFIG_VERSION`, 64 KiB
- * pages, `STRATA_DEVICE_AUTO` with no device tier (set `device_capacity`),
- * a 256 MiB host tier, no CXL or NVMe tier, `STRATA_IO_AUTO` with queue
- * depth 32, background eviction on between 0.85 and 0.95. Thread-safe.
+ * Fills `*config` with the defaults of the configuration (those of TOML
+ * and Python): version `STRATA_CONFIG_VERSION`; every capacity, the CXL
+ * bandwidth and latency at `STRATA_CONFIG_DEFAULT`; 64 KiB pages;
+ * `STRATA_DEVICE_AUTO`; `STRATA_CXL_OFF` and no NVMe path (a program asks
+ * for those tiers); `STRATA_IO_AUTO` with queue depth 32; background
+ * eviction on between 0.85 and 0.95; huge pages on; `STRATA_NUMA_NONE`;
+ * `STRATA_POLICY_DEFAULT`; sampling 0 (every access). Thread-safe.
  *
  * # Safety
  * `config` is NULL or points to a writable `strata_config`.
@@ -1511,9 +1590,10 @@ int strata_config_init(struct strata_config *config);
 
 /**
  * Creates a runtime from `*config` and stores its handle in `*out`. Every
- * field is checked (`STRATA_ERR_INVALID_ARGUMENT` names the first bad one);
- * opening a tier can fail with its own status (an NVMe path that cannot be
- * written: `STRATA_ERR_PERMISSION_DENIED`, `_NOT_FOUND`, `_UNSUPPORTED`…;
+ * field is checked (`STRATA_ERR_INVALID_ARGUMENT` names the first bad one,
+ * with the message TOML and Python give for the same value); opening a
+ * tier can fail with its own status (an NVMe path that cannot be written:
+ * `STRATA_ERR_PERMISSION_DENIED`, `_NOT_FOUND`, `_UNSUPPORTED`…;
  * `STRATA_DEVICE_CUDA` without a GPU: `STRATA_ERR_NO_DEVICE`). `*out` is
  * left unchanged on error. The config is not referenced after the call.
  * Thread-safe; the runtime may be used from any thread and must be freed
@@ -1527,9 +1607,25 @@ int strata_config_init(struct strata_config *config);
 int strata_runtime_create(const struct strata_config *config, struct strata_runtime **out);
 
 /**
+ * The configuration `*config` resolves to, every default applied and
+ * checked as `strata_runtime_create` does, without opening any tier: a
+ * NUL-terminated JSON object (as `strata_runtime_config_json`) stored in
+ * `*json`, its length (without the NUL) in `*len` if `len` is not NULL;
+ * the caller frees it with `strata_string_free`. A bad field gives the
+ * status and message `strata_runtime_create` would. Thread-safe.
+ *
+ * # Safety
+ * `config` is NULL or points to a readable `strata_config` whose
+ * `nvme_path` is NULL or a NUL-terminated string; `json` is NULL or points
+ * to a writable `char *`; `len` is NULL or points to a writable `size_t`.
+ */
+int strata_config_json(const struct strata_config *config, char **json, size_t *len);
+
+/**
  * Creates a runtime from TOML text (the format of the `strata` command's
- * config file: `page_size`, `device`, `device_capacity`, `[host]`,
- * `[cxl]`, `[nvme]`, watermarks; see the README) and stores its handle in
+ * config file: `page_size`, `device`, `device_capacity`, watermarks,
+ * `policy`, `background_eviction`, `sampling`, `[host]`, `[cxl]`,
+ * `[nvme]`; see the README) and stores its handle in
  * `*out`. `text` holds `len` bytes, which need not be NUL-terminated and
  * must be UTF-8 (else `STRATA_ERR_INVALID_ARGUMENT`); NULL with `len` 0
  * means an empty file: every default (an NVMe tier in the temporary
@@ -1545,6 +1641,23 @@ int strata_runtime_from_toml(const char *text,
                              size_t len,
                              uint32_t flags,
                              struct strata_runtime **out);
+
+/**
+ * The resolved configuration the runtime was built from, as a
+ * NUL-terminated JSON object: `page_size`, `device`, `device_capacity`
+ * (null: the default), `host` (`capacity`, `page_size`, `huge_pages`,
+ * `numa_node`), `cxl` and `nvme` (null without the tier), `watermarks`
+ * (`low`, `high`), `policy` (its name), `background_eviction`, `sampling`
+ * (the shift; null: none); the same object for the same settings from C,
+ * TOML, Python and Rust. Stored in `*json`, its length (without the NUL)
+ * in `*len` if `len` is not NULL; the caller frees it with
+ * `strata_string_free`. Thread-safe.
+ *
+ * # Safety
+ * `json` is NULL or points to a writable `char *`; `len` is NULL or points
+ * to a writable `size_t`.
+ */
+int strata_runtime_config_json(const struct strata_runtime *rt, char **json, size_t *len);
 
 /**
  * Returns the first failure of the runtime's background work (background
@@ -1619,7 +1732,8 @@ int strata_stats_json(const struct strata_runtime *rt, char **json, size_t *len)
 int strata_stats_json_copy(const struct strata_runtime *rt, char *buf, size_t cap, size_t *len);
 
 /**
- * Frees a string strata returned (`strata_stats_json`). NULL is a no-op; a
+ * Frees a string strata returned (`strata_stats_json`,
+ * `strata_runtime_config_json`, `strata_config_json`). NULL is a no-op; a
  * pointer strata did not return, or one already freed, is refused with
  * `STRATA_ERR_INVALID_HANDLE` (and never freed). Thread-safe.
  */

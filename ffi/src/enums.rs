@@ -81,6 +81,13 @@ pub const STRATA_POLICY_S3FIFO: strata_policy = 6;
 pub const STRATA_POLICY_SIEVE: strata_policy = 7;
 /// LRFU (Lee et al., 2001): decayed counts of uses, the expert cache's eviction.
 pub const STRATA_POLICY_LRFU: strata_policy = 8;
+/// Exact access counts without admission, a reference for comparison.
+pub const STRATA_POLICY_PERFECT_LFU: strata_policy = 9;
+/// Exact access counts with admission, a reference for comparison.
+pub const STRATA_POLICY_LFU_ADMISSION: strata_policy = 10;
+/// Belady's MIN, offline: it needs the whole trace, so a runtime's
+/// balancer refuses it; for replays.
+pub const STRATA_POLICY_BELADY: strata_policy = 11;
 
 /// Where the offloaded optimizer's update runs (`STRATA_UPDATE_*`).
 pub type strata_updater = i32;
@@ -172,10 +179,14 @@ pub(crate) fn policy(p: strata_policy) -> R<strata::policy::PolicyKind> {
         STRATA_POLICY_S3FIFO => Ok(PolicyKind::S3Fifo),
         STRATA_POLICY_SIEVE => Ok(PolicyKind::Sieve),
         STRATA_POLICY_LRFU => Ok(PolicyKind::Lrfu),
+        STRATA_POLICY_PERFECT_LFU => Ok(PolicyKind::PerfectLfu),
+        STRATA_POLICY_LFU_ADMISSION => Ok(PolicyKind::LfuAdmission),
+        STRATA_POLICY_BELADY => Ok(PolicyKind::Belady),
         _ => Err(unknown(
             "policy",
             p,
-            "STRATA_POLICY_DEFAULT, _LRU, _LFU, _GMT, _LOOKAHEAD, _ARC, _S3FIFO, _SIEVE or _LRFU",
+            "STRATA_POLICY_DEFAULT, _LRU, _LFU, _GMT, _LOOKAHEAD, _ARC, _S3FIFO, _SIEVE, _LRFU, \
+             _PERFECT_LFU, _LFU_ADMISSION or _BELADY",
         )),
     }
 }

@@ -11,7 +11,7 @@
 //! | `handle.rs` | handle tables: type tag, generation, slot index |
 //! | `objects.rs` | the opaque handle types and the objects behind them |
 //! | `enums.rs` | tiers, devices, engines, access modes as validated integers |
-//! | `runtime.rs` | `strata_config`, runtime create/destroy, stats JSON |
+//! | `runtime.rs` | `strata_config` (a partial configuration over `strata::config`'s defaults), runtime create/destroy, the resolved configuration and stats as JSON |
 //! | `buffer.rs` | alloc/free, read/write, evict, prefetch and tickets |
 //! | `pin.rs` | pins with their addresses, device maps and launches |
 //! | `dlpack.rs` | DLPack export of pinned ranges |

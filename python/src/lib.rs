@@ -8,7 +8,7 @@
 //! | `errors.rs` | `StrataError` and one subclass per `ErrorKind` |
 //! | `convert.rs` | tiers, byte ranges and offsets from Python values |
 //! | `pybuf.rs` | the buffer protocol (the only raw C-API calls besides DLPack's capsule) |
-//! | `runtime.rs` | `Runtime`: keyword arguments or TOML, `alloc`, `stats` |
+//! | `runtime.rs` | `Runtime`: keyword arguments (a partial configuration) or TOML, `config`, `alloc`, `stats`; `resolve_config` |
 //! | `buffer.rs` | `Buffer` and `Ticket` |
 //! | `dlpack.rs` | `Pin` and its DLPack capsules |
 //! | `optim.rs` | `OffloadedAdam`, under `strata.optim`'s torch optimizers |
@@ -34,6 +34,7 @@ mod runtime;
 fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<runtime::Runtime>()?;
+    m.add_function(wrap_pyfunction!(runtime::resolve_config, m)?)?;
     m.add_class::<buffer::Buffer>()?;
     m.add_class::<buffer::Ticket>()?;
     m.add_class::<dlpack::Pin>()?;

@@ -1,15 +1,15 @@
-//! `strata.Runtime`.
+//! `strata.Runtime`: its keywords are a partial configuration
+//! (`strata::config::Settings`) that `Config` merges over the defaults and
+//! checks, as for TOML and C.
 
 use std::path::PathBuf;
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyType;
-use strata::config::DEFAULT_SIM_DEVICE_CAPACITY;
+use pyo3::types::{PyDict, PyType};
+use strata::config::{parse_cxl_mode, Config, Settings};
 use strata::sys::Topology;
-use strata::{
-    Config, CxlConfig, CxlMode, DeviceChoice, EngineChoice, NvmeConfig, Placement, PolicyKind,
-    RuntimeBuilder, Watermarks,
-};
+use strata::{CxlMode, Placement};
 
 use crate::buffer::Buffer;
 use crate::convert::{offset, tier};
@@ -18,132 +18,191 @@ use crate::errors::{invalid, raise};
 /// The tiers and everything allocated in them.
 ///
 /// Build one from keyword arguments (below) or from the TOML of the
-/// `strata` command's config file with `Runtime.from_toml(text)`.
-/// Capacities are in bytes.
+/// `strata` command's config file with `Runtime.from_toml(text)`. A keyword
+/// left out, or None, keeps the configuration's default, the same as TOML's
+/// and C's (`Runtime.config()` shows the result); only `device=None` means
+/// something else: no device tier. Capacities are in bytes.
 ///
-/// device: "auto" (a GPU where present, else the simulated one), "sim",
-///     "cuda" (a GPU, else NoDeviceError), or None for no device tier.
+/// device: "auto" (the default: a GPU where present, else the simulated
+///     one), "sim", "cuda" (a GPU, else NoDeviceError), or None for no
+///     device tier.
 /// device_capacity: the device tier's size (the simulated GPU's, or a cap
-///     on a real one); None for the default (sim: 1 GiB; cuda: the GPU's
-///     free memory less a reserve); 0 for no device tier.
-/// host_capacity: the host DRAM tier (always present).
-/// page_size: the page of every tier: a power of two, 4 KiB ... 2 MiB.
-/// cxl_capacity: a CXL tier of this size (0: none); cxl_mode "emulated"
-///     (DRAM behind a bandwidth cap) or "auto" (a CPU-less NUMA node).
+///     on a real one); default (or None): sim 1 GiB, cuda the GPU's free
+///     memory less a reserve; 0 for no device tier.
+/// host_capacity: the host DRAM tier, always present (default: a quarter
+///     of physical memory).
+/// huge_pages: transparent huge pages for the host tier (default True).
+/// numa_node: bind the host tier to this NUMA node (default None: no
+///     binding).
+/// page_size: the page of every tier: a power of two, 4 KiB ... 2 MiB
+///     (default 64 KiB).
+/// cxl_mode: "auto" (a CPU-less NUMA node, if the machine has one),
+///     "emulated" (DRAM behind a bandwidth cap) or "off" (the default: no
+///     CXL tier). cxl_capacity: its size (default: the node's memory, else
+///     half the host tier; 0: none). cxl_bandwidth (bytes/s, default half
+///     of local memcpy) and cxl_latency_ns (default 100): emulation.
 /// nvme_path: a directory (a private swap file is made in it), a new file
-///     name or a block device for an NVMe tier of nvme_capacity bytes; None
-///     for no NVMe tier. nvme_engine: "auto", "uring" or "psync".
-/// watermarks: (low, high) fractions for background eviction.
+///     name or a block device for an NVMe tier; None (the default) for
+///     none. nvme_capacity: its size (default: 16 GiB or half the free
+///     space, whichever is less; 0: none). nvme_engine: "auto" (default),
+///     "uring" or "psync". nvme_queue_depth: operations in flight per queue
+///     (default 32).
+/// background_eviction: keep tiers between the watermarks (default True).
+/// watermarks: (low, high) fractions for background eviction (default
+///     (0.85, 0.95)).
 /// policy: the balancer's placement policy ("default", "lru", ...).
+/// sampling: count 1 in 2**k accesses (k 0 ... 16; default 0: every
+///     access), or "off".
 #[pyclass(module = "strata", frozen)]
 pub(crate) struct Runtime {
     pub(crate) rt: strata::Runtime,
+    config: Config,
 }
 
-fn device_choice(name: &str) -> PyResult<DeviceChoice> {
-    name.parse().map_err(raise)
+/// The keywords `Runtime` takes, in the order of its documentation.
+const KEYWORDS: [&str; 18] = [
+    "device",
+    "device_capacity",
+    "host_capacity",
+    "huge_pages",
+    "numa_node",
+    "page_size",
+    "cxl_mode",
+    "cxl_capacity",
+    "cxl_bandwidth",
+    "cxl_latency_ns",
+    "nvme_path",
+    "nvme_capacity",
+    "nvme_engine",
+    "nvme_queue_depth",
+    "background_eviction",
+    "watermarks",
+    "policy",
+    "sampling",
+];
+
+/// A non-negative int keyword.
+fn bytes(v: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    offset(v.extract::<i64>()?, name)
+}
+
+/// The partial configuration of `Runtime`'s keywords: what is left out (or
+/// None) stays unset. A program gets a CXL tier only with a cxl_mode and an
+/// NVMe tier only with an nvme_path; `device=None` means no device tier.
+fn settings(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
+    let mut s = Settings::default();
+    s.cxl_mode = Some(CxlMode::Off);
+    let Some(kw) = kw else {
+        s.nvme_capacity = Some(0);
+        return Ok(s);
+    };
+    for (key, v) in kw.iter() {
+        let key: String = key.extract()?;
+        // None leaves a setting to its default (`device=None`: see below).
+        if v.is_none() && KEYWORDS.contains(&key.as_str()) {
+            continue;
+        }
+        match key.as_str() {
+            "device" => s.device = Some(v.extract::<String>()?.parse().map_err(raise)?),
+            "device_capacity" => s.device_capacity = Some(bytes(&v, "device_capacity")?),
+            "host_capacity" => s.host_capacity = Some(bytes(&v, "host_capacity")?),
+            "huge_pages" => s.huge_pages = Some(v.extract()?),
+            "numa_node" => {
+                let n = bytes(&v, "numa_node")?;
+                s.numa_node = Some(
+                    u32::try_from(n).map_err(|_| invalid(format!("numa_node {n} is too large")))?,
+                );
+            }
+            "page_size" => s.page_size = Some(bytes(&v, "page_size")?),
+            "cxl_mode" => {
+                s.cxl_mode = Some(parse_cxl_mode(&v.extract::<String>()?).map_err(raise)?)
+            }
+            "cxl_capacity" => s.cxl_capacity = Some(bytes(&v, "cxl_capacity")?),
+            "cxl_bandwidth" => s.cxl_bandwidth = Some(bytes(&v, "cxl_bandwidth")?),
+            "cxl_latency_ns" => s.cxl_latency_ns = Some(bytes(&v, "cxl_latency_ns")?),
+            "nvme_path" => s.nvme_path = Some(v.extract::<PathBuf>()?),
+            "nvme_capacity" => s.nvme_capacity = Some(bytes(&v, "nvme_capacity")?),
+            "nvme_engine" => s.nvme_engine = Some(v.extract::<String>()?.parse().map_err(raise)?),
+            "nvme_queue_depth" => s.nvme_queue_depth = Some(bytes(&v, "nvme_queue_depth")?),
+            "background_eviction" => s.background_eviction = Some(v.extract()?),
+            "watermarks" => {
+                let (low, high): (f64, f64) = v.extract()?;
+                s.watermark_low = Some(low);
+                s.watermark_high = Some(high);
+            }
+            "policy" => s.policy = Some(v.extract::<String>()?.parse().map_err(raise)?),
+            "sampling" => {
+                s.sampling = Some(match v.extract::<String>() {
+                    Ok(text) => strata::config::parse_sampling(&text).map_err(raise)?,
+                    Err(_) => {
+                        let k = bytes(&v, "sampling")?;
+                        Some(u32::try_from(k).map_err(|_| {
+                            invalid(format!("sampling 1 in 2^{k} accesses: at most 2^16"))
+                        })?)
+                    }
+                })
+            }
+            _ => {
+                return Err(PyTypeError::new_err(format!(
+                    "Runtime() got an unexpected keyword argument '{key}' (takes {})",
+                    KEYWORDS.join(", ")
+                )))
+            }
+        }
+    }
+    // `device=None`: no device tier, whatever the capacity says.
+    if kw.get_item("device")?.is_some_and(|d| d.is_none()) {
+        s.device_capacity = Some(0);
+    }
+    // An NVMe tier needs its path; a capacity alone leaves it off, as in C.
+    if s.nvme_path.is_none() {
+        s.nvme_capacity = Some(0);
+    }
+    Ok(s)
+}
+
+/// The resolved configuration of `settings`, checked (every default
+/// applied).
+fn resolve(settings: &Settings) -> PyResult<Config> {
+    Config::from_settings(settings, &Topology::detect()).map_err(raise)
+}
+
+fn config_dict<'py>(py: Python<'py>, config: &Config) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?
+        .call_method1("loads", (config.to_json(),))
+}
+
+/// The configuration that `Runtime(**settings)` would build, as a dict (see
+/// `Runtime.config()`), without opening any tier. A bad value raises what
+/// `Runtime(**settings)` would.
+#[pyfunction]
+#[pyo3(signature = (**settings))]
+pub(crate) fn resolve_config<'py>(
+    py: Python<'py>,
+    settings: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let config = resolve(&self::settings(settings)?)?;
+    config_dict(py, &config)
 }
 
 #[pymethods]
 impl Runtime {
     #[new]
-    #[pyo3(signature = (
-        *,
-        device = Some("auto".to_owned()),
-        device_capacity = None,
-        host_capacity = 256 << 20,
-        page_size = strata::config::DEFAULT_PAGE_SIZE as i64,
-        cxl_capacity = 0,
-        cxl_mode = "emulated".to_owned(),
-        nvme_path = None,
-        nvme_capacity = 256 << 20,
-        nvme_engine = "auto".to_owned(),
-        nvme_queue_depth = 32,
-        background_eviction = true,
-        watermarks = None,
-        policy = None,
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        device: Option<String>,
-        device_capacity: Option<i64>,
-        host_capacity: i64,
-        page_size: i64,
-        cxl_capacity: i64,
-        cxl_mode: String,
-        nvme_path: Option<PathBuf>,
-        nvme_capacity: i64,
-        nvme_engine: String,
-        nvme_queue_depth: i64,
-        background_eviction: bool,
-        watermarks: Option<(f64, f64)>,
-        policy: Option<String>,
-    ) -> PyResult<Self> {
-        let page = usize::try_from(offset(page_size, "page_size")?)
-            .map_err(|_| invalid(format!("page_size {page_size} is too large")))?;
-        let mut b = RuntimeBuilder::default()
-            .page_size(page)
-            .host(offset(host_capacity, "host_capacity")?)
-            .background_eviction(background_eviction);
-        if let Some(name) = device {
-            let choice = device_choice(&name)?;
-            let capacity = match device_capacity {
-                Some(c) => offset(c, "device_capacity")?,
-                // The defaults of the config file's `device_capacity`.
-                None => match choice {
-                    DeviceChoice::Sim => DEFAULT_SIM_DEVICE_CAPACITY,
-                    DeviceChoice::Cuda => u64::MAX,
-                    _ => match strata::device::probe_gpus() {
-                        Ok(_) => u64::MAX,
-                        Err(_) => DEFAULT_SIM_DEVICE_CAPACITY,
-                    },
-                },
-            };
-            b = b.device(choice, capacity);
-        }
-        let cxl_capacity = offset(cxl_capacity, "cxl_capacity")?;
-        if cxl_capacity > 0 {
-            let mode = match cxl_mode.to_ascii_lowercase().as_str() {
-                "emulated" => CxlMode::Emulated,
-                "auto" => CxlMode::Auto,
-                _ => {
-                    return Err(invalid(format!(
-                        "unknown cxl_mode {cxl_mode:?} (use emulated or auto)"
-                    )))
-                }
-            };
-            b = b.cxl(CxlConfig::new(mode, cxl_capacity, page));
-        }
-        if let Some(path) = nvme_path {
-            if path.as_os_str().is_empty() {
-                return Err(invalid("nvme_path is empty (None means no NVMe tier)"));
-            }
-            let mut nvme = NvmeConfig::new(path, offset(nvme_capacity, "nvme_capacity")?, page);
-            nvme.engine = nvme_engine.parse::<EngineChoice>().map_err(raise)?;
-            nvme.queue_depth = match offset(nvme_queue_depth, "nvme_queue_depth")? {
-                0 => return Err(invalid("nvme_queue_depth is 0")),
-                d => usize::try_from(d).map_err(|_| invalid("nvme_queue_depth is too large"))?,
-            };
-            b = b.nvme(nvme);
-        }
-        if let Some((low, high)) = watermarks {
-            b = b.watermarks(Watermarks::new(low, high));
-        }
-        if let Some(p) = policy {
-            b = b.policy(p.parse::<PolicyKind>().map_err(raise)?);
-        }
+    #[pyo3(signature = (**settings))]
+    fn new(py: Python<'_>, settings: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let config = resolve(&self::settings(settings)?)?;
         // Opening tiers can take a while (an NVMe file, CXL bandwidth).
-        let rt = py.detach(|| b.build()).map_err(raise)?;
-        Ok(Self { rt })
+        let rt = py.detach(|| config.build()).map_err(raise)?;
+        Ok(Self { rt, config })
     }
 
     /// A runtime from TOML text in the format of the `strata` command's
-    /// config file (`page_size`, `device`, `device_capacity`, `[host]`,
-    /// `[cxl]`, `[nvme]`, watermarks, `policy`; see the README). Every
-    /// value left out takes its default, the NVMe tier included (a private
-    /// file in the temporary directory). With use_env=True, `STRATA_*`
-    /// environment variables override the text, as for the command.
+    /// config file (`page_size`, `device`, `device_capacity`, watermarks,
+    /// `policy`, `background_eviction`, `sampling`, `[host]`, `[cxl]`,
+    /// `[nvme]`; see the README). Every value left out takes its default,
+    /// the NVMe tier included (a private file in the temporary directory).
+    /// With use_env=True, `STRATA_*` environment variables override the
+    /// text, as for the command.
     #[classmethod]
     #[pyo3(signature = (text, *, use_env = false))]
     fn from_toml(
@@ -153,17 +212,28 @@ impl Runtime {
         use_env: bool,
     ) -> PyResult<Self> {
         let text = text.to_owned();
-        let rt = py
+        let (rt, config) = py
             .detach(move || {
                 let config = if use_env {
                     Config::resolve(Some(&text), &|k| std::env::var(k).ok(), &Topology::detect())?
                 } else {
                     Config::resolve(Some(&text), &|_| None, &Topology::detect())?
                 };
-                RuntimeBuilder::from_config(&config).build()
+                Ok::<_, strata::Error>((config.build()?, config))
             })
             .map_err(raise)?;
-        Ok(Self { rt })
+        Ok(Self { rt, config })
+    }
+
+    /// The resolved configuration this runtime was built from, as a dict:
+    /// "page_size", "device", "device_capacity" (None: the default),
+    /// "host" ("capacity", "page_size", "huge_pages", "numa_node"), "cxl"
+    /// and "nvme" (None without the tier), "watermarks" ("low", "high"),
+    /// "policy", "background_eviction", "sampling" (the shift; None:
+    /// none). The same settings through keywords, TOML or C give the same
+    /// dict.
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        config_dict(py, &self.config)
     }
 
     /// Allocates nbytes (rounded up to whole pages; pages take room in a

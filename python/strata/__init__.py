@@ -19,6 +19,10 @@ None for the whole buffer; tiers are named "device", "host", "cxl", "nvme".
 Errors are StrataError subclasses, one per kind (InvalidArgumentError is
 also a ValueError). Calls that can wait release the GIL.
 
+Runtime's keywords are a partial configuration: each one left out keeps
+the default that TOML and C have too. Runtime.config() shows the resolved
+configuration; resolve_config(**settings) shows it without opening a tier.
+
 strata.optim (import it explicitly; it needs torch) has Adam and AdamW as
 torch.optim.Optimizer subclasses whose state lives in strata's tiers.
 """
@@ -41,6 +45,7 @@ from ._strata import (
     Ticket,
     UnsupportedError,
     __version__,
+    resolve_config,
 )
 
 __all__ = [
@@ -61,6 +66,7 @@ __all__ = [
     "Ticket",
     "UnsupportedError",
     "__version__",
+    "resolve_config",
 ]
 
 # The binding under strata.nn (import strata.nn for the torch modules:

@@ -34,49 +34,83 @@ _WritableBuffer = Any
 class Runtime:
     """The tiers and everything allocated in them.
 
-    device: "auto" (a GPU where present, else the simulated one), "sim",
-        "cuda" (a GPU, else NoDeviceError), or None for no device tier.
+    Every keyword is optional: one left out, or None, keeps the
+    configuration's default, the same as TOML's and C's (config() shows the
+    result); only device=None means something else: no device tier.
+
+    device: "auto" (the default: a GPU where present, else the simulated
+        one), "sim", "cuda" (a GPU, else NoDeviceError), or None for no
+        device tier.
     device_capacity: the device tier's size (the simulated GPU's, or a cap
-        on a real one); None for the default (sim: 1 GiB; cuda: the GPU's
-        free memory less a reserve); 0 for no device tier.
-    host_capacity: the host DRAM tier (always present).
-    page_size: the page of every tier: a power of two, 4 KiB ... 2 MiB.
-    cxl_capacity: a CXL tier of this size (0: none); cxl_mode "emulated"
-        (DRAM behind a bandwidth cap) or "auto" (a CPU-less NUMA node).
+        on a real one); default (or None): sim 1 GiB, cuda the GPU's free
+        memory less a reserve; 0 for no device tier.
+    host_capacity: the host DRAM tier, always present (default: a quarter
+        of physical memory).
+    huge_pages: transparent huge pages for the host tier (default True).
+    numa_node: bind the host tier to this NUMA node (default None: none).
+    page_size: the page of every tier: a power of two, 4 KiB ... 2 MiB
+        (default 64 KiB).
+    cxl_mode: "auto" (a CPU-less NUMA node, if the machine has one),
+        "emulated" (DRAM behind a bandwidth cap) or "off" (the default: no
+        CXL tier). cxl_capacity: its size (default: the node's memory, else
+        half the host tier; 0: none). cxl_bandwidth (bytes/s; default half
+        of local memcpy) and cxl_latency_ns (default 100): emulation.
     nvme_path: a directory (a private swap file is made in it), a new file
-        name or a block device for an NVMe tier of nvme_capacity bytes (a
-        whole number of pages); None for no NVMe tier. An unusable path
-        raises NotFoundError, PermissionDeniedError, UnsupportedError, ...
-    nvme_engine: "auto", "uring" or "psync".
+        name or a block device for an NVMe tier; None (the default) for
+        none. An unusable path raises NotFoundError, PermissionDeniedError,
+        UnsupportedError, ...
+    nvme_capacity: the NVMe tier's size, a whole number of pages (default:
+        16 GiB or half the free space, whichever is less; 0: none).
+    nvme_engine: "auto" (the default), "uring" or "psync".
+    nvme_queue_depth: NVMe operations in flight per queue (default 32).
+    background_eviction: keep tiers between the watermarks (default True).
     watermarks: (low, high) fractions of a tier between which background
-        eviction keeps it (0 < low <= high <= 1).
+        eviction keeps it (0 < low <= high <= 1; default (0.85, 0.95)).
     policy: the balancer's placement policy ("default", "lru", "lfu", ...).
+    sampling: count 1 in 2**k accesses (k 0 ... 16; default 0: every
+        access), or "off".
+    A bad value raises InvalidArgumentError with the message TOML and C
+    give for it; an unknown keyword, TypeError.
     """
 
     def __new__(
         cls,
         *,
-        device: Optional[Literal["auto", "sim", "cuda"]] = "auto",
-        device_capacity: Optional[int] = None,
-        host_capacity: int = 256 << 20,
-        page_size: int = 64 << 10,
-        cxl_capacity: int = 0,
-        cxl_mode: Literal["emulated", "auto"] = "emulated",
-        nvme_path: Union[str, "PathLike[str]", None] = None,
-        nvme_capacity: int = 256 << 20,
-        nvme_engine: Literal["auto", "uring", "psync"] = "auto",
-        nvme_queue_depth: int = 32,
-        background_eviction: bool = True,
-        watermarks: Optional[Tuple[float, float]] = None,
-        policy: Optional[str] = None,
+        device: Optional[Literal["auto", "sim", "cuda"]] = ...,
+        device_capacity: Optional[int] = ...,
+        host_capacity: Optional[int] = ...,
+        huge_pages: Optional[bool] = ...,
+        numa_node: Optional[int] = ...,
+        page_size: Optional[int] = ...,
+        cxl_mode: Optional[Literal["auto", "emulated", "off"]] = ...,
+        cxl_capacity: Optional[int] = ...,
+        cxl_bandwidth: Optional[int] = ...,
+        cxl_latency_ns: Optional[int] = ...,
+        nvme_path: Union[str, "PathLike[str]", None] = ...,
+        nvme_capacity: Optional[int] = ...,
+        nvme_engine: Optional[Literal["auto", "uring", "psync"]] = ...,
+        nvme_queue_depth: Optional[int] = ...,
+        background_eviction: Optional[bool] = ...,
+        watermarks: Optional[Tuple[float, float]] = ...,
+        policy: Optional[str] = ...,
+        sampling: Union[int, Literal["off"], None] = ...,
     ) -> "Runtime": ...
+    def config(self) -> Dict[str, Any]:
+        """The resolved configuration this runtime was built from:
+        "page_size", "device", "device_capacity" (None: the default),
+        "host" ("capacity", "page_size", "huge_pages", "numa_node"), "cxl"
+        and "nvme" (None without the tier), "watermarks" ("low", "high"),
+        "policy", "background_eviction", "sampling" (the shift; None:
+        none). The same settings through keywords, TOML or C give the same
+        dict."""
     @classmethod
     def from_toml(cls, text: str, *, use_env: bool = False) -> "Runtime":
         """A runtime from the TOML of the `strata` command's config file
-        (page_size, device, device_capacity, [host], [cxl], [nvme],
-        watermarks, policy). Values left out take their defaults, the NVMe
-        tier included (a private file in the temporary directory). With
-        use_env=True, STRATA_* environment variables override the text."""
+        (page_size, device, device_capacity, watermarks, policy,
+        background_eviction, sampling, [host], [cxl], [nvme]). Values left
+        out take their defaults, the NVMe tier included (a private file in
+        the temporary directory). With use_env=True, STRATA_* environment
+        variables override the text."""
     def alloc(self, nbytes: int, *, prefer: Optional[_TierName] = None) -> "Buffer":
         """Allocates nbytes (rounded up to whole pages). Pages take room in
         a tier when first written: the fastest with room, or `prefer`
@@ -108,6 +142,11 @@ class Runtime:
     @property
     def backend(self) -> Optional[Literal["simulated", "cuda"]]:
         """The device tier's backend, None without a device tier."""
+
+def resolve_config(**settings: Any) -> Dict[str, Any]:
+    """The configuration Runtime(**settings) would build (as
+    Runtime.config() gives it), without opening any tier; a bad value raises
+    what Runtime(**settings) would."""
 
 @final
 class Buffer:

@@ -203,3 +203,136 @@ def test_check_and_shutdown(rt):
     rt.shutdown()
     assert rt.stats()["in_flight_moves"] == 0
     assert buf.read(0, 4) == b"xxxx"  # buffers go on working
+
+
+def _every_setting(tmp_path, numa=True):
+    """Every setting away from its default, as keywords and as TOML."""
+    kw = dict(
+        page_size=16 << 10,
+        device="sim",
+        device_capacity=256 << 10,
+        host_capacity=1 << 20,
+        huge_pages=False,
+        cxl_mode="emulated",
+        cxl_capacity=512 << 10,
+        cxl_bandwidth=5 << 30,
+        cxl_latency_ns=250,
+        nvme_path=str(tmp_path),
+        nvme_capacity=2 << 20,
+        nvme_engine="psync",
+        nvme_queue_depth=8,
+        watermarks=(0.5, 0.75),
+        policy="lru",
+        background_eviction=False,
+        sampling=3,
+    )
+    if numa:
+        kw["numa_node"] = 0
+    text = f"""
+        page_size = "16k"
+        device = "sim"
+        device_capacity = "256k"
+        watermark_low = 0.5
+        watermark_high = 0.75
+        policy = "lru"
+        background_eviction = false
+        sampling = 3
+        [host]
+        capacity = "1M"
+        huge_pages = false
+        {"numa_node = 0" if numa else ""}
+        [cxl]
+        mode = "emulated"
+        capacity = "512k"
+        bandwidth = "5G"
+        latency_ns = 250
+        [nvme]
+        path = "{tmp_path}"
+        capacity = "2M"
+        engine = "psync"
+        queue_depth = 8
+        """
+    return kw, text
+
+
+def test_every_keyword_resolves_as_toml_does(tmp_path):
+    kw, text = _every_setting(tmp_path, numa=False)
+    rt = strata.Runtime(**kw)
+    config = rt.config()
+    assert config == strata.Runtime.from_toml(text).config()
+    assert config == strata.resolve_config(**kw)
+    assert rt.tiers == ["device", "host", "cxl", "nvme"]
+    assert config["page_size"] == 16 << 10 and config["device"] == "sim"
+    assert config["device_capacity"] == 256 << 10
+    assert config["host"] == {"capacity": 1 << 20, "page_size": 16 << 10, "huge_pages": False, "numa_node": None}
+    assert config["cxl"]["mode"] == "emulated" and config["cxl"]["capacity"] == 512 << 10
+    assert config["cxl"]["bandwidth"] == float(5 << 30) and config["cxl"]["latency_ns"] == 250
+    assert config["nvme"]["path"] == str(tmp_path) and config["nvme"]["capacity"] == 2 << 20
+    assert config["nvme"]["engine"] == "psync" and config["nvme"]["queue_depth"] == 8
+    assert config["watermarks"] == {"low": 0.5, "high": 0.75}
+    assert config["policy"] == "lru" and config["background_eviction"] is False
+    assert config["sampling"] == 3
+    # The NUMA node too (resolved without opening the tiers: binding needs
+    # mbind, which some sandboxes refuse).
+    kw, _ = _every_setting(tmp_path)
+    assert strata.resolve_config(**kw)["host"]["numa_node"] == 0
+    assert strata.resolve_config(sampling="off")["sampling"] is None
+
+
+def test_keywords_left_out_take_the_configurations_defaults():
+    # A program asks for CXL and NVMe tiers; everything else is the default
+    # of an empty config file (and of C's strata_config_init).
+    program = strata.Runtime.from_toml('[cxl]\nmode = "off"\n[nvme]\ncapacity = 0\n')
+    assert strata.resolve_config() == program.config()
+    assert strata.Runtime().config() == program.config()
+    defaults = program.config()
+    assert defaults["page_size"] == 64 << 10 and defaults["device"] == "auto"
+    assert defaults["host"]["huge_pages"] is True and defaults["host"]["numa_node"] is None
+    assert defaults["watermarks"] == {"low": 0.85, "high": 0.95}
+    assert defaults["policy"] == "default" and defaults["sampling"] == 0
+    assert defaults["background_eviction"] is True
+    # None for a device, and 0 for a capacity, turn a tier off.
+    assert strata.resolve_config(device=None)["device_capacity"] == 0
+    assert strata.resolve_config(cxl_mode="emulated", cxl_capacity=0)["cxl"] is None
+
+
+@pytest.mark.parametrize(
+    "kw, text",
+    [
+        ({"page_size": 3000}, "page_size = 3000"),
+        ({"watermarks": (0.9, 0.5)}, "watermark_low = 0.9\nwatermark_high = 0.5"),
+        ({"sampling": 17}, "sampling = 17"),
+        ({"sampling": "often"}, 'sampling = "often"'),
+        ({"host_capacity": 100}, "[host]\ncapacity = 100"),
+        ({"cxl_mode": "emulated", "cxl_capacity": 100}, '[cxl]\nmode = "emulated"\ncapacity = 100'),
+        ({"cxl_mode": "cxl2"}, '[cxl]\nmode = "cxl2"'),
+        ({"nvme_path": "/tmp", "nvme_queue_depth": 0}, "[nvme]\nqueue_depth = 0"),
+        ({"nvme_path": "/tmp", "nvme_capacity": 100_000}, "[nvme]\ncapacity = 100000"),
+        ({"nvme_path": ""}, '[nvme]\npath = ""'),
+        ({"nvme_path": "/tmp", "nvme_engine": "aio"}, '[nvme]\nengine = "aio"'),
+        ({"policy": "mru"}, 'policy = "mru"'),
+        ({"device": "tpu"}, 'device = "tpu"'),
+    ],
+)
+def test_a_bad_keyword_value_raises_what_toml_raises(kw, text):
+    with pytest.raises(strata.InvalidArgumentError) as from_toml:
+        strata.Runtime.from_toml(text)
+    with pytest.raises(strata.InvalidArgumentError) as from_keywords:
+        strata.Runtime(**kw)
+    assert str(from_keywords.value) == str(from_toml.value)
+    with pytest.raises(strata.InvalidArgumentError) as resolved:
+        strata.resolve_config(**kw)
+    assert str(resolved.value) == str(from_toml.value)
+
+
+def test_an_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'host_capacty'"):
+        strata.Runtime(host_capacty=1 << 20)
+    with pytest.raises(TypeError):
+        strata.Runtime(huge_pages="yes")
+
+
+def test_none_leaves_a_keyword_to_its_default():
+    assert strata.resolve_config(host_capacity=None, page_size=None, policy=None) == strata.resolve_config()
+    # device=None alone means something: no device tier.
+    assert strata.resolve_config(device=None, device_capacity=1 << 20)["device_capacity"] == 0

@@ -3,7 +3,8 @@
  * four times its size, spilling into host memory and an NVMe file in a
  * temporary directory), written and read back whole, moved with tickets,
  * pinned, mapped, and described by the stats; then bad input, each call
- * answered with its status and a message.
+ * answered with its status and a message; then one configuration given as
+ * the struct and as TOML, resolved alike.
  *
  * Usage: client [--psync]   (--psync: the NVMe tier on the psync engine,
  * for valgrind, which does not follow io_uring)
@@ -244,6 +245,72 @@ int main(int argc, char **argv) {
     OK(strata_read(buf, 1000000, back, 1000000));
     CHECK(memcmp(data, back, 1000000) == 0, "TOML runtime round trip");
     OK(strata_runtime_destroy(rt));
+
+    /* Every setting, from the struct and from TOML: the same resolved
+     * configuration, and for a bad value the same message. */
+    strata_config every;
+    OK(strata_config_init(&every));
+    every.page_size = 16384;
+    every.device = STRATA_DEVICE_SIM;
+    every.device_capacity = 256 * 1024;
+    every.host_capacity = 1 << 20;
+    every.huge_pages = 0;
+    every.numa_node = STRATA_NUMA_NONE;
+    every.cxl_mode = STRATA_CXL_EMULATED;
+    every.cxl_capacity = 512 * 1024;
+    every.cxl_bandwidth = 5ull << 30;
+    every.cxl_latency_ns = 250;
+    every.nvme_path = dir;
+    every.nvme_capacity = 2 << 20;
+    every.nvme_engine = psync ? STRATA_IO_PSYNC : STRATA_IO_AUTO;
+    every.nvme_queue_depth = 8;
+    every.watermark_low = 0.5;
+    every.watermark_high = 0.75;
+    every.policy = STRATA_POLICY_LRU;
+    every.background_eviction = 0;
+    every.sampling = 3;
+    char every_toml[1024];
+    snprintf(every_toml, sizeof every_toml,
+             "page_size = \"16k\"\ndevice = \"sim\"\ndevice_capacity = \"256k\"\n"
+             "watermark_low = 0.5\nwatermark_high = 0.75\npolicy = \"lru\"\n"
+             "background_eviction = false\nsampling = 3\n"
+             "[host]\ncapacity = \"1M\"\nhuge_pages = false\n"
+             "[cxl]\nmode = \"emulated\"\ncapacity = \"512k\"\nbandwidth = \"5G\"\nlatency_ns = 250\n"
+             "[nvme]\npath = \"%s\"\ncapacity = \"2M\"\nengine = \"%s\"\nqueue_depth = 8\n",
+             dir, psync ? "psync" : "auto");
+    strata_runtime *from_struct = NULL, *from_text = NULL;
+    OK(strata_runtime_create(&every, &from_struct));
+    OK(strata_runtime_from_toml(every_toml, strlen(every_toml), 0, &from_text));
+    char *struct_json = NULL, *text_json = NULL, *resolved_json = NULL;
+    size_t struct_len = 0;
+    OK(strata_runtime_config_json(from_struct, &struct_json, &struct_len));
+    OK(strata_runtime_config_json(from_text, &text_json, NULL));
+    OK(strata_config_json(&every, &resolved_json, NULL));
+    CHECK(struct_json != NULL && text_json != NULL && resolved_json != NULL &&
+              strcmp(struct_json, text_json) == 0 && strcmp(struct_json, resolved_json) == 0 &&
+              strlen(struct_json) == struct_len,
+          "one configuration: %s, %s, %s", struct_json, text_json, resolved_json);
+    CHECK(struct_json != NULL && strstr(struct_json, "\"policy\":\"lru\"") != NULL &&
+              strstr(struct_json, "\"sampling\":3") != NULL &&
+              strstr(struct_json, "\"huge_pages\":false") != NULL,
+          "the settings arrived: %s", struct_json);
+    uint32_t mask = 0;
+    OK(strata_runtime_tiers(from_struct, &mask));
+    CHECK(mask == 0xf, "tiers 0x%x", mask);
+    OK(strata_string_free(struct_json));
+    OK(strata_string_free(text_json));
+    OK(strata_string_free(resolved_json));
+    OK(strata_runtime_destroy(from_struct));
+    OK(strata_runtime_destroy(from_text));
+    every.sampling = 17;
+    char *no_json = NULL;
+    FAILS(strata_config_json(&every, &no_json, NULL), STRATA_ERR_INVALID_ARGUMENT,
+          "strata_config_json: sampling 1 in 2^17 accesses: at most 2^16");
+    FAILS(strata_runtime_create(&every, &rt), STRATA_ERR_INVALID_ARGUMENT,
+          "strata_runtime_create: sampling 1 in 2^17 accesses: at most 2^16");
+    FAILS(strata_runtime_from_toml("sampling = 17", 13, 0, &rt), STRATA_ERR_INVALID_ARGUMENT,
+          "strata_runtime_from_toml: sampling 1 in 2^17 accesses: at most 2^16");
+    CHECK(no_json == NULL, "no JSON for a bad config");
 
     free(data);
     free(back);
