@@ -24,9 +24,10 @@
 //!
 //! # Layering
 //!
-//! Shared state sits below the code that uses it: each file imports only
-//! files above it in this table (bottom first), and nothing below the
-//! engine can reach it, so a move running in a lane never calls back up.
+//! Shared state sits below the code that uses it. The table lists the
+//! files bottom first: each imports only files listed before it, so
+//! nothing below the engine can reach it, and a move running in a lane
+//! never calls back up.
 //!
 //! | layer | file | what |
 //! |-------|------|------|
@@ -51,6 +52,7 @@
 //! | users | `hints.rs` | what the balancer hears between rounds (prefetches, moves reads started) |
 //! | | `reclaim.rs` | background eviction: watches the watermarks, submits room requests |
 //! | | `balance_config.rs` | [`BalancerConfig`], [`BalanceReport`] |
+//! | | `balance_pages.rs` | the balancer's page ids, marks, and the requests it submits |
 //! | | `balancer.rs` | the balancer: policies decide, moves are submitted |
 //! | top | `inner.rs` | the runtime put together (engine, balancer, reclaimer over the shared state) |
 //! | | `map.rs` | [`DeviceMap`]s and kernel [`Launch`]es |
@@ -71,6 +73,7 @@
 mod accounting;
 mod background;
 mod balance_config;
+mod balance_pages;
 mod balancer;
 mod batch;
 mod buffer;

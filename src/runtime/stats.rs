@@ -11,9 +11,6 @@ use super::inner::Inner;
 use crate::link::LinkStats;
 use crate::tier::Tier;
 
-#[cfg(doc)]
-use super::Runtime;
-
 /// Per-tier use.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -71,7 +68,7 @@ pub struct Stats {
     /// Balancer: touched pages left in place (served zero-copy).
     pub bypasses: u64,
     /// Failures of background work (background eviction, the balancer),
-    /// panics included; the first is returned by [`Runtime::check`].
+    /// panics included; the first is returned by [`Runtime::check`](super::Runtime::check).
     pub background_errors: u64,
     /// Read-backs of CUDA kernels' per-page access counts that failed at
     /// the end of a launch (those access samples are lost; no data is).
@@ -79,7 +76,7 @@ pub struct Stats {
     /// Slots a store refused to take back (a page table only ever holds
     /// its stores' own slots, so this stays 0 unless something is wrong);
     /// such a slot is never used again, and the first refusal is returned
-    /// by [`Runtime::check`].
+    /// by [`Runtime::check`](super::Runtime::check).
     pub failed_frees: u64,
     /// Pages whose data was lost to I/O errors that left their reads
     /// unanswered: reading one fails with `ErrorKind::Io` ("page N was
