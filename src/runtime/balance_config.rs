@@ -180,4 +180,3 @@ pub struct BalanceReport {
     /// counts in [`Stats::promotions`](crate::runtime::Stats::promotions).
     pub marked: u64,
 }
-

@@ -15,7 +15,12 @@ use crate::tier::Tier;
 pub(crate) type ById<'a> = HashMap<u32, &'a Arc<Table>>;
 
 /// Up to `n` pages in `fast` the policy does not hold, coldest-scored first.
-pub(crate) fn strangers(tables: &[Arc<Table>], held: &HashSet<u64>, n: usize, fast: Tier) -> Vec<u64> {
+pub(crate) fn strangers(
+    tables: &[Arc<Table>],
+    held: &HashSet<u64>,
+    n: usize,
+    fast: Tier,
+) -> Vec<u64> {
     let mut v: Vec<(f32, u64)> = Vec::new();
     for t in tables {
         let scores = t.scores.lock();
@@ -70,7 +75,9 @@ pub(crate) fn demote_pages(engine: &Engine, by_id: &ById<'_>, pages: &[u64], fas
                 room: None,
             };
             if let Err(e) = engine.run(t, request) {
-                engine.shared().note_background("the balancer's demotions", e);
+                engine
+                    .shared()
+                    .note_background("the balancer's demotions", e);
             }
         }
         left.retain(|&p| is_in(by_id, p, fast));
@@ -110,7 +117,13 @@ pub(crate) fn still_marked(by_id: &ById<'_>, p: u64, fast: Tier, holds: bool) ->
 }
 
 /// Moves `pages` (ids) into `dst`; returns how many arrived.
-pub(crate) fn move_pages(engine: &Engine, by_id: &ById<'_>, pages: &[u64], dst: Tier, from: Source) -> u64 {
+pub(crate) fn move_pages(
+    engine: &Engine,
+    by_id: &ById<'_>,
+    pages: &[u64],
+    dst: Tier,
+    from: Source,
+) -> u64 {
     for (t, ps) in group(by_id, pages) {
         let request = Request {
             pages: ps,
@@ -147,4 +160,3 @@ fn group<'a>(
         })
         .collect()
 }
-

@@ -43,10 +43,10 @@ use std::time::{Duration, Instant};
 use super::accounting::Counters;
 use super::background::join;
 use super::balance_config::{BalanceReport, BalancerConfig};
-use super::hints::{settle_read_promotions, Hints};
 use super::balance_pages::{
     demote_pages, mark, move_pages, still_marked, strangers, tier_of, ById,
 };
+use super::hints::{settle_read_promotions, Hints};
 use super::mover::Engine;
 use super::request::Source;
 use super::shared::Shared;

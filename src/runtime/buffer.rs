@@ -220,16 +220,12 @@ impl Buffer {
             false,
             &ticket,
         );
-        self.inner
-            .hints
-            .read_promotions
-            .lock()
-            .push(ReadPromotion {
-                ticket,
-                table: Arc::downgrade(&self.table),
-                page: p,
-                dst: tier,
-            });
+        self.inner.hints.read_promotions.lock().push(ReadPromotion {
+            ticket,
+            table: Arc::downgrade(&self.table),
+            page: p,
+            dst: tier,
+        });
     }
 
     /// A read of the whole of page `p` found it marked for promotion into

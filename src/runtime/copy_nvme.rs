@@ -224,7 +224,11 @@ pub(crate) fn write_out(table: &Table, mut pages: Locked<'_>, full: &mut Vec<usi
     if pages.is_empty() {
         return Ok(());
     }
-    let nvme = table.rt.tiers.nvme().expect("the destination tier is configured");
+    let nvme = table
+        .rt
+        .tiers
+        .nvme()
+        .expect("the destination tier is configured");
     let started = Instant::now();
     let mut reserved = table.reserve(&mut pages, full);
     let mut out = Outcome::default();

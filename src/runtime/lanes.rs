@@ -131,4 +131,3 @@ pub(crate) struct Counts {
     /// copies, commits, room made).
     pub(crate) busy_ns: [AtomicU64; 4],
 }
-

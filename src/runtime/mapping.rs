@@ -28,7 +28,11 @@ pub(crate) struct MapShared {
 impl MapShared {
     /// A map of `pages` entries, with its device copies when `device` runs
     /// on cuda.
-    pub(crate) fn new(pages: usize, device: Option<&DeviceStore>, page_size: usize) -> Result<Self> {
+    pub(crate) fn new(
+        pages: usize,
+        device: Option<&DeviceStore>,
+        page_size: usize,
+    ) -> Result<Self> {
         let cuda = device.filter(|d| d.backend() == BackendKind::Cuda);
         let words = cuda
             .map(|d| DeviceWords::new(d.backend_handle(), pages))

@@ -479,9 +479,7 @@ impl Engine {
                 protect: None,
                 priority: Priority::Demand,
             };
-            moved += self.make_room(&room, &mut |what, e| {
-                self.shared.note_background(what, e)
-            });
+            moved += self.make_room(&room, &mut |what, e| self.shared.note_background(what, e));
         }
         moved
     }

@@ -35,6 +35,10 @@ impl Registry {
 
     /// The live tables.
     pub(crate) fn live(&self) -> Vec<Arc<Table>> {
-        self.tables.lock().iter().filter_map(Weak::upgrade).collect()
+        self.tables
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
     }
 }

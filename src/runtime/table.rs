@@ -109,7 +109,13 @@ pub(crate) struct Table {
 }
 
 impl Table {
-    pub(crate) fn new(rt: Arc<Shared>, id: u32, len: u64, pages: u64, placement: Placement) -> Self {
+    pub(crate) fn new(
+        rt: Arc<Shared>,
+        id: u32,
+        len: u64,
+        pages: u64,
+        placement: Placement,
+    ) -> Self {
         Self {
             rt,
             id,
@@ -295,7 +301,11 @@ impl Table {
     /// Reserves the second slot of each move (a page holds two slots until
     /// its move commits); pages for which there is no capacity left go to
     /// `full`. The guard gives the reservations back on every way out.
-    pub(crate) fn reserve<'a>(&'a self, guards: &mut Locked<'_>, full: &mut Vec<usize>) -> Reserved<'a> {
+    pub(crate) fn reserve<'a>(
+        &'a self,
+        guards: &mut Locked<'_>,
+        full: &mut Vec<usize>,
+    ) -> Reserved<'a> {
         let mut reserved = Reserved {
             rt: &self.rt,
             pages: 0,

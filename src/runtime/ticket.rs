@@ -115,4 +115,3 @@ impl Ticket {
         (s.open == 0).then(|| Self::result(&s))
     }
 }
-
