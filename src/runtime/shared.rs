@@ -121,3 +121,44 @@ impl Shared {
         self.background.note(what, e);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceChoice;
+    use crate::tier::HostConfig;
+
+    fn shared() -> Shared {
+        let page = 64 << 10;
+        let tiers = Tiers::open(
+            page,
+            (DeviceChoice::Sim, 0),
+            HostConfig::new(1 << 20, page),
+            None,
+            None,
+            None,
+        )
+        .unwrap();
+        Shared::new(tiers, Some(0), Watermarks::default(), page)
+    }
+
+    #[test]
+    fn a_refused_free_is_counted_and_kept_for_the_next_check() {
+        let (a, b) = (shared(), shared());
+        let slot = a.store(Tier::Host).unwrap().alloc().unwrap();
+        // A slot of another store: refused, counted, the first kept.
+        b.free(Tier::Host, slot);
+        let slot = a.store(Tier::Host).unwrap().alloc().unwrap();
+        b.free(Tier::Nvme, slot);
+        assert_eq!(Counters::get(&b.counters().failed_frees), 2);
+        let kept = b.background.take().expect("the first refusal is kept");
+        assert!(kept.message().contains("host tier"), "{}", kept.message());
+        assert!(b.background.take().is_none(), "taken once");
+        // Not a background failure, and a good free counts nothing.
+        assert_eq!(b.background.count(), 0);
+        let slot = a.store(Tier::Host).unwrap().alloc().unwrap();
+        a.free(Tier::Host, slot);
+        assert_eq!(Counters::get(&a.counters().failed_frees), 0);
+        assert!(a.background.take().is_none());
+    }
+}
