@@ -12,7 +12,7 @@
 //! Every path ends in `Table::commit`.
 #![forbid(unsafe_code)]
 
-use super::table::{lost, Locked, Lost, Table};
+use super::table::{lost, Entry, Locked, Lost, Table};
 use super::{copy_device, copy_memory, copy_nvme};
 use crate::error::{Error, Result};
 use crate::tier::Tier;
@@ -104,19 +104,17 @@ fn move_chunk(
 /// Runs each kind's pages through its path (a batch is almost always of
 /// one kind: the engine groups pages by the tier they are in).
 fn run_by_kind(table: &Table, locked: Locked<'_>, dst: Tier, full: &mut Vec<usize>) -> Result<()> {
-    let kind = |e: &(usize, parking_lot::MutexGuard<'_, super::table::Entry>)| {
-        Kind::of(e.1.tier().expect("movable pages are resident"), dst)
-    };
-    let Some(first) = locked.first().map(kind) else {
+    let kind = |e: &Entry| Kind::of(e.tier().expect("movable pages are resident"), dst);
+    let Some(first) = locked.first().map(|(_, e)| kind(e)) else {
         return Ok(());
     };
-    if locked.iter().all(|e| kind(e) == first) {
+    if locked.iter().all(|(_, e)| kind(e) == first) {
         return first.run(table, locked, dst, full);
     }
     let mut groups: [Locked<'_>; 3] = Default::default();
-    for e in locked {
+    for (p, e) in locked {
         let k = kind(&e);
-        groups[k as usize].push(e);
+        groups[k as usize].push((p, e));
     }
     let mut first_err = None;
     for (k, pages) in [Kind::Memory, Kind::HostDevice, Kind::Nvme]
