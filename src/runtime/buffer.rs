@@ -2,16 +2,18 @@
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::MutexGuard;
 
+use super::hints::{count_read_promotion, ReadPromotion};
+use super::inner::Inner;
 use super::map::DeviceMap;
-use super::mover::{Priority, Request, Source, Ticket};
-use super::page::Entry;
-use super::table::{lost, Lost, Resident, Table, Zero};
-use super::Inner;
+use super::mover::Engine;
+use super::request::{Priority, Request, Source};
+use super::shared::Shared;
+use super::table::{lost, Entry, Lost, Resident, Table, Zero};
+use super::ticket::Ticket;
 use crate::error::{Error, ErrorKind, Result};
 use crate::hotness::{Harvest, HarvestParams};
 use crate::tier::{PageStore, Tier};
@@ -19,7 +21,10 @@ use crate::tier::{PageStore, Tier};
 /// An allocation whose pages may live in any tier. Dropping it returns
 /// every slot and its reservation (once moves still in flight for it end).
 pub struct Buffer {
-    table: Arc<Table>,
+    pub(super) table: Arc<Table>,
+    /// Keeps the runtime (its engine, its balancer) alive while the buffer
+    /// lives.
+    pub(super) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Buffer {
@@ -38,12 +43,16 @@ fn read_only(p: usize) -> Error {
 }
 
 impl Buffer {
-    pub(super) fn new(table: Arc<Table>) -> Self {
-        Self { table }
+    pub(super) fn new(table: Arc<Table>, inner: Arc<Inner>) -> Self {
+        Self { table, inner }
     }
 
-    fn rt(&self) -> &Inner {
+    pub(super) fn rt(&self) -> &Shared {
         &self.table.rt
+    }
+
+    pub(super) fn engine(&self) -> &Engine {
+        &self.inner.mover
     }
 
     pub(super) fn table(&self) -> &Table {
@@ -109,6 +118,7 @@ impl Buffer {
         len > 0
             && self
                 .rt()
+                .tiers
                 .stores()
                 .filter_map(|s| s.host_memory())
                 .any(|r| start < r.end && r.start < end)
@@ -203,23 +213,19 @@ impl Buffer {
     /// move is settled (counted, its failure kept for `Runtime::check`) by
     /// the balancer's next round, `check`, `stop_balancer` or `shutdown`.
     fn promote_after_read(&self, p: usize, tier: Tier) {
-        let rt = self.rt();
         let ticket = Ticket::new();
-        rt.mover.submit(
+        self.engine().submit(
             &self.table,
             promotion(p, tier, Priority::Prefetch),
             false,
             &ticket,
         );
-        rt.hints
-            .read_promotions
-            .lock()
-            .push(super::balancer::ReadPromotion {
-                ticket,
-                table: Arc::downgrade(&self.table),
-                page: p,
-                dst: tier,
-            });
+        self.inner.hints.read_promotions.lock().push(ReadPromotion {
+            ticket,
+            table: Arc::downgrade(&self.table),
+            page: p,
+            dst: tier,
+        });
     }
 
     /// A read of the whole of page `p` found it marked for promotion into
@@ -229,8 +235,8 @@ impl Buffer {
     /// only a full tier).
     fn promote_before_read(&self, p: usize, tier: Tier) -> MutexGuard<'_, Entry> {
         let rt = self.rt();
-        if let Err(e) = rt
-            .mover
+        if let Err(e) = self
+            .engine()
             .run(&self.table, promotion(p, tier, Priority::Demand))
         {
             if e.kind() != ErrorKind::OutOfCapacity {
@@ -239,7 +245,7 @@ impl Buffer {
         }
         let entry = self.table.pages[p].lock();
         if entry.tier() == Some(tier) {
-            super::balancer::count_read_promotion(rt);
+            count_read_promotion(rt);
         }
         entry
     }
@@ -322,170 +328,7 @@ impl Buffer {
 
     /// The buffer's device map (made on first use); see [`DeviceMap`].
     pub fn device_map(&self) -> Result<DeviceMap> {
-        DeviceMap::of(&self.table)
-    }
-
-    /// Makes the pages of `range` resident in `tier` (moving or
-    /// materializing them) and keeps them there until the returned guard
-    /// drops. The guard gives each page's address: a device address on the
-    /// device tier, a host address on the host and CXL tiers (NVMe pages are
-    /// not addressable and cannot be pinned). A pin larger than the tier, or
-    /// one that cannot be satisfied, is an error and pins nothing.
-    ///
-    /// Writes through the runtime still reach pinned pages, in place, while
-    /// whoever holds the addresses (a kernel, a C caller) may be using them:
-    /// ordering the two is the caller's job, as for any shared buffer.
-    pub fn pin(&self, range: Range<u64>, tier: Tier) -> Result<Pin<'_>> {
-        let pages = self.table.page_range(&range)?;
-        let store = self
-            .rt()
-            .store(tier)
-            .ok_or_else(|| Error::invalid(format!("the {tier} tier is not configured")))?;
-        if tier == Tier::Nvme {
-            return Err(Error::invalid(
-                "nvme pages are not addressable and cannot be pinned",
-            ));
-        }
-        if pages.len() as u64 > store.capacity_pages() as u64 {
-            return Err(Error::new(
-                ErrorKind::OutOfCapacity,
-                format!(
-                    "a pin of {} pages exceeds the {tier} tier's {} pages",
-                    pages.len(),
-                    store.capacity_pages()
-                ),
-            ));
-        }
-        let mut pin = Pin {
-            buffer: self,
-            pages: pages.start..pages.start,
-            tier,
-            addresses: Vec::with_capacity(pages.len()),
-        };
-        // The whole range first, in batches, through the engine at demand
-        // priority (room made in `tier` as a prefetch makes it); then page
-        // by page under each page's lock, moving again what raced away.
-        let elsewhere: Vec<usize> = pages
-            .clone()
-            .filter(|&p| {
-                let e = self.table.pages[p].lock();
-                e.pins == 0 && e.tier().is_some_and(|t| t != tier)
-            })
-            .collect();
-        if !elsewhere.is_empty() {
-            match self.demand_move(elsewhere.clone(), tier, &pages) {
-                // What did not fit is tried again page by page below.
-                Ok(_) => {}
-                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {}
-                Err(e) => return Err(e),
-            }
-            let moved = elsewhere
-                .iter()
-                .filter(|&&p| self.table.pages[p].lock().tier() == Some(tier))
-                .count();
-            self.rt()
-                .counters
-                .faults
-                .fetch_add(moved as u64, Ordering::Relaxed);
-        }
-        let zeros = vec![0u8; self.rt().page_size()];
-        for p in pages.clone() {
-            // A full tier gets room made in it (a victim demoted), with the
-            // page unlocked meanwhile: a few tries, then the error stands.
-            let mut tries = 0;
-            let mut entry = loop {
-                let mut entry = self.table.pages[p].lock();
-                let src = match &entry.loc {
-                    Resident { tier: t, .. } if *t == tier => break entry,
-                    Resident { .. } if entry.pins > 0 => {
-                        return Err(Error::invalid(format!(
-                            "page {p} is pinned in another tier"
-                        )));
-                    }
-                    Resident { tier: t, .. } => *t,
-                    Lost => return Err(lost(p)),
-                    Zero => match self.table.first_write(&zeros, Some(&[tier])) {
-                        Ok(loc) => {
-                            entry.loc = loc;
-                            break entry;
-                        }
-                        Err(e) if e.kind() == ErrorKind::OutOfCapacity && tries < 3 => {
-                            drop(entry);
-                            tries += 1;
-                            // Never by demoting a page of this pin's range.
-                            let (_, failed) = super::reclaim::make_room_for(
-                                &self.table.rt,
-                                tier,
-                                1,
-                                &self.table,
-                                &pages,
-                                Priority::Demand,
-                            );
-                            if let Some(e) = failed {
-                                self.rt().note_background("making room for a pin", e);
-                            }
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    },
-                };
-                drop(entry);
-                if !self.table.may_move(src, tier) {
-                    return Err(Error::invalid(format!(
-                        "page {p} cannot move to the {tier} tier while a kernel launch maps it"
-                    )));
-                }
-                if tries == 3 {
-                    return Err(Error::new(
-                        ErrorKind::OutOfCapacity,
-                        format!(
-                            "page {p} cannot move to the {tier} tier: it is full ({})",
-                            self.rt().capacity_report()
-                        ),
-                    ));
-                }
-                tries += 1;
-                let full = self.demand_move(vec![p], tier, &pages)?;
-                if full.is_empty() && self.table.pages[p].lock().tier() == Some(tier) {
-                    self.rt().counters.faults.fetch_add(1, Ordering::Relaxed);
-                }
-            };
-            let Resident { slot, .. } = &entry.loc else {
-                unreachable!("made resident above")
-            };
-            pin.addresses
-                .push(store.address(slot).expect("memory tiers are addressable"));
-            // Whoever holds the address may write through it: a move that
-            // copied the page before this pin does not commit.
-            if entry.pin() {
-                self.rt().pinned[tier as usize].fetch_add(1, Ordering::Relaxed);
-            }
-            // The guard now covers this page (and unpins it on drop, also
-            // if a later page fails).
-            pin.pages.end = p + 1;
-        }
-        Ok(pin)
-    }
-
-    /// Moves `pages` into `tier` through the engine at demand priority,
-    /// making room there (never by demoting a page of `protect`); waits.
-    /// The pages that still found `tier` full.
-    fn demand_move(
-        &self,
-        pages: Vec<usize>,
-        tier: Tier,
-        protect: &Range<usize>,
-    ) -> Result<Vec<usize>> {
-        self.rt().mover.run(
-            &self.table,
-            Request {
-                pages,
-                dst: tier,
-                from: Source::Any,
-                priority: Priority::Demand,
-                room: Some(protect.clone()),
-            },
-        )
+        DeviceMap::of(&self.table, &self.inner)
     }
 
     /// Moves the pages of `range` that live in tiers faster than `tier`
@@ -503,7 +346,7 @@ impl Buffer {
         // page by page down the slower tiers for what did not fit. Every
         // move goes through the engine at demand priority.
         let demote = |pages: Vec<usize>, dst: Tier| {
-            self.rt().mover.run(
+            self.engine().run(
                 &self.table,
                 Request {
                     pages,
@@ -538,7 +381,7 @@ impl Buffer {
         if full.is_empty() {
             return Ok(());
         }
-        let targets = self.rt().tiers_below(tier);
+        let targets = self.rt().tiers.below(tier);
         for p in full {
             // Stays an error unless a slower tier takes the page.
             let mut taken = false;
@@ -582,11 +425,11 @@ impl Buffer {
             ))));
         }
         // The balancer's policies hear of it (`Policy::hint`).
-        self.rt().hints.add(tier, self.table.id, pages.clone());
+        self.inner.hints.add(tier, self.table.id, pages.clone());
         // The engine groups the pages by the tier they are in now, one lane
         // each; a lane re-checks every page under its lock.
         let ticket = Ticket::new();
-        self.rt().mover.submit(
+        self.engine().submit(
             &self.table,
             Request {
                 pages: pages.clone().collect(),
@@ -611,25 +454,6 @@ impl Drop for Buffer {
     }
 }
 
-impl Buffer {
-    /// [`pin`](Self::pin) for holders that cannot keep a borrow of the
-    /// buffer alive (the C ABI's handle tables): the guard holds a
-    /// reference to the buffer, which therefore lives until the guard drops.
-    pub fn pin_owned(self: &Arc<Self>, range: Range<u64>, tier: Tier) -> Result<OwnedPin> {
-        let mut pin = self.pin(range, tier)?;
-        // The owned guard takes the pinned pages over; the borrowed one is
-        // left covering none, so its drop unpins nothing.
-        let pages = std::mem::replace(&mut pin.pages, 0..0);
-        let addresses = std::mem::take(&mut pin.addresses);
-        Ok(OwnedPin {
-            buffer: self.clone(),
-            pages,
-            tier,
-            addresses,
-        })
-    }
-}
-
 /// Where a buffer's pages are: [`Buffer::residency`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
@@ -646,85 +470,6 @@ impl Residency {
     /// Pages resident in `tier`.
     pub fn in_tier(&self, tier: Tier) -> u64 {
         self.pages[tier as usize]
-    }
-}
-
-/// Pages held resident in one tier; see [`Buffer::pin`].
-#[derive(Debug)]
-#[must_use = "the pages are unpinned when the guard drops"]
-pub struct Pin<'a> {
-    buffer: &'a Buffer,
-    pages: Range<usize>,
-    tier: Tier,
-    addresses: Vec<u64>,
-}
-
-impl Pin<'_> {
-    /// The tier the pages are pinned in.
-    pub fn tier(&self) -> Tier {
-        self.tier
-    }
-
-    /// The pinned pages (indices into the buffer).
-    pub fn pages(&self) -> Range<usize> {
-        self.pages.clone()
-    }
-
-    /// Each pinned page's address (device or host), in page order. The
-    /// addresses stay valid until the guard drops; what is done through
-    /// them is outside Rust's checks (kernels, C callers).
-    pub fn addresses(&self) -> &[u64] {
-        &self.addresses
-    }
-}
-
-impl Drop for Pin<'_> {
-    fn drop(&mut self) {
-        for p in self.pages.clone() {
-            let mut entry = self.buffer.table.pages[p].lock();
-            if entry.unpin() {
-                self.buffer.table.rt.pinned[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-/// A [`Pin`] that owns a reference to its buffer; see [`Buffer::pin_owned`].
-#[derive(Debug)]
-#[must_use = "the pages are unpinned when the guard drops"]
-pub struct OwnedPin {
-    buffer: Arc<Buffer>,
-    pages: Range<usize>,
-    tier: Tier,
-    addresses: Vec<u64>,
-}
-
-impl OwnedPin {
-    /// The tier the pages are pinned in.
-    pub fn tier(&self) -> Tier {
-        self.tier
-    }
-
-    /// The pinned pages (indices into the buffer).
-    pub fn pages(&self) -> Range<usize> {
-        self.pages.clone()
-    }
-
-    /// Each pinned page's address, as [`Pin::addresses`].
-    pub fn addresses(&self) -> &[u64] {
-        &self.addresses
-    }
-}
-
-impl Drop for OwnedPin {
-    fn drop(&mut self) {
-        // Unpins exactly as the borrowed guard does.
-        drop(Pin {
-            buffer: &self.buffer,
-            pages: std::mem::replace(&mut self.pages, 0..0),
-            tier: self.tier,
-            addresses: Vec::new(),
-        });
     }
 }
 

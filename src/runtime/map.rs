@@ -25,11 +25,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::mover::{Priority, Request, Source};
+use super::accounting::Counters;
+use super::inner::Inner;
+use super::mapping::MapShared;
+use super::record::TraceSink;
+use super::request::{Priority, Request, Source};
 use super::table::{lost, Lost, Resident, Table, Zero};
-use crate::device::{DeviceCounters, DeviceWords};
 use crate::error::{Error, ErrorKind, Result};
-use crate::tier::{DeviceStore, Tier};
+use crate::tier::Tier;
 
 /// What a launch's kernels do with the buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,37 +44,11 @@ pub enum Access {
     ReadWrite,
 }
 
-/// The map's storage.
-pub(crate) struct MapShared {
-    /// The map as the host (and the simulated device) sees it.
-    entries: Box<[AtomicU64]>,
-    /// Whether each entry points into device memory (for accounting).
-    on_device: Box<[std::sync::atomic::AtomicBool]>,
-    /// Its copy in device memory, on cuda.
-    device: Option<DeviceWords>,
-    /// Per-page access counters in device memory for CUDA kernels, on
-    /// cuda; drained into the buffer's counters when its launches end.
-    device_counters: Option<DeviceCounters>,
-    page_size: usize,
-}
-
-impl MapShared {
-    /// Points page `p` at `address` (one 64-bit store on either side).
-    pub(crate) fn set(&self, p: usize, address: u64, on_device: bool) {
-        self.on_device[p].store(on_device, Ordering::Relaxed);
-        self.entries[p].store(address, Ordering::Release);
-        if let Some(d) = &self.device {
-            // An error leaves the device copy stale until the next
-            // `prepare`, which uploads every entry and reports it.
-            let _ = d.set(p, address);
-        }
-    }
-}
-
 /// A buffer's device map: one address per page that kernels translate
 /// through; see [`DeviceMap::prepare`] and [`Launch`].
 pub struct DeviceMap {
     table: Arc<Table>,
+    rt: Arc<Inner>,
     shared: Arc<MapShared>,
 }
 
@@ -85,36 +62,23 @@ impl std::fmt::Debug for DeviceMap {
 
 impl DeviceMap {
     /// The buffer's map, made on first use.
-    pub(crate) fn of(table: &Arc<Table>) -> Result<Self> {
+    pub(crate) fn of(table: &Arc<Table>, rt: &Arc<Inner>) -> Result<Self> {
         let mut slot = table.map.lock();
         let shared = match &*slot {
             Some(s) => s.clone(),
             None => {
-                let n = table.pages.len();
-                let cuda = table
-                    .rt
-                    .store(Tier::Device)
-                    .and_then(|s| s.as_any().downcast_ref::<DeviceStore>())
-                    .filter(|d| d.backend() == crate::device::BackendKind::Cuda);
-                let device = cuda
-                    .map(|d| DeviceWords::new(d.backend_handle(), n))
-                    .transpose()?;
-                let device_counters = cuda
-                    .map(|d| DeviceCounters::new(d.backend_handle(), n))
-                    .transpose()?;
-                let s = Arc::new(MapShared {
-                    entries: (0..n).map(|_| AtomicU64::new(0)).collect(),
-                    on_device: (0..n).map(|_| Default::default()).collect(),
-                    device,
-                    device_counters,
-                    page_size: table.rt.page_size(),
-                });
+                let s = Arc::new(MapShared::new(
+                    table.pages.len(),
+                    table.rt.tiers.device(),
+                    table.rt.page_size(),
+                )?);
                 *slot = Some(s.clone());
                 s
             }
         };
         Ok(Self {
             table: table.clone(),
+            rt: rt.clone(),
             shared,
         })
     }
@@ -150,16 +114,18 @@ impl DeviceMap {
         }
         // From here the guard ends the launch on every way out.
         let launch = Launch::new(self, access);
-        let memory: Vec<Tier> = table
-            .rt
-            .stores()
-            .map(|s| s.tier())
-            .filter(|&t| t != Tier::Nvme)
-            .collect();
+        let memory = table.rt.tiers.memory();
+        self.stage(&memory)?;
+        self.fill(&memory)?;
+        Ok(launch)
+    }
 
-        // 1. NVMe pages into a memory tier, host first (a staging tier: the
-        // balancer promotes what is hot), after making room by moving pages
-        // of other buffers to NVMe where the memory tiers are too full.
+    /// NVMe pages into a memory tier, host first (a staging tier: the
+    /// balancer promotes what is hot), after making room by moving pages of
+    /// other buffers to NVMe where the memory tiers are too full.
+    fn stage(&self, memory: &[Tier]) -> Result<()> {
+        let table = &self.table;
+        let tiers = &table.rt.tiers;
         let (mut on_nvme, mut zero) = (Vec::new(), 0usize);
         for (p, e) in table.pages.iter().enumerate() {
             match &e.lock().loc {
@@ -170,13 +136,6 @@ impl DeviceMap {
                 _ => {}
             }
         }
-        let free = |tiers: &[Tier]| -> usize {
-            tiers
-                .iter()
-                .filter_map(|&t| table.rt.store(t))
-                .map(|s| s.capacity_pages().saturating_sub(s.used_pages()) as usize)
-                .sum()
-        };
         let mut staging: Vec<Tier> = memory
             .iter()
             .copied()
@@ -187,10 +146,10 @@ impl DeviceMap {
         loop {
             // Room for what is left, as far as NVMe can take other pages
             // (each page staged frees an NVMe slot for the next round).
-            let short = (left.len() + zero).saturating_sub(free(&memory));
+            let short = (left.len() + zero).saturating_sub(tiers.free_pages(memory));
             if short > 0 {
-                let nvme_free = free(&[Tier::Nvme]);
-                super::reclaim::make_room(&table.rt, short.min(nvme_free));
+                let nvme_free = tiers.free_pages(&[Tier::Nvme]);
+                self.rt.mover.make_room_for_launch(short.min(nvme_free));
             }
             let before = left.len();
             for &t in &staging {
@@ -204,26 +163,25 @@ impl DeviceMap {
                     priority: Priority::Demand,
                     room: None,
                 };
-                left = table.rt.mover.run(table, request)?;
+                left = self.rt.mover.run(table, request)?;
             }
             let staged = before - left.len();
-            table
-                .rt
-                .counters
-                .faults
-                .fetch_add(staged as u64, Ordering::Relaxed);
+            Counters::add(&table.rt.counters().faults, staged as u64);
             if left.is_empty() || staged == 0 {
-                break;
+                return Ok(());
             }
         }
+    }
 
-        // 2. Every entry, materializing never-written pages.
+    /// Every entry, materializing never-written pages (in `memory`).
+    fn fill(&self, memory: &[Tier]) -> Result<()> {
+        let table = &self.table;
         let zeros = vec![0u8; table.rt.page_size()];
         let mut values = Vec::with_capacity(table.pages.len());
         for p in 0..table.pages.len() {
             let mut entry = table.pages[p].lock();
             if matches!(entry.loc, Zero) {
-                entry.loc = table.first_write(&zeros, Some(&memory))?;
+                entry.loc = table.first_write(&zeros, Some(memory))?;
             }
             // Kernels may write through the map: a move that copied the
             // page before this launch does not commit.
@@ -258,7 +216,7 @@ impl DeviceMap {
                 }
             }
         }
-        Ok(launch)
+        Ok(())
     }
 
     /// [`prepare`](Self::prepare) for holders that cannot keep a borrow of
@@ -272,6 +230,7 @@ impl DeviceMap {
         Ok(OwnedLaunch {
             map: DeviceMap {
                 table: self.table.clone(),
+                rt: self.rt.clone(),
                 shared: self.shared.clone(),
             },
             access,
@@ -319,7 +278,7 @@ pub struct Launch<'a> {
     entries: &'a [AtomicU64],
     counters: &'a [std::sync::atomic::AtomicU32],
     shift: Option<u32>,
-    trace: &'a super::record::TraceSink,
+    trace: &'a TraceSink,
     buffer: u32,
     page_shift: u32,
     len: u64,

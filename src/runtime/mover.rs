@@ -1,7 +1,9 @@
 //! The migration engine: every page move of the runtime is a request
 //! submitted here. Demand paths (`pin`, `evict`, a kernel launch's
-//! `prepare`, room made for them), `prefetch`, the balancer and background
-//! eviction all submit; synchronous callers submit and wait.
+//! `prepare`), `prefetch`, the balancer and background eviction all
+//! submit; synchronous callers submit and wait. Room-making is part of a
+//! request (or a request of its own, [`Room`]): the engine expands it into
+//! demotions itself, so nothing above it ever calls back into a lane.
 //!
 //! - One lane (worker threads and a queue) per direction of each link
 //!   between two configured tiers, so promotions never queue behind
@@ -22,8 +24,9 @@
 //!   callers' threads) and requests made from inside a lane (room for a
 //!   prefetch) never wait for it, so the window cannot deadlock and cannot
 //!   delay a demand.
-//! - Copy-then-commit lives in `table.rs` (the copy engines) and `page.rs`
-//!   (the one commit); this module only schedules.
+//! - Copy-then-commit lives in the copy paths behind `batch.rs` and in
+//!   `page.rs` (the one commit); this module only schedules, and picks the
+//!   victims of room-making (`victims.rs`).
 //!
 //! Requests come back through [`Ticket`]s; errors of background work
 //! surface at the ticket's `wait` or `poll` (and background eviction's and
@@ -32,321 +35,66 @@
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
-use std::collections::VecDeque;
-use std::ops::Range;
+use std::collections::HashSet;
+use std::ops::{Deref, Range};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
-use super::table::Table;
+use super::accounting::Counters;
+use super::background::join;
+use super::batch;
+use super::lanes::{Counts, Job, Lane, Window, IN_LANE};
+use super::registry::Registry;
+use super::request::{Priority, Request, Room};
+use super::shared::Shared;
+use super::table::{lost, Lost, Table};
+use super::ticket::Ticket;
+use super::victims;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::Tier;
 
-/// Batches queued or moving in the whole runtime before background and
-/// prefetch submitters wait.
-const WINDOW: usize = 16;
-
-/// Of the window, what background batches (balance, reclaim) may hold: a
-/// prefetch always finds room beside them, even while they are held back
-/// for a demand.
-const BACKGROUND_WINDOW: usize = WINDOW / 2;
-
-/// A background batch held back for demand requests starts anyway once it
-/// has waited this long, so background work (and the balancer's callers)
-/// never waits without bound.
-const MAX_HOLD: Duration = Duration::from_millis(10);
-
-/// Who asked for a move; a lane serves the most urgent first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Priority {
-    /// A caller waits for it: `pin`, `evict`, a launch's `prepare`, and
-    /// the room they need.
-    Demand = 0,
-    /// `prefetch` and the room it makes.
-    Prefetch = 1,
-    /// The balancer's promotions and demotions.
-    Balance = 2,
-    /// Background eviction between the watermarks.
-    Reclaim = 3,
-}
-
-/// Which of a request's pages move: checked under each page's lock when
-/// its batch runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Source {
-    /// From wherever they are.
-    Any,
-    /// Only pages in this tier.
-    Only(Tier),
-    /// Only pages in tiers faster than this one.
-    Above(Tier),
-    /// Only pages not in this tier.
-    Not(Tier),
-    /// Only pages in tiers slower than this one.
-    Below(Tier),
-}
-
-impl Source {
-    fn accepts(self, tier: Tier) -> bool {
-        match self {
-            Source::Any => true,
-            Source::Only(t) => tier == t,
-            Source::Above(t) => tier < t,
-            Source::Not(t) => tier != t,
-            Source::Below(t) => tier > t,
-        }
-    }
-}
-
-/// What a ticket waits for.
-#[derive(Debug, Default)]
-struct TicketState {
-    inner: Mutex<Progress>,
-    done: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct Progress {
-    /// Batches not finished.
-    open: usize,
-    error: Option<Error>,
-    /// Pages that found the destination full (synchronous callers decide
-    /// what to do with them).
-    full: Vec<usize>,
-}
-
-/// The handle of an asynchronous request: `wait` for it, or `poll` it.
-/// Dropping a ticket does not cancel the request.
-#[derive(Debug, Clone)]
-#[must_use = "a ticket carries the request's error, if any"]
-pub struct Ticket {
-    state: Arc<TicketState>,
-}
-
-impl Ticket {
-    pub(crate) fn new() -> Self {
-        Self {
-            state: Arc::default(),
-        }
-    }
-
-    pub(crate) fn done(result: Result<()>) -> Self {
-        let t = Self::new();
-        if let Err(e) = result {
-            t.state.inner.lock().error = Some(e);
-        }
-        t
-    }
-
-    fn add(&self) {
-        self.state.inner.lock().open += 1;
-    }
-
-    /// One batch finished; the first error is kept.
-    fn finish(&self, result: Result<Vec<usize>>) {
-        let mut s = self.state.inner.lock();
-        s.open -= 1;
-        match result {
-            Ok(full) => s.full.extend(full),
-            Err(e) => {
-                s.error.get_or_insert(e);
-            }
-        }
-        if s.open == 0 {
-            self.state.done.notify_all();
-        }
-    }
-
-    fn result(s: &Progress) -> Result<()> {
-        s.error.clone().map_or(Ok(()), Err)
-    }
-
-    /// Waits for the request and returns its result.
-    pub fn wait(self) -> Result<()> {
-        let mut s = self.state.inner.lock();
-        while s.open > 0 {
-            self.state.done.wait(&mut s);
-        }
-        Self::result(&s)
-    }
-
-    /// Waits for the request: the pages that found the destination full,
-    /// or its first error.
-    pub(crate) fn wait_full(self) -> Result<Vec<usize>> {
-        let mut s = self.state.inner.lock();
-        while s.open > 0 {
-            self.state.done.wait(&mut s);
-        }
-        Self::result(&s)?;
-        Ok(std::mem::take(&mut s.full))
-    }
-
-    /// Waits at most `timeout`: the result, or `None` if still running.
-    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<()>> {
-        let mut s = self.state.inner.lock();
-        // A timeout beyond any representable instant waits for good.
-        let Some(deadline) = Instant::now().checked_add(timeout) else {
-            while s.open > 0 {
-                self.state.done.wait(&mut s);
-            }
-            return Some(Self::result(&s));
-        };
-        while s.open > 0 {
-            if self.state.done.wait_until(&mut s, deadline).timed_out() && s.open > 0 {
-                return None;
-            }
-        }
-        Some(Self::result(&s))
-    }
-
-    /// The result if the request has finished.
-    pub fn poll(&self) -> Option<Result<()>> {
-        let s = self.state.inner.lock();
-        (s.open == 0).then(|| Self::result(&s))
-    }
-}
-
-/// A move request as submitted.
-pub(crate) struct Request {
-    pub(crate) pages: Vec<usize>,
-    pub(crate) dst: Tier,
-    pub(crate) from: Source,
-    pub(crate) priority: Priority,
-    /// Room is made in a full `dst` (as a pin makes it), never by demoting
-    /// a page of this range of the same buffer; `None`: pages that find
-    /// `dst` full are returned (synchronous callers) or, for a ticket,
-    /// nothing is made.
-    pub(crate) room: Option<Range<usize>>,
-}
-
-/// One batch for a lane.
-struct Job {
-    table: Arc<Table>,
-    pages: Vec<usize>,
-    dst: Tier,
-    from: Source,
-    priority: Priority,
-    room: Option<Range<usize>>,
-    /// Pages that find `dst` full are an `OutOfCapacity` error (prefetch)
-    /// rather than a list for the caller.
-    full_is_error: bool,
-    ticket: Ticket,
-    /// When it was queued.
-    queued: Instant,
-}
-
-/// A lane's queue, one per priority.
-#[derive(Default)]
-struct Queue {
-    jobs: [VecDeque<Job>; 4],
-    closed: bool,
-}
-
-impl Queue {
-    /// The most urgent job; background jobs (balance, reclaim) only when
-    /// `background` (no demand request is waiting anywhere) or once they
-    /// have been held back for [`MAX_HOLD`].
-    fn pop(&mut self, background: bool) -> Option<Job> {
-        if let Some(job) = self.jobs[..Priority::Balance as usize]
-            .iter_mut()
-            .find_map(VecDeque::pop_front)
-        {
-            return Some(job);
-        }
-        self.jobs[Priority::Balance as usize..]
-            .iter_mut()
-            .find(|q| {
-                q.front()
-                    .is_some_and(|j| background || j.queued.elapsed() >= MAX_HOLD)
-            })
-            .and_then(VecDeque::pop_front)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.jobs.iter().all(VecDeque::is_empty)
-    }
-}
-
-#[derive(Default)]
-struct Lane {
-    queue: Mutex<Queue>,
-    ready: Condvar,
-}
-
-/// The runtime-wide window, in batches: all of them, and the background
-/// ones among them.
-#[derive(Default)]
-struct Window {
-    used: Mutex<(usize, usize)>,
-    freed: Condvar,
-}
-
-impl Window {
-    /// Takes a place, waiting for one if `wait` (background batches wait
-    /// for a place of their own share too).
-    fn enter(&self, wait: bool, background: bool) {
-        let mut used = self.used.lock();
-        while wait && (used.0 >= WINDOW || (background && used.1 >= BACKGROUND_WINDOW)) {
-            self.freed.wait(&mut used);
-        }
-        used.0 += 1;
-        used.1 += usize::from(background);
-    }
-
-    fn leave(&self, background: bool) {
-        let mut used = self.used.lock();
-        used.0 -= 1;
-        used.1 -= usize::from(background);
-        drop(used);
-        self.freed.notify_all();
-    }
-}
-
-thread_local! {
-    /// Set on lane threads: what they submit never waits for the window.
-    static IN_LANE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Per-priority figures of the engine.
-#[derive(Debug, Default)]
-struct Counts {
-    /// Batches run, per priority.
-    batches: [AtomicU64; 4],
-    /// Nanoseconds batches waited in their queue, per priority.
-    queued_ns: [AtomicU64; 4],
-    /// Nanoseconds lanes spent running batches, per priority (wall time:
-    /// copies, commits, room made).
-    busy_ns: [AtomicU64; 4],
-}
-
-/// The engine.
-pub(crate) struct Mover {
+/// What the lanes' workers share with the submitters.
+pub(crate) struct Engine {
     /// Indexed by `src * 4 + dst`; `None` for a direction between tiers
     /// not both configured.
-    lanes: Vec<Option<Arc<Lane>>>,
-    window: Arc<Window>,
+    lanes: Vec<Option<Lane>>,
+    window: Window,
     /// Pages queued or moving.
-    pub(crate) in_flight: Arc<AtomicU64>,
+    in_flight: AtomicU64,
     /// Demand batches queued or moving, in any lane: while there are any,
     /// no lane starts a background batch (its I/O would queue at the disk
     /// ahead of the demand's).
-    demand: Arc<AtomicU64>,
-    counts: Arc<Counts>,
+    demand: AtomicU64,
+    counts: Counts,
+    /// Every live buffer's page table (room-making's victims).
+    tables: Registry,
+    shared: Arc<Shared>,
+}
+
+/// The engine and its workers; dropping it closes the lanes and joins them.
+pub(crate) struct Mover {
+    engine: Arc<Engine>,
     workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Deref for Mover {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 impl Drop for Mover {
     fn drop(&mut self) {
         // Closing the queues ends the workers once they are empty; wait
         // for them, so that a dropped runtime leaves no thread behind.
-        for lane in self.lanes.iter().flatten() {
+        for lane in self.engine.lanes.iter().flatten() {
             lane.queue.lock().closed = true;
             lane.ready.notify_all();
         }
         for w in self.workers.drain(..) {
-            super::join(w);
+            join(w);
         }
     }
 }
@@ -356,40 +104,45 @@ fn lane_index(src: Tier, dst: Tier) -> usize {
 }
 
 impl Mover {
-    /// Starts the lanes of every direction between two of `tiers`.
-    pub(crate) fn start(tiers: &[Tier]) -> Result<Self> {
+    /// Starts the lanes of every direction between two configured tiers.
+    pub(crate) fn start(shared: Arc<Shared>) -> Result<Self> {
+        let tiers = shared.tiers.list();
+        let mut lanes: Vec<Option<Lane>> = (0..16).map(|_| None).collect();
+        for &src in &tiers {
+            for &dst in tiers.iter().filter(|&&t| t != src) {
+                lanes[lane_index(src, dst)] = Some(Lane::default());
+            }
+        }
         // Built in place: if a thread cannot start, dropping the half-made
         // engine closes the lanes started so far and joins their threads.
         let mut mover = Self {
-            lanes: (0..16).map(|_| None).collect(),
-            window: Arc::new(Window::default()),
-            in_flight: Arc::new(AtomicU64::new(0)),
-            demand: Arc::new(AtomicU64::new(0)),
-            counts: Arc::new(Counts::default()),
+            engine: Arc::new(Engine {
+                lanes,
+                window: Window::default(),
+                in_flight: AtomicU64::new(0),
+                demand: AtomicU64::new(0),
+                counts: Counts::default(),
+                tables: Registry::default(),
+                shared,
+            }),
             workers: Vec::new(),
         };
-        for &src in tiers {
+        for &src in &tiers {
             for &dst in tiers.iter().filter(|&&t| t != src) {
-                let lane = Arc::new(Lane::default());
-                mover.lanes[lane_index(src, dst)] = Some(lane.clone());
                 let count = if src == Tier::Nvme || dst == Tier::Nvme {
                     2
                 } else {
                     1
                 };
                 for w in 0..count {
-                    let (lane, window, in_flight, counts, demand) = (
-                        lane.clone(),
-                        mover.window.clone(),
-                        mover.in_flight.clone(),
-                        mover.counts.clone(),
-                        mover.demand.clone(),
-                    );
+                    let engine = mover.engine.clone();
+                    let index = lane_index(src, dst);
                     let w = std::thread::Builder::new()
                         .name(format!("strata-mover-{src}-{dst}-{w}"))
                         .spawn(move || {
                             IN_LANE.with(|c| c.set(true));
-                            work(&lane, &window, &in_flight, &demand, &counts);
+                            let lane = engine.lanes[index].as_ref().expect("started above");
+                            engine.work(lane);
                         })
                         .map_err(|e| Error::io("starting a mover thread", e))?;
                     mover.workers.push(w);
@@ -397,6 +150,23 @@ impl Mover {
             }
         }
         Ok(mover)
+    }
+}
+
+impl Engine {
+    /// What the page tables share.
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Every live buffer's page table.
+    pub(crate) fn tables(&self) -> &Registry {
+        &self.tables
+    }
+
+    /// Pages queued or moving.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Waits until no move is queued or running (moves submitted
@@ -438,13 +208,7 @@ impl Mover {
         full_is_error: bool,
         ticket: &Ticket,
     ) {
-        let Request {
-            pages,
-            dst,
-            from,
-            priority,
-            room,
-        } = request;
+        let dst = request.dst;
         if table.rt.store(dst).is_none() {
             ticket.add();
             ticket.finish(Err(Error::invalid(format!(
@@ -453,22 +217,21 @@ impl Mover {
             return;
         }
         let mut by_tier: [Vec<usize>; 4] = Default::default();
-        for p in pages {
+        for &p in &request.pages {
             let Some(entry) = table.pages.get(p).map(|e| e.lock()) else {
                 continue;
             };
             match entry.tier() {
-                Some(t) if t != dst && entry.pins == 0 && from.accepts(t) => {
+                Some(t) if t != dst && entry.pins == 0 && request.from.accepts(t) => {
                     by_tier[t as usize].push(p)
                 }
-                None if matches!(entry.loc, super::table::Lost) => {
+                None if matches!(entry.loc, Lost) => {
                     ticket.add();
-                    ticket.finish(Err(super::table::lost(p)));
+                    ticket.finish(Err(lost(p)));
                 }
                 _ => {}
             }
         }
-        let windowed = priority != Priority::Demand && !IN_LANE.with(Cell::get);
         for (src, pages) in Tier::ALL.into_iter().zip(by_tier) {
             if pages.is_empty() {
                 continue;
@@ -482,50 +245,59 @@ impl Mover {
             };
             // Background eviction in smaller batches: a demand request
             // waits at most for the batch its lane is running.
-            let batch = match priority {
+            let batch = match request.priority {
                 Priority::Reclaim => (table.batch() / 8).max(1),
                 _ => table.batch(),
             };
             for chunk in pages.chunks(batch) {
-                self.window.enter(windowed, priority >= Priority::Balance);
-                ticket.add();
-                self.in_flight
-                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                if priority == Priority::Demand {
-                    self.demand.fetch_add(1, Ordering::AcqRel);
-                }
                 let job = Job {
                     table: table.clone(),
                     pages: chunk.to_vec(),
                     dst,
-                    from,
-                    priority,
-                    room: room.clone(),
+                    from: request.from,
+                    priority: request.priority,
+                    room: request.room.clone(),
                     full_is_error,
                     ticket: ticket.clone(),
                     queued: Instant::now(),
                 };
-                let mut q = lane.queue.lock();
-                if q.closed {
-                    drop(q);
-                    // The lanes close only when the runtime is shutting down.
-                    self.in_flight
-                        .fetch_sub(job.pages.len() as u64, Ordering::Relaxed);
-                    if priority == Priority::Demand {
-                        self.demand.fetch_sub(1, Ordering::AcqRel);
-                    }
-                    self.window.leave(priority >= Priority::Balance);
-                    job.ticket.finish(Err(Error::new(
-                        ErrorKind::Closed,
-                        "the runtime's mover has stopped",
-                    )));
-                    continue;
-                }
-                q.jobs[priority as usize].push_back(job);
-                drop(q);
-                lane.ready.notify_one();
+                self.queue(lane, job);
             }
         }
+    }
+
+    /// Takes a place in the window (unless the job is a demand or comes
+    /// from a lane) and queues `job` on `lane`.
+    fn queue(&self, lane: &Lane, mut job: Job) {
+        let priority = job.priority;
+        let background = priority >= Priority::Balance;
+        let windowed = priority != Priority::Demand && !IN_LANE.with(Cell::get);
+        self.window.enter(windowed, background);
+        job.ticket.add();
+        let pages = job.pages.len() as u64;
+        self.in_flight.fetch_add(pages, Ordering::Relaxed);
+        if priority == Priority::Demand {
+            self.demand.fetch_add(1, Ordering::AcqRel);
+        }
+        job.queued = Instant::now();
+        let mut q = lane.queue.lock();
+        if q.closed {
+            drop(q);
+            // The lanes close only when the runtime is shutting down.
+            self.in_flight.fetch_sub(pages, Ordering::Relaxed);
+            if priority == Priority::Demand {
+                self.demand.fetch_sub(1, Ordering::AcqRel);
+            }
+            self.window.leave(background);
+            job.ticket.finish(Err(Error::new(
+                ErrorKind::Closed,
+                "the runtime's mover has stopped",
+            )));
+            return;
+        }
+        q.jobs[priority as usize].push_back(job);
+        drop(q);
+        lane.ready.notify_one();
     }
 
     /// Submits `request` and waits for it: the pages that found `dst` full
@@ -535,127 +307,287 @@ impl Mover {
         self.submit(table, request, false, &ticket);
         ticket.wait_full()
     }
-}
 
-/// A lane's worker: the most urgent batch first, until the queue closes and
-/// is empty.
-fn work(lane: &Lane, window: &Window, in_flight: &AtomicU64, demand: &AtomicU64, counts: &Counts) {
-    loop {
-        let job = {
-            let mut q = lane.queue.lock();
-            loop {
-                let background = demand.load(Ordering::Acquire) == 0;
-                if let Some(job) = q.pop(background) {
-                    break job;
+    /// A lane's worker: the most urgent batch first, until the queue closes
+    /// and is empty.
+    fn work(&self, lane: &Lane) {
+        loop {
+            let job = {
+                let mut q = lane.queue.lock();
+                loop {
+                    let background = self.demand.load(Ordering::Acquire) == 0;
+                    if let Some(job) = q.pop(background) {
+                        break job;
+                    }
+                    if q.closed && q.is_empty() {
+                        return;
+                    }
+                    if q.is_empty() {
+                        lane.ready.wait(&mut q);
+                    } else {
+                        // Background work held back for a demand elsewhere:
+                        // look again shortly.
+                        lane.ready.wait_for(&mut q, Duration::from_micros(100));
+                    }
                 }
-                if q.closed && q.is_empty() {
-                    return;
-                }
-                if q.is_empty() {
-                    lane.ready.wait(&mut q);
-                } else {
-                    // Background work held back for a demand elsewhere:
-                    // look again shortly.
-                    lane.ready.wait_for(&mut q, Duration::from_micros(100));
-                }
-            }
-        };
-        let (ticket, pages, priority) = (job.ticket.clone(), job.pages.len(), job.priority);
-        counts.batches[priority as usize].fetch_add(1, Ordering::Relaxed);
-        counts.queued_ns[priority as usize]
-            .fetch_add(job.queued.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        // A bug (or a panicking engine) must not leave the ticket waiting
-        // forever or kill the lane.
-        let started = Instant::now();
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)));
-        counts.busy_ns[priority as usize]
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
-        if priority == Priority::Demand {
-            demand.fetch_sub(1, Ordering::AcqRel);
-        }
-        window.leave(priority >= Priority::Balance);
-        match ran {
-            Ok(result) => ticket.finish(result),
-            Err(_) => ticket.finish(Err(Error::new(
-                ErrorKind::Io,
-                "a page move panicked; its pages stay where they were",
-            ))),
-        }
-    }
-}
-
-/// Runs one batch: the pages that found `dst` full, or the first error.
-fn run(job: Job) -> Result<Vec<usize>> {
-    let Job {
-        table,
-        pages,
-        dst,
-        from,
-        priority,
-        room,
-        full_is_error,
-        ..
-    } = job;
-    let wanted = |t: Tier| from.accepts(t);
-    let mut result = table.move_batched(&pages, dst, &wanted);
-    // What does not fit gets room made for it, as a pin does: the coldest
-    // pages of `dst` that this request does not cover are demoted (a few
-    // rounds, as demotions may race other moves), then it moves.
-    if let Some(protect) = &room {
-        for _ in 0..3 {
-            let full = match &result {
-                Ok(full) if !full.is_empty() => full.clone(),
-                _ => break,
             };
-            let (made, failure) = super::reclaim::make_room_for(
-                &table.rt,
-                dst,
-                full.len(),
-                &table,
-                protect,
-                priority,
-            );
-            if let Some(e) = failure {
-                if priority == Priority::Demand {
-                    // A pin or a launch does not fail for another page's
-                    // demotion: recorded, and the room found is what it is.
-                    table.rt.note_background("making room for a demand move", e);
-                } else {
-                    result = Err(e.context(format!("making room in the {dst} tier")));
+            let (ticket, pages, priority) = (job.ticket.clone(), job.pages.len(), job.priority);
+            let p = priority as usize;
+            self.counts.batches[p].fetch_add(1, Ordering::Relaxed);
+            self.counts.queued_ns[p]
+                .fetch_add(job.queued.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            // A bug (or a panicking copy path) must not leave the ticket
+            // waiting forever or kill the lane.
+            let started = Instant::now();
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(job)));
+            self.counts.busy_ns[p]
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
+            if priority == Priority::Demand {
+                self.demand.fetch_sub(1, Ordering::AcqRel);
+            }
+            self.window.leave(priority >= Priority::Balance);
+            match ran {
+                Ok(result) => ticket.finish(result),
+                Err(_) => ticket.finish(Err(Error::new(
+                    ErrorKind::Io,
+                    "a page move panicked; its pages stay where they were",
+                ))),
+            }
+        }
+    }
+
+    /// Runs one batch: the pages that found `dst` full, or the first error.
+    fn run_job(&self, job: Job) -> Result<Vec<usize>> {
+        let Job {
+            table,
+            pages,
+            dst,
+            from,
+            priority,
+            room,
+            full_is_error,
+            ..
+        } = job;
+        let wanted = |t: Tier| from.accepts(t);
+        let mut result = batch::move_batched(&table, &pages, dst, &wanted);
+        // What does not fit gets room made for it, as a pin does: the
+        // coldest pages of `dst` that this request does not cover are
+        // demoted (a few rounds, as demotions may race other moves), then
+        // it moves.
+        if let Some(protect) = &room {
+            for _ in 0..3 {
+                let full = match &result {
+                    Ok(full) if !full.is_empty() => full.clone(),
+                    _ => break,
+                };
+                let (made, failure) =
+                    self.make_room_for(&table, dst, full.len(), protect, priority);
+                if let Some(e) = failure {
+                    if priority == Priority::Demand {
+                        // A pin or a launch does not fail for another page's
+                        // demotion: recorded, and the room found is what it is.
+                        self.shared
+                            .note_background("making room for a demand move", e);
+                    } else {
+                        result = Err(e.context(format!("making room in the {dst} tier")));
+                    }
+                    break;
                 }
-                break;
-            }
-            if made == 0 {
-                break;
-            }
-            result = table.move_batched(&full, dst, &wanted);
-        }
-    }
-    // The requester's own pages (a prefetch's, a pin's) get the second
-    // chance a read gives: the next room-making (or the reclaimer) takes
-    // colder pages first. Demotions (evict, room made for others) do not.
-    if result.is_ok() && room.is_some() {
-        for &p in &pages {
-            let mut entry = table.pages[p].lock();
-            if entry.tier() == Some(dst) {
-                entry.referenced = true;
+                if made == 0 {
+                    break;
+                }
+                result = batch::move_batched(&table, &full, dst, &wanted);
             }
         }
+        // The requester's own pages (a prefetch's, a pin's) get the second
+        // chance a read gives: the next room-making (or the reclaimer)
+        // takes colder pages first. Demotions (evict, room made for
+        // others) do not.
+        if result.is_ok() && room.is_some() {
+            for &p in &pages {
+                let mut entry = table.pages[p].lock();
+                if entry.tier() == Some(dst) {
+                    entry.referenced = true;
+                }
+            }
+        }
+        let result = match result {
+            Ok(full) if full_is_error && !full.is_empty() => Err(Error::new(
+                ErrorKind::OutOfCapacity,
+                format!(
+                    "page {} cannot move to the {dst} tier: it is full ({})",
+                    full[0],
+                    table.rt.capacity_report()
+                ),
+            )),
+            other => other,
+        };
+        // The table goes before the ticket completes: a waiter that then
+        // drops the buffer gets its slots and reservation back at once.
+        drop(table);
+        result
     }
-    let result = match result {
-        Ok(full) if full_is_error && !full.is_empty() => Err(Error::new(
-            ErrorKind::OutOfCapacity,
-            format!(
-                "page {} cannot move to the {dst} tier: it is full ({})",
-                full[0],
-                table.rt.capacity_report()
-            ),
-        )),
-        other => other,
-    };
-    // The table goes before the ticket completes: a waiter that then drops
-    // the buffer gets its slots and reservation back at once.
-    drop(table);
-    result
+
+    /// Frees up to `pages` slots in `tier` for a move request into it (a
+    /// prefetch, a pin), demoting the coldest unpinned pages to slower
+    /// tiers at the request's `priority`, never one of the `protect` pages
+    /// of `table` (the request's own). Returns how many moved, and the
+    /// first failure of those demotions (the request reports it; the pages
+    /// stay readable).
+    pub(crate) fn make_room_for(
+        &self,
+        table: &Table,
+        tier: Tier,
+        pages: usize,
+        protect: &Range<usize>,
+        priority: Priority,
+    ) -> (usize, Option<Error>) {
+        let mut failure = None;
+        let room = Room {
+            tier,
+            pages,
+            to: self.shared.tiers.below(tier),
+            protect: Some((table, protect.clone())),
+            priority,
+        };
+        let moved = self.make_room(&room, &mut |_, e| {
+            if e.kind() != ErrorKind::OutOfCapacity {
+                failure.get_or_insert(e);
+            }
+        });
+        (moved, failure)
+    }
+
+    /// Frees `pages` slots in the memory tiers for a kernel launch by
+    /// moving pages of buffers not in a launch to NVMe, slowest memory tier
+    /// first, at demand priority (failures are kept for `Runtime::check`).
+    /// Returns how many moved.
+    pub(crate) fn make_room_for_launch(&self, pages: usize) -> usize {
+        if self.shared.tiers.nvme().is_none() {
+            return 0;
+        }
+        let mut moved = 0;
+        for &tier in self.shared.tiers.memory().iter().rev() {
+            if moved >= pages {
+                break;
+            }
+            let room = Room {
+                tier,
+                pages: pages - moved,
+                to: vec![Tier::Nvme],
+                protect: None,
+                priority: Priority::Demand,
+            };
+            moved += self.make_room(&room, &mut |what, e| self.shared.note_background(what, e));
+        }
+        moved
+    }
+
+    /// Expands `room` into demotions: victims picked buffer by buffer
+    /// (referenced pages get a second chance in a first pass, not in the
+    /// second), each buffer's submitted batch by batch without waiting
+    /// (the window bounds what is queued, and the lanes serve demand
+    /// first), then waited for together. Failed demotions go to `failed`
+    /// (what, error). Returns how many pages moved, counted as reclaimed.
+    pub(crate) fn make_room(&self, room: &Room<'_>, failed: &mut dyn FnMut(&str, Error)) -> usize {
+        let need = room.pages;
+        let tables = self.tables.weak();
+        let mut moved = 0;
+        for second_chance in [true, false] {
+            for table in &tables {
+                let Some(table) = table.upgrade() else {
+                    continue;
+                };
+                let keep = room
+                    .protect
+                    .as_ref()
+                    .filter(|(t, _)| std::ptr::eq(*t, &*table))
+                    .map(|(_, r)| r.clone());
+                let mut taken: HashSet<usize> = HashSet::new();
+                let mut pending: Vec<Vec<usize>> = Vec::new();
+                let mut queued = 0;
+                while moved + queued < need {
+                    let n = (need - moved - queued).min(table.batch());
+                    let victims =
+                        victims::pick(&table, room.tier, n, second_chance, keep.as_ref(), &taken);
+                    if victims.is_empty() {
+                        break;
+                    }
+                    queued += victims.len();
+                    taken.extend(victims.iter().copied());
+                    pending.push(victims);
+                }
+                if !pending.is_empty() {
+                    moved += self.demote(&table, pending, room, failed);
+                }
+            }
+            if moved >= need {
+                break;
+            }
+        }
+        Counters::add(&self.shared.counters().reclaimed_pages, moved as u64);
+        moved
+    }
+
+    /// Moves the batches of `victims` out of `room.tier` to the first tier
+    /// of `room.to` with room: every batch is submitted before any is
+    /// waited for; what found a tier full cascades further down. Returns
+    /// how many moved.
+    fn demote(
+        &self,
+        table: &Arc<Table>,
+        victims: Vec<Vec<usize>>,
+        room: &Room<'_>,
+        failed: &mut dyn FnMut(&str, Error),
+    ) -> usize {
+        let tier = room.tier;
+        let Some((&first, rest)) = room.to.split_first() else {
+            return 0;
+        };
+        let request = |pages: Vec<usize>, dst: Tier| Request {
+            pages,
+            dst,
+            from: super::request::Source::Only(tier),
+            priority: room.priority,
+            room: None,
+        };
+        let tickets: Vec<(usize, Ticket)> = victims
+            .into_iter()
+            .map(|batch| {
+                let ticket = Ticket::new();
+                let n = batch.len();
+                self.submit(table, request(batch, first), false, &ticket);
+                (n, ticket)
+            })
+            .collect();
+        let mut moved = 0;
+        let mut left = Vec::new();
+        for (n, ticket) in tickets {
+            // The pages stay readable (or are counted lost); the error goes
+            // to whoever asked for the room.
+            match ticket.wait_full() {
+                Ok(full) => {
+                    moved += n - full.len();
+                    left.extend(full);
+                }
+                Err(e) => failed(&format!("demoting pages from {tier} to {first}"), e),
+            }
+        }
+        for &dst in rest {
+            if left.is_empty() {
+                break;
+            }
+            let full = match self.run(table, request(left.clone(), dst)) {
+                Ok(full) => full,
+                Err(e) => {
+                    failed(&format!("demoting pages from {tier} to {dst}"), e);
+                    break;
+                }
+            };
+            moved += left.len() - full.len();
+            left = full;
+        }
+        moved
+    }
 }

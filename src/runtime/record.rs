@@ -1,5 +1,6 @@
-//! Recording the runtime's page-access stream to a trace file (design §7:
-//! text, one decimal page id per access per line, `#` comments), for
+//! Recording the runtime's page-access stream to a trace file (text, one
+//! decimal page id per access per line, `#` comments: the format of
+//! [`crate::trace`]), for
 //! `strata trace replay`. A page's id is its buffer's number × 2^32 plus its
 //! index in the buffer, so every page of the runtime has its own id.
 //!
@@ -15,7 +16,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::Inner;
 use crate::error::{Error, Result};
 
 /// Where recorded accesses go.
@@ -54,11 +54,16 @@ impl TraceSink {
     }
 }
 
+/// What holds the runtime's [`TraceSink`]: a recorder keeps it alive.
+pub(crate) trait TraceHost: Send + Sync {
+    fn sink(&self) -> &TraceSink;
+}
+
 /// A recording in progress; [`finish`](Self::finish) ends it (dropping it
 /// ends it too, ignoring errors).
 #[must_use = "the recording ends when the guard drops"]
 pub struct TraceRecorder {
-    rt: Arc<Inner>,
+    rt: Arc<dyn TraceHost>,
     done: bool,
 }
 
@@ -69,13 +74,13 @@ impl std::fmt::Debug for TraceRecorder {
 }
 
 impl TraceRecorder {
-    pub(crate) fn start(rt: Arc<Inner>, path: &Path, shift: u32) -> Result<Self> {
+    pub(crate) fn start(rt: Arc<dyn TraceHost>, path: &Path, shift: u32) -> Result<Self> {
         if shift > 16 {
             return Err(Error::invalid(format!(
                 "sampling 1 in 2^{shift} accesses: at most 2^16"
             )));
         }
-        let mut state = rt.trace.state.lock();
+        let mut state = rt.sink().state.lock();
         if state.is_some() {
             return Err(Error::invalid("a trace is already being recorded"));
         }
@@ -95,7 +100,7 @@ impl TraceRecorder {
             accesses: 0,
             error: None,
         });
-        rt.trace.on.store(true, Ordering::Release);
+        rt.sink().on.store(true, Ordering::Release);
         drop(state);
         Ok(Self { rt, done: false })
     }
@@ -108,8 +113,8 @@ impl TraceRecorder {
     }
 
     fn stop(&self) -> Result<u64> {
-        self.rt.trace.on.store(false, Ordering::Release);
-        let Some(mut r) = self.rt.trace.state.lock().take() else {
+        self.rt.sink().on.store(false, Ordering::Release);
+        let Some(mut r) = self.rt.sink().state.lock().take() else {
             return Ok(0);
         };
         if let Some(e) = r.error.take() {

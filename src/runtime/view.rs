@@ -20,7 +20,8 @@
 
 use std::ops::Range;
 
-use super::buffer::{Buffer, Pin};
+use super::buffer::Buffer;
+use super::pin::Pin;
 use crate::error::{Error, Result};
 use crate::tier::Tier;
 
