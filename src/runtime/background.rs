@@ -1,7 +1,7 @@
 //! Bookkeeping of work nobody waits for (background eviction, the
 //! balancer, room made for a demand move, slots given back): its failures
 //! are counted and the first is kept for `Runtime::check` and
-//! `Runtime::shutdown` (cudarc's record-then-check); a panicking round is
+//! `Runtime::shutdown` (record, then check); a panicking round is
 //! caught and recorded, and its thread lives on. Also the wake-up signal of
 //! a background thread and the join that never waits for itself.
 #![forbid(unsafe_code)]
