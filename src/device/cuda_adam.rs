@@ -21,8 +21,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::no_device;
+use crate::adam::StepScalars;
 use crate::error::{Error, ErrorKind, Result};
-use crate::offload::optim::StepScalars;
 
 const SOURCE: &str = include_str!("../../kernels/adam.cu");
 
