@@ -413,12 +413,14 @@ impl OffloadedAdam {
             grads,
             old: &old,
         };
-        let gpu = &mut self.gpu;
+        // A GPU takes many chunks at once, one call at a time.
+        let across = self.gpu.is_some();
+        let gpu = parking_lot::Mutex::new(&mut self.gpu);
         // A failure past this point may leave some chunks updated and
         // others not: the optimizer refuses further steps.
-        let streamed = self
-            .states
-            .step(&mut outcomes, &mut |batch| job.run(gpu.as_mut(), batch));
+        let streamed = self.states.step(&mut outcomes, across, &|batch| {
+            job.run(gpu.lock().as_mut(), batch)
+        });
         let chosen = outcomes.into_iter().map(|o| o.chosen);
         let io_wait = match streamed {
             Ok(d) => d,

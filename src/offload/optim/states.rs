@@ -46,9 +46,10 @@ const WORK: Tier = Tier::Host;
 /// Bytes of one array a streamed group aims at (one prefetch each).
 const GROUP_BYTES: usize = 4 << 20;
 
-/// A step's batch update: the chunks it is given, in the host tier.
+/// A step's batch update: the chunks it is given, in the host tier (called
+/// from several threads at once when the lanes update in parallel).
 pub(super) type BatchUpdate<'f, T> =
-    dyn FnMut(Vec<(usize, [&mut [f32]; 3], &mut T)>) -> Result<()> + 'f;
+    dyn Fn(Vec<(usize, [&mut [f32]; 3], &mut T)>) -> Result<()> + Sync + 'f;
 
 /// Consecutive chunks and their three state buffers.
 struct Lane {
@@ -176,44 +177,34 @@ impl States {
     }
 
     /// Updates every chunk once, `update` given batches of chunks in the
-    /// host tier with each chunk's entry of `per_chunk`. Returns the time
-    /// spent waiting for pages to arrive and leave.
+    /// host tier with each chunk's entry of `per_chunk`: with `across`, in
+    /// place a batch takes one chunk of every lane (an updater that works
+    /// best on many chunks at once, a GPU); without, the lanes go through
+    /// their chunks in parallel, one chunk a batch (the CPU). Returns the
+    /// time spent waiting for pages to arrive and leave.
     pub(super) fn step<T: Send>(
         &mut self,
         per_chunk: &mut [T],
-        update: &mut BatchUpdate<'_, T>,
+        across: bool,
+        update: &BatchUpdate<'_, T>,
     ) -> Result<Duration> {
         if self.home == WORK {
-            self.in_place(per_chunk, update)
+            self.in_place(per_chunk, across, update)
         } else {
             self.streamed(per_chunk, update)
         }
     }
 
-    /// Home in the host tier: every lane pinned there, one chunk of each
-    /// lane per batch.
+    /// Home in the host tier: every lane pinned there, its chunks updated
+    /// in place.
     fn in_place<T: Send>(
         &mut self,
         per_chunk: &mut [T],
-        update: &mut BatchUpdate<'_, T>,
+        across: bool,
+        update: &BatchUpdate<'_, T>,
     ) -> Result<Duration> {
-        let t = Instant::now();
         let page = self.page;
         let meta: Vec<(usize, usize)> = self.lanes.iter().map(|l| (l.first, l.len)).collect();
-        let mut views: Vec<[ViewMut<'_>; 3]> = self
-            .lanes
-            .par_iter_mut()
-            .map(|lane| {
-                let bytes = 0..(lane.len * page) as u64;
-                let [w, m, v] = &mut lane.arrays;
-                Ok([
-                    w.view_mut(bytes.clone(), WORK)?,
-                    m.view_mut(bytes.clone(), WORK)?,
-                    v.view_mut(bytes, WORK)?,
-                ])
-            })
-            .collect::<Result<_>>()?;
-        let waited = t.elapsed();
         let mut extras: Vec<&mut [T]> = Vec::with_capacity(meta.len());
         let mut rest = per_chunk;
         for &(_, len) in &meta {
@@ -221,6 +212,33 @@ impl States {
             extras.push(mine);
             rest = more;
         }
+        // Nanoseconds the pins took, summed over the lanes.
+        let pinning = std::sync::atomic::AtomicU64::new(0);
+        let waited = || Duration::from_nanos(pinning.load(std::sync::atomic::Ordering::Relaxed));
+        if !across {
+            self.lanes
+                .par_iter_mut()
+                .zip(extras)
+                .try_for_each(|(lane, x)| -> Result<()> {
+                    let first = lane.first;
+                    let [w, m, v] = &mut pin_lane(lane, page, &pinning)?;
+                    for (i, x) in x.iter_mut().enumerate() {
+                        let state = [
+                            f32s(w.page_mut(i))?,
+                            f32s(m.page_mut(i))?,
+                            f32s(v.page_mut(i))?,
+                        ];
+                        update(vec![(first + i, state, x)])?;
+                    }
+                    Ok(())
+                })?;
+            return Ok(waited());
+        }
+        let mut views: Vec<[ViewMut<'_>; 3]> = self
+            .lanes
+            .par_iter_mut()
+            .map(|lane| pin_lane(lane, page, &pinning))
+            .collect::<Result<_>>()?;
         let rounds = meta.iter().map(|m| m.1).max().unwrap_or(0);
         for i in 0..rounds {
             let mut batch = Vec::with_capacity(views.len());
@@ -237,7 +255,8 @@ impl States {
             }
             update(batch)?;
         }
-        Ok(waited)
+        drop(views);
+        Ok(waited())
     }
 
     /// Home in CXL or NVMe: the chunks stream through the host tier in
@@ -245,7 +264,7 @@ impl States {
     fn streamed<T: Send>(
         &mut self,
         per_chunk: &mut [T],
-        update: &mut BatchUpdate<'_, T>,
+        update: &BatchUpdate<'_, T>,
     ) -> Result<Duration> {
         let Window {
             group,
@@ -351,6 +370,26 @@ impl States {
     }
 }
 
+/// Pins every page of `lane` in the host tier, lent writable; adds the
+/// nanoseconds it took to `pinning`.
+fn pin_lane<'l>(
+    lane: &'l mut Lane,
+    page: usize,
+    pinning: &std::sync::atomic::AtomicU64,
+) -> Result<[ViewMut<'l>; 3]> {
+    let t = Instant::now();
+    let bytes = 0..(lane.len * page) as u64;
+    let [w, m, v] = &mut lane.arrays;
+    let views = [
+        w.view_mut(bytes.clone(), WORK)?,
+        m.view_mut(bytes.clone(), WORK)?,
+        v.view_mut(bytes, WORK)?,
+    ];
+    let ns = t.elapsed().as_nanos() as u64;
+    pinning.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+    Ok(views)
+}
+
 /// Waits for every ticket; the time it took.
 fn wait_all(tickets: Vec<Ticket>) -> Result<Duration> {
     let t = Instant::now();
@@ -421,23 +460,23 @@ mod tests {
             "the host tier takes one chunk per group"
         );
         let mut per_chunk = vec![(); 8];
-        let mut seen = 0;
-        let r = st.step(&mut per_chunk, &mut |batch| {
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let r = st.step(&mut per_chunk, false, &|batch| {
             if batch.iter().any(|(c, _, _)| *c == 5) {
                 return Err(Error::invalid("injected"));
             }
-            seen += batch.len();
+            seen.fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
             add_one(batch)
         });
         assert!(r.is_err());
-        assert_eq!(seen, 5);
+        assert_eq!(seen.into_inner(), 5);
         whole(&rt, 24);
         let mut back = vec![0f32; n];
         st.read(0, &mut back).unwrap();
         let cut = 5 * PAGE / 4;
         assert!(back[..cut].iter().zip(&w0).all(|(b, w)| *b == w + 1.0));
         assert_eq!(back[cut..], w0[cut..]);
-        st.step(&mut per_chunk, &mut add_one).unwrap();
+        st.step(&mut per_chunk, false, &add_one).unwrap();
         st.read(0, &mut back).unwrap();
         assert!(back[cut..]
             .iter()
@@ -457,7 +496,7 @@ mod tests {
         let mut st = States::lay_out(rt.clone(), Tier::Nvme, &w0, 4).unwrap();
         let mut per_chunk = vec![(); 7];
         plan.inject(IoOp::Read, 4, Fault::Errno(libc::EIO));
-        assert!(st.step(&mut per_chunk, &mut add_one).is_err());
+        assert!(st.step(&mut per_chunk, false, &add_one).is_err());
         assert_eq!(plan.injected(), 1);
         whole(&rt, 21);
         let mut back = vec![0f32; n];
@@ -471,7 +510,7 @@ mod tests {
         let kept = back.iter().zip(&w0).filter(|(b, w)| b == w).count();
         assert_eq!(updated + kept, n);
         assert!(kept > 0);
-        st.step(&mut per_chunk, &mut add_one).unwrap();
+        st.step(&mut per_chunk, false, &add_one).unwrap();
         whole(&rt, 21);
         st.read(0, &mut back).unwrap();
         assert!(back.iter().zip(&w0).all(|(b, w)| *b >= w + 1.0));
