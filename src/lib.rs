@@ -53,6 +53,7 @@
 //! [`lowlevel`] is the machinery under the runtime, public for strata's own
 //! benchmarks and tests and outside the stable API.
 
+pub mod adam;
 pub mod config;
 pub mod device;
 pub mod error;

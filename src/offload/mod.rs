@@ -1,9 +1,10 @@
-//! Offloading modules built on the runtime (design §5).
+//! Offloading modules built on the runtime: each keeps its data in runtime
+//! buffers, moved by the runtime's one migration engine.
 //!
 //! | file | what |
 //! |------|------|
 //! | `moe.rs` | [`moe::ExpertCache`]: MoE experts in host/NVMe, a fixed number of device slots, router lookahead prefetch; the synthetic router of `strata bench moe` |
-//! | `optim.rs` | [`optim::OffloadedAdam`]: Adam/AdamW with fp32 master weights and moments in host, CXL or NVMe, streamed in chunks |
+//! | `optim/` | [`optim::OffloadedAdam`]: Adam/AdamW with fp32 master weights and moments in host, CXL or NVMe, streamed in chunks through a runtime (its own or the caller's); the arithmetic is [`crate::adam`]'s |
 //!
 //! Both are wrapped by the C ABI (`ffi/`) and the Python package
 //! (`python/`); the optimizer's update runs on the CPU or, with the `cuda`

@@ -31,8 +31,10 @@
 //! and device residency can never disagree. Prefetches only queue moves.
 //!
 //! **Stall time.** On the simulated device the cache runs a modelled clock:
-//! host→device transfers share one link (PCIe gen4 x16: 25 GB/s, 5 µs
-//! per transfer, one transfer per expert), the caller advances the clock
+//! host→device transfers share one link — the device backend's own link
+//! model, the one the runtime accounts every simulated copy with
+//! ([`crate::device::sim`]: PCIe Gen4 x16, 25 GB/s and 5 µs per transfer,
+//! one transfer per expert) — the caller advances the clock
 //! by its compute time ([`ExpertCache::advance`]), and a fetch stalls for
 //! the modelled time until the bytes it waits for have crossed the link
 //! (its own transfer, or the rest of a prefetch in flight). Demand
@@ -110,9 +112,6 @@ pub struct MoeConfig {
     /// whole transfers. Configurations without prefetch move the same
     /// either way.
     pub link_priority: bool,
-    /// The modelled link's bandwidth and per-transfer latency (simulated
-    /// device; default PCIe Gen4 x16, 25 GB/s and 5 µs).
-    pub link: LinkModel,
 }
 
 impl MoeConfig {
@@ -131,7 +130,6 @@ impl MoeConfig {
             protect_fetches: 16,
             layers: 1,
             link_priority: true,
-            link: crate::device::sim::PCIE_GEN4_X16,
         }
     }
 }
@@ -215,6 +213,15 @@ struct Pending {
     left: u64,
     /// Modelled time it was queued.
     issued: f64,
+}
+
+/// The link model of `rt`'s device backend, for a simulated device (a real
+/// GPU's transfers are measured, not modelled). The simulated backend
+/// accounts every copy with [`PCIE_GEN4_X16`](crate::device::sim::PCIE_GEN4_X16),
+/// the model every simulated device is opened with; the cache's clock
+/// schedules its transfers on that same model.
+fn device_link(rt: &Runtime) -> Option<LinkModel> {
+    (rt.device_backend() == Some(BackendKind::Sim)).then_some(crate::device::sim::PCIE_GEN4_X16)
 }
 
 /// The modelled link and clock of the simulated device.
@@ -486,7 +493,6 @@ impl ExpertCache {
                 config.device_slots, config.layers
             )));
         }
-        config.link.check()?;
         Self::ranking(config.eviction).map(drop)
     }
 
@@ -502,10 +508,10 @@ impl ExpertCache {
     /// use `rt` too.
     fn with_runtime(rt: Runtime, config: MoeConfig, shared: bool) -> Result<Self> {
         Self::check(&config)?;
-        let clock = (rt.device_backend() == Some(BackendKind::Sim)).then_some(Clock {
+        let clock = device_link(&rt).map(|link| Clock {
             now: 0.0,
             link_free: 0.0,
-            link: config.link,
+            link,
             chunk: config.page_size as u64,
             priority: config.link_priority,
             queue: VecDeque::new(),
@@ -939,6 +945,12 @@ impl ExpertCache {
             c.now += seconds.max(0.0);
             c.run_until(c.now, &mut s.meta);
         }
+    }
+
+    /// The host→device link the modelled clock runs on: the simulated
+    /// device backend's; `None` on a real GPU.
+    pub fn link(&self) -> Option<LinkModel> {
+        self.state.lock().clock.as_ref().map(|c| c.link)
     }
 
     /// The modelled clock (seconds since the cache was made) on the

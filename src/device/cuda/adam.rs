@@ -17,8 +17,8 @@ use std::sync::OnceLock;
 use super::{nvrtc, Context, DeviceBuffer, Event, Kernel, LaunchConfig, PinnedBuffer, Ptx, Stream};
 
 use super::no_device;
+use crate::adam::StepScalars;
 use crate::error::{Error, ErrorKind, Result};
-use crate::offload::optim::StepScalars;
 
 const SOURCE: &str = include_str!("../../../kernels/adam.cu");
 

@@ -2,12 +2,13 @@
 //! the simulated device — strata's [`ExpertCache`] (LRFU eviction, one
 //! pool of slots, lookahead prefetch from an activation-aware predictor)
 //! beside a per-layer LRU cache without prefetch (the mixtral-offloading
-//! design) and no cache at all. Stall and decode times are **modelled** on
-//! a platform preset ([`Platform`]): transfers on its link at its DMA rate
-//! and per-copy cost (demand transfers ahead of queued prefetches, which
-//! cross a page at a time — `--fifo-link` for one FIFO of whole transfers),
-//! per-layer compute as [`GpuModel`] of the preset (a launch plus reading
-//! the layer's active experts from HBM). The report carries offline bounds on the same fetch
+//! design) and no cache at all. Stall and decode times are **modelled**:
+//! transfers on the simulated device's link, the device backend's own model
+//! ([`ExpertCache::link`]; demand transfers ahead of queued prefetches,
+//! which cross a page at a time — `--fifo-link` for one FIFO of whole
+//! transfers), per-layer compute as [`GpuModel`] of a platform preset
+//! ([`Platform`]: a launch plus reading the layer's active experts from
+//! HBM). The report carries offline bounds on the same fetch
 //! sequence ([`MoeBounds`]: Belady's MIN, the best fixed set of experts).
 #![forbid(unsafe_code)]
 
@@ -95,7 +96,8 @@ pub struct MoeParams {
     /// measured stall; each layer's compute is a spin of the modelled
     /// length) or `auto`.
     pub device: strata::device::DeviceChoice,
-    /// The modelled GPU (simulated device): its link and HBM.
+    /// The modelled GPU (simulated device): its HBM and compute (and, for
+    /// the bounds on a real GPU, its link).
     #[serde(serialize_with = "platform_name")]
     pub platform: Platform,
 }
@@ -104,7 +106,8 @@ fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Resul
     s.serialize_str(p.name)
 }
 
-/// The platform's host→device link as the expert cache models it.
+/// The platform's host→device link: what the bounds are modelled on where
+/// the cache measures (a real GPU).
 fn link_of(p: &Platform) -> strata::link::LinkModel {
     strata::link::LinkModel {
         bandwidth: p.dma_h2d,
@@ -172,6 +175,9 @@ pub struct MoeReport {
     pub layer_compute_seconds: f64,
     /// The modelled GPU.
     pub model: GpuModel,
+    /// The host→device link the stall times and bounds are modelled on: the
+    /// simulated device's (the platform's for the bounds on a real GPU).
+    pub link: strata::link::LinkModel,
     /// One entry per configuration.
     pub results: Vec<MoeResult>,
     /// What perfect caching reaches on the same fetch sequence.
@@ -372,10 +378,11 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         configs.extend([Config::Lru, Config::NoCache]);
     }
     let mut results = Vec::new();
+    let mut link = link_of(&params.platform);
     for (i, &c) in configs.iter().enumerate() {
         let base = i as f64 / configs.len() as f64;
         let step = 1.0 / configs.len() as f64;
-        results.push(run_config(
+        let (result, modelled_on) = run_config(
             params,
             c,
             &routes,
@@ -384,7 +391,9 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
             slots,
             compute,
             &mut |f| progress(c.name(), base + step * f),
-        )?);
+        )?;
+        results.push(result);
+        link = modelled_on.unwrap_or(link);
     }
     let bounds = bounds(
         &routes,
@@ -392,7 +401,7 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         slots,
         params.expert_bytes,
         (routes.len() * layers) as f64 * compute,
-        link_of(&params.platform),
+        link,
     );
     progress("done", 1.0);
     let total = all as u64 * params.expert_bytes;
@@ -409,6 +418,7 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         device_fraction: slots as f64 / all as f64,
         layer_compute_seconds: compute,
         model,
+        link,
         results,
         bounds,
     })
@@ -424,7 +434,7 @@ fn run_config(
     slots: usize,
     compute: f64,
     progress: &mut dyn FnMut(f64),
-) -> Result<MoeResult> {
+) -> Result<(MoeResult, Option<strata::link::LinkModel>)> {
     let page = p.page_size as u64;
     let host = (layers * experts) as u64 * p.expert_bytes.div_ceil(page) * page + (4 << 20);
     let mut cfg = MoeConfig::new(slots, p.expert_bytes, host);
@@ -432,7 +442,6 @@ fn run_config(
     cfg.page_size = p.page_size;
     cfg.layers = layers;
     cfg.link_priority = !p.fifo_link;
-    cfg.link = link_of(&p.platform);
     let top_k = routes[0].iter().map(Vec::len).max().unwrap_or(1).max(1);
     cfg.protect_fetches = 2 * top_k as u64;
     match config {
@@ -509,7 +518,7 @@ fn run_config(
     let modelled = cache
         .modelled_now()
         .unwrap_or_else(|| start.elapsed().as_secs_f64());
-    Ok(MoeResult {
+    let result = MoeResult {
         config: config.name(),
         hit_rate: s.hit_rate(),
         ready_rate: (s.hits - s.late_prefetch_hits) as f64 / s.fetches.max(1) as f64,
@@ -528,7 +537,8 @@ fn run_config(
         },
         verified_fetches: verified,
         wall_seconds: start.elapsed().as_secs_f64(),
-    })
+    };
+    Ok((result, cache.link()))
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ pub struct OptimParams {
     pub importance: Option<Importance>,
     /// The states in a runtime's tier ([`OffloadedAdam::on`]: pages of
     /// `chunk` bytes, the runtime's own NVMe file in `path`) rather than
-    /// in the optimizer's own store.
+    /// in the optimizer's private runtime (the same step path either way).
     pub shared: bool,
 }
 

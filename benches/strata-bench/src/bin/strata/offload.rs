@@ -46,8 +46,9 @@ pub struct MoeArgs {
     /// page-sized prefetch chunks), for comparison.
     #[arg(long)]
     fifo_link: bool,
-    /// The modelled GPU on the simulated device (its link and HBM):
-    /// h200-sxm5, h100-pcie5, a100-pcie4 or v100-pcie3.
+    /// The modelled GPU on the simulated device (its HBM and compute; the
+    /// link is the simulated device's): h200-sxm5, h100-pcie5, a100-pcie4
+    /// or v100-pcie3.
     #[arg(long, default_value = "h200-sxm5")]
     platform: String,
     /// The device: sim (modelled time), cuda (a GPU: real device slots,
@@ -113,10 +114,10 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
     );
     if r.modelled {
         outln!(
-            "backend: simulated — stall and decode times are modelled on {} (link {:.0} GB/s, {:.1} µs a copy); wall is this machine",
+            "backend: simulated — stall and decode times are modelled on {} over the simulated device's link ({:.0} GB/s, {:.1} µs a copy); wall is this machine",
             params.platform.name,
-            params.platform.dma_h2d / 1e9,
-            params.platform.dma_latency * 1e6
+            r.link.bandwidth / 1e9,
+            r.link.latency_ns as f64 / 1e3
         );
     } else {
         outln!("backend: cuda — stall and decode times measured on the GPU (each layer's compute a {:.1} µs spin); bounds below modelled", r.layer_compute_seconds * 1e6);
@@ -209,7 +210,7 @@ pub struct OptimArgs {
     importance: Option<String>,
     /// The states in a strata runtime's tier (`OffloadedAdam::on`, the
     /// runtime shared with a user's buffers; pages of --chunk) rather than
-    /// the optimizer's own store.
+    /// the optimizer's private runtime (the same step path either way).
     #[arg(long)]
     shared: bool,
     /// Also write the report as JSON to this file.

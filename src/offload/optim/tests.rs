@@ -1,0 +1,240 @@
+//! The optimizer's unit tests: failures part-way through a step, restored
+//! and checkpointed state (the rest, against a reference Adam, is in
+//! `tests/offload.rs`).
+
+use super::*;
+use crate::io::fault::{Fault, FaultEngine, FaultPlan};
+use crate::io::IoOp;
+use std::sync::Arc;
+
+const PAGE: usize = 4096;
+
+/// A runtime of 4 KiB pages with a small host tier beside an NVMe
+/// tier whose engine injects the faults of the plan returned.
+pub(super) fn faulty_runtime(dir: &std::path::Path) -> (Runtime, Arc<FaultPlan>) {
+    let plan = FaultPlan::new();
+    let engine = crate::io::engine(crate::io::EngineChoice::Psync).unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(64 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir, 256 * PAGE as u64, PAGE))
+        .nvme_engine(Arc::new(FaultEngine::new(engine, plan.clone())))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    (rt, plan)
+}
+
+/// A flush that fails half-way leaves each chunk readable as it is:
+/// the chunks it updated as after the step, the others as before it
+/// (their resident elements included), and refuses further steps.
+#[test]
+fn a_failed_flush_leaves_each_chunk_readable() {
+    let chunk = PAGE / 4;
+    let n = 3 * chunk + 100;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let grads = |t: u64| -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| ((i * 2654435761 + t * 97) % 10007) as f32 / 10007.0 - 0.5)
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, plan) = faulty_runtime(dir.path());
+    let mut cfg = OptimConfig::new(StateTier::Nvme(dir.path().into()));
+    cfg.chunk_bytes = PAGE;
+    cfg.adam.lr = 1e-2;
+    cfg.importance = Some(Importance {
+        fraction: 0.25,
+        every: 3,
+    });
+    let mut a = OffloadedAdam::on(&rt, &w0, cfg.clone()).unwrap();
+    let mut b = OffloadedAdam::on(&rt, &w0, cfg).unwrap();
+    // Step 1 flushes, 2 and 3 update only the resident elements, 4
+    // flushes again.
+    for t in 1..=3 {
+        a.step(&grads(t)).unwrap();
+        b.step(&grads(t)).unwrap();
+    }
+    let before: Vec<Vec<f32>> = (0..3).map(|k| a.read_state(k).unwrap()).collect();
+    b.step(&grads(4)).unwrap();
+    let after: Vec<Vec<f32>> = (0..3).map(|k| b.read_state(k).unwrap()).collect();
+    // The flush reads every page from NVMe, the last group's last:
+    // that read fails, after the groups before it were updated.
+    let window = a.states.window();
+    assert!(window.group < a.chunks(), "more than one group");
+    plan.inject(
+        IoOp::Read,
+        3 * a.chunks() as u64 - 1,
+        Fault::Errno(libc::EIO),
+    );
+    assert_eq!(a.step(&grads(4)).unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(plan.injected(), 1);
+    let last_group = (a.chunks() - 1) / window.group * window.group;
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let cut = last_group * chunk;
+    for k in 0..3 {
+        let got = a.read_state(k).unwrap();
+        assert_eq!(bits(&got[..cut]), bits(&after[k][..cut]), "state {k}");
+        assert_eq!(bits(&got[cut..]), bits(&before[k][cut..]), "state {k}");
+    }
+    assert_eq!(a.step(&grads(5)).unwrap_err().kind(), ErrorKind::Closed);
+}
+
+/// A restored optimizer (weights, moments and step count written into
+/// a fresh one) continues bitwise as the original does, on every tier
+/// kind that needs no disk; hyper-parameters changed between steps
+/// apply from the next one.
+#[test]
+fn restored_state_continues_bitwise() {
+    let n = 3 * PAGE / 4 + 5;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let g = |t: u64| -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| ((i * 40503 + t * 31) % 997) as f32 / 997.0 - 0.5)
+            .collect()
+    };
+    for tier in [StateTier::Host, StateTier::Cxl] {
+        let mut cfg = OptimConfig::new(tier);
+        cfg.chunk_bytes = PAGE;
+        cfg.adam.weight_decay = 0.01;
+        let mut a = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
+        for t in 1..=3 {
+            a.step(&g(t)).unwrap();
+        }
+        let mut b = OffloadedAdam::new(&vec![0.0; n], cfg).unwrap();
+        for k in 0..3 {
+            b.write_state(k, &a.read_state(k).unwrap()).unwrap();
+        }
+        b.set_steps(a.steps());
+        let faster = AdamParams {
+            lr: 5e-3,
+            ..a.adam()
+        };
+        a.set_adam(faster);
+        b.set_adam(faster);
+        for t in 4..=5 {
+            a.step(&g(t)).unwrap();
+            b.step(&g(t)).unwrap();
+        }
+        let bits = |x: Vec<f32>| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for k in 0..3 {
+            assert_eq!(
+                bits(a.read_state(k).unwrap()),
+                bits(b.read_state(k).unwrap())
+            );
+        }
+        assert_eq!(b.steps(), 5);
+        assert_eq!(
+            b.write_state(1, &[0.0; 3]).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            b.write_state(3, &w0).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+    let mut cfg = OptimConfig::new(StateTier::Host);
+    cfg.chunk_bytes = PAGE;
+    cfg.importance = Some(Importance {
+        fraction: 0.5,
+        every: 2,
+    });
+    let mut c = OffloadedAdam::new(&w0, cfg).unwrap();
+    c.set_importance_window(&ImportanceWindow {
+        deferred_steps: 0,
+        accumulated: vec![0.0; n],
+        resident: vec![],
+        started: false,
+    })
+    .unwrap();
+    assert_eq!(
+        a_plain_window_is_refused(&w0).kind(),
+        ErrorKind::Unsupported
+    );
+    c.write_state(0, &w0).unwrap();
+    assert_eq!(c.read_state(0).unwrap(), w0);
+}
+
+fn a_plain_window_is_refused(w0: &[f32]) -> Error {
+    let mut cfg = OptimConfig::new(StateTier::Host);
+    cfg.chunk_bytes = PAGE;
+    let mut plain = OffloadedAdam::new(w0, cfg).unwrap();
+    assert!(plain.importance_window().is_none());
+    plain
+        .set_importance_window(&ImportanceWindow {
+            deferred_steps: 0,
+            accumulated: vec![0.0; w0.len()],
+            resident: vec![],
+            started: false,
+        })
+        .unwrap_err()
+}
+
+/// Importance mode: an optimizer restored mid-window (state arrays,
+/// step count and window written into a fresh one) continues bitwise
+/// as the original does; weights written from outside mid-window
+/// reach the resident copies; step_in_place leaves the caller's
+/// weights equal to the optimizer's at every step.
+#[test]
+fn importance_window_restores_and_steps_in_place() {
+    let chunk = PAGE / 4;
+    let n = 2 * chunk + 77;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.29).sin()).collect();
+    let g = |t: u64| -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| ((i * 2654435761 + t * 131) % 8191) as f32 / 8191.0 - 0.5)
+            .collect()
+    };
+    let mut cfg = OptimConfig::new(StateTier::Cxl);
+    cfg.chunk_bytes = PAGE;
+    cfg.adam.lr = 1e-2;
+    cfg.importance = Some(Importance {
+        fraction: 0.1,
+        every: 4,
+    });
+    let mut a = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
+    let mut mine = w0.clone();
+    for t in 1..=6 {
+        a.step_in_place(&g(t), &mut mine).unwrap();
+        assert_eq!(mine, a.read_state(0).unwrap(), "step {t}");
+    }
+    // Step 6 is inside the second window (flushes at 1 and 5).
+    let win = a.importance_window().unwrap();
+    assert_eq!(win.deferred_steps, 1);
+    assert!(win.started && !win.resident.is_empty());
+    let mut b = OffloadedAdam::new(&vec![0.0; n], cfg).unwrap();
+    for k in 0..3 {
+        b.write_state(k, &a.read_state(k).unwrap()).unwrap();
+    }
+    b.set_steps(a.steps());
+    b.set_importance_window(&win).unwrap();
+    assert_eq!(b.importance_window().unwrap(), win);
+    // Weights changed from outside mid-window, in both.
+    let halved: Vec<f32> = a.read_state(0).unwrap().iter().map(|w| w * 0.5).collect();
+    a.write_state(0, &halved).unwrap();
+    b.write_state(0, &halved).unwrap();
+    assert_eq!(a.read_state(0).unwrap(), halved);
+    let bits = |x: Vec<f32>| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for t in 7..=10 {
+        a.step(&g(t)).unwrap();
+        b.step(&g(t)).unwrap();
+        for k in 0..3 {
+            assert_eq!(
+                bits(a.read_state(k).unwrap()),
+                bits(b.read_state(k).unwrap())
+            );
+        }
+    }
+    let mut bad = win.clone();
+    bad.resident = vec![5, 3];
+    assert_eq!(
+        b.set_importance_window(&bad).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    bad = win;
+    bad.deferred_steps = 4;
+    assert_eq!(
+        b.set_importance_window(&bad).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+}
