@@ -410,8 +410,10 @@ impl EmbeddingTable {
         let io = self.io();
         let mut row = vec![0f32; self.dim];
         for (k, dst) in out.chunks_mut(self.dim).enumerate() {
-            pool_bag(bags, first + k, dst, &mut row, |r, row| {
-                Ok(io.row(fetched, r, row)?)
+            pool_bag(bags, first + k, dst, |r, w, dst| {
+                io.row(fetched, r, &mut row)?;
+                add_row(dst, &row, w);
+                Ok(())
             })?;
         }
         Ok(())
@@ -445,19 +447,16 @@ impl EmbeddingTable {
             .enumerate()
             .map(|(b, dst)| {
                 let mut reader = launch.reader(seed.wrapping_add(b as u64));
-                let mut row = vec![0f32; dim];
                 let mut hits = 0u64;
-                let pooled = pool_bag(bags, b, dst, &mut row, |r, row| {
+                let pooled = pool_bag(bags, b, dst, |r, w, dst| {
                     let base = r * dim as u64;
-                    let mut fast = false;
-                    for (d, v) in row.iter_mut().enumerate() {
-                        let (x, _, on_device) = reader.load_at::<f32>(base + d as u64);
+                    for (d, o) in dst.iter_mut().enumerate() {
+                        let (v, _, on_device) = reader.load_at::<f32>(base + d as u64);
                         if d == 0 {
-                            fast = on_device;
+                            hits += u64::from(on_device);
                         }
-                        *v = x;
+                        *o += w.map_or(v, |w| w * v);
                     }
-                    hits += u64::from(fast);
                     Ok(())
                 });
                 debug_assert!(pooled.is_ok(), "mapped reads do not fail");
@@ -558,16 +557,15 @@ impl EmbeddingTable {
     }
 }
 
-/// Pools bag `b` of `bags` into `dst`, reading row `r` into `row` with
-/// `read(r, row)`: the sum, in index order, of each kept row times its
-/// weight, divided by the rows kept for a mean. An empty bag (or one of
-/// padding only) gives zeros.
+/// Pools bag `b` of `bags` into `dst` with `add(r, w, dst)`, which adds
+/// row `r` times its weight `w` (None: 1) to `dst`: the sum, in index
+/// order, of the kept rows, divided by their number for a mean. An empty
+/// bag (or one of padding only) gives zeros.
 fn pool_bag(
     bags: &Bags<'_>,
     b: usize,
     dst: &mut [f32],
-    row: &mut [f32],
-    mut read: impl FnMut(u64, &mut [f32]) -> Result<()>,
+    mut add: impl FnMut(u64, Option<f32>, &mut [f32]) -> Result<()>,
 ) -> Result<()> {
     let (lo, hi) = (bags.offsets[b] as usize, bags.offsets[b + 1] as usize);
     dst.fill(0.0);
@@ -577,14 +575,7 @@ fn pool_bag(
         if Some(r) == bags.padding_idx {
             continue;
         }
-        read(r as u64, row)?;
-        match bags.weights {
-            None => dst.iter_mut().zip(&*row).for_each(|(o, &v)| *o += v),
-            Some(w) => {
-                let w = w[i];
-                dst.iter_mut().zip(&*row).for_each(|(o, &v)| *o += w * v);
-            }
-        }
+        add(r as u64, bags.weights.map(|w| w[i]), dst)?;
         n += 1;
     }
     if bags.pooling == Pooling::Mean && n > 0 {
@@ -592,6 +583,15 @@ fn pool_bag(
         dst.iter_mut().for_each(|o| *o /= inv);
     }
     Ok(())
+}
+
+/// `dst += w * row` (`dst += row` without a weight).
+#[inline]
+fn add_row(dst: &mut [f32], row: &[f32], w: Option<f32>) {
+    match w {
+        None => dst.iter_mut().zip(row).for_each(|(o, &v)| *o += v),
+        Some(w) => dst.iter_mut().zip(row).for_each(|(o, &v)| *o += w * v),
+    }
 }
 
 #[cfg(test)]
