@@ -208,7 +208,10 @@ pub unsafe extern "C" fn strata_embedding_write_rows(
         // Memory strata lent out (a pin's addresses) would alias the pages
         // being written: copied first, as strata_write does.
         let copy;
-        let src = if t.buffer().overlaps_runtime_memory(src.as_ptr().cast(), len * 4) {
+        let src = if t
+            .buffer()
+            .overlaps_runtime_memory(src.as_ptr().cast(), len * 4)
+        {
             copy = src.to_vec();
             &copy[..]
         } else {
