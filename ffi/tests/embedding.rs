@@ -67,12 +67,18 @@ fn calls_match_the_rust_table() {
     let tier_of = |r: i64| {
         let mut t = -2;
         // SAFETY: a writable tier.
-        assert_eq!(unsafe { strata_embedding_tier_of_row(e, r, &mut t) }, STRATA_OK);
+        assert_eq!(
+            unsafe { strata_embedding_tier_of_row(e, r, &mut t) },
+            STRATA_OK
+        );
         t
     };
     let mut tiers: Vec<strata_tier> = [0, 1024, 2048].into_iter().map(tier_of).collect();
     tiers.sort_unstable();
-    assert_eq!(tiers, [STRATA_TIER_DEVICE, STRATA_TIER_HOST, STRATA_TIER_NVME]);
+    assert_eq!(
+        tiers,
+        [STRATA_TIER_DEVICE, STRATA_TIER_HOST, STRATA_TIER_NVME]
+    );
     let idx: Vec<i64> = (0..400).map(|i| (i * 577 % ROWS) as i64).collect();
     let off = [0i64, 0, 100, 250, 399, 400];
     let psw: Vec<f32> = (0..400).map(|i| i as f32 / 400.0).collect();

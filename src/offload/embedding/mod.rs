@@ -427,9 +427,10 @@ impl EmbeddingTable {
     /// [`Launch::reader`](crate::runtime::Launch::reader)). Bags run in
     /// parallel. A lookup is a fast hit when its row's page was in device
     /// memory. Returns the call's lookups, which also add to
-    /// [`stats`](Self::stats). `Unsupported` on a CUDA device, whose
-    /// memory the host cannot read; writes to the table wait until the
-    /// call returns.
+    /// [`stats`](Self::stats). `OutOfCapacity` when the memory tiers
+    /// cannot hold the whole table (as for any launch); `Unsupported` on a
+    /// CUDA device, whose memory the host cannot read. Writes to the table
+    /// are refused while the call runs.
     pub fn gather_mapped(&self, bags: &Bags<'_>, seed: u64, out: &mut [f32]) -> Result<Lookups> {
         self.check_bags(bags, out)?;
         if self.rt.device_backend() == Some(BackendKind::Cuda) {
