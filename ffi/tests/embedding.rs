@@ -67,10 +67,8 @@ fn calls_match_the_rust_table() {
     let tier_of = |r: i64| {
         let mut t = -2;
         // SAFETY: a writable tier.
-        assert_eq!(
-            unsafe { strata_embedding_tier_of_row(e, r, &mut t) },
-            STRATA_OK
-        );
+        let s = unsafe { strata_embedding_tier_of_row(e, r, &mut t) };
+        assert_eq!(s, STRATA_OK);
         t
     };
     let mut tiers: Vec<strata_tier> = [0, 1024, 2048].into_iter().map(tier_of).collect();
@@ -167,10 +165,8 @@ fn calls_match_the_rust_table() {
     assert_eq!(st.lookups, 0);
     let (mut rows, mut dim) = (0u64, 0usize);
     // SAFETY: writable out-parameters.
-    assert_eq!(
-        unsafe { strata_embedding_shape(e, &mut rows, &mut dim) },
-        STRATA_OK
-    );
+    let s = unsafe { strata_embedding_shape(e, &mut rows, &mut dim) };
+    assert_eq!(s, STRATA_OK);
     assert_eq!((rows, dim), (ROWS, DIM));
     // The table keeps its runtime alive past strata_runtime_destroy.
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
@@ -235,10 +231,8 @@ fn bad_input_gets_a_status_and_changes_nothing() {
     let e = create(rt);
     let w = weights();
     // SAFETY: readable floats.
-    assert_eq!(
-        unsafe { strata_embedding_write_rows(e, 0, w.as_ptr(), w.len()) },
-        STRATA_OK
-    );
+    let s = unsafe { strata_embedding_write_rows(e, 0, w.as_ptr(), w.len()) };
+    assert_eq!(s, STRATA_OK);
     let idx = [1i64, 2, 3];
     let off = [0i64, 3];
     let mut out = vec![7f32; DIM];

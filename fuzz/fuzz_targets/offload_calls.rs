@@ -198,7 +198,7 @@ fuzz_target!(init: warm_up(), |input: Input| {
     // SAFETY: filled above.
     let mut rc = unsafe { rc.assume_init() };
     rc.device = STRATA_DEVICE_SIM;
-    rc.page_size = PAGE;
+    rc.page_size = PAGE as u64;
     rc.device_capacity = 2 * PAGE as u64;
     rc.host_capacity = 8 * PAGE as u64;
     let mut rt = null_mut();
