@@ -410,11 +410,14 @@ impl EmbeddingTable {
         let io = self.io();
         let mut row = vec![0f32; self.dim];
         for (k, dst) in out.chunks_mut(self.dim).enumerate() {
-            pool_bag(bags, first + k, dst, |r, w, dst| {
+            dst.fill(0.0);
+            let mut kept = 0;
+            for (r, w) in bag_rows(bags, first + k) {
                 io.row(fetched, r, &mut row)?;
                 add_row(dst, &row, w);
-                Ok(())
-            })?;
+                kept += 1;
+            }
+            finish_bag(dst, kept, bags.pooling);
         }
         Ok(())
     }
@@ -448,19 +451,22 @@ impl EmbeddingTable {
             .enumerate()
             .map(|(b, dst)| {
                 let mut reader = launch.reader(seed.wrapping_add(b as u64));
-                let mut hits = 0u64;
-                let pooled = pool_bag(bags, b, dst, |r, w, dst| {
+                let (mut hits, mut kept) = (0u64, 0usize);
+                dst.fill(0.0);
+                for (r, w) in bag_rows(bags, b) {
                     let base = r * dim as u64;
+                    let w = w.unwrap_or(1.0);
                     for (d, o) in dst.iter_mut().enumerate() {
                         let (v, _, on_device) = reader.load_at::<f32>(base + d as u64);
                         if d == 0 {
                             hits += u64::from(on_device);
                         }
-                        *o += w.map_or(v, |w| w * v);
+                        // `w * v` is `v` exactly for w = 1.
+                        *o += w * v;
                     }
-                    Ok(())
-                });
-                debug_assert!(pooled.is_ok(), "mapped reads do not fail");
+                    kept += 1;
+                }
+                finish_bag(dst, kept, bags.pooling);
                 hits
             })
             .sum();
@@ -558,32 +564,22 @@ impl EmbeddingTable {
     }
 }
 
-/// Pools bag `b` of `bags` into `dst` with `add(r, w, dst)`, which adds
-/// row `r` times its weight `w` (None: 1) to `dst`: the sum, in index
-/// order, of the kept rows, divided by their number for a mean. An empty
-/// bag (or one of padding only) gives zeros.
-fn pool_bag(
-    bags: &Bags<'_>,
-    b: usize,
-    dst: &mut [f32],
-    mut add: impl FnMut(u64, Option<f32>, &mut [f32]) -> Result<()>,
-) -> Result<()> {
+/// The lookups bag `b` of `bags` pools, in index order: (row, weight; None
+/// for 1), indices equal to the padding index left out.
+fn bag_rows<'b>(bags: &'b Bags<'_>, b: usize) -> impl Iterator<Item = (u64, Option<f32>)> + 'b {
     let (lo, hi) = (bags.offsets[b] as usize, bags.offsets[b + 1] as usize);
-    dst.fill(0.0);
-    let mut n = 0usize;
-    for i in lo..hi {
-        let r = bags.indices[i];
-        if Some(r) == bags.padding_idx {
-            continue;
-        }
-        add(r as u64, bags.weights.map(|w| w[i]), dst)?;
-        n += 1;
-    }
-    if bags.pooling == Pooling::Mean && n > 0 {
-        let inv = n as f32;
+    (lo..hi)
+        .filter(|&i| Some(bags.indices[i]) != bags.padding_idx)
+        .map(|i| (bags.indices[i] as u64, bags.weights.map(|w| w[i])))
+}
+
+/// Ends a bag's pooling: a mean divides the sum by the `kept` rows (an
+/// empty bag, or one of padding only, stays zeros).
+fn finish_bag(dst: &mut [f32], kept: usize, pooling: Pooling) {
+    if pooling == Pooling::Mean && kept > 0 {
+        let inv = kept as f32;
         dst.iter_mut().for_each(|o| *o /= inv);
     }
-    Ok(())
 }
 
 /// `dst += w * row` (`dst += row` without a weight).

@@ -7,6 +7,7 @@
 
 use std::time::Instant;
 
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::machine::{check_memory, product};
@@ -15,7 +16,7 @@ use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::recsys::{self, Batch, Dist};
 use strata::device::DeviceChoice;
 use strata::error::{Error, ErrorKind, Result};
-use strata::offload::embedding::{Bags, EmbeddingTable, TableOptions};
+use strata::offload::embedding::{Bags, EmbeddingTable, Lookups, TableOptions};
 use strata::policy::{lru::Lru, Policy, PolicyKind};
 use strata::runtime::{BalancerConfig, Placement, Runtime};
 
@@ -338,6 +339,10 @@ fn run_config(
     });
     // Every bag holds `pooling` rows.
     let offsets: Vec<i64> = (0..=p.batch as i64).map(|b| b * p.pooling as i64).collect();
+    // Each table's indices as the gather takes them, and its pooled bags
+    // (one row per bag), reused from batch to batch.
+    let mut indices: Vec<Vec<i64>> = vec![Vec::with_capacity(p.batch * p.pooling); p.tables];
+    let mut outputs: Vec<Vec<f32>> = vec![vec![0f32; p.batch * p.dim]; p.tables];
     let (mut device_rows, mut host_rows, mut fills) = (0u64, 0u64, 0u64);
     let mut seconds = 0.0;
     let mut moved = 0u64;
@@ -345,25 +350,29 @@ fn run_config(
     let wall = Instant::now();
     for (bi, batch) in batches.iter().enumerate() {
         let before = rt.stats().device_links.unwrap_or_default();
-        let (mut d, mut h) = (0u64, 0u64);
         // Each table's bags pooled as the GPU kernel would, through the
         // table's device map: rows in device memory, or read zero-copy
         // over PCIe. Bag `b` of table `t` samples its accesses on a
-        // sampler seeded `t * batch + b`.
-        let outputs: Vec<Vec<f32>> = tables
-            .iter()
+        // sampler seeded `t * batch + b`. Tables run in parallel too, so
+        // that threads count into different tables' page counters.
+        let lookups: Vec<Lookups> = tables
+            .par_iter()
             .zip(batch)
+            .zip(&mut indices)
+            .zip(&mut outputs)
             .enumerate()
-            .map(|(t, (table, ids))| {
-                let indices: Vec<i64> = ids.iter().map(|&r| r as i64).collect();
-                let mut out = vec![0f32; p.batch * p.dim];
+            .map(|(t, (((table, ids), indices), out))| {
+                indices.clear();
+                indices.extend(ids.iter().map(|&r| r as i64));
                 let seed = (t * p.batch) as u64;
-                let l = table.gather_mapped(&Bags::new(&indices, &offsets), seed, &mut out)?;
-                d += l.fast_hits;
-                h += l.lookups - l.fast_hits;
-                Ok(out)
+                Ok(table.gather_mapped(&Bags::new(indices, &offsets), seed, out)?)
             })
             .collect::<Result<_>>()?;
+        let (mut d, mut h) = (0u64, 0u64);
+        for l in &lookups {
+            d += l.fast_hits;
+            h += l.lookups - l.fast_hits;
+        }
         if let Some(c) = &mut cache {
             // The row cache in its own accounting: a hit is served from
             // device memory, a miss fills the row over PCIe.
