@@ -331,6 +331,12 @@ typedef enum DLDataTypeCode {
 typedef struct strata_buffer strata_buffer;
 
 /**
+ * A tiered embedding table. Opaque; made by `strata_embedding_create`
+ * or `strata_embedding_create_in`, ended by `strata_embedding_free`.
+ */
+typedef struct strata_embedding strata_embedding;
+
+/**
  * An expert pinned in device memory. Opaque; made by `strata_moe_fetch`,
  * ended by `strata_moe_release`.
  */
@@ -476,6 +482,65 @@ typedef struct DLManagedTensor {
     void (*deleter)(struct DLManagedTensor *self_);
 } DLManagedTensor;
 #endif
+
+/**
+ * How a bag's rows are combined (`STRATA_POOLING_*`).
+ */
+typedef int32_t strata_pooling;
+
+/**
+ * The bags of one gather (`strata_embedding_forward`), in
+ * `torch.nn.EmbeddingBag`'s form.
+ */
+typedef struct strata_bags {
+    /**
+     * Row indices of all bags, one after another (NULL when
+     * `num_indices` is 0).
+     */
+    const int64_t *indices;
+    /**
+     * Indices at `indices`.
+     */
+    size_t num_indices;
+    /**
+     * Bag `b` is `indices[offsets[b]]` up to `indices[offsets[b + 1]]`:
+     * one entry more than the bags, from 0 to `num_indices`, never
+     * decreasing (an empty bag pools to zeros).
+     */
+    const int64_t *offsets;
+    /**
+     * Entries at `offsets` (the bags plus one).
+     */
+    size_t num_offsets;
+    /**
+     * One weight per index, multiplying its row; NULL for none.
+     */
+    const float *weights;
+    /**
+     * `STRATA_POOLING_SUM` or `STRATA_POOLING_MEAN`.
+     */
+    strata_pooling pooling;
+    /**
+     * Indices equal to this are left out (of a mean's count too); a
+     * negative value leaves none out.
+     */
+    int64_t padding_idx;
+} strata_bags;
+
+/**
+ * Lookups of a gather, or of a table since it was made or its stats were
+ * reset (`strata_embedding_forward`, `strata_embedding_get_stats`).
+ */
+typedef struct strata_embedding_stats {
+    /**
+     * Row lookups (padding included).
+     */
+    uint64_t lookups;
+    /**
+     * Those whose row was in the runtime's fastest tier when gathered.
+     */
+    uint64_t fast_hits;
+} strata_embedding_stats;
 
 /**
  * A placement policy for the balancer (`STRATA_POLICY_*`).
@@ -810,6 +875,16 @@ typedef struct strata_config {
      */
     uint64_t cxl_latency_ns;
 } strata_config;
+
+/**
+ * The (weighted) sum of the bag's rows.
+ */
+#define STRATA_POOLING_SUM 0
+
+/**
+ * The (weighted) sum divided by the number of rows pooled.
+ */
+#define STRATA_POOLING_MEAN 1
 
 /**
  * GPU memory (HBM), or the simulated device.
@@ -1159,6 +1234,177 @@ int strata_dlpack_export(const struct strata_buffer *buf,
  * `STRATA_ERR_INVALID_HANDLE` (never freed). Thread-safe.
  */
 int strata_dlpack_free(struct DLManagedTensor *tensor);
+
+/**
+ * Creates an embedding table of `rows` rows of `dim` floats in a buffer
+ * of `rt` (row `r` at byte `r * dim * 4`; pages go to the fastest tier
+ * with room when first written, rows read as zeros before) and stores its
+ * handle in `*out`; free it with `strata_embedding_free`. `threads`
+ * (1–1024) worker threads read pages and apply updates: the NVMe reads a
+ * gather keeps in flight. The table keeps the runtime alive until it is
+ * freed; `strata_runtime_destroy` does not free it. Thread-safe: every
+ * call on a table may run from several threads at once (updates of the
+ * same rows at once leave either's result).
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `strata_embedding *`.
+ */
+int strata_embedding_create(const struct strata_runtime *rt,
+                            uint64_t rows,
+                            size_t dim,
+                            size_t threads,
+                            struct strata_embedding **out);
+
+/**
+ * As `strata_embedding_create`, but the rows' pages go to `preferred`
+ * while it has room (then to the fastest tier with room). The tier must
+ * be configured.
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `strata_embedding *`.
+ */
+int strata_embedding_create_in(const struct strata_runtime *rt,
+                               uint64_t rows,
+                               size_t dim,
+                               strata_tier preferred,
+                               size_t threads,
+                               struct strata_embedding **out);
+
+/**
+ * Ends an embedding table: its handle is dead at once, its rows' pages
+ * are freed once calls running on it end. NULL is a no-op. Thread-safe.
+ */
+int strata_embedding_free(struct strata_embedding *emb);
+
+/**
+ * Stores the table's rows in `*rows` and floats per row in `*dim` (either
+ * may be NULL). Thread-safe.
+ *
+ * # Safety
+ * `rows` and `dim` are NULL or writable.
+ */
+int strata_embedding_shape(const struct strata_embedding *emb, uint64_t *rows, size_t *dim);
+
+/**
+ * Writes the `len` floats at `data` (a whole number of rows) as rows
+ * `start`, `start + 1`, …; rows outside the table are
+ * `STRATA_ERR_INVALID_ARGUMENT` and nothing is written. Thread-safe.
+ *
+ * # Safety
+ * `data` points to `len` readable floats that no one writes during the
+ * call (NULL when `len` is 0).
+ */
+int strata_embedding_write_rows(const struct strata_embedding *emb,
+                                int64_t start,
+                                const float *data,
+                                size_t len);
+
+/**
+ * Reads the rows of the `n` indices at `indices` into `out` (`out_len`
+ * floats: `n * dim`). Not counted in the table's stats. An index outside
+ * the table or a wrong `out_len` is `STRATA_ERR_INVALID_ARGUMENT`, with
+ * `out` untouched. Thread-safe.
+ *
+ * # Safety
+ * `indices` points to `n` readable `int64_t`s, `out` to `out_len`
+ * writable floats that no one else uses during the call (NULL for a
+ * length of 0).
+ */
+int strata_embedding_read_rows(const struct strata_embedding *emb,
+                               const int64_t *indices,
+                               size_t n,
+                               float *out,
+                               size_t out_len);
+
+/**
+ * Pools the bags `*bags` into `out` (`out_len` floats: one row of `dim`
+ * per bag), reading each row from wherever its page lives (NVMe pages,
+ * and memory pages that enough lookups share, read whole once, in
+ * parallel on the table's threads); stores the call's lookups in
+ * `*stats` if not NULL (they also add to the table's). An index outside
+ * the table, malformed offsets, a bad pooling or a wrong `out_len` is
+ * `STRATA_ERR_INVALID_ARGUMENT`, refused before anything is read:
+ * `out` and the stats are untouched. Thread-safe.
+ *
+ * # Safety
+ * `bags` points to a readable `strata_bags` whose arrays are readable
+ * for their lengths (`weights` NULL or `num_indices` floats) and
+ * unchanged during the call; `out` points to `out_len` writable floats
+ * no one else uses during the call; `stats` is NULL or writable.
+ */
+int strata_embedding_forward(const struct strata_embedding *emb,
+                             const struct strata_bags *bags,
+                             float *out,
+                             size_t out_len,
+                             struct strata_embedding_stats *stats);
+
+/**
+ * SGD on the `n` distinct rows at `rows` with their gradients at `grads`
+ * (`grads_len` floats: `n * dim`, row by row): `w -= lr * g`, written
+ * back in place. A row outside the table or repeated, a wrong
+ * `grads_len` or a non-finite `lr` is `STRATA_ERR_INVALID_ARGUMENT`, and
+ * no row changes. Thread-safe.
+ *
+ * # Safety
+ * `rows` points to `n` readable `int64_t`s and `grads` to `grads_len`
+ * readable floats, unchanged during the call (NULL for a length of 0).
+ */
+int strata_embedding_sgd(const struct strata_embedding *emb,
+                         const int64_t *rows,
+                         size_t n,
+                         const float *grads,
+                         size_t grads_len,
+                         float lr);
+
+/**
+ * Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD) on the `n` distinct
+ * rows at `rows` with gradients at `grads` (as `strata_embedding_sgd`);
+ * `state` holds one accumulator per table row (`state_len` = the rows;
+ * start from zeros), updated in place with the rows:
+ * `state[r] += mean(g * g); w -= lr / (sqrt(state[r]) + eps) * g`. Bad
+ * input (as for SGD, a wrong `state_len`, a negative or non-finite `eps`)
+ * is `STRATA_ERR_INVALID_ARGUMENT`, and neither rows nor state change.
+ * Thread-safe, but two calls at once must not share `state`.
+ *
+ * # Safety
+ * As `strata_embedding_sgd`; `state` points to `state_len` writable
+ * floats no one else uses during the call.
+ */
+int strata_embedding_rowwise_adagrad(const struct strata_embedding *emb,
+                                     const int64_t *rows,
+                                     size_t n,
+                                     const float *grads,
+                                     size_t grads_len,
+                                     float *state,
+                                     size_t state_len,
+                                     float lr,
+                                     float eps);
+
+/**
+ * Stores in `*tier` the tier of the page row `row` starts in
+ * (`STRATA_TIER_NONE` while it was never written). Thread-safe.
+ *
+ * # Safety
+ * `tier` is NULL or points to a writable `strata_tier`.
+ */
+int strata_embedding_tier_of_row(const struct strata_embedding *emb,
+                                 int64_t row,
+                                 strata_tier *tier);
+
+/**
+ * Stores the table's lookups since it was made or
+ * `strata_embedding_reset_stats` last ran in `*stats`. Thread-safe.
+ *
+ * # Safety
+ * `stats` is NULL or points to a writable `strata_embedding_stats`.
+ */
+int strata_embedding_get_stats(const struct strata_embedding *emb,
+                               struct strata_embedding_stats *stats);
+
+/**
+ * Sets the table's stats back to zero. Thread-safe.
+ */
+int strata_embedding_reset_stats(const struct strata_embedding *emb);
 
 /**
  * Folds the buffer's access counters into its decayed scores

@@ -17,6 +17,7 @@
 //! | `dlpack.rs` | DLPack export of pinned ranges |
 //! | `hotness.rs` | counter harvest, trace recording, the balancer and its policy |
 //! | `offload.rs` | the MoE expert cache and the offloaded Adam optimizer |
+//! | `embedding.rs` | the tiered embedding table: pooled gathers, fused SGD and row-wise Adagrad |
 //!
 //! Conventions (see the header's preamble): every function returns an
 //! `int` status (`STRATA_OK`, `STRATA_PENDING`, or a negative
@@ -32,6 +33,7 @@
 mod buffer;
 mod cast;
 mod dlpack;
+mod embedding;
 mod enums;
 mod handle;
 mod hotness;
@@ -43,6 +45,7 @@ mod status;
 
 pub use buffer::*;
 pub use dlpack::*;
+pub use embedding::*;
 pub use enums::*;
 pub use hotness::*;
 pub use objects::{

@@ -2,9 +2,14 @@
 //! cache (register, fetch with any capacity, release, prefetch of any
 //! layer and experts, cancel, stats, free with pins outstanding) and
 //! offloaded optimizers (create with any settings, steps with gradients of
-//! any length, weights, free). Every call must return a status strata
-//! documents (never `STRATA_ERR_PANIC`) with a message when it fails, and
-//! every fetched expert must hold the bytes it was registered with.
+//! any length, weights, free), and embedding tables on a runtime (create
+//! with any shape, write rows anywhere, pooled gathers of any indices,
+//! offsets, weights and pooling, SGD and row-wise Adagrad steps on any
+//! rows, reads, stats, free). Every call must return a status strata
+//! documents (never `STRATA_ERR_PANIC`) with a message when it fails,
+//! every fetched expert must hold the bytes it was registered with, and
+//! every table must hold, gather and update exactly what a plain in-memory
+//! copy of it does.
 #![no_main]
 
 use std::ptr::null_mut;
@@ -64,6 +69,59 @@ enum Op {
     OptimFree {
         o: u8,
     },
+    EmbCreate {
+        rows: u16,
+        dim: u8,
+        threads: u8,
+        prefer: i8,
+    },
+    EmbWrite {
+        e: u8,
+        start: i16,
+        rows: u8,
+        seed: u8,
+        extra: bool,
+    },
+    EmbForward {
+        e: u8,
+        indices: Vec<i16>,
+        offsets: Vec<i16>,
+        weights: bool,
+        pooling: u8,
+        padding: i16,
+        extra: i8,
+    },
+    EmbStep {
+        e: u8,
+        rows: Vec<i16>,
+        adagrad: bool,
+        lr: i8,
+        extra: i8,
+    },
+    EmbRead {
+        e: u8,
+        indices: Vec<i16>,
+    },
+    EmbStats {
+        e: u8,
+    },
+    EmbFree {
+        e: u8,
+    },
+}
+
+/// A table through the C ABI and a plain copy of what it must hold.
+struct Table {
+    h: *mut strata_embedding,
+    rows: usize,
+    dim: usize,
+    /// The rows, row by row.
+    w: Vec<f32>,
+    /// Row-wise Adagrad's accumulators, one per row: the C side's state
+    /// and the copy's.
+    state: Vec<f32>,
+    want_state: Vec<f32>,
+    lookups: u64,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -72,6 +130,12 @@ struct Input {
     slot_pages: u8,
     host_pages: u8,
     ops: Vec<Op>,
+}
+
+/// The table `e` picks, if there is any.
+fn pick(tables: &mut [Table], e: u8) -> Option<&mut Table> {
+    let n = tables.len();
+    (n > 0).then(|| &mut tables[usize::from(e) % n])
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -127,6 +191,20 @@ fuzz_target!(init: warm_up(), |input: Input| {
     let mut experts: std::collections::HashMap<(u32, u32), Vec<u8>> = Default::default();
     let mut pins: Vec<*mut strata_expert_pin> = Vec::new();
     let mut opts: Vec<(*mut strata_optim, usize)> = Vec::new();
+    // Embedding tables on a runtime of 2 device and 8 host pages.
+    let mut rc = std::mem::MaybeUninit::<strata_config>::uninit();
+    // SAFETY: a writable config.
+    assert_eq!(unsafe { strata_config_init(rc.as_mut_ptr()) }, STRATA_OK);
+    // SAFETY: filled above.
+    let mut rc = unsafe { rc.assume_init() };
+    rc.device = STRATA_DEVICE_SIM;
+    rc.page_size = PAGE as u64;
+    rc.device_capacity = 2 * PAGE as u64;
+    rc.host_capacity = 8 * PAGE as u64;
+    let mut rt = null_mut();
+    // SAFETY: a readable config (no NVMe path), a writable handle.
+    assert_eq!(st(unsafe { strata_runtime_create(&rc, &mut rt) }), STRATA_OK);
+    let mut tables: Vec<Table> = Vec::new();
 
     for op in input.ops.into_iter().take(48) {
         match op {
@@ -275,6 +353,217 @@ fuzz_target!(init: warm_up(), |input: Input| {
                     }
                 }
             }
+            Op::EmbCreate {
+                rows,
+                dim,
+                threads,
+                prefer,
+            } => {
+                let (rows, dim) = (usize::from(rows % 300), usize::from(dim % 20));
+                let mut h = null_mut();
+                // SAFETY: a writable handle.
+                let s = st(unsafe {
+                    if prefer < 0 {
+                        strata_embedding_create(rt, rows as u64, dim, usize::from(threads % 6), &mut h)
+                    } else {
+                        let tier = i32::from(prefer % 5);
+                        strata_embedding_create_in(rt, rows as u64, dim, tier, usize::from(threads % 6), &mut h)
+                    }
+                });
+                if s == STRATA_OK {
+                    assert!(rows > 0 && dim > 0 && threads % 6 > 0, "made a {rows} x {dim} table");
+                    tables.push(Table {
+                        h,
+                        rows,
+                        dim,
+                        w: vec![0.0; rows * dim],
+                        state: vec![0.0; rows],
+                        want_state: vec![0.0; rows],
+                        lookups: 0,
+                    });
+                }
+            }
+            Op::EmbWrite {
+                e,
+                start,
+                rows,
+                seed,
+                extra,
+            } => {
+                let Some(t) = pick(&mut tables, e) else { continue };
+                let len = usize::from(rows % 40) * t.dim + usize::from(extra);
+                let data: Vec<f32> = pattern(seed, len).iter().map(|&b| f32::from(b) / 64.0 - 2.0).collect();
+                let start = i64::from(start);
+                // SAFETY: `data` readable for its length.
+                let s = st(unsafe { strata_embedding_write_rows(t.h, start, data.as_ptr(), data.len()) });
+                let fits = start >= 0 && len % t.dim == 0 && start as usize + len / t.dim <= t.rows;
+                assert_eq!(s == STRATA_OK, fits, "write of {len} floats at row {start}");
+                if s == STRATA_OK {
+                    let at = start as usize * t.dim;
+                    t.w[at..at + len].copy_from_slice(&data);
+                }
+            }
+            Op::EmbForward {
+                e,
+                indices,
+                offsets,
+                weights,
+                pooling,
+                padding,
+                extra,
+            } => {
+                let Some(t) = pick(&mut tables, e) else { continue };
+                let idx: Vec<i64> = indices.iter().take(64).map(|&i| i64::from(i)).collect();
+                let off: Vec<i64> = offsets.iter().take(16).map(|&i| i64::from(i)).collect();
+                let psw: Vec<f32> = (0..idx.len()).map(|i| i as f32 * 0.25 - 1.0).collect();
+                let bags = strata_bags {
+                    indices: idx.as_ptr(),
+                    num_indices: idx.len(),
+                    offsets: off.as_ptr(),
+                    num_offsets: off.len(),
+                    weights: if weights { psw.as_ptr() } else { std::ptr::null() },
+                    pooling: i32::from(pooling % 3),
+                    padding_idx: i64::from(padding),
+                };
+                let n = off.len().saturating_sub(1);
+                let len = (n * t.dim) as i64 + i64::from(extra % 2);
+                let mut out = vec![f32::NAN; len.max(0) as usize];
+                let mut stats = strata_embedding_stats::default();
+                // SAFETY: the arrays live for the call; `out` writable for
+                // its length; stats writable.
+                let s = st(unsafe {
+                    strata_embedding_forward(t.h, &bags, out.as_mut_ptr(), out.len(), &mut stats)
+                });
+                let good = pooling % 3 < 2
+                    && idx.iter().all(|&i| 0 <= i && (i as usize) < t.rows)
+                    && off.first() == Some(&0)
+                    && off.windows(2).all(|w| w[0] <= w[1])
+                    && off.last() == Some(&(idx.len() as i64))
+                    && out.len() == n * t.dim;
+                assert_eq!(s == STRATA_OK, good, "gather of {idx:?} by {off:?}");
+                if s != STRATA_OK {
+                    assert!(out.iter().all(|x| x.is_nan()), "a refused gather wrote");
+                    continue;
+                }
+                assert_eq!(stats.lookups, idx.len() as u64);
+                t.lookups += idx.len() as u64;
+                let pad = (padding >= 0).then_some(i64::from(padding));
+                for b in 0..n {
+                    let mut want = vec![0f32; t.dim];
+                    let mut kept = 0;
+                    for i in off[b] as usize..off[b + 1] as usize {
+                        if Some(idx[i]) == pad {
+                            continue;
+                        }
+                        let row = &t.w[idx[i] as usize * t.dim..(idx[i] as usize + 1) * t.dim];
+                        for (o, &v) in want.iter_mut().zip(row) {
+                            *o += if weights { psw[i] * v } else { v };
+                        }
+                        kept += 1;
+                    }
+                    if pooling % 3 == 1 && kept > 0 {
+                        want.iter_mut().for_each(|o| *o /= kept as f32);
+                    }
+                    assert!(
+                        out[b * t.dim..(b + 1) * t.dim].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "bag {b} differs from the plain copy's"
+                    );
+                }
+            }
+            Op::EmbStep {
+                e,
+                rows,
+                adagrad,
+                lr,
+                extra,
+            } => {
+                let Some(t) = pick(&mut tables, e) else { continue };
+                let r: Vec<i64> = rows.iter().take(32).map(|&i| i64::from(i)).collect();
+                let len = (r.len() * t.dim) as i64 + i64::from(extra % 2);
+                let g: Vec<f32> = (0..len.max(0) as usize).map(|i| (i % 7) as f32 - 3.0).collect();
+                let lr = f32::from(lr) / 64.0;
+                // SAFETY: `r` and `g` readable for their lengths; the state
+                // writable for its length.
+                let s = st(unsafe {
+                    if adagrad {
+                        strata_embedding_rowwise_adagrad(
+                            t.h,
+                            r.as_ptr(),
+                            r.len(),
+                            g.as_ptr(),
+                            g.len(),
+                            t.state.as_mut_ptr(),
+                            t.state.len(),
+                            lr,
+                            1e-6,
+                        )
+                    } else {
+                        strata_embedding_sgd(t.h, r.as_ptr(), r.len(), g.as_ptr(), g.len(), lr)
+                    }
+                });
+                let mut sorted = r.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                let good = r.iter().all(|&i| 0 <= i && (i as usize) < t.rows)
+                    && sorted.len() == r.len()
+                    && g.len() == r.len() * t.dim;
+                assert_eq!(s == STRATA_OK, good, "a step on rows {r:?}");
+                if s != STRATA_OK {
+                    assert_eq!(t.state, t.want_state, "a refused step changed the state");
+                    continue;
+                }
+                for (k, &row) in r.iter().enumerate() {
+                    let gk = &g[k * t.dim..(k + 1) * t.dim];
+                    let scale = if adagrad {
+                        let acc = &mut t.want_state[row as usize];
+                        *acc += gk.iter().map(|x| x * x).sum::<f32>() / t.dim as f32;
+                        lr / (acc.sqrt() + 1e-6)
+                    } else {
+                        lr
+                    };
+                    let w = &mut t.w[row as usize * t.dim..(row as usize + 1) * t.dim];
+                    for (x, &gx) in w.iter_mut().zip(gk) {
+                        *x -= scale * gx;
+                    }
+                }
+                assert_eq!(t.state, t.want_state, "accumulators differ");
+            }
+            Op::EmbRead { e, indices } => {
+                let Some(t) = pick(&mut tables, e) else { continue };
+                let idx: Vec<i64> = indices.iter().take(64).map(|&i| i64::from(i)).collect();
+                let mut out = vec![0f32; idx.len() * t.dim];
+                // SAFETY: `idx` readable, `out` writable for their lengths.
+                let s = st(unsafe {
+                    strata_embedding_read_rows(t.h, idx.as_ptr(), idx.len(), out.as_mut_ptr(), out.len())
+                });
+                let good = idx.iter().all(|&i| 0 <= i && (i as usize) < t.rows);
+                assert_eq!(s == STRATA_OK, good, "read of {idx:?}");
+                if s == STRATA_OK {
+                    for (k, &i) in idx.iter().enumerate() {
+                        let want = &t.w[i as usize * t.dim..(i as usize + 1) * t.dim];
+                        let got = &out[k * t.dim..(k + 1) * t.dim];
+                        assert!(
+                            got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "row {i} differs from the plain copy's"
+                        );
+                    }
+                }
+            }
+            Op::EmbStats { e } => {
+                let Some(t) = pick(&mut tables, e) else { continue };
+                let mut s = strata_embedding_stats::default();
+                // SAFETY: a writable stats struct.
+                assert_eq!(st(unsafe { strata_embedding_get_stats(t.h, &mut s) }), STRATA_OK);
+                assert_eq!(s.lookups, t.lookups);
+                assert!(s.fast_hits <= s.lookups);
+            }
+            Op::EmbFree { e } => {
+                if !tables.is_empty() {
+                    let t = tables.swap_remove(usize::from(e) % tables.len());
+                    assert_eq!(st(strata_embedding_free(t.h)), STRATA_OK);
+                    assert_eq!(st(strata_embedding_free(t.h)), STRATA_ERR_INVALID_HANDLE);
+                }
+            }
             Op::OptimFree { o } => {
                 if !opts.is_empty() {
                     let (h, _) = opts.swap_remove(usize::from(o) % opts.len());
@@ -291,6 +580,15 @@ fuzz_target!(init: warm_up(), |input: Input| {
     }
     for (h, _) in opts {
         assert_eq!(st(strata_optim_free(h)), STRATA_OK);
+    }
+    // The tables keep the runtime alive past its destruction.
+    assert_eq!(st(strata_runtime_destroy(rt)), STRATA_OK);
+    for t in tables {
+        let mut rows = 0u64;
+        // SAFETY: a writable row count.
+        assert_eq!(st(unsafe { strata_embedding_shape(t.h, &mut rows, null_mut()) }), STRATA_OK);
+        assert_eq!(rows, t.rows as u64);
+        assert_eq!(st(strata_embedding_free(t.h)), STRATA_OK);
     }
     // The runtimes' worker threads end shortly after their last handle
     // goes; wait, so the leak checker does not take them for leaks.

@@ -337,8 +337,11 @@ class OffloadedAdam:
 
 class RowTable:
     """An embedding table of rows x dim float32 in a strata buffer (under
-    strata.nn.EmbeddingBag). Indices and offsets are int64 arrays, values
-    float32; calls release the GIL."""
+    strata.nn.EmbeddingBag; the binding of strata::offload::embedding).
+    Indices and offsets are int64 arrays, values float32; calls release
+    the GIL. An index or row range outside the table raises IndexError,
+    other bad input InvalidArgumentError, before anything is read or
+    written."""
 
     def __init__(
         self,

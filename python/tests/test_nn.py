@@ -263,3 +263,26 @@ def test_frozen_from_pretrained_never_changes(tmp_path):
     emb(x, per_sample_weights=psw).sum().backward()
     assert psw.grad is not None and emb.grad is None
     torch.testing.assert_close(emb.weight, w)
+
+
+def test_binding_maps_each_refusal_of_the_table_to_its_exception():
+    emb = strata.nn.EmbeddingBag(100, 4, mode="sum")
+    t = emb._table
+    before = emb.weight.clone()
+    with pytest.raises(IndexError, match="rows 99..101 are out of range for an embedding table of 100 rows"):
+        t.write_rows(99, torch.zeros(2, 4).numpy())
+    with pytest.raises(strata.InvalidArgumentError, match="weights holds 1 values, not 2"):
+        t.bag(torch.tensor([0, 1]).numpy(), torch.tensor([0, 2]).numpy(), torch.zeros(1, 4).numpy(),
+              weights=torch.ones(1).numpy())
+    with pytest.raises(strata.InvalidArgumentError, match="out holds 4 values, not 8"):
+        t.bag(torch.tensor([0, 1]).numpy(), torch.tensor([0, 1, 2]).numpy(), torch.zeros(1, 4).numpy())
+    with pytest.raises(strata.InvalidArgumentError, match="state holds 3 values, not 100"):
+        t.rowwise_adagrad(torch.tensor([1]).numpy(), torch.zeros(1, 4).numpy(), torch.zeros(3).numpy(), 0.1, 1e-8)
+    with pytest.raises(strata.InvalidArgumentError, match="lr NaN is not a finite number"):
+        t.sgd(torch.tensor([1]).numpy(), torch.zeros(1, 4).numpy(), float("nan"))
+    with pytest.raises(IndexError, match="index 100 is out of range"):
+        t.tier_of_row(100)
+    with pytest.raises(strata.InvalidArgumentError, match="threads 0 is not in 1..=1024"):
+        strata.nn.RowTable(emb.runtime, 10, 4, threads=0)
+    assert t.stats()["lookups"] == 0
+    torch.testing.assert_close(emb.weight, before)

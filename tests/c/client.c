@@ -4,7 +4,7 @@
  * temporary directory), written and read back whole, moved with tickets,
  * pinned, mapped, and described by the stats; then bad input, each call
  * answered with its status and a message; then one configuration given as
- * the struct and as TOML, resolved alike.
+ * the struct and as TOML, resolved alike; then an embedding table.
  *
  * Usage: client [--psync]   (--psync: the NVMe tier on the psync engine,
  * for valgrind, which does not follow io_uring)
@@ -48,6 +48,123 @@ enum { PAGE = 64 * 1024, DEVICE_PAGES = 8, HOST_PAGES = 16, NVME_PAGES = 64 };
 
 static uint8_t pattern(uint64_t i) {
     return (uint8_t)((i * 2654435761u) >> 11);
+}
+
+/* An embedding table of 3000 rows of 16 floats (three pages) on a runtime
+ * with one page of device, host and NVMe each: bags pooled against a sum
+ * computed here, an SGD and a row-wise Adagrad step checked row by row,
+ * then bad input. */
+static void embedding(const char *dir, int psync) {
+    enum { ROWS = 3000, DIM = 16, N = 12, BAGS = 4 };
+    strata_config config;
+    OK(strata_config_init(&config));
+    config.device = STRATA_DEVICE_SIM;
+    config.page_size = PAGE;
+    config.device_capacity = PAGE;
+    config.host_capacity = PAGE;
+    config.nvme_path = dir;
+    config.nvme_capacity = 8ull * PAGE;
+    config.nvme_engine = psync ? STRATA_IO_PSYNC : STRATA_IO_AUTO;
+    config.background_eviction = 0;
+    strata_runtime *rt = NULL;
+    OK(strata_runtime_create(&config, &rt));
+    strata_embedding *emb = NULL;
+    OK(strata_embedding_create(rt, ROWS, DIM, 4, &emb));
+    if (emb == NULL) {
+        OK(strata_runtime_destroy(rt));
+        return;
+    }
+    float *w = malloc(sizeof(float) * ROWS * DIM);
+    for (size_t i = 0; i < (size_t)ROWS * DIM; i++) w[i] = (float)(i % 97) / 97.0f - 0.5f;
+    OK(strata_embedding_write_rows(emb, 0, w, (size_t)ROWS * DIM));
+    /* The three pages were written at once (one per worker thread), each
+     * taking the fastest tier with room: one page in each tier. */
+    int in_tier[4] = {0, 0, 0, 0};
+    for (int64_t r = 0; r < ROWS; r += 1024) {
+        strata_tier t = STRATA_TIER_NONE;
+        OK(strata_embedding_tier_of_row(emb, r, &t));
+        if (t >= 0 && t < 4) in_tier[t]++;
+    }
+    CHECK(in_tier[STRATA_TIER_DEVICE] == 1 && in_tier[STRATA_TIER_HOST] == 1 &&
+              in_tier[STRATA_TIER_NVME] == 1,
+          "pages in tiers: device %d host %d nvme %d", in_tier[0], in_tier[1], in_tier[3]);
+
+    /* Bags {0 1500 2999} {} {7 7 2048 5 2999} {11 22 33 44}. */
+    const int64_t idx[N] = {0, 1500, 2999, 7, 7, 2048, 5, 2999, 11, 22, 33, 44};
+    const int64_t off[BAGS + 1] = {0, 3, 3, 8, N};
+    float out[BAGS * DIM], want[BAGS * DIM];
+    memset(want, 0, sizeof want);
+    for (int b = 0; b < BAGS; b++)
+        for (int64_t i = off[b]; i < off[b + 1]; i++)
+            for (int d = 0; d < DIM; d++) want[b * DIM + d] += w[idx[i] * DIM + d];
+    uint64_t on_device = 0;
+    for (int i = 0; i < N; i++) {
+        strata_tier t = STRATA_TIER_NONE;
+        OK(strata_embedding_tier_of_row(emb, idx[i], &t));
+        on_device += t == STRATA_TIER_DEVICE;
+    }
+    strata_bags bags = {idx, N, off, BAGS + 1, NULL, STRATA_POOLING_SUM, -1};
+    strata_embedding_stats st = {0, 0};
+    OK(strata_embedding_forward(emb, &bags, out, BAGS * DIM, &st));
+    CHECK(memcmp(out, want, sizeof out) == 0, "pooled sums");
+    CHECK(st.lookups == N && st.fast_hits == on_device && on_device > 0, "%llu lookups, %llu fast",
+          (unsigned long long)st.lookups, (unsigned long long)st.fast_hits);
+
+    /* One SGD step on three rows (one per tier), then one of Adagrad. */
+    const int64_t rows[3] = {2999, 0, 1500};
+    float g[3 * DIM], got[3 * DIM];
+    for (int i = 0; i < 3 * DIM; i++) g[i] = 0.25f * (float)(i % 5);
+    OK(strata_embedding_sgd(emb, rows, 3, g, 3 * DIM, 0.5f));
+    OK(strata_embedding_read_rows(emb, rows, 3, got, 3 * DIM));
+    int same = 1;
+    for (int k = 0; k < 3; k++)
+        for (int d = 0; d < DIM; d++)
+            same &= got[k * DIM + d] == w[rows[k] * DIM + d] - 0.5f * g[k * DIM + d];
+    CHECK(same, "rows after SGD");
+    float *state = calloc(ROWS, sizeof(float));
+    OK(strata_embedding_rowwise_adagrad(emb, rows, 3, g, 3 * DIM, state, ROWS, 0.1f, 1e-8f));
+    float mean_sq = 0;
+    for (int d = 0; d < DIM; d++) mean_sq += g[d] * g[d];
+    mean_sq /= DIM;
+    CHECK(state[2999] == mean_sq && state[1] == 0.0f, "accumulators %g %g", state[2999], state[1]);
+
+    /* Bad input: a status and a message, nothing read or written. */
+    const int64_t bad_idx[2] = {1, ROWS};
+    strata_bags bad = {bad_idx, 2, off, 2, NULL, STRATA_POOLING_SUM, -1};
+    const int64_t bad_off[2] = {0, 3};
+    FAILS(strata_embedding_forward(emb, &bad, out, DIM, NULL), STRATA_ERR_INVALID_ARGUMENT,
+          "index 3000 is out of range");
+    bad.indices = idx;
+    bad.offsets = bad_off;
+    FAILS(strata_embedding_forward(emb, &bad, out, DIM, NULL), STRATA_ERR_INVALID_ARGUMENT,
+          "last offset 3");
+    bad.pooling = 9;
+    FAILS(strata_embedding_forward(emb, &bad, out, DIM, NULL), STRATA_ERR_INVALID_ARGUMENT,
+          "unknown pooling");
+    FAILS(strata_embedding_forward(emb, NULL, out, DIM, NULL), STRATA_ERR_NULL_POINTER,
+          "bags is NULL");
+    const int64_t twice[2] = {4, 4};
+    FAILS(strata_embedding_sgd(emb, twice, 2, g, 2 * DIM, 0.1f), STRATA_ERR_INVALID_ARGUMENT,
+          "rows repeat");
+    FAILS(strata_embedding_rowwise_adagrad(emb, rows, 3, g, 3 * DIM, state, 10, 0.1f, 1e-8f),
+          STRATA_ERR_INVALID_ARGUMENT, "state holds 10");
+    FAILS(strata_embedding_create(rt, ROWS, DIM, 0, &emb), STRATA_ERR_INVALID_ARGUMENT, "threads");
+    FAILS(strata_embedding_shape((strata_embedding *)(uintptr_t)0x1234, NULL, NULL),
+          STRATA_ERR_INVALID_HANDLE, "embedding table");
+    OK(strata_embedding_get_stats(emb, &st));
+    CHECK(st.lookups == N, "refused calls count nothing: %llu", (unsigned long long)st.lookups);
+    OK(strata_embedding_free(NULL));
+
+    /* The table outlives its runtime's handle; freeing it ends both. */
+    OK(strata_runtime_destroy(rt));
+    uint64_t n_rows = 0;
+    size_t dim = 0;
+    OK(strata_embedding_shape(emb, &n_rows, &dim));
+    CHECK(n_rows == ROWS && dim == DIM, "shape %llu x %zu", (unsigned long long)n_rows, dim);
+    OK(strata_embedding_free(emb));
+    FAILS(strata_embedding_free(emb), STRATA_ERR_INVALID_HANDLE, "was freed");
+    free(state);
+    free(w);
 }
 
 int main(int argc, char **argv) {
@@ -311,6 +428,8 @@ int main(int argc, char **argv) {
     FAILS(strata_runtime_from_toml("sampling = 17", 13, 0, &rt), STRATA_ERR_INVALID_ARGUMENT,
           "strata_runtime_from_toml: sampling 1 in 2^17 accesses: at most 2^16");
     CHECK(no_json == NULL, "no JSON for a bad config");
+
+    embedding(dir, psync);
 
     free(data);
     free(back);

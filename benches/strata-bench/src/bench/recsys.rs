@@ -1,13 +1,12 @@
 //! `strata bench recsys`: DLRM-style embedding-bag forward (sum pooling)
-//! over tiered embedding tables on the simulated device, beside an
+//! over tiered embedding tables ([`EmbeddingTable`], pooled through their
+//! device maps as a kernel does) on the simulated device, beside an
 //! FBGEMM-style LRU row cache (cache_load_factor 0.2), zero-copy and
 //! everything on the device. Times are **modelled** GPU time (the graph
 //! benchmark's [`GpuModel`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use parking_lot::Mutex;
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -17,8 +16,9 @@ use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::recsys::{self, Batch, Dist};
 use strata::device::DeviceChoice;
 use strata::error::{Error, ErrorKind, Result};
+use strata::offload::embedding::{Bags, EmbeddingTable, Lookups, TableOptions};
 use strata::policy::{lru::Lru, Policy, PolicyKind};
-use strata::runtime::{Access, BalancerConfig, Buffer, Placement, Runtime};
+use strata::runtime::{BalancerConfig, Placement, Runtime};
 
 use super::graph::Budget;
 
@@ -297,7 +297,7 @@ fn run_config(
         .background_eviction(false)
         .sampling((config == Config::Strata).then_some(2))
         .build()?;
-    let tables: Vec<Buffer> = (0..p.tables)
+    let tables: Vec<EmbeddingTable> = (0..p.tables)
         .map(|t| {
             // strata starts with the device empty, as the row cache does,
             // and lets the balancer fill it with what the batches touch.
@@ -305,16 +305,20 @@ fn run_config(
                 Config::Strata => Placement::Prefer(strata::tier::Tier::Host),
                 _ => Placement::Fastest,
             };
-            let b = rt.alloc_with(table_bytes, placement)?;
-            let rows_per_piece = (8 << 20) / row_bytes;
-            for start in (0..p.rows).step_by(rows_per_piece.max(1)) {
+            let options = TableOptions {
+                placement,
+                ..TableOptions::default()
+            };
+            let table = EmbeddingTable::with_options(&rt, p.rows as u64, p.dim, options)?;
+            let rows_per_piece = ((8 << 20) / row_bytes).max(1);
+            for start in (0..p.rows).step_by(rows_per_piece) {
                 let end = (start + rows_per_piece).min(p.rows);
                 let data: Vec<f32> = (start..end)
                     .flat_map(|r| (0..p.dim).map(move |d| recsys::value(t, r, d)))
                     .collect();
-                b.write((start * row_bytes) as u64, bytemuck::cast_slice(&data))?;
+                table.write_rows(start as i64, &data)?;
             }
-            Ok(b)
+            Ok(table)
         })
         .collect::<Result<_>>()?;
     if config == Config::Strata {
@@ -329,69 +333,53 @@ fn run_config(
     }
     // The row cache holds as many rows as the device budget does (20% of
     // the rows at the default budget: FBGEMM's cache_load_factor 0.2).
-    let cache = (config == Config::LruCache).then(|| {
+    let mut cache = (config == Config::LruCache).then(|| {
         let rows = (budget / row_bytes as u64).max(1) as usize;
-        Mutex::new(Lru::new(rows))
+        Lru::new(rows)
     });
-    let (device_rows, host_rows, fills) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    // Every bag holds `pooling` rows.
+    let offsets: Vec<i64> = (0..=p.batch as i64).map(|b| b * p.pooling as i64).collect();
+    // Each table's indices as the gather takes them, and its pooled bags
+    // (one row per bag), reused from batch to batch.
+    let mut indices: Vec<Vec<i64>> = vec![Vec::with_capacity(p.batch * p.pooling); p.tables];
+    let mut outputs: Vec<Vec<f32>> = vec![vec![0f32; p.batch * p.dim]; p.tables];
+    let (mut device_rows, mut host_rows, mut fills) = (0u64, 0u64, 0u64);
     let mut seconds = 0.0;
     let mut moved = 0u64;
     let mut verified = 0;
     let wall = Instant::now();
     for (bi, batch) in batches.iter().enumerate() {
         let before = rt.stats().device_links.unwrap_or_default();
-        let (d0, h0) = (
-            device_rows.load(Ordering::Relaxed),
-            host_rows.load(Ordering::Relaxed),
-        );
-        let maps: Vec<_> = tables
-            .iter()
-            .map(Buffer::device_map)
-            .collect::<Result<_>>()?;
-        let launches: Vec<_> = maps
-            .iter()
-            .map(|m| m.prepare(Access::ReadOnly))
-            .collect::<Result<_>>()?;
-        // Bags in parallel: (table, bag) → pooled row.
-        let outputs: Vec<Vec<f32>> = (0..p.tables * p.batch)
-            .into_par_iter()
-            .map(|tb| {
-                let (t, bag) = (tb / p.batch, tb % p.batch);
-                let mut r = launches[t].reader(tb as u64);
-                let mut sum = vec![0f32; p.dim];
-                let (mut on_dev, mut off_dev) = (0u64, 0u64);
-                for &row in &batch[t][bag * p.pooling..(bag + 1) * p.pooling] {
-                    let base = row as u64 * p.dim as u64;
-                    let mut device = false;
-                    for (d, s) in sum.iter_mut().enumerate() {
-                        let (v, _, dev) = r.load_at::<f32>(base + d as u64);
-                        device = dev;
-                        *s += v;
-                    }
-                    let hit = match &cache {
-                        Some(c) => {
-                            let id = (t as u64) << 32 | row as u64;
-                            let hit = c.lock().access(id).is_hit();
-                            if !hit {
-                                fills.fetch_add(1, Ordering::Relaxed);
-                            }
-                            hit
-                        }
-                        None => device,
-                    };
-                    if hit {
-                        on_dev += 1;
-                    } else {
-                        off_dev += 1;
-                    }
-                }
-                device_rows.fetch_add(on_dev, Ordering::Relaxed);
-                host_rows.fetch_add(off_dev, Ordering::Relaxed);
-                sum
+        // Each table's bags pooled as the GPU kernel would, through the
+        // table's device map: rows in device memory, or read zero-copy
+        // over PCIe. Bag `b` of table `t` samples its accesses on a
+        // sampler seeded `t * batch + b`. Tables run in parallel too, so
+        // that threads count into different tables' page counters.
+        let lookups: Vec<Lookups> = tables
+            .par_iter()
+            .zip(batch)
+            .zip(&mut indices)
+            .zip(&mut outputs)
+            .enumerate()
+            .map(|(t, (((table, ids), indices), out))| {
+                indices.clear();
+                indices.extend(ids.iter().map(|&r| r as i64));
+                let seed = (t * p.batch) as u64;
+                Ok(table.gather_mapped(&Bags::new(indices, &offsets), seed, out)?)
             })
-            .collect();
-        drop(launches);
-        drop(maps);
+            .collect::<Result<_>>()?;
+        let (mut d, mut h) = (0u64, 0u64);
+        for l in &lookups {
+            d += l.fast_hits;
+            h += l.lookups - l.fast_hits;
+        }
+        if let Some(c) = &mut cache {
+            // The row cache in its own accounting: a hit is served from
+            // device memory, a miss fills the row over PCIe.
+            let hits = lru_hits(c, batch);
+            fills += (d + h) - hits;
+            (d, h) = (hits, (d + h) - hits);
+        }
         if bi % VERIFY_EVERY == 0 {
             check(p, batch, &outputs).map_err(|why| {
                 Error::new(
@@ -405,10 +393,8 @@ fn run_config(
             rt.balance_once()?;
         }
         let after = rt.stats().device_links.unwrap_or_default();
-        let (d, h) = (
-            device_rows.load(Ordering::Relaxed) - d0,
-            host_rows.load(Ordering::Relaxed) - h0,
-        );
+        device_rows += d;
+        host_rows += h;
         moved += (after.0.bytes - before.0.bytes) + (after.1.bytes - before.1.bytes);
         let migration = after.0.modelled_seconds - before.0.modelled_seconds
             + after.1.modelled_seconds
@@ -416,11 +402,11 @@ fn run_config(
         seconds += modelled_seconds(p, model, 1, d, h) + migration;
     }
     let wall_seconds = wall.elapsed().as_secs_f64();
-    let (d, h) = (device_rows.into_inner(), host_rows.into_inner());
+    let (d, h) = (device_rows, host_rows);
     let bytes_moved = match config {
         // Fills of the row cache cross PCIe (already in `seconds`: a miss
         // is a host read).
-        Config::LruCache => fills.into_inner() * row_bytes as u64,
+        Config::LruCache => fills * row_bytes as u64,
         _ => moved,
     };
     Ok(RecsysResult {
@@ -434,8 +420,21 @@ fn run_config(
     })
 }
 
-/// The pooled outputs of `batch` equal sums computed directly from the
-/// tables' defining values, in the same order (so exactly equal).
+/// Lookups of `batch` that the row cache `cache` serves, table by table,
+/// bag by bag, in order (a miss brings the row in).
+fn lru_hits(cache: &mut Lru, batch: &Batch) -> u64 {
+    let mut hits = 0;
+    for (t, ids) in batch.iter().enumerate() {
+        for &row in ids {
+            hits += u64::from(cache.access((t as u64) << 32 | row as u64).is_hit());
+        }
+    }
+    hits
+}
+
+/// The pooled outputs of `batch` (one row per bag, table by table) equal
+/// sums computed directly from the tables' defining values, in the same
+/// order (so exactly equal).
 fn check(p: &RecsysParams, batch: &Batch, outputs: &[Vec<f32>]) -> std::result::Result<(), String> {
     for t in 0..p.tables {
         for bag in 0..p.batch {
@@ -445,7 +444,7 @@ fn check(p: &RecsysParams, batch: &Batch, outputs: &[Vec<f32>]) -> std::result::
                     *w += recsys::value(t, row as usize, d);
                 }
             }
-            if outputs[t * p.batch + bag] != want {
+            if outputs[t][bag * p.dim..(bag + 1) * p.dim] != want[..] {
                 return Err(format!("table {t} bag {bag} differs from the direct sum"));
             }
         }

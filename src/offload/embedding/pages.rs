@@ -1,0 +1,300 @@
+//! The table's page-level I/O: rows read where their pages live (pages
+//! that a batch's lookups share, and every NVMe page, read whole once and
+//! in parallel), rows written in page-aligned pieces on worker threads,
+//! and the fused updates' read-modify-write of the rows they touch.
+#![forbid(unsafe_code)]
+
+use std::ops::RangeInclusive;
+
+use crate::error::{Error, Result};
+use crate::runtime::Buffer;
+use crate::tier::Tier;
+
+/// Where a table's rows are: `dim` fp32 values a row, row `r` at byte
+/// `r * dim * 4` of `buf`, pages of `page` bytes.
+pub(super) struct Rows<'a> {
+    pub(super) buf: &'a Buffer,
+    pub(super) dim: usize,
+    pub(super) page: u64,
+    pub(super) threads: usize,
+}
+
+/// Pages read whole for one call: sorted page numbers and their bytes.
+pub(super) struct Fetched {
+    pages: Vec<u64>,
+    arena: Vec<u8>,
+}
+
+/// The update rule of a fused sparse update.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Rule {
+    Sgd {
+        lr: f32,
+    },
+    /// FBGEMM's EXACT_ROWWISE_ADAGRAD: one accumulator per row.
+    RowwiseAdagrad {
+        lr: f32,
+        eps: f32,
+    },
+}
+
+/// The first error of the workers of a scope, if any.
+fn first_error(errors: impl IntoIterator<Item = Error>) -> Result<()> {
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+impl Rows<'_> {
+    fn row_bytes(&self) -> u64 {
+        self.dim as u64 * 4
+    }
+
+    /// The pages row `r` spans.
+    pub(super) fn pages_of(&self, r: u64) -> RangeInclusive<u64> {
+        let start = r * self.row_bytes();
+        start / self.page..=(start + self.row_bytes() - 1) / self.page
+    }
+
+    /// Bytes of page `p` that the buffer holds (the last may be short).
+    fn page_len(&self, p: u64) -> usize {
+        (self.buf.len() - p * self.page).min(self.page) as usize
+    }
+
+    /// Writes `data` at byte `at`, in page-aligned pieces on the worker
+    /// threads (an NVMe page's write is synchronous: loading a table keeps
+    /// that many in flight).
+    pub(super) fn write_parallel(&self, at: u64, data: &[u8]) -> Result<()> {
+        let page = self.page as usize;
+        // The first piece ends at a page boundary, the others are whole pages.
+        let head = ((self.page - at % self.page) % self.page) as usize;
+        let head = head.min(data.len());
+        self.buf.write(at, &data[..head])?;
+        let rest = &data[head..];
+        let pages = rest.len().div_ceil(page);
+        let per = pages.div_ceil(self.threads.max(1)).max(1) * page;
+        let errors: Vec<Error> = std::thread::scope(|s| {
+            let workers: Vec<_> = rest
+                .chunks(per)
+                .enumerate()
+                .map(|(k, piece)| {
+                    let off = at + (head + k * per) as u64;
+                    s.spawn(move || self.buf.write(off, piece))
+                })
+                .collect();
+            workers
+                .into_iter()
+                .filter_map(|w| w.join().expect("a write worker panicked").err())
+                .collect()
+        });
+        first_error(errors)
+    }
+
+    /// The pages of `rows` read whole, once, into one arena (in parallel):
+    /// those in a tier without an address (NVMe), and those of the other
+    /// tiers that enough lookups share that one page copy is cheaper than
+    /// reading their rows one by one. Also how many of `rows` start in a
+    /// page of `fastest`. Every lookup counts as an access of its page
+    /// (the balancer's measure of heat), though a page read whole is read
+    /// once for all of them.
+    pub(super) fn fetch(&self, rows: &[i64], fastest: Tier) -> Result<(Fetched, u64)> {
+        // Every page of every lookup, with repeats: (page, lookups).
+        let mut all: Vec<u64> = rows.iter().flat_map(|&r| self.pages_of(r as u64)).collect();
+        all.sort_unstable();
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        for &p in &all {
+            match runs.last_mut() {
+                Some((q, n)) if *q == p => *n = n.saturating_add(1),
+                _ => runs.push((p, 1)),
+            }
+        }
+        drop(all);
+        let per_page = (self.page / self.row_bytes()).max(1) as u32;
+        let share = (per_page / 4).max(2);
+        let mut whole = Vec::new();
+        let mut fast = Vec::new();
+        for &(p, n) in &runs {
+            let t = self.buf.tier_of(p as usize)?;
+            if t == Some(fastest) {
+                fast.push(p);
+            }
+            if t == Some(Tier::Nvme) || (t.is_some() && n >= share) {
+                whole.push((p, n));
+            }
+        }
+        let first = |r: i64| r as u64 * self.row_bytes() / self.page;
+        let hits = rows
+            .iter()
+            .filter(|&&r| fast.binary_search(&first(r)).is_ok())
+            .count() as u64;
+        for &(p, n) in &whole {
+            self.buf.touch(p as usize, n - 1)?;
+        }
+        let page = self.page as usize;
+        let mut arena = vec![0u8; whole.len() * page];
+        let per = whole.len().div_ceil(self.threads.max(1)).max(1);
+        let errors: Vec<Error> = std::thread::scope(|s| {
+            let workers: Vec<_> = whole
+                .chunks(per)
+                .zip(arena.chunks_mut(per * page))
+                .map(|(ps, dst)| {
+                    s.spawn(move || -> Result<()> {
+                        for (&(p, _), d) in ps.iter().zip(dst.chunks_mut(page)) {
+                            let n = self.page_len(p);
+                            self.buf.read(p * self.page, &mut d[..n])?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .filter_map(|w| w.join().expect("a page read panicked").err())
+                .collect()
+        });
+        first_error(errors)?;
+        let pages = whole.into_iter().map(|(p, _)| p).collect();
+        Ok((Fetched { pages, arena }, hits))
+    }
+
+    /// Row `r` into `out` (`dim` values): from fetched page copies where
+    /// all its pages were fetched, else read through the buffer.
+    pub(super) fn row(&self, fetched: &Fetched, r: u64, out: &mut [f32]) -> Result<()> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        let start = r * self.row_bytes();
+        let page = self.page as usize;
+        let mut at = 0usize;
+        for p in self.pages_of(r) {
+            let Ok(slot) = fetched.pages.binary_search(&p) else {
+                return self.buf.read(start, bytes);
+            };
+            let from = (start + at as u64 - p * self.page) as usize;
+            let n = (page - from).min(bytes.len() - at);
+            bytes[at..at + n]
+                .copy_from_slice(&fetched.arena[slot * page + from..slot * page + from + n]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Applies `rule` to the distinct rows `rows` with their gradients,
+    /// writing each back in place. Rows sharing NVMe pages are read and
+    /// written as whole pages, once each; `state` holds one row-wise
+    /// Adagrad accumulator per table row.
+    pub(super) fn update(
+        &self,
+        rows: &[i64],
+        grads: &[f32],
+        rule: Rule,
+        state: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let d = self.dim;
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_unstable_by_key(|&i| rows[i]);
+        // Runs of rows whose pages overlap: (first, last) positions in order.
+        let mut groups: Vec<(usize, usize)> = Vec::new();
+        for (k, &i) in order.iter().enumerate() {
+            let ps = self.pages_of(rows[i] as u64);
+            match groups.last_mut() {
+                Some(g) if *ps.start() <= *self.pages_of(rows[order[g.1]] as u64).end() => g.1 = k,
+                _ => groups.push((k, k)),
+            }
+        }
+        let scale = scales(rows, grads, d, rule, state);
+        let apply = |w: &mut [f32], i: usize| {
+            let g = &grads[i * d..(i + 1) * d];
+            let s = scale[i];
+            for (x, &gx) in w.iter_mut().zip(g) {
+                *x -= s * gx;
+            }
+        };
+        let per = groups.len().div_ceil(self.threads.max(1)).max(1);
+        let errors: Vec<Error> = std::thread::scope(|s| {
+            let workers: Vec<_> = groups
+                .chunks(per)
+                .map(|gs| {
+                    let (order, apply) = (&order, &apply);
+                    s.spawn(move || -> Result<()> {
+                        for &(a, b) in gs {
+                            self.update_group(rows, &order[a..=b], apply)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .filter_map(|w| w.join().expect("an update worker panicked").err())
+                .collect()
+        });
+        first_error(errors)
+    }
+
+    /// One group of rows whose pages overlap (positions into `rows`,
+    /// sorted by row): in memory tiers row by row; on NVMe the pages they
+    /// span are read, updated and written back whole.
+    fn update_group(
+        &self,
+        rows: &[i64],
+        group: &[usize],
+        apply: &(impl Fn(&mut [f32], usize) + Sync),
+    ) -> Result<()> {
+        let rb = self.row_bytes();
+        let mut row = vec![0f32; self.dim];
+        let first = rows[group[0]] as u64;
+        let p0 = *self.pages_of(first).start();
+        if self.buf.tier_of(p0 as usize)? != Some(Tier::Nvme) {
+            for &i in group {
+                let at = rows[i] as u64 * rb;
+                self.buf.read_as(at, &mut row)?;
+                apply(&mut row, i);
+                self.buf.write_as(at, &row)?;
+            }
+            return Ok(());
+        }
+        let last = rows[*group.last().expect("a group is not empty")] as u64;
+        let p1 = *self.pages_of(last).end();
+        let start = p0 * self.page;
+        let end = ((p1 + 1) * self.page).min(self.buf.len());
+        let mut span = vec![0u8; (end - start) as usize];
+        self.buf.read(start, &mut span)?;
+        for &i in group {
+            let at = (rows[i] as u64 * rb - start) as usize;
+            let bytes = &mut span[at..at + rb as usize];
+            let w: &mut [u8] = bytemuck::cast_slice_mut(&mut row);
+            w.copy_from_slice(bytes);
+            apply(&mut row, i);
+            bytes.copy_from_slice(bytemuck::cast_slice(&row));
+        }
+        self.buf.write(start, &span)
+    }
+}
+
+/// Each row's step size under `rule`. Row-wise Adagrad's accumulators are
+/// updated here first (each row's own), so that the page groups can then
+/// run in parallel without sharing state.
+fn scales(
+    rows: &[i64],
+    grads: &[f32],
+    d: usize,
+    rule: Rule,
+    state: Option<&mut [f32]>,
+) -> Vec<f32> {
+    match rule {
+        Rule::Sgd { lr } => vec![lr; rows.len()],
+        Rule::RowwiseAdagrad { lr, eps } => {
+            let state = state.expect("row-wise Adagrad has its state");
+            rows.iter()
+                .enumerate()
+                .map(|(i, &r)| {
+                    let g = &grads[i * d..(i + 1) * d];
+                    let mean_sq = g.iter().map(|x| x * x).sum::<f32>() / d as f32;
+                    let acc = &mut state[r as usize];
+                    *acc += mean_sq;
+                    lr / (acc.sqrt() + eps)
+                })
+                .collect()
+        }
+    }
+}
