@@ -982,6 +982,21 @@ fn views_lend_pinned_host_pages_as_slices() {
     let mut out = [0u8; 4];
     b.read(PAGE as u64, &mut out).unwrap();
     assert_eq!(&out, b"mut!");
+    // Every page at once, for work spread over threads: each its own bytes.
+    {
+        let mut v = b.view_mut(PAGE as u64..len, Tier::Host).unwrap();
+        let pages = v.pages_mut();
+        assert_eq!(pages.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 2, 3]);
+        for (p, bytes) in pages {
+            assert_eq!(bytes.len(), if p == 3 { 100 } else { PAGE }, "page {p}");
+            bytes[..2].copy_from_slice(&[b'p', b'0' + p as u8]);
+        }
+    }
+    for p in 1..4u8 {
+        let mut out = [0u8; 2];
+        b.read(p as u64 * PAGE as u64, &mut out).unwrap();
+        assert_eq!(out, [b'p', b'0' + p], "page {p}");
+    }
     // A launch in progress refuses a mutable view, and the reverse.
     let map = b.device_map().unwrap();
     let launch = map.prepare(Access::ReadOnly).unwrap();

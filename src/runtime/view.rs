@@ -166,6 +166,24 @@ impl ViewMut<'_> {
         // borrow holds `&mut self`, so no two slices of this view alias.
         Some(unsafe { std::slice::from_raw_parts_mut(address as *mut u8, len) })
     }
+
+    /// Every page lent, each writable at once (a page not in host memory
+    /// is left out), in page order: for work spread over threads.
+    pub fn pages_mut(&mut self) -> Vec<(usize, &mut [u8])> {
+        let mut out = Vec::with_capacity(self.pages().len());
+        for p in self.pages() {
+            if let Some((address, len)) = locate(self.pin.as_ref(), self.buffer, self.page_size, p)
+            {
+                // SAFETY: as in `page_mut`; and the slices do not alias one
+                // another: each page of the buffer holds its own slot, so
+                // distinct pages are distinct ranges of host memory.
+                out.push((p, unsafe {
+                    std::slice::from_raw_parts_mut(address as *mut u8, len)
+                }));
+            }
+        }
+        out
+    }
 }
 
 /// Gives the hold back once the pin has dropped.

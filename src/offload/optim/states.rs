@@ -14,9 +14,9 @@
 //! pages in place:
 //!
 //! - home in the host tier: every lane's pages are pinned there at once
-//!   (a page the runtime had moved away is brought back first), and the
-//!   updater takes one chunk of every lane per batch, so the CPU's threads
-//!   (or one GPU pipeline) work on several chunks together.
+//!   (a page the runtime had moved away is brought back first). The CPU
+//!   takes every chunk in one batch, its threads sharing them out; a GPU
+//!   takes one chunk of every lane per batch, one pipeline of batches.
 //! - home in CXL or NVMe: the chunks stream through the host tier in
 //!   groups. While group k updates, prefetch tickets bring groups k+1 …
 //!   k+`ahead` into the host tier and the groups updated before k go back
@@ -46,8 +46,7 @@ const WORK: Tier = Tier::Host;
 /// Bytes of one array a streamed group aims at (one prefetch each).
 const GROUP_BYTES: usize = 4 << 20;
 
-/// A step's batch update: the chunks it is given, in the host tier (called
-/// from several threads at once when the lanes update in parallel).
+/// A step's batch update: the chunks it is given, in the host tier.
 pub(super) type BatchUpdate<'f, T> =
     dyn Fn(Vec<(usize, [&mut [f32]; 3], &mut T)>) -> Result<()> + Sync + 'f;
 
@@ -178,10 +177,10 @@ impl States {
 
     /// Updates every chunk once, `update` given batches of chunks in the
     /// host tier with each chunk's entry of `per_chunk`: with `across`, in
-    /// place a batch takes one chunk of every lane (an updater that works
-    /// best on many chunks at once, a GPU); without, the lanes go through
-    /// their chunks in parallel, one chunk a batch (the CPU). Returns the
-    /// time spent waiting for pages to arrive and leave.
+    /// place a batch takes one chunk of every lane (an updater that keeps
+    /// one pipeline of batches, a GPU); without, one batch holds every
+    /// chunk, which the CPU's threads share out. Returns the time spent
+    /// waiting for pages to arrive and leave.
     pub(super) fn step<T: Send>(
         &mut self,
         per_chunk: &mut [T],
@@ -206,6 +205,7 @@ impl States {
         let page = self.page;
         let meta: Vec<(usize, usize)> = self.lanes.iter().map(|l| (l.first, l.len)).collect();
         let mut extras: Vec<&mut [T]> = Vec::with_capacity(meta.len());
+        let per_chunk_len = per_chunk.len();
         let mut rest = per_chunk;
         for &(_, len) in &meta {
             let (mine, more) = rest.split_at_mut(len);
@@ -215,45 +215,48 @@ impl States {
         // Nanoseconds the pins took, summed over the lanes.
         let pinning = std::sync::atomic::AtomicU64::new(0);
         let waited = || Duration::from_nanos(pinning.load(std::sync::atomic::Ordering::Relaxed));
-        if !across {
-            self.lanes
-                .par_iter_mut()
-                .zip(extras)
-                .try_for_each(|(lane, x)| -> Result<()> {
-                    let first = lane.first;
-                    let [w, m, v] = &mut pin_lane(lane, page, &pinning)?;
-                    for (i, x) in x.iter_mut().enumerate() {
-                        let state = [
-                            f32s(w.page_mut(i))?,
-                            f32s(m.page_mut(i))?,
-                            f32s(v.page_mut(i))?,
-                        ];
-                        update(vec![(first + i, state, x)])?;
-                    }
-                    Ok(())
-                })?;
-            return Ok(waited());
-        }
         let mut views: Vec<[ViewMut<'_>; 3]> = self
             .lanes
             .par_iter_mut()
             .map(|lane| pin_lane(lane, page, &pinning))
             .collect::<Result<_>>()?;
-        let rounds = meta.iter().map(|m| m.1).max().unwrap_or(0);
-        for i in 0..rounds {
-            let mut batch = Vec::with_capacity(views.len());
-            for ((lane, x), &(first, len)) in views.iter_mut().zip(extras.iter_mut()).zip(&meta) {
-                if i < len {
-                    let [w, m, v] = lane;
-                    let state = [
-                        f32s(w.page_mut(i))?,
-                        f32s(m.page_mut(i))?,
-                        f32s(v.page_mut(i))?,
-                    ];
-                    batch.push((first + i, state, &mut x[i]));
+        if !across {
+            // The CPU: every chunk in one batch, spread over the threads.
+            let mut batch = Vec::with_capacity(per_chunk_len);
+            for ((lane, x), &(first, len)) in views.iter_mut().zip(extras).zip(&meta) {
+                let [w, m, v] = lane.each_mut().map(ViewMut::pages_mut);
+                if w.len() != len || m.len() != len || v.len() != len {
+                    return Err(Error::new(ErrorKind::Io, "a state page was not lent"));
+                }
+                let pages = w.into_iter().zip(m).zip(v).zip(x.iter_mut());
+                for (i, ((((_, w), (_, m)), (_, v)), x)) in pages.enumerate() {
+                    batch.push((
+                        first + i,
+                        [f32s(Some(w))?, f32s(Some(m))?, f32s(Some(v))?],
+                        x,
+                    ));
                 }
             }
             update(batch)?;
+        } else {
+            // A GPU: one chunk of every lane per call.
+            let rounds = meta.iter().map(|m| m.1).max().unwrap_or(0);
+            for i in 0..rounds {
+                let mut batch = Vec::with_capacity(views.len());
+                for ((lane, x), &(first, len)) in views.iter_mut().zip(extras.iter_mut()).zip(&meta)
+                {
+                    if i < len {
+                        let [w, m, v] = lane;
+                        let state = [
+                            f32s(w.page_mut(i))?,
+                            f32s(m.page_mut(i))?,
+                            f32s(v.page_mut(i))?,
+                        ];
+                        batch.push((first + i, state, &mut x[i]));
+                    }
+                }
+                update(batch)?;
+            }
         }
         drop(views);
         Ok(waited())
