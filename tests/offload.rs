@@ -566,6 +566,31 @@ fn link_seconds(bytes: usize) -> f64 {
     strata::device::sim::PCIE_GEN4_X16.time(bytes).as_secs_f64()
 }
 
+/// The cache's clock runs on the link its simulated device models: the
+/// one [`MoeConfig::sim_link`] opens it on, which the runtime reports.
+#[test]
+fn the_modelled_clock_is_the_simulated_devices_link() {
+    let slow = strata::link::LinkModel {
+        bandwidth: 1e9,
+        latency_ns: 40_000,
+    };
+    let mut cfg = MoeConfig::new(2, 256 << 10, 8 << 20);
+    cfg.sim_link = slow;
+    let mut c = ExpertCache::new(cfg).unwrap();
+    assert_eq!(c.link(), Some(slow));
+    assert_eq!(c.runtime().device_link_model(), Some(slow));
+    c.register(0, 0, &vec![7u8; 256 << 10]).unwrap();
+    drop(c.fetch(0, 0).unwrap());
+    let stall = c.stats().stall_seconds;
+    let want = slow.time(256 << 10).as_secs_f64();
+    assert!((stall - want).abs() < 1e-9, "stall {stall} vs {want}");
+    // The default is the simulation's own.
+    assert_eq!(
+        paged_cache(2, true).link(),
+        Some(strata::device::sim::PCIE_GEN4_X16)
+    );
+}
+
 #[test]
 fn a_demand_fetch_overtakes_queued_prefetches() {
     let expert = link_seconds(256 << 10);

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::link::LinkStats;
+use crate::link::{LinkModel, LinkStats};
 
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
@@ -153,6 +153,11 @@ pub trait DeviceBackend: Send + Sync {
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceMemory>>;
     /// What crossed the host→device and device→host links so far.
     fn link_stats(&self) -> (LinkStats, LinkStats);
+    /// The host↔device link a simulated backend accounts its copies with
+    /// (`None` for a real GPU, whose copies are measured, not modelled).
+    fn link_model(&self) -> Option<LinkModel> {
+        None
+    }
     /// Makes `len` bytes of host memory at `base` addressable by kernels
     /// (zero-copy) and a valid source or target of asynchronous copies:
     /// `cuMemHostRegister` on cuda. `None` where kernels read host memory
@@ -231,14 +236,22 @@ pub trait DeviceMemory: Send + Sync {
     }
 }
 
-/// Opens the backend `choice` asks for. `sim_capacity` sizes the simulated
-/// device (and caps a real one, to emulate a smaller GPU).
+/// Opens the backend `choice` asks for. `capacity_cap` sizes the simulated
+/// device (and caps a real one, to emulate a smaller GPU); a simulated
+/// device models [`sim::PCIE_GEN4_X16`].
 pub fn open(choice: DeviceChoice, capacity_cap: u64) -> Result<Arc<dyn DeviceBackend>> {
+    open_with_link(choice, capacity_cap, sim::PCIE_GEN4_X16)
+}
+
+/// [`open`], a simulated device modelling `sim_link` (a real GPU ignores
+/// it).
+pub fn open_with_link(
+    choice: DeviceChoice,
+    capacity_cap: u64,
+    sim_link: LinkModel,
+) -> Result<Arc<dyn DeviceBackend>> {
     let sim = || -> Result<Arc<dyn DeviceBackend>> {
-        Ok(Arc::new(sim::SimBackend::new(
-            capacity_cap,
-            sim::PCIE_GEN4_X16,
-        )?))
+        Ok(Arc::new(sim::SimBackend::new(capacity_cap, sim_link)?))
     };
     match choice {
         DeviceChoice::Sim => sim(),

@@ -109,6 +109,10 @@ impl DeviceBackend for SimBackend {
     fn link_stats(&self) -> (LinkStats, LinkStats) {
         (self.h2d.stats(), self.d2h.stats())
     }
+
+    fn link_model(&self) -> Option<LinkModel> {
+        Some(self.model)
+    }
 }
 
 struct SimMemory {

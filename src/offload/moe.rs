@@ -33,8 +33,9 @@
 //! **Stall time.** On the simulated device the cache runs a modelled clock:
 //! host→device transfers share one link — the device backend's own link
 //! model, the one the runtime accounts every simulated copy with
-//! ([`crate::device::sim`]: PCIe Gen4 x16, 25 GB/s and 5 µs per transfer,
-//! one transfer per expert) — the caller advances the clock
+//! ([`crate::device::sim`]; [`MoeConfig::sim_link`], by default PCIe Gen4
+//! x16, 25 GB/s and 5 µs per transfer, one transfer per expert) — the
+//! caller advances the clock
 //! by its compute time ([`ExpertCache::advance`]), and a fetch stalls for
 //! the modelled time until the bytes it waits for have crossed the link
 //! (its own transfer, or the rest of a prefetch in flight). Demand
@@ -59,7 +60,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::device::{BackendKind, DeviceChoice};
+use crate::device::DeviceChoice;
 use crate::error::{Error, ErrorKind, Result};
 use crate::link::LinkModel;
 use crate::policy::lrfu::{self, Ranking};
@@ -112,6 +113,10 @@ pub struct MoeConfig {
     /// whole transfers. Configurations without prefetch move the same
     /// either way.
     pub link_priority: bool,
+    /// The link the simulated device that [`ExpertCache::new`] opens
+    /// models (default PCIe Gen4 x16); the cache's clock runs on it, the
+    /// backend's own model. [`ExpertCache::on`] uses its runtime's device.
+    pub sim_link: LinkModel,
 }
 
 impl MoeConfig {
@@ -130,6 +135,7 @@ impl MoeConfig {
             protect_fetches: 16,
             layers: 1,
             link_priority: true,
+            sim_link: crate::device::sim::PCIE_GEN4_X16,
         }
     }
 }
@@ -216,12 +222,11 @@ struct Pending {
 }
 
 /// The link model of `rt`'s device backend, for a simulated device (a real
-/// GPU's transfers are measured, not modelled). The simulated backend
-/// accounts every copy with [`PCIE_GEN4_X16`](crate::device::sim::PCIE_GEN4_X16),
-/// the model every simulated device is opened with; the cache's clock
-/// schedules its transfers on that same model.
+/// GPU's transfers are measured, not modelled): the cache's clock
+/// schedules its transfers on the model the backend accounts every copy
+/// with.
 fn device_link(rt: &Runtime) -> Option<LinkModel> {
-    (rt.device_backend() == Some(BackendKind::Sim)).then_some(crate::device::sim::PCIE_GEN4_X16)
+    rt.device_link_model()
 }
 
 /// The modelled link and clock of the simulated device.
@@ -470,6 +475,7 @@ impl ExpertCache {
         let mut b = Runtime::builder()
             .page_size(config.page_size)
             .device(config.device, device_bytes)
+            .sim_link(config.sim_link)
             .host(config.host_bytes)
             .background_eviction(false)
             .sampling(None);

@@ -105,6 +105,7 @@ use std::sync::Arc;
 use crate::device::{self, BackendKind, DeviceChoice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::IoEngine;
+use crate::link::LinkModel;
 use crate::size::{check_page_size, format_size};
 use crate::tier::{CxlConfig, HostConfig, NvmeConfig, Tier};
 
@@ -134,6 +135,7 @@ pub struct RuntimeBuilder {
     page_size: usize,
     device: DeviceChoice,
     device_capacity: u64,
+    sim_link: LinkModel,
     host: HostConfig,
     cxl: Option<CxlConfig>,
     nvme: Option<NvmeConfig>,
@@ -150,6 +152,7 @@ impl std::fmt::Debug for RuntimeBuilder {
             .field("page_size", &self.page_size)
             .field("device", &self.device)
             .field("device_capacity", &self.device_capacity)
+            .field("sim_link", &self.sim_link)
             .field("host", &self.host)
             .field("cxl", &self.cxl)
             .field("nvme", &self.nvme)
@@ -166,6 +169,7 @@ impl Default for RuntimeBuilder {
             page_size: crate::config::DEFAULT_PAGE_SIZE,
             device: DeviceChoice::Auto,
             device_capacity: 0,
+            sim_link: crate::device::sim::PCIE_GEN4_X16,
             host: HostConfig::new(256 << 20, crate::config::DEFAULT_PAGE_SIZE),
             cxl: None,
             nvme: None,
@@ -190,6 +194,13 @@ impl RuntimeBuilder {
     pub fn device(mut self, choice: DeviceChoice, capacity: u64) -> Self {
         self.device = choice;
         self.device_capacity = capacity;
+        self
+    }
+    /// The host↔device link a simulated device models (default
+    /// [`PCIE_GEN4_X16`](crate::device::sim::PCIE_GEN4_X16)); a real GPU's
+    /// copies are measured and ignore it.
+    pub fn sim_link(mut self, link: LinkModel) -> Self {
+        self.sim_link = link;
         self
     }
     /// Host DRAM tier capacity (huge pages, no NUMA binding, unless set
@@ -266,6 +277,7 @@ impl RuntimeBuilder {
             page_size: config.page_size,
             device: config.device,
             device_capacity,
+            sim_link: crate::device::sim::PCIE_GEN4_X16,
             host: config.host.clone(),
             cxl: config.cxl.clone(),
             nvme: config.nvme.clone(),
@@ -289,7 +301,11 @@ impl RuntimeBuilder {
         }
         let tiers = Tiers::open(
             self.page_size,
-            (self.device, self.device_capacity),
+            tiers::DeviceSpec {
+                choice: self.device,
+                capacity: self.device_capacity,
+                sim_link: self.sim_link,
+            },
             self.host,
             self.cxl,
             self.nvme,
@@ -482,5 +498,14 @@ impl Runtime {
     /// Which backend the device tier runs on, if there is one.
     pub fn device_backend(&self) -> Option<BackendKind> {
         self.rt().tiers.device().map(|d| d.backend())
+    }
+
+    /// The link the device tier's simulated backend accounts its copies
+    /// with; `None` without a device tier or on a real GPU.
+    pub fn device_link_model(&self) -> Option<LinkModel> {
+        self.rt()
+            .tiers
+            .device()
+            .and_then(|d| d.backend_handle().link_model())
     }
 }

@@ -132,7 +132,7 @@ mod tests {
         let page = 64 << 10;
         let tiers = Tiers::open(
             page,
-            (DeviceChoice::Sim, 0),
+            crate::runtime::tiers::DeviceSpec::new(DeviceChoice::Sim, 0),
             HostConfig::new(1 << 20, page),
             None,
             None,

@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::device::{self, DeviceChoice};
 use crate::error::{Error, Result};
 use crate::io::IoEngine;
+use crate::link::LinkModel;
 use crate::size::format_size;
 use crate::sys::Topology;
 use crate::tier::{
@@ -76,6 +77,30 @@ pub(crate) struct Tiers {
     page_size: usize,
 }
 
+/// The device tier a runtime asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceSpec {
+    /// Which backend.
+    pub(crate) choice: DeviceChoice,
+    /// At most how many bytes of it (0: no device tier).
+    pub(crate) capacity: u64,
+    /// The link a simulated device models.
+    pub(crate) sim_link: LinkModel,
+}
+
+impl DeviceSpec {
+    /// `capacity` bytes of `choice`, a simulated device on its default
+    /// link.
+    #[cfg(test)]
+    pub(crate) fn new(choice: DeviceChoice, capacity: u64) -> Self {
+        Self {
+            choice,
+            capacity,
+            sim_link: crate::device::sim::PCIE_GEN4_X16,
+        }
+    }
+}
+
 impl Tiers {
     /// Opens every configured tier; a device capacity of 0 means no device
     /// tier. Host and CXL arenas are registered with the device, so kernels
@@ -83,15 +108,19 @@ impl Tiers {
     /// asynchronously.
     pub(crate) fn open(
         page_size: usize,
-        device: (DeviceChoice, u64),
+        device: DeviceSpec,
         host: HostConfig,
         cxl: Option<CxlConfig>,
         nvme: Option<NvmeConfig>,
         nvme_engine: Option<Arc<dyn IoEngine>>,
     ) -> Result<Self> {
-        let (choice, capacity) = device;
+        let DeviceSpec {
+            choice,
+            capacity,
+            sim_link,
+        } = device;
         let device = if capacity > 0 {
-            let backend = device::open(choice, capacity)?;
+            let backend = device::open_with_link(choice, capacity, sim_link)?;
             Some(DeviceStore::new(backend, capacity, page_size)?)
         } else {
             None

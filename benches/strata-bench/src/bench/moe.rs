@@ -3,12 +3,13 @@
 //! pool of slots, lookahead prefetch from an activation-aware predictor)
 //! beside a per-layer LRU cache without prefetch (the mixtral-offloading
 //! design) and no cache at all. Stall and decode times are **modelled**:
-//! transfers on the simulated device's link, the device backend's own model
-//! ([`ExpertCache::link`]; demand transfers ahead of queued prefetches,
-//! which cross a page at a time — `--fifo-link` for one FIFO of whole
-//! transfers), per-layer compute as [`GpuModel`] of a platform preset
-//! ([`Platform`]: a launch plus reading the layer's active experts from
-//! HBM). The report carries offline bounds on the same fetch
+//! the simulated device is opened on a platform preset's link ([`Platform`]:
+//! its DMA rate and per-copy cost), and the cache's clock schedules the
+//! transfers on that backend's own model ([`ExpertCache::link`]; demand
+//! transfers ahead of queued prefetches, which cross a page at a time —
+//! `--fifo-link` for one FIFO of whole transfers); per-layer compute is
+//! [`GpuModel`] of the same preset (a launch plus reading the layer's
+//! active experts from HBM). The report carries offline bounds on the same fetch
 //! sequence ([`MoeBounds`]: Belady's MIN, the best fixed set of experts).
 #![forbid(unsafe_code)]
 
@@ -96,8 +97,8 @@ pub struct MoeParams {
     /// measured stall; each layer's compute is a spin of the modelled
     /// length) or `auto`.
     pub device: strata::device::DeviceChoice,
-    /// The modelled GPU (simulated device): its HBM and compute (and, for
-    /// the bounds on a real GPU, its link).
+    /// The modelled GPU: the simulated device's link, HBM and compute (on a
+    /// real GPU, the link of the bounds).
     #[serde(serialize_with = "platform_name")]
     pub platform: Platform,
 }
@@ -106,8 +107,8 @@ fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Resul
     s.serialize_str(p.name)
 }
 
-/// The platform's host→device link: what the bounds are modelled on where
-/// the cache measures (a real GPU).
+/// The platform's host→device link: the simulated device's, and what the
+/// bounds are modelled on where the cache measures (a real GPU).
 fn link_of(p: &Platform) -> strata::link::LinkModel {
     strata::link::LinkModel {
         bandwidth: p.dma_h2d,
@@ -442,6 +443,7 @@ fn run_config(
     cfg.page_size = p.page_size;
     cfg.layers = layers;
     cfg.link_priority = !p.fifo_link;
+    cfg.sim_link = link_of(&p.platform);
     let top_k = routes[0].iter().map(Vec::len).max().unwrap_or(1).max(1);
     cfg.protect_fetches = 2 * top_k as u64;
     match config {

@@ -46,8 +46,8 @@ pub struct MoeArgs {
     /// page-sized prefetch chunks), for comparison.
     #[arg(long)]
     fifo_link: bool,
-    /// The modelled GPU on the simulated device (its HBM and compute; the
-    /// link is the simulated device's): h200-sxm5, h100-pcie5, a100-pcie4
+    /// The modelled GPU on the simulated device (its link, HBM and
+    /// compute): h200-sxm5, h100-pcie5, a100-pcie4
     /// or v100-pcie3.
     #[arg(long, default_value = "h200-sxm5")]
     platform: String,
