@@ -57,7 +57,9 @@ impl Buffer {
         // priority (room made in `tier` as a prefetch makes it); then page
         // by page under each page's lock, moving again what raced away.
         self.move_for_pin(&pages, tier)?;
-        let zeros = vec![0u8; self.rt().page_size()];
+        // A page never written is made resident from zeros, allocated
+        // only if the range has one.
+        let zeros = std::cell::OnceCell::new();
         for p in pages.clone() {
             let mut entry = self.resident_for_pin(p, tier, &pages, &zeros)?;
             let Resident { slot, .. } = &entry.loc else {
@@ -113,7 +115,7 @@ impl Buffer {
         p: usize,
         tier: Tier,
         pages: &Range<usize>,
-        zeros: &[u8],
+        zeros: &std::cell::OnceCell<Vec<u8>>,
     ) -> Result<MutexGuard<'_, Entry>> {
         let mut tries = 0;
         loop {
@@ -127,7 +129,10 @@ impl Buffer {
                 }
                 Resident { tier: t, .. } => *t,
                 Lost => return Err(lost(p)),
-                Zero => match self.table.first_write(zeros, Some(&[tier])) {
+                Zero => match self
+                    .table
+                    .first_write(zeros.get_or_init(|| vec![0; self.rt().page_size()]), Some(&[tier]))
+                {
                     Ok(loc) => {
                         entry.loc = loc;
                         return Ok(entry);
