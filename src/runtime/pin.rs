@@ -129,10 +129,10 @@ impl Buffer {
                 }
                 Resident { tier: t, .. } => *t,
                 Lost => return Err(lost(p)),
-                Zero => match self
-                    .table
-                    .first_write(zeros.get_or_init(|| vec![0; self.rt().page_size()]), Some(&[tier]))
-                {
+                Zero => match self.table.first_write(
+                    zeros.get_or_init(|| vec![0; self.rt().page_size()]),
+                    Some(&[tier]),
+                ) {
                     Ok(loc) => {
                         entry.loc = loc;
                         return Ok(entry);
