@@ -83,7 +83,7 @@ impl std::str::FromStr for Updater {
     }
 }
 
-/// How to build an [`OffloadedAdam`].
+/// How to build an [`OffloadedAdam`](super::OffloadedAdam).
 #[derive(Debug, Clone)]
 pub struct OptimConfig {
     /// Where the states live.
