@@ -304,15 +304,7 @@ impl EmbeddingTable {
     /// see them).
     pub fn read_rows(&self, indices: &[i64], out: &mut [f32]) -> Result<()> {
         self.check_indices(indices)?;
-        let want = indices.len() * self.dim;
-        if out.len() != want {
-            return Err(EmbeddingError::Length {
-                what: "out",
-                len: out.len(),
-                want,
-                why: format!("{} rows of {}", indices.len(), self.dim),
-            });
-        }
+        self.check_rows_len("out", out.len(), indices.len())?;
         let offsets: Vec<i64> = (0..=indices.len() as i64).collect();
         let bags = Bags::new(indices, &offsets);
         let (fetched, _) = self.io().fetch(indices, self.fastest)?;
@@ -483,18 +475,25 @@ impl EmbeddingTable {
         l
     }
 
+    /// Checks that `what` holds `len` floats: `rows` rows of the table's
+    /// width.
+    fn check_rows_len(&self, what: &'static str, len: usize, rows: usize) -> Result<()> {
+        let want = rows * self.dim;
+        if len != want {
+            return Err(EmbeddingError::Length {
+                what,
+                len,
+                want,
+                why: format!("{rows} rows of {}", self.dim),
+            });
+        }
+        Ok(())
+    }
+
     /// Checks a fused update's rows and gradients.
     fn check_update(&self, rows: &[i64], grads: &[f32]) -> Result<()> {
         self.check_indices(rows)?;
-        let want = rows.len() * self.dim;
-        if grads.len() != want {
-            return Err(EmbeddingError::Length {
-                what: "grads",
-                len: grads.len(),
-                want,
-                why: format!("{} rows of {}", rows.len(), self.dim),
-            });
-        }
+        self.check_rows_len("grads", grads.len(), rows.len())?;
         let mut sorted = rows.to_vec();
         sorted.sort_unstable();
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
