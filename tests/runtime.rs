@@ -1140,3 +1140,93 @@ fn a_prefetch_reports_its_room_making_failures() {
         assert_eq!(&out, data);
     }
 }
+
+/// The page moves per link, from `rt.stats()`.
+fn link_ops(rt: &Runtime, from: Tier, to: Tier) -> u64 {
+    rt.stats()
+        .links
+        .iter()
+        .find(|l| l.from == from && l.to == to)
+        .map_or(0, |l| l.stats.ops)
+}
+
+#[test]
+fn a_promoted_page_keeps_its_clean_copy_and_goes_back_to_it_without_a_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 32);
+    let b = rt
+        .alloc_with(4 * PAGE as u64, Placement::Prefer(Tier::Nvme))
+        .unwrap();
+    let data = pattern(9, 9, 4 * PAGE);
+    b.write(0, &data).unwrap();
+    assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Nvme));
+    b.prefetch(0..b.len(), Tier::Host).wait().unwrap();
+    let s = rt.stats();
+    assert_eq!(s.clean_kept, 4);
+    let nvme = s.tiers.iter().find(|t| t.tier == Tier::Nvme).unwrap();
+    assert_eq!((nvme.used_pages, nvme.clean_copies), (4, 4));
+    // Page 1 is written while in host: its NVMe copy is dropped at once.
+    let fresh = pattern(10, 10, 100);
+    b.write(PAGE as u64 + 5, &fresh).unwrap();
+    let mut expect = data.clone();
+    expect[PAGE + 5..PAGE + 105].copy_from_slice(&fresh);
+    assert_eq!(rt.stats().clean_invalidated, 1);
+    // Back to NVMe: three pages go back to their copies with no write, the
+    // written one is written.
+    b.evict(0..b.len(), Tier::Nvme).unwrap();
+    let s = rt.stats();
+    assert_eq!(s.clean_demotions, 3);
+    assert_eq!(link_ops(&rt, Tier::Host, Tier::Nvme), 1);
+    for p in 0..4 {
+        assert_eq!(b.tier_of(p).unwrap(), Some(Tier::Nvme));
+    }
+    let mut out = vec![0; expect.len()];
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, expect, "no stale copy was served");
+    // A writable pin drops the copy too (its holder may write); a
+    // read-only one keeps it.
+    let pin = b.pin_read(0..PAGE as u64, Tier::Host).unwrap();
+    drop(pin);
+    let pin = b.pin(PAGE as u64..2 * PAGE as u64, Tier::Host).unwrap();
+    drop(pin);
+    b.evict(0..2 * PAGE as u64, Tier::Nvme).unwrap();
+    assert_eq!(rt.stats().clean_demotions, 4, "the read-only pin kept it");
+    assert_eq!(link_ops(&rt, Tier::Host, Tier::Nvme), 2, "the writable one did not");
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, expect);
+    let s = rt.stats();
+    assert_eq!(s.tiers.iter().map(|t| t.clean_copies).sum::<u64>(), 0);
+}
+
+#[test]
+fn clean_copies_give_their_room_to_the_tier_that_needs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // NVMe holds 8 pages: 8 written there and promoted leave 8 clean
+    // copies, which the next 8 pages need.
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 8);
+    let a = rt
+        .alloc_with(8 * PAGE as u64, Placement::Prefer(Tier::Nvme))
+        .unwrap();
+    let data = pattern(3, 3, 8 * PAGE);
+    a.write(0, &data).unwrap();
+    a.prefetch(0..4 * PAGE as u64, Tier::Device).wait().unwrap();
+    a.prefetch(4 * PAGE as u64..a.len(), Tier::Host).wait().unwrap();
+    let nvme = |rt: &Runtime| {
+        let s = rt.stats();
+        let t = s.tiers.iter().find(|t| t.tier == Tier::Nvme).unwrap().clone();
+        (t.used_pages, t.clean_copies)
+    };
+    assert_eq!(nvme(&rt), (8, 8), "every slot of NVMe is a clean copy");
+    // A second buffer's first writes: device and host are full, CXL takes
+    // four, NVMe's clean copies give their slots for the other four.
+    let b = rt.alloc(8 * PAGE as u64).unwrap();
+    let more = pattern(4, 4, 8 * PAGE);
+    b.write(0, &more).unwrap();
+    assert_eq!(rt.stats().clean_dropped, 4);
+    assert_eq!(nvme(&rt), (8, 4));
+    let mut out = vec![0; data.len()];
+    a.read(0, &mut out).unwrap();
+    assert_eq!(out, data, "a dropped copy loses nothing");
+    b.read(0, &mut out).unwrap();
+    assert_eq!(out, more);
+}

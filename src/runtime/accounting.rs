@@ -47,6 +47,15 @@ pub(crate) struct Counters {
     pub(crate) lost_pages: AtomicU64,
     /// Slots a store refused to take back.
     pub(crate) failed_frees: AtomicU64,
+    /// Promotions that kept the page's old slot as its clean copy.
+    pub(crate) clean_kept: AtomicU64,
+    /// Demotions that needed no copy: the page went back to its clean copy.
+    pub(crate) clean_demotions: AtomicU64,
+    /// Clean copies dropped for their tier's room.
+    pub(crate) clean_dropped: AtomicU64,
+    /// Clean copies dropped because their page was written (or pinned
+    /// writable).
+    pub(crate) clean_invalidated: AtomicU64,
 }
 
 impl Counters {
@@ -72,6 +81,9 @@ pub(crate) struct Accounting {
     pub(crate) counters: Counters,
     /// Pinned pages per tier (indexed by `Tier as usize`).
     pub(crate) pinned: [AtomicU64; 4],
+    /// Clean copies held per tier (indexed by `Tier as usize`): slots a
+    /// room-maker may free with no I/O.
+    clean: [AtomicU64; 4],
     /// Page moves per link, indexed by `from * 4 + to`.
     links: [LinkCounter; 16],
     /// Numbers buffers for trace page ids and the balancer's page keys
@@ -88,6 +100,7 @@ impl Accounting {
             slot_freed: Condvar::new(),
             counters: Counters::default(),
             pinned: Default::default(),
+            clean: Default::default(),
             links: Default::default(),
             buffer_ids: Mutex::new(BufferIds::default()),
         }
@@ -179,6 +192,22 @@ impl Accounting {
             }
         }
         true
+    }
+
+    /// A promotion kept its old slot in `tier` as the page's clean copy.
+    pub(crate) fn clean_kept(&self, tier: Tier) {
+        self.clean[tier as usize].fetch_add(1, Ordering::Relaxed);
+        Counters::add(&self.counters.clean_kept, 1);
+    }
+
+    /// A clean copy in `tier` was let go of (its slot freed).
+    pub(crate) fn clean_released(&self, tier: Tier) {
+        self.clean[tier as usize].fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Clean copies held in `tier`.
+    pub(crate) fn clean_copies(&self, tier: Tier) -> u64 {
+        self.clean[tier as usize].load(Ordering::Relaxed)
     }
 
     /// The counter of page moves from `from` to `to`.

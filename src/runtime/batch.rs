@@ -9,7 +9,9 @@
 //! | host↔device | `copy_device.rs` | one batched transfer over the link |
 //! | memory↔NVMe | `copy_nvme.rs` | the batch's I/O in flight on one session |
 //!
-//! Every path ends in `Table::commit`.
+//! Every path ends in `Table::commit`. A page demoted into the tier that
+//! holds its clean copy takes neither: it goes back to the copy here,
+//! under its lock, with no I/O (`Table::demote_to_clean`).
 #![forbid(unsafe_code)]
 
 use super::table::{lost, Entry, Locked, Lost, Table};
@@ -82,7 +84,7 @@ fn move_chunk(
     let mut locked: Locked<'_> = Vec::with_capacity(sorted.len());
     let mut first_err = None;
     for &p in &sorted {
-        let entry = table.pages[p].lock();
+        let mut entry = table.pages[p].lock();
         if matches!(entry.loc, Lost) {
             first_err.get_or_insert(lost(p));
         }
@@ -90,7 +92,7 @@ fn move_chunk(
             && entry
                 .tier()
                 .is_some_and(|t| t != dst && wanted(t) && table.may_move(t, dst));
-        if movable {
+        if movable && !table.demote_to_clean(p, &mut entry, dst) {
             locked.push((p, entry));
         }
     }

@@ -288,12 +288,12 @@ impl Buffer {
                         scratch[within..within + n].copy_from_slice(src);
                         &scratch
                     };
-                    entry.loc = self.table.first_write(bytes, None)?;
+                    entry.loc = self.engine().first_write(&self.table, bytes, None)?;
                 }
             }
             // A move of this page that copied it before this write does
-            // not commit (see page.rs).
-            entry.note_write();
+            // not commit, and its clean copy goes (see page.rs).
+            self.table.note_write(entry);
             done += n;
         }
         Ok(())

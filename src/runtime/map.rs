@@ -181,11 +181,12 @@ impl DeviceMap {
         for p in 0..table.pages.len() {
             let mut entry = table.pages[p].lock();
             if matches!(entry.loc, Zero) {
-                entry.loc = table.first_write(&zeros, Some(memory))?;
+                entry.loc = self.rt.mover.first_write(table, &zeros, Some(memory))?;
             }
             // Kernels may write through the map: a move that copied the
-            // page before this launch does not commit.
-            entry.note_write();
+            // page before this launch does not commit, and its clean copy
+            // goes.
+            table.note_write(&mut entry);
             let address = match &entry.loc {
                 Resident { tier, slot } if *tier != Tier::Nvme => {
                     table.store(*tier).kernel_address(slot)

@@ -77,6 +77,7 @@ mod balance_pages;
 mod balancer;
 mod batch;
 mod buffer;
+mod clean;
 mod copy_device;
 mod copy_memory;
 mod copy_nvme;

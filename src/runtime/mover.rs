@@ -44,11 +44,12 @@ use std::time::{Duration, Instant};
 use super::accounting::Counters;
 use super::background::join;
 use super::batch;
+use super::clean;
 use super::lanes::{Counts, Job, Lane, Window, IN_LANE};
 use super::registry::Registry;
 use super::request::{Priority, Request, Room};
 use super::shared::Shared;
-use super::table::{lost, Lost, Table};
+use super::table::{lost, Loc, Lost, Table};
 use super::ticket::Ticket;
 use super::victims;
 use crate::error::{Error, ErrorKind, Result};
@@ -371,6 +372,16 @@ impl Engine {
         } = job;
         let wanted = |t: Tier| from.accepts(t);
         let mut result = batch::move_batched(&table, &pages, dst, &wanted);
+        // A full destination gives up its clean copies first: room with
+        // no I/O, and nothing lost.
+        if let Ok(full) = &result {
+            if !full.is_empty()
+                && clean::drop_copies(&self.tables, &self.shared, dst, full.len()) > 0
+            {
+                let full = full.clone();
+                result = batch::move_batched(&table, &full, dst, &wanted);
+            }
+        }
         // What does not fit gets room made for it, as a pin does: the
         // coldest pages of `dst` that this request does not cover are
         // demoted (a few rounds, as demotions may race other moves), then
@@ -484,6 +495,33 @@ impl Engine {
         moved
     }
 
+    /// Puts never-written page `p` of `table` in a slot (its lock held by
+    /// the caller; see `Table::first_write`): when every tier is full, the
+    /// clean copies in the tiers of `order` (placement order when `None`)
+    /// give up their slots, one per try (each one dropped is a write a
+    /// later demotion may need).
+    pub(crate) fn first_write(
+        &self,
+        table: &Table,
+        bytes: &[u8],
+        order: Option<&[Tier]>,
+    ) -> Result<Loc> {
+        loop {
+            match table.first_write(bytes, order) {
+                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
+                    let tiers = order.map_or_else(|| self.shared.tiers.list(), <[Tier]>::to_vec);
+                    let dropped = tiers.iter().any(|&t| {
+                        clean::drop_copies(&self.tables, &self.shared, t, 1) > 0
+                    });
+                    if !dropped {
+                        return Err(e);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Expands `room` into demotions: victims picked buffer by buffer
     /// (referenced pages get a second chance in a first pass, not in the
     /// second), each buffer's submitted batch by batch without waiting
@@ -491,11 +529,19 @@ impl Engine {
     /// first), then waited for together. Failed demotions go to `failed`
     /// (what, error). Returns how many pages moved, counted as reclaimed.
     pub(crate) fn make_room(&self, room: &Room<'_>, failed: &mut dyn FnMut(&str, Error)) -> usize {
-        let need = room.pages;
+        // Clean copies first: their room costs no I/O.
+        let dropped = clean::drop_copies(&self.tables, &self.shared, room.tier, room.pages);
+        let need = room.pages - dropped;
+        if need == 0 {
+            return dropped;
+        }
         let tables = self.tables.weak();
         let mut moved = 0;
         for second_chance in [true, false] {
             for table in &tables {
+                if moved >= need {
+                    break;
+                }
                 let Some(table) = table.upgrade() else {
                     continue;
                 };
@@ -527,7 +573,7 @@ impl Engine {
             }
         }
         Counters::add(&self.shared.counters().reclaimed_pages, moved as u64);
-        moved
+        dropped + moved
     }
 
     /// Moves the batches of `victims` out of `room.tier` to the first tier

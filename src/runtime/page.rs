@@ -10,8 +10,15 @@
 //! - a pinned page never moves: a move neither begins nor commits while a
 //!   pin covers the page (and a pin bumps the version, so a copy taken
 //!   before it does not commit after it ends either);
+//! - a clean copy is never served stale: a page promoted out of a slower
+//!   tier may keep its old slot there as a *clean copy*
+//!   ([`Entry::clean`]), which a demotion back to that tier takes instead
+//!   of writing ([`Entry::drop_to_clean`]); every write drops it first
+//!   ([`Entry::note_write`]), so it only ever holds the page's current
+//!   bytes, and the page's own slot always does;
 //! - a committed page is never lost: the entry owns exactly one slot from
-//!   commit to the next commit or clear; the only state without a slot is
+//!   commit to the next commit or clear (and at most one clean copy beside
+//!   it, which may be dropped at any time); the only state without a slot is
 //!   [`Lost`], entered by [`Entry::take_for_read`] while a read of its NVMe
 //!   slot is in flight under the lock, and left by
 //!   [`Entry::put_back`] or a commit when the read completes. A page stays
@@ -55,6 +62,36 @@ pub(crate) struct Entry<S = Slot> {
     /// and a separate promotion (see [`Entry::mark_promotion`]). Cleared
     /// when the page moves or is freed.
     pub(crate) promote_on_read: Option<Tier>,
+    /// A copy of the page's current bytes in a tier slower than the one it
+    /// is resident in: the slot it was promoted out of, kept until that
+    /// tier needs the room ([`take_clean`](Self::take_clean)), the page
+    /// is written ([`note_write`](Self::note_write)) or the page goes back
+    /// there ([`drop_to_clean`](Self::drop_to_clean), a demotion with no
+    /// copy). Only ever set while the page is resident.
+    pub(crate) clean: Option<(Tier, S)>,
+}
+
+/// Slots a transition let go of, for the caller to free: the page's old
+/// slot and a clean copy that is no longer of use.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "the slots must be freed"]
+pub(crate) struct Freed<S> {
+    pub(crate) old: Option<(Tier, S)>,
+    pub(crate) clean: Option<(Tier, S)>,
+}
+
+impl<S> Freed<S> {
+    fn none() -> Self {
+        Self {
+            old: None,
+            clean: None,
+        }
+    }
+
+    /// Every slot to free.
+    pub(crate) fn into_slots(self) -> impl Iterator<Item = (Tier, S)> {
+        self.old.into_iter().chain(self.clean)
+    }
 }
 
 /// A move begun by [`Entry::begin_move`]: what its commit checks.
@@ -74,6 +111,7 @@ impl<S> Default for Entry<S> {
             version: 0,
             referenced: false,
             promote_on_read: None,
+            clean: None,
         }
     }
 }
@@ -97,9 +135,38 @@ impl<S> Entry<S> {
 
     /// Records a change of the page's bytes (a write through the runtime,
     /// or a pin whose holder may write through its address): a move whose
-    /// copy was taken before it will not commit.
-    pub(crate) fn note_write(&mut self) {
+    /// copy was taken before it will not commit, and the clean copy (if
+    /// any) no longer matches, so it comes back for the caller to free —
+    /// before the write is acknowledged, so it is never served.
+    #[must_use = "a dropped clean copy must be freed"]
+    pub(crate) fn note_write(&mut self) -> Option<(Tier, S)> {
         self.version = self.version.wrapping_add(1);
+        self.clean.take()
+    }
+
+    /// Takes the clean copy, for its tier's room. The page keeps its own
+    /// slot, so nothing is lost.
+    pub(crate) fn take_clean(&mut self) -> Option<(Tier, S)> {
+        self.clean.take()
+    }
+
+    /// A demotion into the tier of the clean copy that needs no copy: the
+    /// page becomes resident in its clean copy, and its old slot comes back
+    /// for the caller to free. `None` (nothing changes) when the page is
+    /// pinned or has no clean copy in `dst`.
+    pub(crate) fn drop_to_clean(&mut self, dst: Tier) -> Option<(Tier, S)> {
+        if self.pins != 0 || !matches!(&self.clean, Some((t, _)) if *t == dst) {
+            return None;
+        }
+        let (tier, slot) = self.clean.take().expect("checked above");
+        let Resident { tier: old_tier, slot: old } =
+            std::mem::replace(&mut self.loc, Resident { tier, slot })
+        else {
+            unreachable!("a clean copy is only kept for a resident page")
+        };
+        self.version = self.version.wrapping_add(1);
+        self.promote_on_read = None;
+        Some((old_tier, old))
     }
 
     /// Whether the page may begin a move to `dst`: resident in another
@@ -120,16 +187,27 @@ impl<S> Entry<S> {
 
     /// Installs `fresh` (a slot of `dst` holding the copy taken at `begun`)
     /// if the page is as it was then — same tier, same version, unpinned —
-    /// and returns the old slot for the caller to free (or retire). When the
-    /// page changed meanwhile the move is abandoned and `fresh` comes back
-    /// as the error, for the caller to free.
-    pub(crate) fn commit(&mut self, begun: Begun, dst: Tier, fresh: S) -> Result<S, S> {
+    /// and returns the slots let go of for the caller to free (or retire).
+    /// When the page changed meanwhile the move is abandoned and `fresh`
+    /// comes back as the error, for the caller to free.
+    ///
+    /// With `keep` a promotion (into a faster tier) keeps the old slot as
+    /// the page's clean copy instead of letting it go, unless the page has
+    /// one already. A move into a tier at or below the clean copy's lets
+    /// the clean copy go too (it would be below the page's own slot).
+    pub(crate) fn commit(
+        &mut self,
+        begun: Begun,
+        dst: Tier,
+        fresh: S,
+        keep: bool,
+    ) -> Result<Freed<S>, S> {
         let unchanged =
             self.version == begun.version && self.pins == 0 && self.tier() == Some(begun.src);
         if !unchanged {
             return Err(fresh);
         }
-        let Resident { slot: old, .. } = std::mem::replace(
+        let Resident { tier: src, slot: old } = std::mem::replace(
             &mut self.loc,
             Resident {
                 tier: dst,
@@ -140,7 +218,16 @@ impl<S> Entry<S> {
         };
         self.version = self.version.wrapping_add(1);
         self.promote_on_read = None;
-        Ok(old)
+        let mut freed = Freed::none();
+        if matches!(&self.clean, Some((t, _)) if *t <= dst) {
+            freed.clean = self.clean.take();
+        }
+        if keep && dst < src && self.clean.is_none() {
+            self.clean = Some((src, old));
+        } else {
+            freed.old = Some((src, old));
+        }
+        Ok(freed)
     }
 
     /// Marks the page for promotion into `dst` at its next read, if it is
@@ -187,13 +274,14 @@ impl<S> Entry<S> {
     }
 
     /// Adds a pin: the page stays in its slot until [`unpin`](Self::unpin).
-    /// True for the page's first pin.
-    pub(crate) fn pin(&mut self) -> bool {
+    /// With `writable`, whoever holds the address may write through it: a
+    /// move that copied the page before this pin must not commit, and the
+    /// clean copy comes back for the caller to free (a read-only pin keeps
+    /// both: the bytes do not change). True for the page's first pin.
+    pub(crate) fn pin(&mut self, writable: bool) -> (bool, Option<(Tier, S)>) {
         self.pins += 1;
-        // Whoever holds the address may write through it: a move that
-        // copied the page before this pin must not commit.
-        self.note_write();
-        self.pins == 1
+        let stale = if writable { self.note_write() } else { None };
+        (self.pins == 1, stale)
     }
 
     /// Removes a pin; true when it was the last.
@@ -203,14 +291,15 @@ impl<S> Entry<S> {
         self.pins == 0
     }
 
-    /// Empties the entry (the buffer is freed): the slot it held, if any.
-    pub(crate) fn clear(&mut self) -> Option<(Tier, S)> {
-        self.note_write();
+    /// Empties the entry (the buffer is freed): the slots it held.
+    pub(crate) fn clear(&mut self) -> Freed<S> {
+        let clean = self.note_write();
         self.promote_on_read = None;
-        match std::mem::replace(&mut self.loc, Zero) {
+        let old = match std::mem::replace(&mut self.loc, Zero) {
             Resident { tier, slot } => Some((tier, slot)),
             Zero | Lost => None,
-        }
+        };
+        Freed { old, clean }
     }
 }
 
@@ -226,6 +315,13 @@ pub(crate) fn lost(p: usize) -> Error {
 mod tests {
     use super::*;
 
+    fn freed(tier: Tier, slot: u32) -> Freed<u32> {
+        Freed {
+            old: Some((tier, slot)),
+            clean: None,
+        }
+    }
+
     fn resident(tier: Tier, slot: u32) -> Entry<u32> {
         Entry {
             loc: Resident { tier, slot },
@@ -237,8 +333,8 @@ mod tests {
     fn a_write_after_the_copy_abandons_the_move() {
         let mut e = resident(Tier::Host, 1);
         let b = e.begin_move(Tier::Nvme, |_| true).unwrap();
-        e.note_write();
-        assert_eq!(e.commit(b, Tier::Nvme, 2), Err(2));
+        assert_eq!(e.note_write(), None);
+        assert_eq!(e.commit(b, Tier::Nvme, 2, false), Err(2));
         assert_eq!(
             e.loc,
             Resident {
@@ -252,14 +348,14 @@ mod tests {
     fn a_pinned_page_neither_begins_nor_commits_a_move() {
         let mut e = resident(Tier::Host, 1);
         let b = e.begin_move(Tier::Device, |_| true).unwrap();
-        assert!(e.pin());
+        assert_eq!(e.pin(true), (true, None));
         assert!(e.begin_move(Tier::Device, |_| true).is_none());
-        assert_eq!(e.commit(b, Tier::Device, 2), Err(2));
+        assert_eq!(e.commit(b, Tier::Device, 2, false), Err(2));
         // Unpinned again, the copy taken before the pin still does not commit.
         assert!(e.unpin());
-        assert_eq!(e.commit(b, Tier::Device, 3), Err(3));
+        assert_eq!(e.commit(b, Tier::Device, 3, false), Err(3));
         let b = e.begin_move(Tier::Device, |_| true).unwrap();
-        assert_eq!(e.commit(b, Tier::Device, 4), Ok(1));
+        assert_eq!(e.commit(b, Tier::Device, 4, false), Ok(freed(Tier::Host, 1)));
         assert_eq!(
             e.loc,
             Resident {
@@ -288,7 +384,7 @@ mod tests {
         e.put_back(b, slot);
         let (b, slot) = e.take_for_read().unwrap();
         e.put_back(b, slot);
-        assert_eq!(e.commit(b, Tier::Host, 8), Ok(7));
+        assert_eq!(e.commit(b, Tier::Host, 8, false), Ok(freed(Tier::Nvme, 7)));
         assert_eq!(e.tier(), Some(Tier::Host));
     }
 
@@ -301,16 +397,16 @@ mod tests {
         assert_eq!(e.take_promotion(), None, "taken once");
         // A pinned page keeps no mark a read would act on.
         assert!(e.mark_promotion(Tier::Host, |_| true));
-        e.pin();
+        let _ = e.pin(true);
         assert_eq!(e.take_promotion(), None);
         e.unpin();
         // A committed move clears it, and so does freeing the page.
         assert!(e.mark_promotion(Tier::Host, |_| true));
         let b = e.begin_move(Tier::Cxl, |_| true).unwrap();
-        assert_eq!(e.commit(b, Tier::Cxl, 2), Ok(1));
+        assert_eq!(e.commit(b, Tier::Cxl, 2, false), Ok(freed(Tier::Nvme, 1)));
         assert_eq!(e.promote_on_read, None);
         assert!(e.mark_promotion(Tier::Host, |_| true));
-        e.clear();
+        let _ = e.clear();
         assert_eq!(e.promote_on_read, None);
         assert!(!e.mark_promotion(Tier::Host, |_| true), "nothing to move");
     }
@@ -323,13 +419,21 @@ mod tests {
         slots: [u32; 4],
     }
 
+    /// Frees `slot` in the model: it must hold something.
+    fn free_slot(m: &mut Model, slot: u32) {
+        assert_ne!(m.slots[slot as usize], 0, "double free");
+        m.slots[slot as usize] = 0;
+    }
+
     /// A mover that copies the page under its lock and commits after
     /// taking the lock again (as a demotion to NVMe does, with the write in
-    /// between), into slot `fresh` of `dst`.
+    /// between), into slot `fresh` of `dst`; with `keep`, a promotion keeps
+    /// the old slot as the clean copy.
     fn spawn_mover(
         page: &loom::sync::Arc<loom::sync::Mutex<Model>>,
         dst: Tier,
         fresh: u32,
+        keep: bool,
     ) -> loom::thread::JoinHandle<()> {
         let page = page.clone();
         loom::thread::spawn(move || {
@@ -342,11 +446,14 @@ mod tests {
             };
             let mut m = page.lock().unwrap();
             m.slots[fresh as usize] = content;
-            let free = match m.entry.commit(begun, dst, fresh) {
-                Ok(old) | Err(old) => old,
-            };
-            assert_ne!(m.slots[free as usize], 0, "double free");
-            m.slots[free as usize] = 0;
+            match m.entry.commit(begun, dst, fresh, keep) {
+                Ok(freed) => {
+                    for (_, s) in freed.into_slots() {
+                        free_slot(&mut m, s);
+                    }
+                }
+                Err(fresh) => free_slot(&mut m, fresh),
+            }
         })
     }
 
@@ -359,18 +466,25 @@ mod tests {
             let mut m = page.lock().unwrap();
             let s = *m.entry.slot().unwrap() as usize;
             m.slots[s] = value;
-            m.entry.note_write();
+            if let Some((_, clean)) = m.entry.note_write() {
+                free_slot(&mut m, clean);
+            }
         })
     }
 
     /// After every thread ended: the page holds `value` in a slot of its
-    /// own, and every other slot was freed.
+    /// own (and in its clean copy, if it kept one), and every other slot
+    /// was freed.
     fn check_end(page: &loom::sync::Mutex<Model>, value: u32) {
         let m = page.lock().unwrap();
         let own = *m.entry.slot().expect("a committed page is never lost") as usize;
         assert_eq!(m.slots[own], value, "the write was lost");
+        let clean = m.entry.clean.as_ref().map(|(_, s)| *s as usize);
+        if let Some(c) = clean {
+            assert_eq!(m.slots[c], value, "the clean copy is stale");
+        }
         for (i, &c) in m.slots.iter().enumerate() {
-            assert!(i == own || c == 0, "slot {i} leaked");
+            assert!(i == own || Some(i) == clean || c == 0, "slot {i} leaked");
         }
     }
 
@@ -389,13 +503,13 @@ mod tests {
         loom::model(|| {
             let page = start(resident(Tier::Host, 0));
             let writer = spawn_writer(&page, 2);
-            let mover = spawn_mover(&page, Tier::Nvme, 1);
+            let mover = spawn_mover(&page, Tier::Nvme, 1, false);
             let pinner = {
                 let page = page.clone();
                 loom::thread::spawn(move || {
                     let held = {
                         let mut m = page.lock().unwrap();
-                        m.entry.pin();
+                        let _ = m.entry.pin(true);
                         *m.entry.slot().unwrap()
                     };
                     let mut m = page.lock().unwrap();
@@ -417,8 +531,8 @@ mod tests {
     fn loom_racing_moves_commit_at_most_once_per_copy() {
         loom::model(|| {
             let page = start(resident(Tier::Host, 0));
-            let a = spawn_mover(&page, Tier::Cxl, 1);
-            let b = spawn_mover(&page, Tier::Nvme, 2);
+            let a = spawn_mover(&page, Tier::Cxl, 1, false);
+            let b = spawn_mover(&page, Tier::Nvme, 2, false);
             let w = spawn_writer(&page, 5);
             a.join().unwrap();
             b.join().unwrap();
@@ -448,8 +562,10 @@ mod tests {
                         m.slots[1] = content;
                         // The bug: commit whatever the page's version now.
                         begun.version = m.entry.version;
-                        let old = m.entry.commit(begun, Tier::Nvme, 1).unwrap();
-                        m.slots[old as usize] = 0;
+                        let freed = m.entry.commit(begun, Tier::Nvme, 1, false).unwrap();
+                        for (_, s) in freed.into_slots() {
+                            m.slots[s as usize] = 0;
+                        }
                     })
                 };
                 writer.join().unwrap();
@@ -460,6 +576,163 @@ mod tests {
         assert!(
             found.is_err(),
             "loom explored no interleaving that loses the write"
+        );
+    }
+
+    #[test]
+    fn a_promotion_keeps_its_clean_copy_until_a_write_or_a_demotion_back() {
+        let mut e = resident(Tier::Nvme, 1);
+        let b = e.begin_move(Tier::Host, |_| true).unwrap();
+        // Kept: nothing to free, the NVMe slot is the clean copy.
+        assert_eq!(
+            e.commit(b, Tier::Host, 2, true),
+            Ok(Freed {
+                old: None,
+                clean: None
+            })
+        );
+        assert_eq!(e.clean, Some((Tier::Nvme, 1)));
+        // Further up, the copy in the slowest tier stays, the host slot goes.
+        let b = e.begin_move(Tier::Device, |_| true).unwrap();
+        assert_eq!(e.commit(b, Tier::Device, 3, true), Ok(freed(Tier::Host, 2)));
+        assert_eq!(e.clean, Some((Tier::Nvme, 1)));
+        // Back down with no copy: the device slot comes back to be freed.
+        assert_eq!(e.drop_to_clean(Tier::Host), None, "no clean copy in host");
+        let v = e.version;
+        assert_eq!(e.drop_to_clean(Tier::Nvme), Some((Tier::Device, 3)));
+        assert_eq!(
+            e.loc,
+            Resident {
+                tier: Tier::Nvme,
+                slot: 1
+            }
+        );
+        assert_ne!(e.version, v, "a demotion is a move: copies begun before it do not commit");
+        assert_eq!(e.clean, None);
+        // A write drops the copy before it can be served.
+        let b = e.begin_move(Tier::Host, |_| true).unwrap();
+        let _ = e.commit(b, Tier::Host, 4, true).unwrap();
+        assert_eq!(e.note_write(), Some((Tier::Nvme, 1)));
+        assert_eq!(e.drop_to_clean(Tier::Nvme), None);
+        // A read-only pin keeps the copy, a writable one drops it, and a
+        // pinned page never drops to its copy.
+        let mut e = resident(Tier::Nvme, 1);
+        let b = e.begin_move(Tier::Host, |_| true).unwrap();
+        let _ = e.commit(b, Tier::Host, 2, true).unwrap();
+        assert_eq!(e.pin(false), (true, None));
+        assert_eq!(e.drop_to_clean(Tier::Nvme), None, "pinned");
+        assert_eq!(e.pin(true), (false, Some((Tier::Nvme, 1))));
+        // Freeing the page gives back both slots.
+        let mut e = resident(Tier::Cxl, 1);
+        let b = e.begin_move(Tier::Host, |_| true).unwrap();
+        let _ = e.commit(b, Tier::Host, 2, true).unwrap();
+        let slots: Vec<_> = e.clear().into_slots().collect();
+        assert_eq!(slots, vec![(Tier::Host, 2), (Tier::Cxl, 1)]);
+        // A move below the copy drops it: it would be slower than the page.
+        let mut e = resident(Tier::Cxl, 1);
+        let b = e.begin_move(Tier::Host, |_| true).unwrap();
+        let _ = e.commit(b, Tier::Host, 2, true).unwrap();
+        let b = e.begin_move(Tier::Nvme, |_| true).unwrap();
+        assert_eq!(
+            e.commit(b, Tier::Nvme, 3, true),
+            Ok(Freed {
+                old: Some((Tier::Host, 2)),
+                clean: Some((Tier::Cxl, 1))
+            })
+        );
+    }
+
+    /// A thread that demotes the page back to its clean copy (no copy) and
+    /// frees the slot it left.
+    fn spawn_clean_demoter(
+        page: &loom::sync::Arc<loom::sync::Mutex<Model>>,
+    ) -> loom::thread::JoinHandle<()> {
+        let page = page.clone();
+        loom::thread::spawn(move || {
+            let mut m = page.lock().unwrap();
+            if let Some((_, old)) = m.entry.drop_to_clean(Tier::Nvme) {
+                free_slot(&mut m, old);
+            }
+        })
+    }
+
+    /// A thread that takes the clean copy for its tier's room.
+    fn spawn_room_maker(
+        page: &loom::sync::Arc<loom::sync::Mutex<Model>>,
+    ) -> loom::thread::JoinHandle<()> {
+        let page = page.clone();
+        loom::thread::spawn(move || {
+            let mut m = page.lock().unwrap();
+            if let Some((_, clean)) = m.entry.take_clean() {
+                free_slot(&mut m, clean);
+            }
+        })
+    }
+
+    /// Clean copies under every interleaving: a promotion that keeps its
+    /// NVMe copy, a write and a demotion back to the copy race. The page
+    /// ends holding the write (a stale copy is never served after it), and
+    /// every slot but the page's own and its clean copy is freed once.
+    #[test]
+    fn loom_a_stale_clean_copy_is_never_served_after_a_write() {
+        loom::model(|| {
+            let page = start(resident(Tier::Nvme, 0));
+            let mover = spawn_mover(&page, Tier::Host, 1, true);
+            let writer = spawn_writer(&page, 2);
+            let demoter = spawn_clean_demoter(&page);
+            mover.join().unwrap();
+            writer.join().unwrap();
+            demoter.join().unwrap();
+            check_end(&page, 2);
+        });
+    }
+
+    /// The NVMe tier takes the copy for room while the page is promoted
+    /// and demoted back to it: whichever comes first, the page is never
+    /// lost and no slot leaks or is freed twice.
+    #[test]
+    fn loom_a_page_whose_clean_copy_was_dropped_is_never_lost() {
+        loom::model(|| {
+            let page = start(resident(Tier::Nvme, 0));
+            let mover = spawn_mover(&page, Tier::Host, 1, true);
+            let demoter = spawn_clean_demoter(&page);
+            let room = spawn_room_maker(&page);
+            mover.join().unwrap();
+            demoter.join().unwrap();
+            room.join().unwrap();
+            check_end(&page, 1);
+        });
+    }
+
+    /// A model that must fail: a write that keeps the clean copy (the bug
+    /// `note_write` exists for) lets a demotion serve the stale copy in
+    /// some interleaving, and loom finds it.
+    #[test]
+    fn loom_finds_the_stale_copy_of_a_write_that_keeps_it() {
+        let found = std::panic::catch_unwind(|| {
+            loom::model(|| {
+                let page = start(resident(Tier::Nvme, 0));
+                let mover = spawn_mover(&page, Tier::Host, 1, true);
+                let writer = {
+                    let page = page.clone();
+                    loom::thread::spawn(move || {
+                        let mut m = page.lock().unwrap();
+                        let s = *m.entry.slot().unwrap() as usize;
+                        m.slots[s] = 2;
+                        // The bug: the version moves, the copy stays.
+                        m.entry.version = m.entry.version.wrapping_add(1);
+                    })
+                };
+                let demoter = spawn_clean_demoter(&page);
+                mover.join().unwrap();
+                writer.join().unwrap();
+                demoter.join().unwrap();
+                check_end(&page, 2);
+            })
+        });
+        assert!(
+            found.is_err(),
+            "loom explored no interleaving that serves the stale copy"
         );
     }
 }

@@ -26,7 +26,24 @@ impl Buffer {
     /// Writes through the runtime still reach pinned pages, in place, while
     /// whoever holds the addresses (a kernel, a C caller) may be using them:
     /// ordering the two is the caller's job, as for any shared buffer.
+    ///
+    /// Whoever holds the addresses may write through them, so the pages'
+    /// clean copies in slower tiers are dropped (see [`pin_read`](Self::pin_read)).
     pub fn pin(&self, range: Range<u64>, tier: Tier) -> Result<Pin<'_>> {
+        self.pin_with(range, tier, true)
+    }
+
+    /// [`pin`](Self::pin) for a holder that only reads through the
+    /// addresses (weights a kernel reads, an expert's matrices): the pages'
+    /// clean copies in slower tiers stay valid, so demoting them later
+    /// needs no copy. Writing through these addresses is a contract
+    /// violation the runtime cannot see: a later demotion would bring back
+    /// the bytes as they were before the write.
+    pub fn pin_read(&self, range: Range<u64>, tier: Tier) -> Result<Pin<'_>> {
+        self.pin_with(range, tier, false)
+    }
+
+    fn pin_with(&self, range: Range<u64>, tier: Tier, writable: bool) -> Result<Pin<'_>> {
         let pages = self.table.page_range(&range)?;
         let store = self
             .rt()
@@ -67,9 +84,10 @@ impl Buffer {
             };
             pin.addresses
                 .push(store.address(slot).expect("memory tiers are addressable"));
-            // Whoever holds the address may write through it: a move that
-            // copied the page before this pin does not commit.
-            if entry.pin() {
+            // Whoever holds a writable pin's address may write through it:
+            // a move that copied the page before it does not commit, and
+            // the clean copy goes.
+            if self.table.pin_entry(&mut entry, writable) {
                 self.rt().acct.pinned[tier as usize].fetch_add(1, Ordering::Relaxed);
             }
             // The guard now covers this page (and unpins it on drop, also
@@ -129,7 +147,8 @@ impl Buffer {
                 }
                 Resident { tier: t, .. } => *t,
                 Lost => return Err(lost(p)),
-                Zero => match self.table.first_write(
+                Zero => match self.engine().first_write(
+                    &self.table,
                     zeros.get_or_init(|| vec![0; self.rt().page_size()]),
                     Some(&[tier]),
                 ) {
@@ -203,7 +222,16 @@ impl Buffer {
     /// buffer alive (the C ABI's handle tables): the guard holds a
     /// reference to the buffer, which therefore lives until the guard drops.
     pub fn pin_owned(self: &Arc<Self>, range: Range<u64>, tier: Tier) -> Result<OwnedPin> {
-        let mut pin = self.pin(range, tier)?;
+        self.own(self.pin(range, tier)?)
+    }
+
+    /// [`pin_read`](Self::pin_read) with an owned guard, as
+    /// [`pin_owned`](Self::pin_owned).
+    pub fn pin_read_owned(self: &Arc<Self>, range: Range<u64>, tier: Tier) -> Result<OwnedPin> {
+        self.own(self.pin_read(range, tier)?)
+    }
+
+    fn own(self: &Arc<Self>, mut pin: Pin<'_>) -> Result<OwnedPin> {
         // The owned guard takes the pinned pages over; the borrowed one is
         // left covering none, so its drop unpins nothing.
         let pages = std::mem::replace(&mut pin.pages, 0..0);
@@ -211,7 +239,7 @@ impl Buffer {
         Ok(OwnedPin {
             buffer: self.clone(),
             pages,
-            tier,
+            tier: pin.tier,
             addresses,
         })
     }

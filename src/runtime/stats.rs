@@ -23,6 +23,10 @@ pub struct TierStats {
     pub free_pages: u32,
     /// Pages pinned here.
     pub pinned_pages: u64,
+    /// Of `used_pages`, clean copies: slots holding the current bytes of a
+    /// page resident in a faster tier, freed with no I/O when this tier
+    /// needs the room.
+    pub clean_copies: u64,
     /// Whether the tier is emulated or simulated.
     pub emulated: bool,
 }
@@ -56,6 +60,17 @@ pub struct Stats {
     pub reclaimed_pages: u64,
     /// Pages queued or moving in the mover.
     pub in_flight_moves: u64,
+    /// Promotions that kept the page's copy in the slower tier as a clean
+    /// copy (valid until that tier needs the room or the page is written).
+    pub clean_kept: u64,
+    /// Demotions that needed no write: the page went back to its clean
+    /// copy (not in `moves`, which counts pages copied).
+    pub clean_demotions: u64,
+    /// Clean copies freed for their tier's room.
+    pub clean_dropped: u64,
+    /// Clean copies freed because their page was written (or pinned
+    /// writable), before the write was acknowledged.
+    pub clean_invalidated: u64,
     /// Balancer: pages promoted into the fastest tier (device memory, or
     /// host DRAM without a device tier).
     pub promotions: u64,
@@ -139,6 +154,7 @@ pub(crate) fn collect(inner: &Inner) -> Stats {
                 used_pages: s.used_pages(),
                 free_pages: s.capacity_pages().saturating_sub(s.used_pages()),
                 pinned_pages: rt.acct.pinned[s.tier() as usize].load(Ordering::Relaxed),
+                clean_copies: rt.acct.clean_copies(s.tier()),
                 emulated: s.emulated(),
             })
             .collect(),
@@ -154,6 +170,10 @@ pub(crate) fn collect(inner: &Inner) -> Stats {
         faults: Counters::get(&c.faults),
         reclaimed_pages: Counters::get(&c.reclaimed_pages),
         in_flight_moves: inner.mover.in_flight(),
+        clean_kept: Counters::get(&c.clean_kept),
+        clean_demotions: Counters::get(&c.clean_demotions),
+        clean_dropped: Counters::get(&c.clean_dropped),
+        clean_invalidated: Counters::get(&c.clean_invalidated),
         promotions: Counters::get(&c.promotions),
         promotions_on_read: Counters::get(&c.promotions_on_read),
         demotions: Counters::get(&c.demotions),

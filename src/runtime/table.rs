@@ -100,6 +100,8 @@ pub(crate) struct Table {
     pub(crate) map: Mutex<Option<Arc<MapShared>>>,
     /// The reclaimer's clock hand.
     pub(crate) hand: AtomicUsize,
+    /// Where the last search for clean copies to drop stopped.
+    pub(crate) clean_hand: AtomicUsize,
     /// Whether the pages' promise was given back (by `clear`).
     released: AtomicBool,
     /// Per-page access counts since the last harvest (see `hotness`).
@@ -125,6 +127,7 @@ impl Table {
             launches: Mutex::new(Launches::default()),
             map: Mutex::new(None),
             hand: AtomicUsize::new(0),
+            clean_hand: AtomicUsize::new(0),
             released: AtomicBool::new(false),
             counters: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             scores: Mutex::new(vec![0.0; pages as usize]),
@@ -263,11 +266,12 @@ impl Table {
     }
 
     /// Commits a move begun at `begun`, the one commit of every copy
-    /// path: installs `fresh` (see [`Entry::commit`]), frees or retires
-    /// the old slot, and points the device map at the page's new home.
-    /// `Ok(true)` when the old slot was retired (it keeps the move's
-    /// reservation); `Err(fresh)` when the page changed since the copy (the
-    /// move is abandoned: the caller frees `fresh`).
+    /// path: installs `fresh` (see [`Entry::commit`]), keeps the old slot
+    /// as the page's clean copy (a promotion, while no kernel launch may
+    /// read the old slot) or frees or retires it, and points the device map
+    /// at the page's new home. `Ok(true)` when the old slot was retired (it
+    /// keeps the move's reservation); `Err(fresh)` when the page changed
+    /// since the copy (the move is abandoned: the caller frees `fresh`).
     pub(crate) fn commit(
         &self,
         p: usize,
@@ -276,10 +280,83 @@ impl Table {
         dst: Tier,
         fresh: Slot,
     ) -> std::result::Result<bool, Slot> {
-        let old = entry.commit(begun, dst, fresh)?;
-        let retired = self.free_old(begun.src, old);
+        // During a launch a promoted page's old slot is retired, never
+        // kept: kernels may still read it, so it must not be dropped.
+        let keep = !self.launches.lock().any();
+        let had_clean = entry.clean.is_some();
+        let freed = entry.commit(begun, dst, fresh, keep)?;
+        if !had_clean && entry.clean.is_some() {
+            self.rt.acct.clean_kept(begun.src);
+        }
+        if let Some((tier, slot)) = freed.clean {
+            // A demotion at or below its copy: the copy is of no use.
+            self.rt.acct.clean_released(tier);
+            self.free(tier, slot);
+        }
+        let retired = match freed.old {
+            Some((tier, old)) => self.free_old(tier, old),
+            None => false,
+        };
         self.remap(p, entry);
         Ok(retired)
+    }
+
+    /// A demotion of page `p` into `dst` that needs no copy: the page goes
+    /// back to its clean copy there, and its old slot is freed. False (and
+    /// nothing changes) when it has none in `dst`, is pinned, or a launch
+    /// may read it.
+    pub(crate) fn demote_to_clean(&self, p: usize, entry: &mut Entry, dst: Tier) -> bool {
+        let Some(src) = entry.tier() else {
+            return false;
+        };
+        if !matches!(&entry.clean, Some((t, _)) if *t == dst) || !self.may_move(src, dst) {
+            return false;
+        }
+        let Some((tier, old)) = entry.drop_to_clean(dst) else {
+            return false;
+        };
+        self.rt.acct.clean_released(dst);
+        Counters::add(&self.rt.counters().clean_demotions, 1);
+        self.free(tier, old);
+        self.remap(p, entry);
+        true
+    }
+
+    /// Records a change of page `p`'s bytes ([`Entry::note_write`]): its
+    /// clean copy, if any, is freed before the write is acknowledged.
+    pub(crate) fn note_write(&self, entry: &mut Entry) {
+        if let Some((tier, slot)) = entry.note_write() {
+            self.release_clean(tier, slot);
+            Counters::add(&self.rt.counters().clean_invalidated, 1);
+        }
+    }
+
+    /// Adds a pin to `entry` ([`Entry::pin`]); a writable pin frees the
+    /// clean copy. True for the page's first pin.
+    pub(crate) fn pin_entry(&self, entry: &mut Entry, writable: bool) -> bool {
+        let (first, stale) = entry.pin(writable);
+        if let Some((tier, slot)) = stale {
+            self.release_clean(tier, slot);
+            Counters::add(&self.rt.counters().clean_invalidated, 1);
+        }
+        first
+    }
+
+    /// Takes page `entry`'s clean copy in `tier` for the tier's room; true
+    /// when there was one. The page keeps its own slot.
+    pub(crate) fn drop_clean(&self, entry: &mut Entry, tier: Tier) -> bool {
+        if !matches!(&entry.clean, Some((t, _)) if *t == tier) {
+            return false;
+        }
+        let (tier, slot) = entry.take_clean().expect("checked above");
+        self.release_clean(tier, slot);
+        Counters::add(&self.rt.counters().clean_dropped, 1);
+        true
+    }
+
+    fn release_clean(&self, tier: Tier, slot: Slot) {
+        self.rt.acct.clean_released(tier);
+        self.free(tier, slot);
     }
 
     /// [`commit`](Self::commit) of a copy taken with the page's lock held
@@ -386,7 +463,11 @@ impl Table {
             if self.launches.lock().any() {
                 return;
             }
-            if let Some((tier, slot)) = entry.clear() {
+            let freed = entry.clear();
+            if let Some((tier, _)) = &freed.clean {
+                self.rt.acct.clean_released(*tier);
+            }
+            for (tier, slot) in freed.into_slots() {
                 self.free(tier, slot);
             }
         }
@@ -412,7 +493,11 @@ impl Drop for Table {
         let retired = std::mem::take(&mut self.launches.get_mut().retired);
         self.free_retired(retired);
         for entry in self.pages.iter_mut() {
-            if let Resident { tier, slot } = std::mem::replace(&mut entry.get_mut().loc, Zero) {
+            let freed = entry.get_mut().clear();
+            if let Some((tier, _)) = &freed.clean {
+                self.rt.acct.clean_released(*tier);
+            }
+            for (tier, slot) in freed.into_slots() {
                 self.rt.free(tier, slot);
             }
         }
