@@ -338,7 +338,11 @@ impl ExpertCache {
 /// range must lie on pages adjacent in device memory (see addresses; a
 /// range within one page always does). Tensors so made hold their own pins
 /// of the pages: drop them before releasing the slot, or the cache cannot
-/// evict those pages and a later fetch may find no free slot.
+/// evict those pages and a later fetch may find no free slot. The tensors
+/// are for reading: the expert's copy in host memory stays valid while it
+/// is on the device, so evicting it moves nothing, and a write through
+/// such a tensor would be lost at the next eviction (write the expert's
+/// buffer instead).
 #[pyclass(module = "strata", frozen)]
 pub(crate) struct ExpertSlot {
     layer: u32,
@@ -437,7 +441,7 @@ impl ExpertSlot {
         let dt = dlpack::dtype(dtype)?;
         strata_ffi::dlpack_elements(r.start, r.end - r.start, dt).map_err(raise)?;
         let pin = py
-            .detach(|| self.buf.pin_owned(r.clone(), Tier::Device))
+            .detach(|| self.buf.pin_read_owned(r.clone(), Tier::Device))
             .map_err(raise)?;
         Ok(Pin::new(&self.buffer(), pin, r, dtype, dt))
     }

@@ -761,9 +761,12 @@ impl ExpertCache {
 
     /// The expert in device memory, pinned until the guard drops. Blocks
     /// only if it is not resident yet (a miss: evict a victim, move it) or
-    /// its prefetch is still in flight.
+    /// its prefetch is still in flight. The pin is for reading
+    /// ([`Buffer::pin_read`]): the expert's copy in host memory stays valid,
+    /// so evicting it again moves nothing. Change an expert's weights
+    /// through its buffer's `write`, never through the pinned address.
     pub fn fetch(&self, layer: u32, expert: u32) -> Result<ExpertPin<'_>> {
-        self.fetch_with(layer, expert, |b| b.pin(0..b.len(), Tier::Device))
+        self.fetch_with(layer, expert, |b| b.pin_read(0..b.len(), Tier::Device))
             .map(|(index, pin)| ExpertPin {
                 cache: self,
                 index,
@@ -778,12 +781,14 @@ impl ExpertCache {
         layer: u32,
         expert: u32,
     ) -> Result<OwnedExpertPin> {
-        self.fetch_with(layer, expert, |b| b.pin_owned(0..b.len(), Tier::Device))
-            .map(|(index, pin)| OwnedExpertPin {
-                cache: self.clone(),
-                index,
-                pin,
-            })
+        self.fetch_with(layer, expert, |b| {
+            b.pin_read_owned(0..b.len(), Tier::Device)
+        })
+        .map(|(index, pin)| OwnedExpertPin {
+            cache: self.clone(),
+            index,
+            pin,
+        })
     }
 
     /// The bookkeeping of a fetch; `pin` pins the expert's buffer.

@@ -357,7 +357,15 @@ impl Buffer {
                 },
             )
         };
-        let pages: Vec<usize> = pages.collect();
+        // Pages with a clean copy in `tier` go back to it here, under their
+        // locks: no copy, so nothing for the engine to schedule.
+        let pages: Vec<usize> = pages
+            .filter(|&p| {
+                let mut entry = self.table.pages[p].lock();
+                let above = entry.tier().is_some_and(|t| t < tier);
+                !(above && self.table.demote_to_clean(p, &mut entry, tier))
+            })
+            .collect();
         let mut full = demote(pages.clone(), tier)?;
         // A move abandoned because its page changed meanwhile (a write, or
         // background eviction moving it first) left the page above `tier`:

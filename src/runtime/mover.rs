@@ -510,9 +510,9 @@ impl Engine {
             match table.first_write(bytes, order) {
                 Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
                     let tiers = order.map_or_else(|| self.shared.tiers.list(), <[Tier]>::to_vec);
-                    let dropped = tiers.iter().any(|&t| {
-                        clean::drop_copies(&self.tables, &self.shared, t, 1) > 0
-                    });
+                    let dropped = tiers
+                        .iter()
+                        .any(|&t| clean::drop_copies(&self.tables, &self.shared, t, 1) > 0);
                     if !dropped {
                         return Err(e);
                     }

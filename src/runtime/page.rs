@@ -159,8 +159,10 @@ impl<S> Entry<S> {
             return None;
         }
         let (tier, slot) = self.clean.take().expect("checked above");
-        let Resident { tier: old_tier, slot: old } =
-            std::mem::replace(&mut self.loc, Resident { tier, slot })
+        let Resident {
+            tier: old_tier,
+            slot: old,
+        } = std::mem::replace(&mut self.loc, Resident { tier, slot })
         else {
             unreachable!("a clean copy is only kept for a resident page")
         };
@@ -207,13 +209,17 @@ impl<S> Entry<S> {
         if !unchanged {
             return Err(fresh);
         }
-        let Resident { tier: src, slot: old } = std::mem::replace(
+        let Resident {
+            tier: src,
+            slot: old,
+        } = std::mem::replace(
             &mut self.loc,
             Resident {
                 tier: dst,
                 slot: fresh,
             },
-        ) else {
+        )
+        else {
             unreachable!("checked resident")
         };
         self.version = self.version.wrapping_add(1);
@@ -355,7 +361,10 @@ mod tests {
         assert!(e.unpin());
         assert_eq!(e.commit(b, Tier::Device, 3, false), Err(3));
         let b = e.begin_move(Tier::Device, |_| true).unwrap();
-        assert_eq!(e.commit(b, Tier::Device, 4, false), Ok(freed(Tier::Host, 1)));
+        assert_eq!(
+            e.commit(b, Tier::Device, 4, false),
+            Ok(freed(Tier::Host, 1))
+        );
         assert_eq!(
             e.loc,
             Resident {
@@ -607,7 +616,10 @@ mod tests {
                 slot: 1
             }
         );
-        assert_ne!(e.version, v, "a demotion is a move: copies begun before it do not commit");
+        assert_ne!(
+            e.version, v,
+            "a demotion is a move: copies begun before it do not commit"
+        );
         assert_eq!(e.clean, None);
         // A write drops the copy before it can be served.
         let b = e.begin_move(Tier::Host, |_| true).unwrap();

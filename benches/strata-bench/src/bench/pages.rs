@@ -226,6 +226,10 @@ pub struct PagesResult {
     pub p99_us: f64,
     /// Bytes the process read from the disk meanwhile (`/proc/self/io`).
     pub disk_bytes_read: u64,
+    /// Bytes the process wrote to the disk meanwhile (`/proc/self/io`):
+    /// 0 is the target for these read-only traces.
+    #[serde(default)]
+    pub disk_bytes_written: u64,
     /// Share of reads served from DRAM: strata's fast tier; the page
     /// cache's reads without a major fault; foyer's in-memory hits.
     pub fast_tier_hit_rate: f64,
@@ -392,15 +396,37 @@ pub fn bound(seq: &[u32], dram: u64, data_pages: u64) -> Bound {
     }
 }
 
-/// Bytes this process has read from block devices (`/proc/self/io`).
-pub fn disk_read_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/io")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("read_bytes:")?.trim().parse().ok())
-        })
-        .unwrap_or(0)
+/// Bytes this process has read from and written to block devices
+/// (`/proc/self/io`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiskIo {
+    pub read: u64,
+    pub written: u64,
+}
+
+impl DiskIo {
+    /// The counts now.
+    pub fn now() -> Self {
+        let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+        let field = |name: &str| {
+            io.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        Self {
+            read: field("read_bytes:"),
+            written: field("write_bytes:"),
+        }
+    }
+
+    /// What was read and written since `self`.
+    pub fn since(self) -> Self {
+        let now = Self::now();
+        Self {
+            read: now.read.saturating_sub(self.read),
+            written: now.written.saturating_sub(self.written),
+        }
+    }
 }
 
 /// Latencies (ns) → (p50, p99) in µs.
@@ -499,7 +525,7 @@ pub fn finish(
     trial: usize,
     tally: ThreadTally,
     seconds: f64,
-    disk: u64,
+    disk: DiskIo,
     lost: u64,
     note: String,
 ) -> PagesResult {
@@ -511,7 +537,8 @@ pub fn finish(
         ops_per_sec: ops / seconds.max(1e-9),
         p50_us,
         p99_us,
-        disk_bytes_read: disk,
+        disk_bytes_read: disk.read,
+        disk_bytes_written: disk.written,
         fast_tier_hit_rate: tally.fast as f64 / ops.max(1.0),
         wrong_reads: tally.wrong,
         lost,
@@ -564,7 +591,7 @@ pub fn run_strata(
     let min = balancer.min_accesses;
     let on_read = balancer.promote_on_read;
     rt.start_balancer(balancer)?;
-    let disk0 = disk_read_bytes();
+    let disk0 = DiskIo::now();
     let cxl_reads = std::sync::atomic::AtomicU64::new(0);
     let (tally, seconds) = drive(p, seq, &|| Ok(()), &|_, page, off, out| {
         let tier = buf.tier_of(page as usize)?;
@@ -575,12 +602,12 @@ pub fn run_strata(
         Ok(tier == Some(Tier::Host))
     })?;
     let cxl_reads = cxl_reads.into_inner();
-    let disk = disk_read_bytes() - disk0;
+    let disk = disk0.since();
     rt.stop_balancer();
     rt.check()?;
     let s = rt.stats();
     let note = format!(
-        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}, promotions from NVMe {}: {} promotions ({} by reads), {} demotions{}",
+        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}, promotions from NVMe {}: {} promotions ({} by reads), {} demotions, {} back to their clean copy with no write{}",
         p.dram_pages(),
         p.cxl
             .map(|c| format!(", emulated CXL {} pages", c / ps as u64))
@@ -593,6 +620,7 @@ pub fn run_strata(
         s.promotions,
         s.promotions_on_read,
         s.demotions,
+        s.clean_demotions,
         p.cxl
             .map(|_| format!(
                 "; {:.1}% of reads served from CXL (DRAM or CXL: {:.1}%)",
@@ -724,9 +752,9 @@ pub fn run_os_child(spec: &ChildSpec) -> Result<PagesResult> {
         }
         Ok(())
     };
-    let disk0 = disk_read_bytes();
+    let disk0 = DiskIo::now();
     let (mut tally, seconds) = drive(p, &seq, &join, &read)?;
-    let disk = disk_read_bytes() - disk0;
+    let disk = disk0.since();
     let faults = major_faults() - faults0;
     let ops = tally.latencies.len() as u64;
     tally.fast = ops.saturating_sub(faults);

@@ -14,9 +14,7 @@ use foyer::{
     BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder, Source,
 };
 
-use super::pages::{
-    data_file, disk_read_bytes, drive, open_direct, read_source, PagesParams, PagesResult,
-};
+use super::pages::{data_file, drive, open_direct, read_source, PagesParams, PagesResult};
 use strata::error::{Error, ErrorKind, Result};
 use strata::io::AlignedBuf;
 
@@ -58,7 +56,7 @@ pub(super) fn run(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
     let (from_disk, refetched) = (AtomicU64::new(0), AtomicU64::new(0));
     let ps = p.page_size;
     let handle = runtime.handle().clone();
-    let disk0 = disk_read_bytes();
+    let disk0 = super::pages::DiskIo::now();
     let run = drive(p, seq, &|| Ok(()), &|_, page, off, out| {
         let q = page as u32;
         let (file, params) = (source.clone(), p.clone());
@@ -84,7 +82,7 @@ pub(super) fn run(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
         debug_assert_eq!(entry.value().len(), ps);
         Ok(false)
     });
-    let disk = disk_read_bytes() - disk0;
+    let disk = disk0.since();
     let closed = runtime.block_on(cache.close());
     drop(cache);
     let _ = std::fs::remove_dir_all(&dir);

@@ -169,26 +169,28 @@ fn print(r: &PagesReport) -> Result<(), Error> {
     );
     outln!("real DRAM and disk ({}); no device tier", p.path.display());
     outln!(
-        "{:<10} {:>5} {:>12} {:>9} {:>9} {:>11} {:>9} {:>6} {:>5}",
+        "{:<10} {:>5} {:>12} {:>9} {:>9} {:>11} {:>11} {:>9} {:>6} {:>5}",
         "config",
         "trial",
         "ops/s",
         "p50",
         "p99",
         "disk read",
+        "disk write",
         "DRAM hit",
         "wrong",
         "lost"
     );
     for x in &r.results {
         outln!(
-            "{:<10} {:>5} {:>12.0} {:>7.1}µs {:>7.1}µs {:>11} {:>8.1}% {:>6} {:>5}",
+            "{:<10} {:>5} {:>12.0} {:>7.1}µs {:>7.1}µs {:>11} {:>11} {:>8.1}% {:>6} {:>5}",
             x.config,
             x.trial,
             x.ops_per_sec,
             x.p50_us,
             x.p99_us,
             format_size(x.disk_bytes_read),
+            format_size(x.disk_bytes_written),
             100.0 * x.fast_tier_hit_rate,
             x.wrong_reads,
             x.lost
