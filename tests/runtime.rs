@@ -1250,3 +1250,33 @@ fn clean_copies_give_their_room_to_the_tier_that_needs_it() {
     b.read(0, &mut out).unwrap();
     assert_eq!(out, more);
 }
+
+#[test]
+fn promotions_count_as_paid_when_their_page_is_read_before_it_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 32);
+    let b = rt
+        .alloc_with(4 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    let data = pattern(5, 1, 4 * PAGE);
+    b.write(0, &data).unwrap();
+    b.prefetch(0..b.len(), Tier::Device).wait().unwrap();
+    // Two of the four are read in device memory, then all leave.
+    let mut out = vec![0; 10];
+    b.read(3, &mut out).unwrap();
+    b.read(2 * PAGE as u64, &mut out).unwrap();
+    let s = rt.stats();
+    assert_eq!(
+        (s.promotions_paid, s.promotions_unpaid),
+        (0, 0),
+        "none left yet"
+    );
+    b.evict(0..b.len(), Tier::Host).unwrap();
+    let s = rt.stats();
+    assert_eq!((s.promotions_paid, s.promotions_unpaid), (2, 2));
+    // Back up and out again unread: two more that did not pay.
+    b.prefetch(0..2 * PAGE as u64, Tier::Device).wait().unwrap();
+    b.evict(0..b.len(), Tier::Host).unwrap();
+    let s = rt.stats();
+    assert_eq!((s.promotions_paid, s.promotions_unpaid), (2, 4));
+}

@@ -259,7 +259,8 @@ impl Runtime {
     /// "clean_copies", "emulated"), "reserved_pages", "moves",
     /// "failed_moves", "first_writes", "abandoned_moves", "faults",
     /// "reclaimed_pages", "in_flight_moves", "clean_kept",
-    /// "clean_demotions", "clean_dropped", "clean_invalidated", "promotions", "promotions_on_read", "demotions",
+    /// "clean_demotions", "clean_dropped", "clean_invalidated", "promotions",
+    /// "promotions_paid", "promotions_unpaid", "promotions_held_back", "promotions_on_read", "demotions",
     /// "bypasses", "lost_count_readbacks", "lost_pages", "background_errors",
     /// "device_links", "links", "engine" (the migration engine's batches
     /// and mean queueing time per priority).

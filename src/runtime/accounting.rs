@@ -47,6 +47,12 @@ pub(crate) struct Counters {
     pub(crate) lost_pages: AtomicU64,
     /// Slots a store refused to take back.
     pub(crate) failed_frees: AtomicU64,
+    /// Promotions into the fastest tier whose page was accessed there
+    /// before it left, and those whose page left without an access.
+    pub(crate) promotions_paid: AtomicU64,
+    pub(crate) promotions_unpaid: AtomicU64,
+    /// Balancer promotions held back: their buffer's did not pay.
+    pub(crate) held_back: AtomicU64,
     /// Promotions that kept the page's old slot as its clean copy.
     pub(crate) clean_kept: AtomicU64,
     /// Demotions that needed no copy: the page went back to its clean copy.

@@ -179,4 +179,8 @@ pub struct BalanceReport {
     /// ([`BalancerConfig::promote_on_read`]); a read that carries one out
     /// counts in [`Stats::promotions`](crate::runtime::Stats::promotions).
     pub marked: u64,
+    /// Promotions held back because their buffer's recent promotions did
+    /// not pay (most left the fastest tier with no access) and the page
+    /// showed no reuse across rounds: it is served where it is.
+    pub held_back: u64,
 }

@@ -25,6 +25,18 @@
 //! ([`BalancerConfig::promote_on_read`]): the balancer marks the page, and
 //! the read that finds the mark starts its move.
 //!
+//! Every move pays for itself or is not made again: the runtime records,
+//! per buffer, whether each page promoted into the fastest tier was
+//! accessed there before it left (`Stats::promotions_paid`, `_unpaid`).
+//! When most of a buffer's recent promotions did not pay (under 40% of at
+//! least [`PAYBACK_WINDOW`] settled), its pages are promoted only once
+//! they show reuse across rounds — an access in an earlier round still in
+//! their decayed score, GMT's reuse prediction in its simplest form — and
+//! the rest are served where they are; above 60% (or after
+//! [`PAYBACK_PROBE`] rounds with too few promotions to tell) the buffer is
+//! promoted freely again. BFS frontiers, read once per level, stop being
+//! promoted; the arrays every level reads keep theirs.
+//!
 //! Each policy sees one access per touched page per interval, repeated up to
 //! [`BalancerConfig::repeat`] times (default [`MAX_REPEAT`](super::MAX_REPEAT)) for pages
 //! counted more often, coldest first, so the hottest pages are also the
@@ -56,6 +68,54 @@ use crate::hotness::HarvestParams;
 use crate::policy::{self, Outcome, Policy};
 use crate::tier::Tier;
 
+/// Promotions settled (left the fastest tier) before a buffer's payback
+/// is judged.
+pub(crate) const PAYBACK_WINDOW: u64 = 16;
+/// Rounds a buffer held to reused pages waits, with too few promotions
+/// settling to judge, before it is promoted freely again (a probe).
+pub(crate) const PAYBACK_PROBE: u32 = 32;
+
+/// A buffer's recent payback: promotions settled since its last
+/// judgement, and the judgement.
+#[derive(Debug, Default)]
+struct Payback {
+    /// The buffer's counts at the last round.
+    seen: (u64, u64),
+    /// Settled since the last judgement: paid, unpaid.
+    window: (u64, u64),
+    /// Only pages showing reuse are promoted.
+    strict: bool,
+    /// Rounds strict without a judgement.
+    quiet: u32,
+}
+
+impl Payback {
+    /// Takes in the buffer's counts now and judges when enough settled.
+    fn update(&mut self, paid: u64, unpaid: u64) {
+        let (dp, du) = (paid - self.seen.0, unpaid - self.seen.1);
+        self.seen = (paid, unpaid);
+        self.window.0 += dp;
+        self.window.1 += du;
+        let settled = self.window.0 + self.window.1;
+        if settled >= PAYBACK_WINDOW {
+            let ratio = self.window.0 as f64 / settled as f64;
+            if ratio < 0.4 {
+                self.strict = true;
+            } else if ratio > 0.6 {
+                self.strict = false;
+            }
+            self.window = (0, 0);
+            self.quiet = 0;
+        } else if self.strict {
+            self.quiet += 1;
+            if self.quiet >= PAYBACK_PROBE {
+                self.strict = false;
+                self.quiet = 0;
+            }
+        }
+    }
+}
+
 /// What a round works with.
 struct Round<'a> {
     engine: &'a Engine,
@@ -64,6 +124,8 @@ struct Round<'a> {
     by_id: &'a ById<'a>,
     /// Each touched page's count this round.
     count: &'a HashMap<u64, u32>,
+    /// Touched pages with accesses in earlier rounds too.
+    reused: &'a HashSet<u64>,
     page_size: f64,
 }
 
@@ -164,6 +226,8 @@ pub(crate) struct Balancer {
     /// Pages (ids) marked for promotion into the fastest tier at their
     /// next read, not read yet.
     marked: HashSet<u64>,
+    /// Per buffer (by number), its promotions' recent payback.
+    payback: HashMap<u32, Payback>,
 }
 
 impl Balancer {
@@ -212,6 +276,7 @@ impl Balancer {
             link_budget: [0.0; 16],
             topped: Instant::now(),
             marked: HashSet::new(),
+            payback: HashMap::new(),
         })
     }
 
@@ -285,8 +350,16 @@ impl Balancer {
         let tables = engine.tables().live();
         let by_id: ById<'_> = tables.iter().map(|t| (t.id, t)).collect();
 
-        // 1. What was touched, with counts.
-        let touched = self.touched(rt, &tables);
+        // 1. What was touched, with counts; each buffer's payback.
+        let mut reused = HashSet::new();
+        let touched = self.touched(rt, &tables, &mut reused);
+        self.payback.retain(|id, _| by_id.contains_key(id));
+        for t in &tables {
+            self.payback.entry(t.id).or_default().update(
+                t.paid.load(Ordering::Relaxed),
+                t.unpaid.load(Ordering::Relaxed),
+            );
+        }
 
         // 2. Every level's policy decides (the prefetches since the last
         // round as hints, then the accesses); the last decision per page
@@ -312,6 +385,7 @@ impl Balancer {
             tables: &tables,
             by_id: &by_id,
             count: &count,
+            reused: &reused,
             page_size: rt.page_size() as f64,
         };
 
@@ -328,14 +402,26 @@ impl Balancer {
         Counters::add(&c.promotions, report.promotions);
         Counters::add(&c.demotions, report.demotions);
         Counters::add(&c.bypasses, report.bypasses);
+        Counters::add(&c.held_back, report.held_back);
         report
     }
 
     /// What was touched since the last round: (count, page id), counted at
     /// least `min_accesses` times (scaled for sampling), coldest first.
-    fn touched(&self, rt: &Shared, tables: &[Arc<Table>]) -> Vec<(u32, u64)> {
+    /// Pages whose decayed score still holds an access from the last few
+    /// rounds go to `reused` too.
+    fn touched(
+        &self,
+        rt: &Shared,
+        tables: &[Arc<Table>],
+        reused: &mut HashSet<u64>,
+    ) -> Vec<(u32, u64)> {
         let mut touched: Vec<(u32, u64)> = Vec::new();
+        let scale = (1u64 << rt.sample_shift.unwrap_or(0)) as f32;
+        // One access four rounds back, decayed.
+        let memory = scale * self.config.decay.powi(4);
         for t in tables {
+            let first = touched.len();
             let params = HarvestParams {
                 decay: self.config.decay,
                 k: 0,
@@ -348,8 +434,17 @@ impl Balancer {
                 &mut scores,
                 &|_| false,
                 params,
-                &mut |p, c| touched.push((c, id | p)),
+                &mut |p, c| {
+                    t.note_access(p as usize);
+                    touched.push((c, id | p))
+                },
             );
+            for &(c, page) in &touched[first..] {
+                let prior = scores[(page & 0xffff_ffff) as usize] - c as f32 * scale;
+                if prior >= memory * 0.999 {
+                    reused.insert(page);
+                }
+            }
         }
         let scale = 1u64 << rt.sample_shift.unwrap_or(0);
         let min = self.config.min_accesses;
@@ -396,6 +491,17 @@ impl Balancer {
             .collect();
         r.hottest_first(&mut promote);
         promote.retain(|p| !self.marked.contains(p));
+        // A buffer whose promotions have not been paying: only pages that
+        // show reuse come up.
+        let before = promote.len();
+        promote.retain(|p| {
+            let strict = self
+                .payback
+                .get(&((p >> 32) as u32))
+                .is_some_and(|g| g.strict);
+            !strict || r.reused.contains(p)
+        });
+        report.held_back += (before - promote.len()) as u64;
         // Room below the high watermark (marks hold theirs): strangers
         // leave first.
         let used = r.used(fast) + self.marked.len();
@@ -547,5 +653,43 @@ impl Drop for BalancerThread {
             t.thread().unpark();
             join(t);
         }
+    }
+}
+
+#[cfg(test)]
+mod payback_tests {
+    use super::{Payback, PAYBACK_PROBE, PAYBACK_WINDOW};
+
+    #[test]
+    fn a_buffer_whose_promotions_do_not_pay_is_held_to_reused_pages_until_they_do() {
+        let mut g = Payback::default();
+        // Too few settled to judge: free.
+        g.update(1, 2);
+        assert!(!g.strict);
+        // A window of mostly unpaid promotions: strict.
+        g.update(1, 2 + PAYBACK_WINDOW);
+        assert!(g.strict);
+        // In between 40% and 60%: the judgement stands.
+        g.update(
+            1 + PAYBACK_WINDOW / 2,
+            2 + PAYBACK_WINDOW + PAYBACK_WINDOW / 2,
+        );
+        assert!(g.strict);
+        // Paying again: free.
+        g.update(
+            1 + 2 * PAYBACK_WINDOW,
+            2 + PAYBACK_WINDOW + PAYBACK_WINDOW / 2,
+        );
+        assert!(!g.strict);
+        // Strict, then quiet for the probe's rounds: free again to look.
+        let (p, u) = g.seen;
+        g.update(p, u + PAYBACK_WINDOW);
+        assert!(g.strict);
+        for _ in 0..PAYBACK_PROBE - 1 {
+            g.update(p, u + PAYBACK_WINDOW);
+        }
+        assert!(g.strict);
+        g.update(p, u + PAYBACK_WINDOW);
+        assert!(!g.strict, "probed");
     }
 }

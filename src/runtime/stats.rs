@@ -78,6 +78,18 @@ pub struct Stats {
     /// marked, moved whole by their next read (see
     /// [`BalancerConfig::promote_on_read`](crate::runtime::BalancerConfig::promote_on_read)).
     pub promotions_on_read: u64,
+    /// Promotions into the fastest tier (by anyone: the balancer, a
+    /// prefetch, a pin) whose page was accessed there before it left: the
+    /// move paid. Accesses are those the runtime counts (reads, writes, a
+    /// kernel's counted accesses, sampled as the counters are).
+    pub promotions_paid: u64,
+    /// Promotions into the fastest tier whose page left it again with no
+    /// access: the move did not pay. Pages still there are in neither.
+    pub promotions_unpaid: u64,
+    /// Balancer: promotions held back because the buffer's recent
+    /// promotions did not pay and the page showed no reuse across rounds
+    /// (it is served where it is).
+    pub promotions_held_back: u64,
     /// Balancer: pages demoted out of the fastest tier.
     pub demotions: u64,
     /// Balancer: touched pages left in place (served zero-copy).
@@ -177,6 +189,9 @@ pub(crate) fn collect(inner: &Inner) -> Stats {
         promotions: Counters::get(&c.promotions),
         promotions_on_read: Counters::get(&c.promotions_on_read),
         demotions: Counters::get(&c.demotions),
+        promotions_paid: Counters::get(&c.promotions_paid),
+        promotions_held_back: Counters::get(&c.held_back),
+        promotions_unpaid: Counters::get(&c.promotions_unpaid),
         bypasses: Counters::get(&c.bypasses),
         device_links: device.map(|d| d.link_stats()),
         links: Tier::ALL

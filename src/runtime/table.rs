@@ -14,7 +14,7 @@
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,7 +108,22 @@ pub(crate) struct Table {
     pub(crate) counters: Box<[AtomicU32]>,
     /// Per-page decayed scores, updated by harvests.
     pub(crate) scores: Mutex<Vec<f32>>,
+    /// Per page, whether its promotion into the fastest tier has paid:
+    /// [`UNPROMOTED`], [`AWAITING`] (promoted, no access since) or
+    /// [`PAID`] (accessed there since); settled when it leaves.
+    payback: Box<[AtomicU8]>,
+    /// Promotions into the fastest tier of this buffer that earned at
+    /// least one access before the page left, and those that did not.
+    pub(crate) paid: AtomicU64,
+    pub(crate) unpaid: AtomicU64,
 }
+
+/// A page not promoted into the fastest tier (or settled since).
+const UNPROMOTED: u8 = 0;
+/// Promoted into the fastest tier, not accessed there yet.
+const AWAITING: u8 = 1;
+/// Promoted, and accessed there since: the move paid.
+const PAID: u8 = 2;
 
 impl Table {
     pub(crate) fn new(
@@ -131,6 +146,35 @@ impl Table {
             released: AtomicBool::new(false),
             counters: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             scores: Mutex::new(vec![0.0; pages as usize]),
+            payback: (0..pages).map(|_| AtomicU8::new(UNPROMOTED)).collect(),
+            paid: AtomicU64::new(0),
+            unpaid: AtomicU64::new(0),
+        }
+    }
+
+    /// Page `p` moved from `src` to `dst`: a promotion into the fastest
+    /// tier starts waiting for its payback, a departure from it settles.
+    fn note_payback(&self, p: usize, src: Tier, dst: Tier) {
+        let fast = self.rt.tiers.fastest();
+        if dst == fast && src != fast {
+            self.payback[p].store(AWAITING, Ordering::Relaxed);
+        } else if src == fast && dst != fast {
+            let (counter, mine) = match self.payback[p].swap(UNPROMOTED, Ordering::Relaxed) {
+                PAID => (&self.rt.counters().promotions_paid, &self.paid),
+                AWAITING => (&self.rt.counters().promotions_unpaid, &self.unpaid),
+                _ => return,
+            };
+            Counters::add(counter, 1);
+            mine.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Page `p` was accessed (a read, a write, a kernel's counted access
+    /// harvested): a promotion waiting for its payback has it.
+    #[inline]
+    pub(crate) fn note_access(&self, p: usize) {
+        if self.payback[p].load(Ordering::Relaxed) == AWAITING {
+            self.payback[p].store(PAID, Ordering::Relaxed);
         }
     }
 
@@ -285,6 +329,7 @@ impl Table {
         let keep = !self.launches.lock().any();
         let had_clean = entry.clean.is_some();
         let freed = entry.commit(begun, dst, fresh, keep)?;
+        self.note_payback(p, begun.src, dst);
         if !had_clean && entry.clean.is_some() {
             self.rt.acct.clean_kept(begun.src);
         }
@@ -317,6 +362,7 @@ impl Table {
         };
         self.rt.acct.clean_released(dst);
         Counters::add(&self.rt.counters().clean_demotions, 1);
+        self.note_payback(p, src, dst);
         self.free(tier, old);
         self.remap(p, entry);
         true
@@ -448,6 +494,7 @@ impl Table {
     /// being recorded.
     #[inline]
     pub(crate) fn touch(&self, p: usize) {
+        self.note_access(p);
         crate::hotness::touch(&self.counters, p, self.rt.sample_shift);
         self.rt.trace.record(self.id, p);
     }

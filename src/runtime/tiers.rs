@@ -191,6 +191,14 @@ impl Tiers {
     }
 
     /// The configured tiers, fastest first.
+    /// The fastest configured tier.
+    pub(crate) fn fastest(&self) -> Tier {
+        self.stores()
+            .next()
+            .expect("a runtime has a host tier")
+            .tier()
+    }
+
     pub(crate) fn list(&self) -> Vec<Tier> {
         self.stores().map(|s| s.tier()).collect()
     }

@@ -187,6 +187,11 @@ pub struct ConfigResult {
     pub bytes_moved: Option<u64>,
     /// Median device hit rate.
     pub hit_rate: Option<f64>,
+    /// strata (simulated device): of its promotions into device memory over
+    /// every trial, (those whose page was accessed there before it left,
+    /// those that were not); settled at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promotions_paid: Option<(u64, u64)>,
     /// Every trial.
     pub trials: Vec<Trial>,
 }
@@ -451,7 +456,17 @@ pub fn run_on(
                 dump = Some(result);
             }
         }
-        results.push(summarize(config, params.algo, trials));
+        let mut result = summarize(config, params.algo, trials);
+        if config == Config::Strata {
+            // The pages still in device memory leave (uncharged), so every
+            // promotion is settled.
+            for b in tg.buffers().iter().flatten() {
+                b.evict(0..b.len(), strata::Tier::Host)?;
+            }
+            let s = tg.rt.stats();
+            result.promotions_paid = Some((s.promotions_paid, s.promotions_unpaid));
+        }
+        results.push(result);
     }
     progress("done", 1.0);
     Ok((
@@ -571,6 +586,7 @@ fn summarize(config: Config, algo: Algo, trials: Vec<Trial>) -> ConfigResult {
         teps: med_of(&|t| t.teps),
         bytes_moved: med_of(&|t| t.bytes_moved.map(|b| b as f64)).map(|b| b as u64),
         hit_rate: med_of(&|t| t.hit_rate),
+        promotions_paid: None,
         trials,
     }
 }

@@ -548,7 +548,8 @@ pub fn finish(
 }
 
 /// strata: DRAM (the fastest tier), emulated CXL if asked, NVMe below in
-/// `--path`; the data written page by page (not timed), then the reads
+/// `--path`; the data written page by page and evicted to NVMe, so strata
+/// starts cold as the peers do (not timed), then the reads
 /// with the balancer running at its defaults (`on_read`: with
 /// promotions from NVMe left to the pages' next reads, or not).
 pub fn run_strata(
@@ -576,6 +577,9 @@ pub fn run_strata(
         fill_page(p.seed, q, &mut page);
         buf.write(q * ps as u64, &page)?;
     }
+    // Cold, as the peers start: the data on disk, DRAM empty (the page
+    // cache's file is dropped from it, foyer's cache starts empty).
+    buf.evict(0..buf.len(), Tier::Nvme)?;
     let mut balancer = BalancerConfig::default().with_lower_levels(p.lower_levels);
     if let Some(m) = p.min_accesses {
         balancer = balancer.with_min_accesses(m);

@@ -257,6 +257,15 @@ fn print_table(r: &GraphReport) -> Result<(), Error> {
                 .map_or("-".into(), |h| format!("{:.1}%", 100.0 * h))
         );
     }
+    for c in &r.results {
+        if let Some((paid, unpaid)) = c.promotions_paid {
+            outln!(
+                "{}: {paid} of {} promotions into device memory paid (the page was accessed there before it left)",
+                c.config,
+                paid + unpaid
+            );
+        }
+    }
     for s in &r.skipped {
         outln!("skipped {s}");
     }
