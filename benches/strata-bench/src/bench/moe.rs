@@ -130,6 +130,11 @@ pub struct MoeResult {
     pub stall_seconds: f64,
     /// Bytes moved into device memory.
     pub bytes_moved: u64,
+    /// Bytes copied back out of device memory by evictions (the runtime's
+    /// device→host link traffic): 0 for unmodified experts, whose host
+    /// copies stay valid while they are on the device.
+    #[serde(default)]
+    pub bytes_written_back: u64,
     /// Prefetched and then used, over prefetched (0 without prefetch).
     pub prefetch_accuracy: f64,
     /// Prefetches started.
@@ -526,6 +531,11 @@ fn run_config(
         ready_rate: (s.hits - s.late_prefetch_hits) as f64 / s.fetches.max(1) as f64,
         stall_seconds: s.stall_seconds,
         bytes_moved: s.bytes_moved,
+        bytes_written_back: cache
+            .runtime()
+            .stats()
+            .device_links
+            .map_or(0, |(_, d2h)| d2h.bytes),
         prefetch_accuracy: s.prefetch_accuracy(),
         prefetches: s.prefetches,
         late_prefetch_hits: s.late_prefetch_hits,

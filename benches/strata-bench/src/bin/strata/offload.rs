@@ -128,26 +128,28 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         _ => "—".into(),
     };
     outln!(
-        "{:<9} {:>9} {:>9} {:>12} {:>8} {:>10} {:>10} {:>11} {:>8}",
+        "{:<9} {:>9} {:>9} {:>12} {:>8} {:>10} {:>11} {:>10} {:>11} {:>8}",
         "config",
         "hit rate",
         "ready",
         "stall",
         "÷lru",
         "moved",
+        "written back",
         "prefetch",
         "tokens/s",
         "wall"
     );
     for x in &r.results {
         outln!(
-            "{:<9} {:>8.1}% {:>8.1}% {:>10.3}ms {:>8} {:>10} {:>9.1}% {:>11.1} {:>7.2}s",
+            "{:<9} {:>8.1}% {:>8.1}% {:>10.3}ms {:>8} {:>10} {:>11} {:>9.1}% {:>11.1} {:>7.2}s",
             x.config,
             100.0 * x.hit_rate,
             100.0 * x.ready_rate,
             x.stall_seconds * 1e3,
             vs_lru(x.stall_seconds),
             format_size(x.bytes_moved),
+            format_size(x.bytes_written_back),
             100.0 * x.prefetch_accuracy,
             x.tokens_per_sec,
             x.wall_seconds
