@@ -96,7 +96,8 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
             .build()?;
         backend = rt.device_backend().map_or("none", |b| b.label());
         let buf = rt.alloc_with(bytes, Placement::Prefer(Tier::Host))?;
-        buf.write(0, &vec![0x5a; bytes as usize])?;
+        let fill = vec![0x5a; bytes as usize];
+        buf.write(0, &fill)?;
         let all = 0..bytes;
         let sim = backend == "simulated";
         // One untimed round trip through every tier first, so the timed
@@ -114,6 +115,10 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         let t = Instant::now();
         buf.prefetch(all.clone(), Tier::Device).wait()?;
         let wall_up = t.elapsed().as_secs_f64();
+        let up_links = links(&rt);
+        // Written on the device (untimed), so the way down copies: a page
+        // whose host copy is still clean would go back to it for free.
+        buf.write(0, &fill)?;
         let mid = links(&rt);
         let t = Instant::now();
         buf.evict(all.clone(), Tier::Host)?;
@@ -121,7 +126,10 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         let after = links(&rt);
         let (up, down) = if sim {
             (
-                rate(bytes, mid.0.modelled_seconds - before.0.modelled_seconds),
+                rate(
+                    bytes,
+                    up_links.0.modelled_seconds - before.0.modelled_seconds,
+                ),
                 rate(bytes, after.1.modelled_seconds - mid.1.modelled_seconds),
             )
         } else {
@@ -137,8 +145,8 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         } else {
             (
                 rate(
-                    mid.0.bytes - before.0.bytes,
-                    mid.0.wall_seconds - before.0.wall_seconds,
+                    up_links.0.bytes - before.0.bytes,
+                    up_links.0.wall_seconds - before.0.wall_seconds,
                 ),
                 rate(
                     after.1.bytes - mid.1.bytes,
@@ -163,8 +171,11 @@ pub fn run(params: &MigrateParams, progress: &mut dyn FnMut(&str, f64)) -> Resul
         // host <-> cxl (emulated: the cap is the link's limit).
         let cap = strata::lowlevel::local_memcpy_bandwidth()
             * strata::tier::CXL_DEFAULT_BANDWIDTH_FRACTION;
-        // Down to `tier` and back up to host, each timed.
+        // Down to `tier` and back up to host, each timed; written first
+        // (untimed) so the way down copies rather than going back to a
+        // clean copy.
         let round_trip = |tier: Tier| -> Result<(f64, f64)> {
+            buf.write(0, &fill)?;
             let t = Instant::now();
             buf.evict(all.clone(), tier)?;
             let down = rate(bytes, t.elapsed().as_secs_f64());
