@@ -1014,10 +1014,11 @@ fn views_lend_pinned_host_pages_as_slices() {
     assert!(b.view(0..1, Tier::Host).is_ok());
 }
 
-/// A prefetch into a full tier makes room as a pin does: the coldest pages
-/// outside its range are demoted (never a pinned one), and a range larger
-/// than the tier moves what fits, its ticket saying OutOfCapacity, with
-/// every page still readable.
+/// A prefetch into a full tier makes room as a pin does, but only among
+/// pages not referenced since the clock hand last passed: with nothing
+/// colder it is declined (its ticket says how many pages; nothing is
+/// demoted), and once the hand has passed it demotes the coldest pages
+/// outside its range (never a pinned one). Every page stays readable.
 #[test]
 fn prefetch_into_a_full_tier_makes_room() {
     let dir = tempfile::tempdir().unwrap();
@@ -1034,24 +1035,39 @@ fn prefetch_into_a_full_tier_makes_room() {
     let b_data = pattern(3, 4, 3 * PAGE);
     b.write(0, &b_data).unwrap();
     assert!((0..3).all(|p| b.tier_of(p).unwrap() == Some(Tier::Host)));
-    b.prefetch(0..b.len(), Tier::Device).wait().unwrap();
+    // a was just written: every victim is referenced, so the prefetch is
+    // declined and nothing moves.
+    let t = b.prefetch(0..b.len(), Tier::Device);
+    t.wait_timeout(std::time::Duration::MAX).unwrap().unwrap();
+    assert_eq!(t.declined(), 3);
+    assert_eq!(rt.stats().prefetches_declined, 3);
+    assert!((0..3).all(|p| b.tier_of(p).unwrap() == Some(Tier::Host)));
+    assert!((0..4).all(|p| a.tier_of(p).unwrap() == Some(Tier::Device)));
+    // The hand has passed a's pages since: now they are the coldest.
+    let t = b.prefetch(0..b.len(), Tier::Device);
+    t.wait_timeout(std::time::Duration::MAX).unwrap().unwrap();
+    assert_eq!(t.declined(), 0);
     assert!((0..3).all(|p| b.tier_of(p).unwrap() == Some(Tier::Device)));
     assert_eq!(a.tier_of(0).unwrap(), Some(Tier::Device), "pinned: stays");
     assert!((1..4).all(|p| a.tier_of(p).unwrap() > Some(Tier::Device)));
     assert!(rt.stats().reclaimed_pages >= 3);
     drop(pin);
-    // Larger than the tier: what fits moves, the ticket says the rest did not.
+    // Larger than the tier: at most the tier moves, the ticket declines the
+    // rest.
     let c = rt
         .alloc_with(6 * PAGE as u64, Placement::Prefer(Tier::Cxl))
         .unwrap();
     let c_data = pattern(5, 6, 6 * PAGE);
     c.write(0, &c_data).unwrap();
-    let e = c.prefetch(0..c.len(), Tier::Device).wait().unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
+    let t = c.prefetch(0..c.len(), Tier::Device);
+    t.wait_timeout(std::time::Duration::MAX).unwrap().unwrap();
     let on_device = (0..6)
         .filter(|&p| c.tier_of(p).unwrap() == Some(Tier::Device))
         .count();
-    assert_eq!(on_device, 4, "the device filled with c's pages");
+    // What did not move was declined (each batch of the request gets one
+    // turn of the clock hand), at least the two the tier cannot hold.
+    assert_eq!(on_device + t.declined(), 6, "{on_device} {}", t.declined());
+    assert!(t.declined() >= 2);
     for (buf, data) in [(&a, &a_data), (&b, &b_data), (&c, &c_data)] {
         let mut out = vec![0; data.len()];
         buf.read(0, &mut out).unwrap();
@@ -1131,6 +1147,11 @@ fn a_prefetch_reports_its_room_making_failures() {
     a.write(0, &da).unwrap();
     b.write(0, &db).unwrap();
     assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Nvme));
+    // a was just written: the first prefetch is declined; the clock hand
+    // has passed a's pages since, so the second must demote them.
+    let t = b.prefetch(0..b.len(), Tier::Host);
+    t.wait_timeout(std::time::Duration::MAX).unwrap().unwrap();
+    assert_eq!(t.declined(), 2);
     plan.fail_all(IoOp::Write, libc::EIO);
     let e = b.prefetch(0..b.len(), Tier::Host).wait().unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Io, "{e}");

@@ -51,6 +51,8 @@ pub(crate) struct Counters {
     /// before it left, and those whose page left without an access.
     pub(crate) promotions_paid: AtomicU64,
     pub(crate) promotions_unpaid: AtomicU64,
+    /// Prefetched pages declined: room only among pages valued more.
+    pub(crate) prefetches_declined: AtomicU64,
     /// Balancer promotions held back: their buffer's did not pay.
     pub(crate) held_back: AtomicU64,
     /// Promotions that kept the page's old slot as its clean copy.

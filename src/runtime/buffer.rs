@@ -413,13 +413,20 @@ impl Buffer {
     }
 
     /// Moves the pages of `range` into `tier` (up or down) in the
-    /// background and returns at once; the ticket carries the first error.
-    /// Where `tier` is full, room is made as [`pin`](Self::pin) makes it:
-    /// the coldest unpinned pages of `tier` outside `range` (of any buffer)
-    /// are demoted to slower tiers. When that cannot make enough room (a
-    /// range larger than the tier, the rest pinned or in a kernel launch,
-    /// the tiers below full) the pages that fit move, the ticket's error is
-    /// `OutOfCapacity`, and the others stay readable where they were.
+    /// background and returns at once (the caller's thread never evicts:
+    /// room is made by the engine's lanes); the ticket carries the first
+    /// error. Where `tier` is full, clean copies there are dropped first,
+    /// then the unpinned pages of `tier` outside `range` (of any buffer)
+    /// not referenced since the clock hand last passed are demoted to
+    /// slower tiers. Pages referenced since are valued more than a
+    /// prefetch: what would need them is declined — it stays readable
+    /// where it is, the request still succeeds, and
+    /// [`Ticket::declined`] and `Stats::prefetches_declined` count it (the
+    /// hand has passed those pages meanwhile: a later prefetch finds them
+    /// cold unless they are used again). When no page could make room at
+    /// all (the rest pinned or in a kernel launch, the tiers below full)
+    /// the pages that fit move, the ticket's error is `OutOfCapacity`, and
+    /// the others stay readable where they were.
     /// Pinned pages stay where they are pinned, and pages never written
     /// stay unmaterialized (neither is an error).
     pub fn prefetch(&self, range: Range<u64>, tier: Tier) -> Ticket {

@@ -31,7 +31,7 @@
 //!
 //! | layer | file | what |
 //! |-------|------|------|
-//! | state | `page.rs` | a page's entry and its transitions (begin move, commit, abandon, lose); no I/O; loom-checked |
+//! | state | `page.rs` | a page's entry and its transitions (begin move, commit, abandon, lose, keep and drop a clean copy); no I/O; loom-checked |
 //! | | `tiers.rs` | the tier stores, held by type ([`Watermarks`] too) |
 //! | | `accounting.rs` | capacity promised and held by moves, counters, pinned pages, link counters, buffer numbers |
 //! | | `background.rs` | failures of background work (counted, the first kept), panic catching, wake-ups, joins |
@@ -47,6 +47,7 @@
 //! | | `ticket.rs` | [`Ticket`]: the handle of an asynchronous request |
 //! | | `registry.rs` | every live buffer's page table |
 //! | | `victims.rs` | CLOCK choice of the pages room-making demotes |
+//! | | `clean.rs` | clean copies dropped for a tier's room, before any demotion |
 //! | | `lanes.rs` | the engine's lanes, queues and in-flight window |
 //! | engine | `mover.rs` | the migration engine: schedules every move, expands room-making into demotions itself |
 //! | users | `hints.rs` | what the balancer hears between rounds (prefetches, moves reads started) |

@@ -368,6 +368,7 @@ impl Engine {
             priority,
             room,
             full_is_error,
+            ticket,
             ..
         } = job;
         let wanted = |t: Tier| from.accepts(t);
@@ -387,7 +388,10 @@ impl Engine {
         // demoted (a few rounds, as demotions may race other moves), then
         // it moves.
         if let Some(protect) = &room {
-            for _ in 0..3 {
+            // A prefetch gets one turn of the clock hand: a second would
+            // take the pages whose second chance the first gave.
+            let rounds = if priority == Priority::Prefetch { 1 } else { 3 };
+            for _ in 0..rounds {
                 let full = match &result {
                     Ok(full) if !full.is_empty() => full.clone(),
                     _ => break,
@@ -423,6 +427,25 @@ impl Engine {
                 }
             }
         }
+        // A prefetch that found no room but in pages valued more than it
+        // (referenced since the hand last passed) is declined, not an
+        // error: counted, and its ticket says how many pages.
+        let result = match result {
+            Ok(full)
+                if priority == Priority::Prefetch
+                    && !full.is_empty()
+                    && room.is_some()
+                    && self.has_victims(dst, &table, room.as_ref()) =>
+            {
+                Counters::add(
+                    &self.shared.counters().prefetches_declined,
+                    full.len() as u64,
+                );
+                ticket.note_declined(full.len());
+                Ok(Vec::new())
+            }
+            other => other,
+        };
         let result = match result {
             Ok(full) if full_is_error && !full.is_empty() => Err(Error::new(
                 ErrorKind::OutOfCapacity,
@@ -438,6 +461,15 @@ impl Engine {
         // drops the buffer gets its slots and reservation back at once.
         drop(table);
         result
+    }
+
+    /// Whether `tier` holds any page room-making could demote for a
+    /// request of `table` protecting `protect`, referenced or not.
+    fn has_victims(&self, tier: Tier, table: &Table, protect: Option<&Range<usize>>) -> bool {
+        self.tables.live().iter().any(|t| {
+            let keep = protect.filter(|_| std::ptr::eq(&**t, table));
+            !victims::pick(t, tier, 1, false, keep, &HashSet::new()).is_empty()
+        })
     }
 
     /// Frees up to `pages` slots in `tier` for a move request into it (a
@@ -461,6 +493,7 @@ impl Engine {
             to: self.shared.tiers.below(tier),
             protect: Some((table, protect.clone())),
             priority,
+            take_referenced: priority != Priority::Prefetch,
         };
         let moved = self.make_room(&room, &mut |_, e| {
             if e.kind() != ErrorKind::OutOfCapacity {
@@ -489,6 +522,7 @@ impl Engine {
                 to: vec![Tier::Nvme],
                 protect: None,
                 priority: Priority::Demand,
+                take_referenced: true,
             };
             moved += self.make_room(&room, &mut |what, e| self.shared.note_background(what, e));
         }
@@ -537,7 +571,12 @@ impl Engine {
         }
         let tables = self.tables.weak();
         let mut moved = 0;
-        for second_chance in [true, false] {
+        let passes: &[bool] = if room.take_referenced {
+            &[true, false]
+        } else {
+            &[true]
+        };
+        for &second_chance in passes {
             for table in &tables {
                 if moved >= need {
                     break;
@@ -560,9 +599,16 @@ impl Engine {
                     if victims.is_empty() {
                         break;
                     }
+                    // Short: the hand went a whole turn. In the pass that
+                    // gives second chances, the pages it cleared keep
+                    // theirs for this request.
+                    let turned = victims.len() < n;
                     queued += victims.len();
                     taken.extend(victims.iter().copied());
                     pending.push(victims);
+                    if turned && second_chance {
+                        break;
+                    }
                 }
                 if !pending.is_empty() {
                     moved += self.demote(&table, pending, room, failed);

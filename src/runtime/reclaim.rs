@@ -92,6 +92,7 @@ pub(crate) fn pass(engine: &Engine) {
             to: rt.tiers.below(tier),
             protect: None,
             priority: Priority::Reclaim,
+            take_referenced: true,
         };
         engine.make_room(&room, &mut |what, e| rt.note_background(what, e));
     }

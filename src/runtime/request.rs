@@ -76,4 +76,8 @@ pub(crate) struct Room<'a> {
     /// Pages never picked: this range of this table (a request's own).
     pub(crate) protect: Option<(&'a Table, Range<usize>)>,
     pub(crate) priority: Priority,
+    /// Whether pages referenced since the clock hand last passed may be
+    /// taken too (in a second pass). Off for a prefetch: it is declined
+    /// rather than evict pages the policy values more than a guess.
+    pub(crate) take_referenced: bool,
 }

@@ -86,6 +86,10 @@ pub struct Stats {
     /// Promotions into the fastest tier whose page left it again with no
     /// access: the move did not pay. Pages still there are in neither.
     pub promotions_unpaid: u64,
+    /// Pages of prefetches declined: their tier was full, and making room
+    /// would have demoted pages referenced since the clock hand last
+    /// passed (see [`Ticket::declined`](super::Ticket::declined)).
+    pub prefetches_declined: u64,
     /// Balancer: promotions held back because the buffer's recent
     /// promotions did not pay and the page showed no reuse across rounds
     /// (it is served where it is).
@@ -191,6 +195,7 @@ pub(crate) fn collect(inner: &Inner) -> Stats {
         demotions: Counters::get(&c.demotions),
         promotions_paid: Counters::get(&c.promotions_paid),
         promotions_held_back: Counters::get(&c.held_back),
+        prefetches_declined: Counters::get(&c.prefetches_declined),
         promotions_unpaid: Counters::get(&c.promotions_unpaid),
         bypasses: Counters::get(&c.bypasses),
         device_links: device.map(|d| d.link_stats()),

@@ -23,6 +23,9 @@ struct Progress {
     /// Pages that found the destination full (synchronous callers decide
     /// what to do with them).
     full: Vec<usize>,
+    /// Pages of a prefetch declined: their room would have cost pages
+    /// valued more.
+    declined: usize,
 }
 
 /// The handle of an asynchronous request: `wait` for it, or `poll` it.
@@ -50,6 +53,20 @@ impl Ticket {
 
     pub(crate) fn add(&self) {
         self.state.inner.lock().open += 1;
+    }
+
+    /// `n` pages of the request were declined (see [`declined`](Self::declined)).
+    pub(crate) fn note_declined(&self, n: usize) {
+        self.state.inner.lock().declined += n;
+    }
+
+    /// Pages of a prefetch that were declined so far: the tier was full and
+    /// making room would have demoted pages referenced since the clock hand
+    /// last passed (pages valued more than a prefetch's guess). They stay
+    /// where they are, readable; the request still succeeds. 0 for any
+    /// other request.
+    pub fn declined(&self) -> usize {
+        self.state.inner.lock().declined
     }
 
     /// One batch finished; the first error is kept.

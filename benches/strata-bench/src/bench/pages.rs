@@ -611,7 +611,7 @@ pub fn run_strata(
     rt.check()?;
     let s = rt.stats();
     let note = format!(
-        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}, promotions from NVMe {}: {} promotions ({} by reads), {} demotions, {} back to their clean copy with no write{}",
+        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}, promotions from NVMe {}: {} promotions ({} by reads), {} demotions, {} back to their clean copy with no write; of the promotions settled, {} paid (read in DRAM before they left) and {} did not{}",
         p.dram_pages(),
         p.cxl
             .map(|c| format!(", emulated CXL {} pages", c / ps as u64))
@@ -625,6 +625,8 @@ pub fn run_strata(
         s.promotions_on_read,
         s.demotions,
         s.clean_demotions,
+        s.promotions_paid,
+        s.promotions_unpaid,
         p.cxl
             .map(|_| format!(
                 "; {:.1}% of reads served from CXL (DRAM or CXL: {:.1}%)",
