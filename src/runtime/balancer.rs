@@ -435,7 +435,7 @@ impl Balancer {
                 &|_| false,
                 params,
                 &mut |p, c| {
-                    t.note_access(p as usize);
+                    t.note_harvest(p as usize, c);
                     touched.push((c, id | p))
                 },
             );

@@ -322,6 +322,12 @@ impl Buffer {
     /// [`crate::hotness`]).
     pub fn harvest(&self, params: HarvestParams) -> Harvest {
         let mut scores = self.table.scores.lock();
+        // The counts about to be taken settle promotions waiting for their
+        // payback (see `Table::note_harvest`).
+        for (p, c) in self.table.counters.iter().enumerate() {
+            self.table
+                .note_harvest(p, c.load(std::sync::atomic::Ordering::Relaxed));
+        }
         let resident = |p: usize| self.table.pages[p].lock().tier() == Some(Tier::Device);
         crate::hotness::harvest(&self.table.counters, &mut scores, &resident, params)
     }

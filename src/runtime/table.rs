@@ -14,7 +14,7 @@
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -109,9 +109,11 @@ pub(crate) struct Table {
     /// Per-page decayed scores, updated by harvests.
     pub(crate) scores: Mutex<Vec<f32>>,
     /// Per page, whether its promotion into the fastest tier has paid:
-    /// [`UNPROMOTED`], [`AWAITING`] (promoted, no access since) or
-    /// [`PAID`] (accessed there since); settled when it leaves.
-    payback: Box<[AtomicU8]>,
+    /// [`UNPROMOTED`], [`PAID`] (accessed there since), or
+    /// `AWAITING + n`: promoted, not accessed since, when its access
+    /// counter read `n` (accesses counted before the promotion that no
+    /// harvest has taken yet). Settled when it leaves.
+    payback: Box<[AtomicU32]>,
     /// Promotions into the fastest tier of this buffer that earned at
     /// least one access before the page left, and those that did not.
     pub(crate) paid: AtomicU64,
@@ -119,11 +121,11 @@ pub(crate) struct Table {
 }
 
 /// A page not promoted into the fastest tier (or settled since).
-const UNPROMOTED: u8 = 0;
-/// Promoted into the fastest tier, not accessed there yet.
-const AWAITING: u8 = 1;
+const UNPROMOTED: u32 = 0;
 /// Promoted, and accessed there since: the move paid.
-const PAID: u8 = 2;
+const PAID: u32 = 1;
+/// Promoted, not accessed there yet; plus the counter's value then.
+const AWAITING: u32 = 2;
 
 impl Table {
     pub(crate) fn new(
@@ -146,35 +148,58 @@ impl Table {
             released: AtomicBool::new(false),
             counters: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             scores: Mutex::new(vec![0.0; pages as usize]),
-            payback: (0..pages).map(|_| AtomicU8::new(UNPROMOTED)).collect(),
+            payback: (0..pages).map(|_| AtomicU32::new(UNPROMOTED)).collect(),
             paid: AtomicU64::new(0),
             unpaid: AtomicU64::new(0),
         }
     }
 
     /// Page `p` moved from `src` to `dst`: a promotion into the fastest
-    /// tier starts waiting for its payback, a departure from it settles.
+    /// tier starts waiting for its payback, a departure from it settles
+    /// (accesses its counter took since the promotion count).
     fn note_payback(&self, p: usize, src: Tier, dst: Tier) {
         let fast = self.rt.tiers.fastest();
+        let count = || self.counters[p].load(Ordering::Relaxed);
         if dst == fast && src != fast {
-            self.payback[p].store(AWAITING, Ordering::Relaxed);
+            let awaiting = AWAITING.saturating_add(count());
+            self.payback[p].store(awaiting, Ordering::Relaxed);
         } else if src == fast && dst != fast {
-            let (counter, mine) = match self.payback[p].swap(UNPROMOTED, Ordering::Relaxed) {
-                PAID => (&self.rt.counters().promotions_paid, &self.paid),
-                AWAITING => (&self.rt.counters().promotions_unpaid, &self.unpaid),
-                _ => return,
+            let paid = match self.payback[p].swap(UNPROMOTED, Ordering::Relaxed) {
+                UNPROMOTED => return,
+                PAID => true,
+                awaiting => count() > awaiting - AWAITING,
+            };
+            let (counter, mine) = if paid {
+                (&self.rt.counters().promotions_paid, &self.paid)
+            } else {
+                (&self.rt.counters().promotions_unpaid, &self.unpaid)
             };
             Counters::add(counter, 1);
             mine.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Page `p` was accessed (a read, a write, a kernel's counted access
-    /// harvested): a promotion waiting for its payback has it.
+    /// Page `p` was accessed through the runtime (a read, a write): a
+    /// promotion waiting for its payback has it.
     #[inline]
     pub(crate) fn note_access(&self, p: usize) {
-        if self.payback[p].load(Ordering::Relaxed) == AWAITING {
+        if self.payback[p].load(Ordering::Relaxed) >= AWAITING {
             self.payback[p].store(PAID, Ordering::Relaxed);
+        }
+    }
+
+    /// A harvest took `count` accesses from page `p`'s counter (and reset
+    /// it): a promotion waiting for its payback has it if they are more
+    /// than the counter held at the promotion.
+    pub(crate) fn note_harvest(&self, p: usize, count: u32) {
+        let state = self.payback[p].load(Ordering::Relaxed);
+        if state >= AWAITING {
+            let next = if count > state - AWAITING {
+                PAID
+            } else {
+                AWAITING
+            };
+            self.payback[p].store(next, Ordering::Relaxed);
         }
     }
 
