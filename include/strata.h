@@ -1189,6 +1189,18 @@ int strata_ticket_poll(const struct strata_ticket *ticket);
 int strata_ticket_wait_timeout(const struct strata_ticket *ticket, uint64_t timeout_ns);
 
 /**
+ * Pages of a prefetch declined so far, into `*pages`: the tier was full and
+ * making room would have demoted pages referenced since the clock hand
+ * last passed. They stay readable where they are, and the request still
+ * succeeds (`strata_ticket_wait` returns `STRATA_OK`). 0 for any other
+ * request. Thread-safe.
+ *
+ * # Safety
+ * `pages` is NULL (an error) or points to writable memory for a `size_t`.
+ */
+int strata_ticket_declined(const struct strata_ticket *ticket, size_t *pages);
+
+/**
  * Frees a ticket (the request goes on). NULL is a no-op. Thread-safe.
  */
 int strata_ticket_free(struct strata_ticket *ticket);

@@ -79,6 +79,13 @@ public:
         auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
         return check(strata_ticket_wait_timeout(get(), ns < 0 ? 0 : static_cast<uint64_t>(ns))) == STRATA_OK;
     }
+    // Pages of a prefetch declined so far (its room would have demoted
+    // pages valued more); they stay readable where they are.
+    size_t declined() const {
+        size_t n = 0;
+        check(strata_ticket_declined(get(), &n));
+        return n;
+    }
 };
 
 class Pin : public Owned<strata_pin, strata_unpin> {

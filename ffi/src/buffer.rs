@@ -331,6 +331,27 @@ pub extern "C" fn strata_ticket_wait_timeout(
     })
 }
 
+/// Pages of a prefetch declined so far, into `*pages`: the tier was full and
+/// making room would have demoted pages referenced since the clock hand
+/// last passed. They stay readable where they are, and the request still
+/// succeeds (`strata_ticket_wait` returns `STRATA_OK`). 0 for any other
+/// request. Thread-safe.
+///
+/// # Safety
+/// `pages` is NULL (an error) or points to writable memory for a `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_ticket_declined(
+    ticket: *const strata_ticket,
+    pages: *mut usize,
+) -> c_int {
+    boundary("strata_ticket_declined", || {
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out(pages, "pages") }?;
+        out.set(objects::get(ticket)?.declined());
+        Ok(STRATA_OK)
+    })
+}
+
 /// Frees a ticket (the request goes on). NULL is a no-op. Thread-safe.
 #[no_mangle]
 pub extern "C" fn strata_ticket_free(ticket: *mut strata_ticket) -> c_int {

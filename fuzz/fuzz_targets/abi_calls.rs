@@ -317,6 +317,9 @@ fuzz_target!(|input: Input| {
             Op::Poll { t } => {
                 if let Some(tk) = pick(&tickets, t) {
                     st(strata_ticket_poll(tk));
+                    let mut declined = 0usize;
+                    // SAFETY: a writable size_t.
+                    st(unsafe { strata_ticket_declined(tk, &mut declined) });
                 }
             }
             Op::WaitTimeout { t, ns } => {

@@ -236,6 +236,14 @@ impl Ticket {
         self.ticket.poll().is_some()
     }
 
+    /// Pages of a prefetch declined so far: the tier was full and making
+    /// room would have demoted pages referenced since the clock hand last
+    /// passed. They stay readable where they are; wait() still succeeds.
+    #[getter]
+    fn declined(&self) -> usize {
+        self.ticket.declined()
+    }
+
     fn __repr__(&self) -> String {
         let state = if self.done() { "done" } else { "running" };
         format!("strata.Ticket({state})")

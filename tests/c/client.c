@@ -232,6 +232,9 @@ int main(int argc, char **argv) {
     s = strata_ticket_wait_timeout(ticket, 10ull * 1000 * 1000 * 1000);
     CHECK(s == STRATA_OK, "wait_timeout: %d", s);
     OK(strata_ticket_wait(ticket));
+    size_t declined = 1;
+    OK(strata_ticket_declined(ticket, &declined));
+    CHECK(declined == 0, "%zu pages declined with the device empty", declined);
     OK(strata_ticket_free(ticket));
     OK(strata_buffer_tier_of(buf, 3, &t));
     CHECK(t == STRATA_TIER_DEVICE, "page 3 in tier %d after prefetch", t);

@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
                         while (!ticket.wait_for(std::chrono::milliseconds(1))) {
                         }
                         CHECK(ticket.poll());
+                        CHECK(ticket.declined() <= quarter);
                     }
                     auto back = buf.read<double>(t * quarter, quarter / sizeof(double));
                     if (std::memcmp(back.data(), values.data() + t * quarter / sizeof(double), quarter) != 0) bad++;
