@@ -560,8 +560,10 @@ pub fn run_strata(
 ) -> Result<PagesResult> {
     let ps = p.page_size;
     let pages = p.data_pages();
-    // The NVMe tier holds all the data, with room for its reserve.
-    let nvme = (pages + (pages / 63 + 1).min(64) + 1) * ps as u64;
+    // The NVMe tier holds all the data, with room for its reserve and for
+    // the second slots of the moves in flight when everything is evicted
+    // to it before the reads.
+    let nvme = (pages + (pages / 63 + 1).min(64) + 1 + 64) * ps as u64;
     let mut b = Runtime::builder()
         .page_size(ps)
         .host(p.dram)
