@@ -89,7 +89,8 @@ impl<S> Freed<S> {
     }
 
     /// Every slot to free.
-    pub(crate) fn into_slots(self) -> impl Iterator<Item = (Tier, S)> {
+    #[cfg(test)]
+    fn into_slots(self) -> impl Iterator<Item = (Tier, S)> {
         self.old.into_iter().chain(self.clean)
     }
 }

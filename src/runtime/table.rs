@@ -26,7 +26,7 @@ use super::shared::Shared;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::{PageStore, Slot, Tier};
 
-pub(crate) use super::page::{lost, Begun, Entry, Loc, Lost, Resident, Zero};
+pub(crate) use super::page::{lost, Begun, Entry, Freed, Loc, Lost, Resident, Zero};
 
 /// Pages moved together: their NVMe I/O is in flight at once.
 pub(crate) const BATCH: usize = 32;
@@ -360,8 +360,7 @@ impl Table {
         }
         if let Some((tier, slot)) = freed.clean {
             // A demotion at or below its copy: the copy is of no use.
-            self.rt.acct.clean_released(tier);
-            self.free(tier, slot);
+            self.release_clean(tier, slot);
         }
         let retired = match freed.old {
             Some((tier, old)) => self.free_old(tier, old),
@@ -428,6 +427,16 @@ impl Table {
     fn release_clean(&self, tier: Tier, slot: Slot) {
         self.rt.acct.clean_released(tier);
         self.free(tier, slot);
+    }
+
+    /// Frees what a cleared entry held: its slot and its clean copy.
+    fn free_cleared(&self, freed: Freed<Slot>) {
+        if let Some((tier, slot)) = freed.old {
+            self.free(tier, slot);
+        }
+        if let Some((tier, slot)) = freed.clean {
+            self.release_clean(tier, slot);
+        }
     }
 
     /// [`commit`](Self::commit) of a copy taken with the page's lock held
@@ -535,13 +544,7 @@ impl Table {
             if self.launches.lock().any() {
                 return;
             }
-            let freed = entry.clear();
-            if let Some((tier, _)) = &freed.clean {
-                self.rt.acct.clean_released(*tier);
-            }
-            for (tier, slot) in freed.into_slots() {
-                self.free(tier, slot);
-            }
+            self.free_cleared(entry.clear());
         }
         {
             // Under the launches lock, so a `prepare` either sees the buffer
@@ -564,14 +567,10 @@ impl Drop for Table {
     fn drop(&mut self) {
         let retired = std::mem::take(&mut self.launches.get_mut().retired);
         self.free_retired(retired);
-        for entry in self.pages.iter_mut() {
-            let freed = entry.get_mut().clear();
-            if let Some((tier, _)) = &freed.clean {
-                self.rt.acct.clean_released(*tier);
-            }
-            for (tier, slot) in freed.into_slots() {
-                self.rt.free(tier, slot);
-            }
+        for page in self.pages.iter() {
+            // Uncontended: the table is being dropped.
+            let freed = page.lock().clear();
+            self.free_cleared(freed);
         }
         if !*self.released.get_mut() {
             self.rt.acct.release(self.pages.len() as u64);
