@@ -7,6 +7,7 @@ shard=True) or "shard-importance". Trains the tests' model under DDP on
 this rank's share of each global batch, then rank 0 saves the parameters
 and the (collective) state_dict to OUT_FILE."""
 
+import os
 import sys
 
 import torch
@@ -50,7 +51,14 @@ def main() -> None:
     if rank == 0:
         torch.save({"params": [p.detach().clone() for p in m.module.parameters()], "state": state}, out)
     dist.barrier()
+    del opt, m
     dist.destroy_process_group()
+    # Skip the interpreter's teardown: gloo's worker threads can still be
+    # alive there and abort the process (std::terminate) after every result
+    # is saved, a torch shutdown race that says nothing about the optimizer.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
