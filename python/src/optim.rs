@@ -12,7 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::types::PyDict;
 use strata::offload::optim::{
-    AdamParams, Importance, ImportanceWindow, OptimConfig, StateTier, Updater,
+    bf16, f16, AdamParams, Element, Importance, ImportanceWindow, OptimConfig, StateTier,
+    StepStats, Updater,
 };
 
 use crate::errors::{invalid, raise};
@@ -40,6 +41,80 @@ fn floats(bytes: &[u8]) -> PyResult<Cow<'_, [f32]>> {
 fn floats_mut(bytes: &mut [u8]) -> PyResult<&mut [f32]> {
     bytemuck::try_cast_slice_mut(bytes)
         .map_err(|_| invalid("the output is not an aligned array of float32 values"))
+}
+
+/// An element type by torch's name for it.
+#[derive(Clone, Copy, PartialEq)]
+enum Dtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Dtype {
+    fn parse(name: &str, what: &str) -> PyResult<Self> {
+        match name {
+            "float32" => Ok(Self::F32),
+            "bfloat16" => Ok(Self::Bf16),
+            "float16" => Ok(Self::F16),
+            _ => Err(invalid(format!(
+                "{what} dtype {name:?}: use float32, bfloat16 or float16"
+            ))),
+        }
+    }
+}
+
+/// A buffer's bytes as values of `T` (borrowed where aligned).
+fn elems<'a, T: Element>(bytes: &'a [u8], what: &str) -> PyResult<Cow<'a, [T]>> {
+    if bytes.len() % T::BYTES != 0 {
+        return Err(invalid(format!(
+            "{what}: {} bytes are not a whole number of {} values",
+            bytes.len(),
+            T::NAME
+        )));
+    }
+    Ok(match bytemuck::try_cast_slice(bytes) {
+        Ok(v) => Cow::Borrowed(v),
+        Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+    })
+}
+
+fn elems_mut<'a, T: Element>(bytes: &'a mut [u8], what: &str) -> PyResult<&'a mut [T]> {
+    bytemuck::try_cast_slice_mut(bytes).map_err(|_| {
+        invalid(format!(
+            "{what} is not an aligned array of {} values",
+            T::NAME
+        ))
+    })
+}
+
+/// The mixed-precision step, gradients of type `G` and weights of the
+/// type `out` names.
+fn step_mixed_as<G: Element>(
+    py: Python<'_>,
+    adam: &Mutex<strata::offload::optim::OffloadedAdam>,
+    grads: &[u8],
+    out: &mut [u8],
+    out_dtype: Dtype,
+    unscale: f32,
+) -> PyResult<StepStats> {
+    fn run<G: Element, W: Element>(
+        py: Python<'_>,
+        adam: &Mutex<strata::offload::optim::OffloadedAdam>,
+        grads: &[u8],
+        out: &mut [u8],
+        unscale: f32,
+    ) -> PyResult<StepStats> {
+        let g = elems::<G>(grads, "grads")?;
+        let w = elems_mut::<W>(out, "out")?;
+        py.detach(|| adam.lock().step_mixed(&g, unscale, w))
+            .map_err(raise)
+    }
+    match out_dtype {
+        Dtype::F32 => run::<G, f32>(py, adam, grads, out, unscale),
+        Dtype::Bf16 => run::<G, bf16>(py, adam, grads, out, unscale),
+        Dtype::F16 => run::<G, f16>(py, adam, grads, out, unscale),
+    }
 }
 
 fn adam(lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> PyResult<AdamParams> {
@@ -187,16 +262,38 @@ impl OffloadedAdam {
     /// left them (the parameter tensor the optimizer keeps in step), and
     /// only the elements this step changes are written; in importance
     /// mode a step inside a window then touches only the resident ones.
-    #[pyo3(signature = (grads, out = None, *, in_place = false))]
+    ///
+    /// Mixed precision (with in_place=True): grads_dtype and out_dtype
+    /// ("float32", "bfloat16" or "float16") say what the arrays hold (a
+    /// bf16 tensor viewed as int16, say); the gradients are widened to
+    /// fp32 and multiplied by unscale (1 / a loss scale), the fp32 master
+    /// weights and moments updated, and the masters rounded to nearest
+    /// even into out.
+    #[pyo3(signature = (
+        grads, out = None, *, in_place = false, grads_dtype = "float32",
+        out_dtype = "float32", unscale = 1.0,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn step<'py>(
         &self,
         py: Python<'py>,
         grads: &Bound<'py, PyAny>,
         out: Option<&Bound<'py, PyAny>>,
         in_place: bool,
+        grads_dtype: &str,
+        out_dtype: &str,
+        unscale: f64,
     ) -> PyResult<Bound<'py, PyDict>> {
         if in_place && out.is_none() {
             return Err(invalid("in_place=True needs out (the weights to update)"));
+        }
+        let g_dtype = Dtype::parse(grads_dtype, "grads")?;
+        let o_dtype = Dtype::parse(out_dtype, "out")?;
+        let mixed = g_dtype != Dtype::F32 || o_dtype != Dtype::F32 || unscale != 1.0;
+        if mixed && !in_place {
+            return Err(invalid(
+                "a mixed-precision step (grads_dtype, out_dtype or unscale) needs out and in_place=True",
+            ));
         }
         let g_view = Contiguous::readable(grads)?;
         let mut out_view = out.map(Contiguous::writable).transpose()?;
@@ -210,13 +307,24 @@ impl OffloadedAdam {
                 return Err(invalid("out and grads share memory: pass separate arrays"));
             }
         }
-        let g = floats(g_view.as_slice())?;
-        let out = match out_view.as_mut() {
-            Some(v) => Some(floats_mut(v.as_mut_slice())?),
-            None => None,
-        };
-        let stats = py
-            .detach(|| {
+        let stats = if mixed {
+            let out = out_view
+                .as_mut()
+                .expect("in_place checked above")
+                .as_mut_slice();
+            let (g, u) = (g_view.as_slice(), unscale as f32);
+            match g_dtype {
+                Dtype::F32 => step_mixed_as::<f32>(py, &self.inner, g, out, o_dtype, u)?,
+                Dtype::Bf16 => step_mixed_as::<bf16>(py, &self.inner, g, out, o_dtype, u)?,
+                Dtype::F16 => step_mixed_as::<f16>(py, &self.inner, g, out, o_dtype, u)?,
+            }
+        } else {
+            let g = floats(g_view.as_slice())?;
+            let out = match out_view.as_mut() {
+                Some(v) => Some(floats_mut(v.as_mut_slice())?),
+                None => None,
+            };
+            py.detach(|| {
                 let mut a = self.inner.lock();
                 if let Some(o) = &out {
                     if o.len() != a.len() {
@@ -233,7 +341,8 @@ impl OffloadedAdam {
                     out => a.step_into(&g, out),
                 }
             })
-            .map_err(raise)?;
+            .map_err(raise)?
+        };
         let d = PyDict::new(py);
         d.set_item("seconds", stats.seconds)?;
         d.set_item("bytes_read", stats.bytes_read)?;

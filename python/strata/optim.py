@@ -10,10 +10,23 @@ subclasses with torch's signatures, param groups, ``zero_grad``,
 Each parameter's fp32 master weights and both moments live in host DRAM,
 CXL memory or NVMe (``tier``) and are streamed through in chunks at every
 step (``strata._strata.OffloadedAdam``, the Rust ``OffloadedAdam``);
-parameters and gradients are read and written in place. Parameters must be
-float32 CPU tensors, contiguous. ``amsgrad``, ``maximize``, ``capturable``,
+parameters and gradients are read and written in place. Parameters are
+contiguous CPU tensors. ``amsgrad``, ``maximize``, ``capturable``,
 ``differentiable`` and ``fused`` are not supported (``foreach`` is accepted
 and ignored).
+
+Mixed precision: parameters may be float32, bfloat16 or float16, and each
+one's gradient in its own dtype or float32. The fp32 master weights and
+both moments live in the tier; a step widens each chunk's gradients to
+fp32, updates the masters and writes them back into the parameter in its
+own dtype (rounded to nearest even). ``state_dict`` holds the fp32 masters
+(``"master"``, for parameters that are not float32) and the moments in
+fp32, so a resumed run continues exactly. ``torch.amp.GradScaler`` works
+with fp16 gradients as with torch's fused optimizers: the optimizer takes
+the scale and the inf check from the scaler and unscales inside the step
+(an explicit ``scaler.unscale_`` works for bf16 and fp32 gradients;
+GradScaler itself refuses to unscale fp16 ones). ``torch.autocast`` with
+bf16 needs nothing of the optimizer.
 
 The master weights in the tier follow changes made to a parameter outside
 the optimizer that torch counts (in-place ops under ``torch.no_grad()``,
@@ -52,7 +65,10 @@ torch is imported by this module only; ``import strata`` does not need it.
 """
 
 import math
+import os
+import tempfile
 from collections import defaultdict
+from itertools import chain
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import torch
@@ -60,9 +76,30 @@ from torch.optim import Optimizer
 
 import torch.distributed as dist
 
-from ._strata import OffloadedAdam
+from ._strata import InvalidArgumentError, NotFoundError, OffloadedAdam
+
+# The parameter dtypes a step takes, by the name the Rust side knows them.
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 __all__ = ["Adam", "AdamW"]
+
+
+def _raw(t: torch.Tensor):
+    """t's elements as a NumPy array of the same bytes (16-bit floats,
+    which NumPy lacks, as int16), for the Rust side."""
+    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
+
+
+def _check_nvme_path(path: str) -> None:
+    """Refuses a state directory that cannot take the states, at
+    construction rather than at the first step."""
+    if not os.path.isdir(path):
+        raise NotFoundError(f"nvme_path {path!r} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise PermissionError(f"nvme_path {path!r} cannot take the optimizer's states: {e}") from e
 
 
 def _chunk_bytes(numel: int, limit: int) -> int:
@@ -118,6 +155,13 @@ class _OffloadedAdamBase(Optimizer):
             raise ValueError(f"unknown optimizer state tier {tier!r} (use 'host', 'cxl' or 'nvme')")
         if runtime is not None and nvme_path is not None:
             raise ValueError("nvme_path is the runtime's own for an optimizer on a runtime; leave it None")
+        if runtime is None:
+            if tier == "nvme" and nvme_path is None:
+                raise InvalidArgumentError("tier 'nvme' needs nvme_path (a directory)")
+            if tier != "nvme" and nvme_path is not None:
+                raise InvalidArgumentError(f"nvme_path is for tier 'nvme', not {tier!r}")
+            if nvme_path is not None:
+                _check_nvme_path(str(nvme_path))
         if importance is not None:
             try:
                 fraction, every = float(importance[0]), importance[1]
@@ -164,13 +208,52 @@ class _OffloadedAdamBase(Optimizer):
             for p in group["params"]:
                 self._check(p)
 
-    @staticmethod
-    def _check(p: torch.Tensor) -> None:
-        if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
+    # GradScaler hands this optimizer its scale and inf check (grad_scale,
+    # found_inf) and lets the step unscale, as for torch's fused optimizers.
+    _step_supports_amp_scaling = True
+
+    def _name(self, p: torch.Tensor) -> str:
+        """How an error names p: its name where the optimizer was given
+        named parameters, else its place and shape."""
+        for g, group in enumerate(self.param_groups):
+            for i, q in enumerate(group["params"]):
+                if q is p:
+                    names = group.get("param_names")
+                    if names:
+                        return f"parameter {names[i]!r}"
+                    return f"parameter {i} of param group {g} (shape {tuple(p.shape)})"
+        return f"a parameter of shape {tuple(p.shape)}"
+
+    def _check(self, p: torch.Tensor) -> None:
+        problem = None
+        if p.device.type != "cpu":
+            problem = f"it is on {p.device}; strata.optim steps CPU tensors"
+        elif p.dtype not in _DTYPES:
+            problem = f"it is {p.dtype}; use float32, bfloat16 or float16"
+        elif p.is_sparse or p.layout != torch.strided:
+            problem = f"its layout is {p.layout}; use a dense (strided) tensor"
+        elif not p.is_contiguous():
+            problem = "it is not contiguous; make it so (p.data = p.data.contiguous()) before building the optimizer"
+        if problem is not None:
+            raise TypeError(f"strata.optim cannot step {self._name(p)}: {problem}")
+
+    def _check_grad(self, p: torch.Tensor) -> torch.Tensor:
+        g = p.grad
+        if g.is_sparse or g.layout != torch.strided:
             raise TypeError(
-                "strata.optim takes contiguous float32 CPU parameters, "
-                f"not {p.dtype} on {p.device}" + ("" if p.is_contiguous() else " (non-contiguous)")
+                f"strata.optim cannot step {self._name(p)}: its gradient is {g.layout} "
+                "(sparse gradients are not supported; use a dense gradient, e.g. sparse=False)"
             )
+        if g.shape != p.shape:
+            raise ValueError(
+                f"a gradient of shape {tuple(g.shape)} for {self._name(p)} of shape {tuple(p.shape)}"
+            )
+        if g.dtype not in (p.dtype, torch.float32) or g.device != p.device:
+            raise TypeError(
+                f"strata.optim cannot step {self._name(p)} ({p.dtype}): its gradient is {g.dtype} "
+                f"on {g.device}; use {p.dtype} or torch.float32 on the CPU"
+            )
+        return g
 
     def _hyper(self, group: Dict[str, Any]) -> Dict[str, Any]:
         wd = float(group["weight_decay"])
@@ -207,7 +290,7 @@ class _OffloadedAdamBase(Optimizer):
             self._offloaded[p] = [None, p._version, p.shape]
             return None
         adam = OffloadedAdam(
-            self._local(p, p).numpy(),
+            self._local(p, p).float().numpy(),
             tier=self._tier,
             nvme_path=self._nvme_path,
             chunk_bytes=_chunk_bytes(hi - lo, self._chunk_limit),
@@ -249,6 +332,13 @@ class _OffloadedAdamBase(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Under GradScaler (see _step_supports_amp_scaling): skip a step
+        # whose gradients overflowed; otherwise unscale inside it.
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and float(found_inf) > 0:
+            return loss
+        scale = getattr(self, "grad_scale", None)
+        unscale = 1.0 if scale is None else 1.0 / float(scale)
         stepped = []
         for group in self.param_groups:
             hyper = self._hyper(group)
@@ -256,12 +346,7 @@ class _OffloadedAdamBase(Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("strata.optim does not support sparse gradients")
-                if p.grad.shape != p.shape:
-                    raise ValueError(
-                        f"a gradient of shape {tuple(p.grad.shape)} for a parameter of shape {tuple(p.shape)}"
-                    )
+                grad = self._check_grad(p)
                 entry = self._offloaded.get(p)
                 if entry is None:
                     self._new_state(p, group)
@@ -276,14 +361,24 @@ class _OffloadedAdamBase(Optimizer):
                             f"{tuple(p.shape)}: parameters may not change shape between steps"
                         )
                     if entry[0] is not None:
-                        entry[0].write_state(0, self._local(p, p).numpy())
+                        entry[0].write_state(0, self._local(p, p).float().numpy())
                 adam = entry[0]
                 if adam is not None:
                     adam.configure(**hyper)
-                    grad = self._local(p.grad, p)
+                    g, u = self._local(grad, p), unscale
                     if not self._decoupled and wd != 0.0:
-                        grad = grad.add(self._local(p, p), alpha=wd)
-                    adam.step(grad.contiguous().numpy(), self._local(p, p).numpy(), in_place=True)
+                        # Adam's L2 term joins the unscaled gradient, in fp32.
+                        g = g.float().mul(u).add_(self._local(p, p).float(), alpha=wd)
+                        u = 1.0
+                    g = g.contiguous()
+                    adam.step(
+                        _raw(g),
+                        _raw(self._local(p, p)),
+                        in_place=True,
+                        grads_dtype=_DTYPES[g.dtype],
+                        out_dtype=_DTYPES[p.dtype],
+                        unscale=u,
+                    )
                 stepped.append((p, p))
         if self._shard:
             self._gather(stepped)
@@ -358,6 +453,15 @@ class _OffloadedAdamBase(Optimizer):
                     "exp_avg": m,
                     "exp_avg_sq": v,
                 }
+                if p.dtype != torch.float32:
+                    # The fp32 master weights: a bf16/fp16 parameter is
+                    # only their rounding.
+                    w = torch.zeros(shape, dtype=torch.float32)
+                    if adam is not None:
+                        adam.read_state(0, self._local(w, p).numpy())
+                    if self._shard:
+                        self._gather([(p, w)])
+                    state[p]["master"] = w
                 if self._importance is not None:
                     state[p].update(self._window_state(p, adam))
         self.state = state
@@ -369,7 +473,8 @@ class _OffloadedAdamBase(Optimizer):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads torch's format (from this class or torch.optim.Adam/AdamW):
         hyper-parameters into the param groups, states into strata's tiers
-        (master weights from the parameters as they are now; in shard mode
+        (master weights from the saved fp32 "master" for a bf16 or fp16
+        parameter, else from the parameters as they are now; in shard mode
         each rank takes its shard). An importance window is restored where
         the state has one and this optimizer is in importance mode."""
         for group in state_dict.get("param_groups", []):
@@ -387,8 +492,14 @@ class _OffloadedAdamBase(Optimizer):
                         f"the state dict's importance window is {deferred} steps in; "
                         f"this optimizer's windows are {self._importance[1]} steps"
                     )
+        # torch's load casts every state tensor to its parameter's dtype:
+        # keep the saved fp32 tensors (masters, moments) as they are.
+        saved_ids = chain.from_iterable(g["params"] for g in state_dict.get("param_groups", []))
+        params = chain.from_iterable(g["params"] for g in self.param_groups)
+        saved = state_dict.get("state", {})
+        raw = {p: saved[i] for i, p in zip(saved_ids, params) if i in saved}
         super().load_state_dict(state_dict)
-        loaded = self.state
+        loaded = {p: raw.get(p, st) for p, st in self.state.items()}
         self.state = defaultdict(dict)
         self._offloaded = {}
         for group in self.param_groups:
@@ -399,7 +510,10 @@ class _OffloadedAdamBase(Optimizer):
                 adam = self._new_state(p, group)
                 if adam is None:
                     continue
-                for which, key in ((1, "exp_avg"), (2, "exp_avg_sq")):
+                keys = ((1, "exp_avg"), (2, "exp_avg_sq"))
+                if "master" in st and p.dtype != torch.float32:
+                    keys = ((0, "master"),) + keys
+                for which, key in keys:
                     t = st[key].detach().to(torch.float32).contiguous()
                     adam.write_state(which, self._local(t, p).contiguous().numpy())
                 adam.set_steps(int(float(st["step"])))

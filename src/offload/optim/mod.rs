@@ -61,6 +61,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod precision;
 mod states;
 mod update;
 mod window;
@@ -69,6 +70,7 @@ use std::time::Instant;
 
 pub use crate::adam::{adam_update, AdamParams, StepScalars};
 pub use config::{Importance, OptimConfig, StateTier, StepStats, Updater};
+pub use precision::{bf16, f16, Element};
 pub use window::ImportanceWindow;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -285,18 +287,22 @@ impl OffloadedAdam {
         self.gpu.as_ref().map(update::describe)
     }
 
-    fn check(&self, grads: &[f32]) -> Result<()> {
+    fn check(&self, grads: usize, unscale: f32) -> Result<()> {
         if self.broken {
             return Err(Error::new(
                 ErrorKind::Closed,
                 "an earlier step failed part-way (reading, updating or writing the state); it is no longer whole",
             ));
         }
-        if grads.len() != self.params {
+        if grads != self.params {
             return Err(Error::invalid(format!(
-                "{} gradients for {} parameters",
-                grads.len(),
+                "{grads} gradients for {} parameters",
                 self.params
+            )));
+        }
+        if !(unscale.is_finite() && unscale > 0.0) {
+            return Err(Error::invalid(format!(
+                "a gradient unscale factor of {unscale}: it must be finite and positive"
             )));
         }
         Ok(())
@@ -331,7 +337,7 @@ impl OffloadedAdam {
         if let Some(w) = weights.as_deref() {
             self.check_len(w.len(), "weights out")?;
         }
-        let (stats, streamed) = self.step_inner(grads, weights.as_deref_mut())?;
+        let (stats, streamed) = self.step_inner(grads, 1.0, weights.as_deref_mut())?;
         if let (Some(w), false) = (weights, streamed) {
             // A step inside an importance window: the tier's weights and
             // the resident ones.
@@ -347,15 +353,35 @@ impl OffloadedAdam {
     /// importance-aware mode a step inside a window then costs no pass
     /// over the tier's weights, only over the resident elements.
     pub fn step_in_place(&mut self, grads: &[f32], weights: &mut [f32]) -> Result<StepStats> {
+        self.step_mixed(grads, 1.0, weights)
+    }
+
+    /// The mixed-precision step: as [`step_in_place`](Self::step_in_place),
+    /// with gradients and parameters each in their own [`Element`] type
+    /// (`f32`, [`bf16`] or [`f16`]; a framework's bf16 parameters with
+    /// bf16 or fp32 gradients, say). The fp32 master weights and moments
+    /// in the tier are the truth: each chunk's gradients are widened to
+    /// fp32 and multiplied by `unscale` (1 / a loss scale, or 1), the
+    /// update runs in fp32, and the new master weights are rounded to
+    /// nearest even into `weights`. A bad length or an `unscale` that is
+    /// not finite and positive is refused before the step.
+    pub fn step_mixed<G: Element, W: Element>(
+        &mut self,
+        grads: &[G],
+        unscale: f32,
+        weights: &mut [W],
+    ) -> Result<StepStats> {
+        self.check_len(weights.len(), "weights out")?;
         let in_window = self
             .config
             .importance
             .is_some_and(|imp| !self.resident.is_empty() && self.deferred_steps + 1 < imp.every);
         if !in_window {
-            return self.step_into(grads, Some(weights));
+            let (stats, streamed) = self.step_inner(grads, unscale, Some(weights))?;
+            debug_assert!(streamed, "a step outside a window streams the states");
+            return Ok(stats);
         }
-        self.check_len(weights.len(), "weights out")?;
-        let (stats, _) = self.step_inner(grads, None)?;
+        let (stats, _) = self.step_inner(grads, unscale, None::<&mut [W]>)?;
         for (c, r) in self.resident.iter().enumerate() {
             r.merge_into(0, &mut weights[c * self.chunk..]);
         }
@@ -364,12 +390,13 @@ impl OffloadedAdam {
 
     /// The step; true when it streamed the states (and so filled
     /// `weights`).
-    fn step_inner(
+    fn step_inner<G: Element, W: Element>(
         &mut self,
-        grads: &[f32],
-        weights: Option<&mut [f32]>,
+        grads: &[G],
+        unscale: f32,
+        weights: Option<&mut [W]>,
     ) -> Result<(StepStats, bool)> {
-        self.check(grads)?;
+        self.check(grads.len(), unscale)?;
         let start = Instant::now();
         self.t += 1;
         let s = StepScalars::new(self.config.adam, self.t);
@@ -380,7 +407,8 @@ impl OffloadedAdam {
                 flush = Some((imp.fraction, self.deferred_steps));
             } else {
                 // A step inside a window: no state I/O.
-                if let Err(e) = self.resident_step(grads, &s) {
+                let g = G::widen(grads, unscale);
+                if let Err(e) = self.resident_step(&g, &s) {
                     self.broken = true;
                     return Err(e);
                 }
@@ -399,7 +427,7 @@ impl OffloadedAdam {
         let n_chunks = self.chunks();
         let mut accs = self.accum.chunks_mut(plan.chunk);
         let mut outs = weights.map(|w| w.chunks_mut(plan.chunk));
-        let mut outcomes: Vec<Outcome<'_>> = (0..n_chunks)
+        let mut outcomes: Vec<Outcome<'_, W>> = (0..n_chunks)
             .map(|_| Outcome {
                 acc: accs.next().unwrap_or_default(),
                 chosen: None,
@@ -411,6 +439,7 @@ impl OffloadedAdam {
             s,
             plan,
             grads,
+            unscale,
             old: &old,
         };
         // A GPU takes many chunks at once, one call at a time.

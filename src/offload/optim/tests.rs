@@ -238,3 +238,82 @@ fn importance_window_restores_and_steps_in_place() {
         ErrorKind::InvalidArgument
     );
 }
+
+/// A mixed-precision step is the fp32 step on the masters: bf16 (or fp16)
+/// gradients widened exactly and unscaled, the masters updated in fp32,
+/// the caller's parameters the masters rounded to nearest even — in plain
+/// and importance mode, in the host tier and streamed from NVMe.
+#[test]
+fn a_mixed_precision_step_is_the_fp32_step_on_the_masters() {
+    let chunk = PAGE / 4;
+    let n = 3 * chunk + 77;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let grads = |t: u64| -> Vec<bf16> {
+        (0..n as u64)
+            .map(|i| bf16::from_f32(((i * 40503 + t * 31) % 4099) as f32 / 512.0 - 4.0))
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (tier, importance) in [
+        (StateTier::Host, None),
+        (StateTier::Nvme(dir.path().into()), None),
+        (
+            StateTier::Host,
+            Some(Importance {
+                fraction: 0.3,
+                every: 2,
+            }),
+        ),
+    ] {
+        let mut cfg = OptimConfig::new(tier);
+        cfg.chunk_bytes = PAGE;
+        cfg.adam.lr = 1e-2;
+        cfg.adam.weight_decay = 0.1;
+        cfg.importance = importance;
+        let mut mixed = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
+        let mut plain = OffloadedAdam::new(&w0, cfg).unwrap();
+        let mut params: Vec<bf16> = w0.iter().map(|&x| bf16::from_f32(x)).collect();
+        let mut halves: Vec<f16> = w0.iter().map(|&x| f16::from_f32(x)).collect();
+        let mut as_f16 = OffloadedAdam::new(&w0, plain.config.clone()).unwrap();
+        for t in 1..=5 {
+            let g = grads(t);
+            // Gradients scaled by 8 (a loss scale), unscaled by the step.
+            let scaled: Vec<bf16> = g.iter().map(|x| bf16::from_f32(x.to_f32() * 8.0)).collect();
+            mixed.step_mixed(&scaled, 0.125, &mut params).unwrap();
+            let g32: Vec<f32> = g.iter().map(|x| x.to_f32()).collect();
+            plain.step(&g32).unwrap();
+            as_f16.step_mixed(&g32, 1.0, &mut halves).unwrap();
+        }
+        let masters = plain.weights().unwrap();
+        assert_eq!(mixed.weights().unwrap(), masters);
+        assert_eq!(as_f16.weights().unwrap(), masters);
+        for i in 0..n {
+            assert_eq!(params[i], bf16::from_f32(masters[i]), "bf16 parameter {i}");
+            assert_eq!(halves[i], f16::from_f32(masters[i]), "fp16 parameter {i}");
+        }
+    }
+}
+
+/// Bad input to a mixed-precision step is refused before it changes
+/// anything.
+#[test]
+fn a_mixed_precision_step_refuses_a_bad_unscale_or_length() {
+    let w0 = vec![0.5f32; 1000];
+    let mut cfg = OptimConfig::new(StateTier::Host);
+    cfg.chunk_bytes = PAGE;
+    let mut a = OffloadedAdam::new(&w0, cfg).unwrap();
+    let mut w = vec![bf16::from_f32(0.5); 1000];
+    let g = vec![bf16::ONE; 1000];
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let e = a.step_mixed(&g, bad, &mut w).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    }
+    let e = a.step_mixed(&g[..999], 1.0, &mut w).unwrap_err();
+    assert!(e.to_string().contains("999 gradients"), "{e}");
+    let e = a.step_mixed(&g, 1.0, &mut w[..10]).unwrap_err();
+    assert!(e.to_string().contains("10 weights out"), "{e}");
+    assert_eq!(a.steps(), 0);
+    assert_eq!(a.weights().unwrap(), w0);
+    a.step_mixed(&g, 1.0, &mut w).unwrap();
+    assert_eq!(a.steps(), 1);
+}

@@ -6,8 +6,11 @@
 //! the state path that hands them chunks is the same for both.
 #![forbid(unsafe_code)]
 
+use std::borrow::Cow;
+
 use rayon::prelude::*;
 
+use super::precision::Element;
 use super::window::{Resident, StepPlan};
 use super::Updater;
 use crate::adam::{adam_update, StepScalars};
@@ -87,67 +90,71 @@ pub(super) fn update_arrays(
 }
 
 /// What one chunk's update leaves besides its state: on a flush its next
-/// resident set; its new weights in the caller's array (empty unless
-/// asked).
-pub(super) struct Outcome<'a> {
+/// resident set; its new weights in the caller's array, in the caller's
+/// element type (empty unless asked).
+pub(super) struct Outcome<'a, W> {
     /// The chunk's gradient accumulators (importance mode; else empty).
     pub(super) acc: &'a mut [f32],
     pub(super) chosen: Option<Resident>,
-    pub(super) weights_out: &'a mut [f32],
+    pub(super) weights_out: &'a mut [W],
 }
 
 /// One chunk of a batch: its index, its weights and moments (in the
 /// runtime's pages) and what its update leaves.
-pub(super) type ChunkWork<'s, 'o, 'x> = (usize, [&'s mut [f32]; 3], &'x mut Outcome<'o>);
+pub(super) type ChunkWork<'s, 'o, 'x, W> = (usize, [&'s mut [f32]; 3], &'x mut Outcome<'o, W>);
 
-/// A step's update of a batch of chunks.
-pub(super) struct StepUpdate<'a> {
+/// A step's update of a batch of chunks: the caller's gradients in their
+/// own element type `G`, widened to fp32 (times `unscale`) chunk by chunk.
+pub(super) struct StepUpdate<'a, G> {
     pub(super) s: StepScalars,
     pub(super) plan: StepPlan,
-    pub(super) grads: &'a [f32],
+    pub(super) grads: &'a [G],
+    pub(super) unscale: f32,
     /// The resident sets of the window that ends (a flush), per chunk.
     pub(super) old: &'a [Resident],
 }
 
-impl StepUpdate<'_> {
+impl<G: Element> StepUpdate<'_, G> {
     /// Updates the chunks of `batch`: each one's gradient (this step's, or
     /// a flush's), the update, then its next resident set and its new
     /// weights copied out while they are in cache.
-    pub(super) fn run(
+    pub(super) fn run<W: Element>(
         &self,
         gpu: Option<&mut Gpu>,
-        batch: Vec<ChunkWork<'_, '_, '_>>,
+        batch: Vec<ChunkWork<'_, '_, '_, W>>,
     ) -> Result<()> {
-        let (plan, grads, s) = (&self.plan, self.grads, &self.s);
-        let finish = |c: usize, [w, m, v]: [&mut [f32]; 3], out: &mut Outcome<'_>| {
-            out.chosen = plan.choose(c, grads, w, m, v);
+        let (plan, s) = (&self.plan, &self.s);
+        let this_step = |c: usize| G::widen(&self.grads[plan.range(c)], self.unscale);
+        let finish = |g: &[f32], [w, m, v]: [&mut [f32]; 3], out: &mut Outcome<'_, W>| {
+            out.chosen = plan.choose(g, w, m, v);
             let n = out.weights_out.len();
-            out.weights_out.copy_from_slice(&w[..n]);
+            W::narrow(&w[..n], out.weights_out);
         };
         let Some(gpu) = gpu else {
             // One pass per chunk, the chunks over the CPU's threads.
             batch.into_par_iter().for_each(|(c, [w, m, v], out)| {
-                let g = plan.gradient(
-                    c,
-                    grads,
+                let g = this_step(c);
+                let eff = plan.gradient(
+                    Cow::Borrowed(&g[..]),
                     [&mut *w, &mut *m, &mut *v],
                     out.acc,
                     self.old.get(c),
                 );
-                let n = g.len();
-                adam_update(&mut w[..n], &mut m[..n], &mut v[..n], &g, s);
-                finish(c, [w, m, v], out);
+                let n = eff.len();
+                adam_update(&mut w[..n], &mut m[..n], &mut v[..n], &eff, s);
+                finish(&g, [w, m, v], out);
             });
             return Ok(());
         };
         // The GPU takes the whole batch in one pipeline.
         let mut batch = batch;
-        let gs: Vec<_> = batch
+        let gs: Vec<_> = batch.iter().map(|(c, _, _)| this_step(*c)).collect();
+        let effs: Vec<_> = batch
             .iter_mut()
-            .map(|(c, [w, m, v], out)| {
+            .zip(&gs)
+            .map(|((c, [w, m, v], out), g)| {
                 plan.gradient(
-                    *c,
-                    grads,
+                    Cow::Borrowed(&g[..]),
                     [&mut **w, &mut **m, &mut **v],
                     out.acc,
                     self.old.get(*c),
@@ -156,7 +163,7 @@ impl StepUpdate<'_> {
             .collect();
         let arrays = batch
             .iter_mut()
-            .zip(&gs)
+            .zip(&effs)
             .map(|((_, [w, m, v], _), g)| {
                 let n = g.len();
                 Arrays {
@@ -168,8 +175,8 @@ impl StepUpdate<'_> {
             })
             .collect();
         update_arrays(Some(gpu), s, arrays)?;
-        for (c, state, out) in batch {
-            finish(c, state, out);
+        for ((_, state, out), g) in batch.into_iter().zip(&gs) {
+            finish(g, state, out);
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use super::precision::Element;
 use crate::error::{Error, Result};
 
 /// Importance-aware mode's window between two flushes: what a checkpoint
@@ -115,10 +116,10 @@ impl Resident {
 
     /// The resident values of state `which` (0 weights, 1 first moment, 2
     /// second moment) over the chunk's values `dst`.
-    pub(super) fn merge_into(&self, which: usize, dst: &mut [f32]) {
+    pub(super) fn merge_into<W: Element>(&self, which: usize, dst: &mut [W]) {
         let src = [&self.w, &self.m, &self.v][which];
         for (j, &i) in self.idx.iter().enumerate() {
-            dst[i as usize] = src[j];
+            dst[i as usize] = W::from_f32(src[j]);
         }
     }
 
@@ -153,17 +154,16 @@ impl StepPlan {
     /// chunk, resident elements take this step's gradient and the others
     /// the mean of their accumulated ones (this step's added); the
     /// accumulators are cleared.
+    /// `g` is this step's gradient of the chunk (fp32).
     pub(super) fn gradient<'g>(
         &self,
-        c: usize,
-        grads: &'g [f32],
+        g: Cow<'g, [f32]>,
         state: [&mut [f32]; 3],
         acc: &mut [f32],
         resident: Option<&Resident>,
     ) -> Cow<'g, [f32]> {
-        let g = &grads[self.range(c)];
         let Some((_, deferred)) = self.flush else {
-            return g.into();
+            return g;
         };
         let [w, m, v] = state;
         let n = g.len();
@@ -179,16 +179,9 @@ impl StepPlan {
     }
 
     /// After chunk `c`'s update on a flush: its next resident set.
-    pub(super) fn choose(
-        &self,
-        c: usize,
-        grads: &[f32],
-        w: &[f32],
-        m: &[f32],
-        v: &[f32],
-    ) -> Option<Resident> {
+    /// `g` is this step's gradient of the chunk (fp32).
+    pub(super) fn choose(&self, g: &[f32], w: &[f32], m: &[f32], v: &[f32]) -> Option<Resident> {
         let (fraction, _) = self.flush?;
-        let g = &grads[self.range(c)];
         let n = g.len();
         Some(Resident::choose(g, fraction, &w[..n], &m[..n], &v[..n]))
     }
