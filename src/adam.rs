@@ -73,8 +73,24 @@ impl StepScalars {
 /// The element-wise update over equal-length slices (see the module docs
 /// for the exact formula). A plain loop the compiler vectorizes.
 pub fn adam_update(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], s: &StepScalars) {
-    let n = w.len().min(m.len()).min(v.len()).min(g.len());
-    let (w, m, v, g) = (&mut w[..n], &mut m[..n], &mut v[..n], &g[..n]);
+    let n = g.len();
+    adam_update_with(w, m, v, n, |i| g[i], s);
+}
+
+/// As [`adam_update`], over the first `n` elements, element `i`'s
+/// gradient `grad(i)`: a gradient widened from another type (and
+/// unscaled) as the loop reads it, with no array of its own.
+#[inline]
+pub fn adam_update_with(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    n: usize,
+    grad: impl Fn(usize) -> f32,
+    s: &StepScalars,
+) {
+    let n = w.len().min(m.len()).min(v.len()).min(n);
+    let (w, m, v) = (&mut w[..n], &mut m[..n], &mut v[..n]);
     let AdamParams {
         lr,
         beta1,
@@ -84,7 +100,7 @@ pub fn adam_update(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], s: &S
     } = s.p;
     let (c1, c2) = (1.0 - beta1, 1.0 - beta2);
     for i in 0..n {
-        let gi = g[i];
+        let gi = grad(i);
         let mi = beta1 * m[i] + c1 * gi;
         let vi = beta2 * v[i] + c2 * (gi * gi);
         m[i] = mi;

@@ -702,6 +702,10 @@ fn bench_moe_and_optim_reject_bad_input() {
         "--update",
     );
     assert_bad_input(
+        &strata(&["bench", "optim", "--dtype", "f64", "--quiet"]),
+        "--dtype",
+    );
+    assert_bad_input(
         &strata(&["bench", "moe", "--device", "gpu", "--quiet"]),
         "--device",
     );
@@ -807,6 +811,38 @@ fn bench_optim_reports_throughput_beside_the_limits() {
         // A plain step reads and writes the whole state.
         let state = v["state_bytes"].as_f64().unwrap();
         assert_eq!(v["state_bytes_per_step"].as_f64().unwrap(), 2.0 * state);
+    }
+    // bf16 parameters with the roofline: the triad beside the step, 28
+    // bytes a parameter to move (fp32: 28 at the least, 32 moved).
+    for (dtype, name, moved) in [("bf16", "bfloat16", 28), ("f32", "float32", 32)] {
+        let json = dir.path().join(format!("{dtype}.json"));
+        let out = strata(&[
+            "bench",
+            "optim",
+            "--params",
+            "200000",
+            "--chunk",
+            "64k",
+            "--steps",
+            "2",
+            "--dtype",
+            dtype,
+            "--roofline",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        let v = report(&out, &json);
+        assert_eq!(v["dtype"], name);
+        let r = &v["roofline"];
+        assert!(r["triad_bytes_per_sec"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["bytes_per_param"], 28);
+        assert_eq!(r["moved_per_param"], moved);
+        let want = 28.0 * 200000.0 / r["triad_bytes_per_sec"].as_f64().unwrap();
+        assert!((r["bound_seconds"].as_f64().unwrap() - want).abs() <= 1e-9 * want.max(1.0));
+        let frac = want / v["step_seconds"].as_f64().unwrap();
+        assert!((r["fraction"].as_f64().unwrap() - frac).abs() <= 1e-9 * frac.max(1.0));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("of the roofline"));
     }
     // Importance-aware: whole windows are timed (3 steps asked, windows of
     // 2: 4 timed), and one step in two moves the state.

@@ -8,6 +8,7 @@
 //! | `config.rs` | [`OptimConfig`] (tier, chunk, hyper-parameters, [`Importance`], [`Updater`]) and [`StepStats`] |
 //! | `states.rs` | the state arrays as runtime buffers, and the one path a step takes through them |
 //! | `update.rs` | where the update runs ([`Updater`]): the CPU, or a GPU |
+//! | `precision.rs` | mixed precision: the parameters' and gradients' [`Element`] types (`f32`, [`bf16`], [`f16`]) |
 //! | `window.rs` | importance-aware mode's window ([`ImportanceWindow`]) |
 //! | `tests.rs` | unit tests: failures part-way through a step, restored state |
 //!
@@ -68,7 +69,7 @@ mod window;
 
 use std::time::Instant;
 
-pub use crate::adam::{adam_update, AdamParams, StepScalars};
+pub use crate::adam::{adam_update, adam_update_with, AdamParams, StepScalars};
 pub use config::{Importance, OptimConfig, StateTier, StepStats, Updater};
 pub use precision::{bf16, f16, Element};
 pub use window::ImportanceWindow;

@@ -35,6 +35,9 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + bytemuck::Pod + 'static
 
     /// One value, rounded to nearest even.
     fn from_f32(x: f32) -> Self;
+
+    /// One value as fp32 (exact).
+    fn to_f32(self) -> f32;
 }
 
 fn scaled(mut v: Vec<f32>, scale: f32) -> Vec<f32> {
@@ -62,6 +65,10 @@ impl Element for f32 {
     fn from_f32(x: f32) -> Self {
         x
     }
+
+    fn to_f32(self) -> f32 {
+        self
+    }
 }
 
 impl Element for bf16 {
@@ -78,6 +85,11 @@ impl Element for bf16 {
     fn from_f32(x: f32) -> Self {
         bf16::from_f32(x)
     }
+
+    fn to_f32(self) -> f32 {
+        // bf16 is fp32's upper half: a shift the update loop vectorizes.
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
 }
 
 impl Element for f16 {
@@ -93,6 +105,10 @@ impl Element for f16 {
 
     fn from_f32(x: f32) -> Self {
         f16::from_f32(x)
+    }
+
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
     }
 }
 

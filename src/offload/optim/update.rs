@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::precision::Element;
 use super::window::{Resident, StepPlan};
 use super::Updater;
-use crate::adam::{adam_update, StepScalars};
+use crate::adam::{adam_update, adam_update_with, StepScalars};
 use crate::error::Result;
 
 #[cfg(feature = "cuda")]
@@ -133,6 +133,21 @@ impl<G: Element> StepUpdate<'_, G> {
         let Some(gpu) = gpu else {
             // One pass per chunk, the chunks over the CPU's threads.
             batch.into_par_iter().for_each(|(c, [w, m, v], out)| {
+                if plan.flush.is_none() {
+                    // A plain step: the gradients widened as the update
+                    // reads them.
+                    let g = &self.grads[plan.range(c)];
+                    let u = self.unscale;
+                    let n = g.len();
+                    if u == 1.0 {
+                        adam_update_with(w, m, v, n, |i| g[i].to_f32(), s);
+                    } else {
+                        adam_update_with(w, m, v, n, |i| g[i].to_f32() * u, s);
+                    }
+                    let k = out.weights_out.len();
+                    W::narrow(&w[..k], out.weights_out);
+                    return;
+                }
                 let g = this_step(c);
                 let eff = plan.gradient(
                     Cow::Borrowed(&g[..]),

@@ -4,6 +4,13 @@
 //! for NVMe, the store's sequential read bandwidth at the same page size
 //! and queue depth. The update runs on the CPU or, with `--update cuda`, on
 //! a GPU (`kernels/adam.cu`).
+//!
+//! Every step is a framework's: the parameters (of `--dtype`: fp32, bf16
+//! or fp16, with gradients of the same type) are written back each step
+//! beside the fp32 masters and moments in the tier. With `--roofline` the
+//! run also measures a STREAM-style triad over arrays the size of the
+//! states, on every thread, and reports the step's fraction of the time
+//! that bandwidth needs for the bytes a step must move.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -11,9 +18,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use rayon::prelude::*;
 use strata::error::{Error, Result};
 use strata::io::{AlignedBuf, IoOp};
-use strata::offload::optim::{Importance, OffloadedAdam, OptimConfig, StateTier, Updater};
+use strata::offload::optim::{
+    bf16, f16, Element, Importance, OffloadedAdam, OptimConfig, StateTier, Updater,
+};
 use strata::runtime::Runtime;
 use strata::tier::{CxlConfig, CxlMode, NvmeConfig, NvmeStore, PageStore};
 
@@ -38,6 +48,30 @@ pub struct OptimParams {
     /// `chunk` bytes, the runtime's own NVMe file in `path`) rather than
     /// in the optimizer's private runtime (the same step path either way).
     pub shared: bool,
+    /// The parameters' and gradients' type: "float32", "bfloat16" or "float16".
+    pub dtype: String,
+    /// Measure the memory-bandwidth roofline (a triad) in the same run.
+    pub roofline: bool,
+}
+
+/// The memory-bandwidth roofline of a step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Roofline {
+    /// STREAM-style triad (a = b + s·c, 12 bytes an element counted) on
+    /// every thread over arrays as large as the states: the best of 5.
+    pub triad_bytes_per_sec: f64,
+    /// Bytes per parameter a step must move at the least: the fp32 master
+    /// and both moments read and written (24) and the gradient read, plus
+    /// for a bf16 or fp16 parameter its rounding written (fp32: 28; bf16
+    /// and fp16: 28).
+    pub bytes_per_param: u64,
+    /// Bytes per parameter this step moves: as above, plus for fp32 the
+    /// parameter written apart from its master (32).
+    pub moved_per_param: u64,
+    /// Seconds the triad's bandwidth needs for `bytes_per_param`.
+    pub bound_seconds: f64,
+    /// `bound_seconds / step_seconds`: 1 is the roofline.
+    pub fraction: f64,
 }
 
 /// The report.
@@ -75,6 +109,10 @@ pub struct OptimReport {
     pub ratio_to_nvme_seq_read: Option<f64>,
     /// CPU threads the host-tier update used (cpu).
     pub threads: usize,
+    /// The parameters' type.
+    pub dtype: &'static str,
+    /// The memory-bandwidth roofline (`--roofline`).
+    pub roofline: Option<Roofline>,
 }
 
 /// Runs the benchmark.
@@ -96,15 +134,25 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     let chunk_elems = p.chunk / 4;
     let state_bytes = (p.params.div_ceil(chunk_elems) as u64).saturating_mul(3 * p.chunk as u64);
     let params = p.params as u64;
-    // Peak: the initial weights beside the states while laying out, then
-    // the gradients beside the states; the NVMe tier keeps only the
-    // weights' and gradients' arrays in memory.
+    // Peak: the fp32 weights and gradients the run starts from and their
+    // copies in --dtype (16 bytes a parameter at most) beside the states;
+    // the NVMe tier keeps only those arrays in memory.
     let (memory, what) = match tier {
-        StateTier::Nvme(_) => (params.saturating_mul(8), "weights and gradients"),
+        StateTier::Nvme(_) => (params.saturating_mul(16), "weights and gradients"),
         _ => (
-            state_bytes.saturating_add(params.saturating_mul(4)),
-            "states and gradients",
+            state_bytes.saturating_add(params.saturating_mul(16)),
+            "states, weights and gradients",
         ),
+    };
+    let dtype = match p.dtype.as_str() {
+        "float32" | "f32" | "fp32" => "float32",
+        "bfloat16" | "bf16" => "bfloat16",
+        "float16" | "f16" | "fp16" => "float16",
+        d => {
+            return Err(Error::invalid(format!(
+                "--dtype {d:?}: use f32, bf16 or f16"
+            )))
+        }
     };
     crate::machine::check_memory(format!("--params {}", p.params), what, memory)?;
     progress("memcpy", 0.0);
@@ -148,25 +196,44 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         Some(rt) => OffloadedAdam::on(rt, &w, cfg)?,
         None => OffloadedAdam::new(&w, cfg)?,
     };
-    drop(w);
+    let mut w: Vec<f32> = (0..p.params).map(|i| ((i % 1000) as f32) * 1e-3).collect();
     let g: Vec<f32> = (0..p.params)
         .map(|i| (((i * 7) % 13) as f32 - 6.0) * 1e-3)
         .collect();
-    opt.step(&g)?;
     // Importance-aware mode: whole windows (the untimed step was a flush,
     // so every `every`-th timed step is one).
     let steps = match p.importance {
         Some(imp) => p.steps.max(1).div_ceil(imp.every as usize) * imp.every as usize,
         None => p.steps,
     };
-    let (mut secs, mut wait, mut bytes) = (0.0, 0.0, 0u64);
-    for s in 0..steps {
-        progress("steps", 0.3 + 0.7 * s as f64 / steps as f64);
-        let st = opt.step(&g)?;
-        secs += st.seconds;
-        wait += st.io_wait_seconds;
-        bytes += st.bytes_read + st.bytes_written;
-    }
+    let mut timed = |progress: &mut dyn FnMut(&str, f64)| -> Result<(f64, f64, u64)> {
+        match dtype {
+            "bfloat16" => time_steps::<bf16>(&mut opt, &w, &g, steps, progress),
+            "float16" => time_steps::<f16>(&mut opt, &w, &g, steps, progress),
+            _ => time_steps::<f32>(&mut opt, &w, &g, steps, progress),
+        }
+    };
+    let (secs, wait, bytes) = timed(progress)?;
+    w.clear();
+    w.shrink_to_fit();
+    let roofline = if p.roofline {
+        progress("triad", 0.95);
+        let triad = triad_bandwidth(state_bytes as usize / 12);
+        let (least, moved) = match dtype {
+            "float32" => (28, 32),
+            _ => (28, 28),
+        };
+        let bound = (least * p.params as u64) as f64 / triad;
+        Some(Roofline {
+            triad_bytes_per_sec: triad,
+            bytes_per_param: least,
+            moved_per_param: moved,
+            bound_seconds: bound,
+            fraction: bound / (secs / steps as f64).max(1e-12),
+        })
+    } else {
+        None
+    };
     progress("done", 1.0);
     let bps = bytes as f64 / secs.max(1e-12);
     Ok(OptimReport {
@@ -186,7 +253,63 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         nvme_seq_read_bytes_per_sec: nvme_seq,
         ratio_to_nvme_seq_read: nvme_seq.map(|s| bps / s),
         threads: rayon::current_num_threads(),
+        dtype,
+        roofline,
     })
+}
+
+/// One untimed step, then `steps` timed ones, a framework's: gradients of
+/// `T` in, parameters of `T` written back. Seconds, I/O-wait seconds and
+/// state bytes over the timed steps.
+fn time_steps<T: Element>(
+    opt: &mut OffloadedAdam,
+    w: &[f32],
+    g: &[f32],
+    steps: usize,
+    progress: &mut dyn FnMut(&str, f64),
+) -> Result<(f64, f64, u64)> {
+    let mut params: Vec<T> = w.iter().map(|&x| T::from_f32(x)).collect();
+    let grads: Vec<T> = g.iter().map(|&x| T::from_f32(x)).collect();
+    opt.step_mixed(&grads, 1.0, &mut params)?;
+    let (mut secs, mut wait, mut bytes) = (0.0, 0.0, 0u64);
+    for s in 0..steps {
+        progress("steps", 0.3 + 0.65 * s as f64 / steps as f64);
+        let st = opt.step_mixed(&grads, 1.0, &mut params)?;
+        secs += st.seconds;
+        wait += st.io_wait_seconds;
+        bytes += st.bytes_read + st.bytes_written;
+    }
+    Ok((secs, wait, bytes))
+}
+
+/// STREAM's triad, a = b + s·c over `n` fp32 elements an array, on every
+/// rayon thread (first-touched by them): bytes per second counting 12 an
+/// element, the best of 5 passes.
+pub fn triad_bandwidth(n: usize) -> f64 {
+    let n = n.max(1 << 20);
+    let block = 1 << 16;
+    let mut a = vec![0f32; n];
+    let mut b = vec![0f32; n];
+    let mut c = vec![0f32; n];
+    // First touch on the threads that will run the triad.
+    b.par_chunks_mut(block).for_each(|x| x.fill(1.0));
+    c.par_chunks_mut(block).for_each(|x| x.fill(2.0));
+    a.par_chunks_mut(block).for_each(|x| x.fill(0.0));
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        a.par_chunks_mut(block)
+            .zip(b.par_chunks(block))
+            .zip(c.par_chunks(block))
+            .for_each(|((a, b), c)| {
+                for ((a, b), c) in a.iter_mut().zip(b).zip(c) {
+                    *a = b + 3.0 * c;
+                }
+            });
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&a);
+    (12 * n) as f64 / best.max(1e-12)
 }
 
 fn opt_tier_name(t: &str) -> &'static str {

@@ -215,6 +215,14 @@ pub struct OptimArgs {
     /// the optimizer's private runtime (the same step path either way).
     #[arg(long)]
     shared: bool,
+    /// The parameters' and gradients' type: f32, bf16 or f16 (the fp32
+    /// masters and moments are in the tier either way).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Also measure the memory-bandwidth roofline (a STREAM-style triad
+    /// over arrays the size of the states) and the step's fraction of it.
+    #[arg(long)]
+    roofline: bool,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -258,6 +266,8 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
         update: a.update.parse().map_err(|e: Error| e.context("--update"))?,
         importance: a.importance.as_deref().map(parse_importance).transpose()?,
         shared: a.shared,
+        dtype: a.dtype.clone(),
+        roofline: a.roofline,
     };
     let json = crate::open_json(&a.json)?;
     let r = crate::with_progress(a.quiet, |progress| optim::run(&params, progress))?;
@@ -266,8 +276,9 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
         None => format!("on the CPU ({} threads)", r.threads),
     };
     outln!(
-        "{} parameters, states {} in {}{}{}, chunks of {}; update {on}",
+        "{} {} parameters, states {} in {}{}{}, chunks of {}; update {on}",
         params.params,
+        r.dtype,
         format_size(r.state_bytes),
         if params.shared {
             "a shared runtime's "
@@ -300,6 +311,17 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
     );
     if let (Some(s), Some(x)) = (r.nvme_seq_read_bytes_per_sec, r.ratio_to_nvme_seq_read) {
         outln!("nvme sequential read {} → {:.2}×", format_rate(s), x);
+    }
+    if let Some(rf) = &r.roofline {
+        outln!(
+            "roofline: triad {} ({} threads); a step must move {} B a parameter (this one moves {}): {:.3}s → {:.2}× of the roofline",
+            format_rate(rf.triad_bytes_per_sec),
+            r.threads,
+            rf.bytes_per_param,
+            rf.moved_per_param,
+            rf.bound_seconds,
+            rf.fraction
+        );
     }
     crate::write_json(json, &r)?;
     Ok(())
