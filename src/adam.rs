@@ -16,7 +16,7 @@
 //! The GPU kernel does the same fp32 operations in the same order (no FMA
 //! contraction, IEEE division and square root), so both give bitwise the
 //! same state.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use serde::Serialize;
 
@@ -71,26 +71,49 @@ impl StepScalars {
 }
 
 /// The element-wise update over equal-length slices (see the module docs
-/// for the exact formula). A plain loop the compiler vectorizes.
+/// for the exact formula). A plain loop the compiler vectorizes, at the
+/// widest vectors the CPU has (chosen at run time).
 pub fn adam_update(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], s: &StepScalars) {
-    let n = g.len();
-    adam_update_with(w, m, v, n, |i| g[i], s);
+    adam_update_with(w, m, v, g, |x| x, s);
 }
 
-/// As [`adam_update`], over the first `n` elements, element `i`'s
-/// gradient `grad(i)`: a gradient widened from another type (and
-/// unscaled) as the loop reads it, with no array of its own.
+/// As [`adam_update`], each gradient `widen(g[i])`: gradients of another
+/// type (bf16, fp16) widened, and unscaled, as the loop reads them, with
+/// no fp32 array of their own.
 #[inline]
-pub fn adam_update_with(
+pub fn adam_update_with<G: Copy>(
     w: &mut [f32],
     m: &mut [f32],
     v: &mut [f32],
-    n: usize,
-    grad: impl Fn(usize) -> f32,
+    g: &[G],
+    widen: impl Fn(G) -> f32,
     s: &StepScalars,
 ) {
-    let n = w.len().min(m.len()).min(v.len()).min(n);
-    let (w, m, v) = (&mut w[..n], &mut m[..n], &mut v[..n]);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return wide::avx512(w, m, v, g, widen, s);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return wide::avx2(w, m, v, g, widen, s);
+        }
+    }
+    update_loop(w, m, v, g, widen, s)
+}
+
+/// The loop itself, inlined into each of the variants that the CPU's
+/// features select.
+#[inline(always)]
+fn update_loop<G: Copy>(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    widen: impl Fn(G) -> f32,
+    s: &StepScalars,
+) {
+    let n = w.len().min(m.len()).min(v.len()).min(g.len());
+    let (w, m, v, g) = (&mut w[..n], &mut m[..n], &mut v[..n], &g[..n]);
     let AdamParams {
         lr,
         beta1,
@@ -100,12 +123,79 @@ pub fn adam_update_with(
     } = s.p;
     let (c1, c2) = (1.0 - beta1, 1.0 - beta2);
     for i in 0..n {
-        let gi = grad(i);
+        let gi = widen(g[i]);
         let mi = beta1 * m[i] + c1 * gi;
         let vi = beta2 * v[i] + c2 * (gi * gi);
         m[i] = mi;
         v[i] = vi;
         w[i] -= lr * ((mi / s.bc1) / ((vi / s.bc2).sqrt() + eps) + weight_decay * w[i]);
+    }
+}
+
+/// The loop compiled for AVX2 and for AVX-512 (x86-64), called only where
+/// the CPU has them. The same operations in the same order: vector
+/// division and square root are IEEE (correctly rounded) like the scalar
+/// ones, and nothing is contracted into FMA, so every variant gives
+/// bitwise the same result.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod wide {
+    use super::{update_loop, StepScalars};
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512_loop<G: Copy>(
+        w: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[G],
+        widen: impl Fn(G) -> f32,
+        s: &StepScalars,
+    ) {
+        update_loop(w, m, v, g, widen, s)
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn avx2_loop<G: Copy>(
+        w: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[G],
+        widen: impl Fn(G) -> f32,
+        s: &StepScalars,
+    ) {
+        update_loop(w, m, v, g, widen, s)
+    }
+
+    /// The caller has checked that the CPU has AVX-512F.
+    pub(super) fn avx512<G: Copy>(
+        w: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[G],
+        widen: impl Fn(G) -> f32,
+        s: &StepScalars,
+    ) {
+        debug_assert!(std::arch::is_x86_feature_detected!("avx512f"));
+        // SAFETY: only called after is_x86_feature_detected!("avx512f")
+        // (adam_update_with), so the instructions it was compiled with
+        // exist on this CPU; the body is safe code.
+        unsafe { avx512_loop(w, m, v, g, widen, s) }
+    }
+
+    /// The caller has checked that the CPU has AVX2.
+    pub(super) fn avx2<G: Copy>(
+        w: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[G],
+        widen: impl Fn(G) -> f32,
+        s: &StepScalars,
+    ) {
+        debug_assert!(std::arch::is_x86_feature_detected!("avx2"));
+        // SAFETY: only called after is_x86_feature_detected!("avx2")
+        // (adam_update_with), so the instructions it was compiled with
+        // exist on this CPU; the body is safe code.
+        unsafe { avx2_loop(w, m, v, g, widen, s) }
     }
 }
 
@@ -127,5 +217,54 @@ mod tests {
         assert!((w[0] - (1.0 - p.lr)).abs() < 1e-6, "{}", w[0]);
         assert!((w[1] - (1.0 + p.lr)).abs() < 1e-6, "{}", w[1]);
         assert_eq!(w[2], 1.0);
+    }
+
+    /// Every variant the CPU's features may select gives bitwise the
+    /// baseline loop's result (the GPU kernel's too, by the same order of
+    /// operations), for fp32 and widened gradients alike.
+    #[test]
+    fn the_vector_variants_agree_bitwise_with_the_baseline_loop() {
+        let n = 10_007;
+        let s = StepScalars::new(
+            AdamParams {
+                weight_decay: 0.1,
+                ..AdamParams::default()
+            },
+            3,
+        );
+        let seq = |k: u32| -> Vec<f32> {
+            (0..n as u32)
+                .map(|i| ((i.wrapping_mul(2654435761) ^ k) % 20011) as f32 / 20011.0 - 0.5)
+                .collect()
+        };
+        let (w0, m0, v0, g) = (
+            seq(1),
+            seq(2),
+            seq(3).iter().map(|x| x.abs()).collect::<Vec<_>>(),
+            seq(4),
+        );
+        let run = |f: &dyn Fn(&mut [f32], &mut [f32], &mut [f32])| {
+            let (mut w, mut m, mut v) = (w0.clone(), m0.clone(), v0.clone());
+            f(&mut w, &mut m, &mut v);
+            [w, m, v].map(|a| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
+        let base = run(&|w, m, v| update_loop(w, m, v, &g, |x| x, &s));
+        assert_eq!(run(&|w, m, v| adam_update(w, m, v, &g, &s)), base);
+        let halves: Vec<u16> = g.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let widen = |h: u16| f32::from_bits((h as u32) << 16);
+        let base_h = run(&|w, m, v| update_loop(w, m, v, &halves, widen, &s));
+        assert_eq!(
+            run(&|w, m, v| adam_update_with(w, m, v, &halves, widen, &s)),
+            base_h
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                assert_eq!(run(&|w, m, v| wide::avx2(w, m, v, &g, |x| x, &s)), base);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                assert_eq!(run(&|w, m, v| wide::avx512(w, m, v, &g, |x| x, &s)), base);
+            }
+        }
     }
 }

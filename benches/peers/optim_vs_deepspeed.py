@@ -20,7 +20,13 @@ Configurations (each trial runs each in its own process, in a rotated order):
   torch-adamw        torch.optim.AdamW (its default implementation: foreach), DRAM
   strata-host        strata.optim.AdamW(tier="host")
   ds-cpuadam         deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True) used as a
-                     plain torch optimizer (the kernel ZeRO-Offload runs)
+                     plain torch optimizer (the kernel ZeRO-Offload runs); with
+                     --dtype bf16 on the bf16 parameters themselves (fp32 moments,
+                     no fp32 master: less precise than the others)
+  ds-cpuadam-master  --dtype bf16 only: DeepSpeedCPUAdam on fp32 master copies,
+                     the gradients copied in and the masters copied back into the
+                     bf16 parameters inside the timed step (what ZeRO-Offload does
+                     with bf16; the like-for-like peer of strata-host)
   zero-offload       DeepSpeed engine, ZeRO-2, offload_optimizer {device: cpu}
   strata-nvme        strata.optim.AdamW(tier="nvme", nvme_path=SWAP)
   zero-infinity      DeepSpeed engine, ZeRO-3, offload_optimizer {device: nvme,
@@ -30,8 +36,12 @@ Configurations (each trial runs each in its own process, in a rotated order):
                      {topk_ratio: FRACTION, update_interval: EVERY, select_strategy:
                      step, select_interval: EVERY, overlap_step: --zenflow-overlap}
 
+--dtype bf16: the model's parameters, inputs and gradients in bf16 (the
+DeepSpeed engines with their "bf16" section; torch AdamW steps the bf16
+parameters directly), strata's fp32 masters in its tier.
+
 Every configuration trains the same model (a stack of bias-free Linear layers
-with GELU between them, fp32, seeded) on the same batches (seeded per step)
+with GELU between them, fp32 or --dtype, seeded) on the same batches (seeded per step)
 with the same AdamW hyper-parameters; the first --warmup steps are not timed.
 What each figure is:
   step       wall time of the optimizer step alone: opt.step() (torch, strata,
@@ -68,9 +78,11 @@ SIZES = {
     "17m": (2048, 4),    # 16,777,216
     "130m": (4096, 8),   # 134,217,728
 }
-ALL = ["torch-adamw", "strata-host", "ds-cpuadam", "zero-offload",
+ALL = ["torch-adamw", "strata-host", "ds-cpuadam", "ds-cpuadam-master", "zero-offload",
        "strata-nvme", "zero-infinity", "strata-importance", "zenflow"]
-DEEPSPEED = {"ds-cpuadam", "zero-offload", "zero-infinity", "zenflow"}
+DEEPSPEED = {"ds-cpuadam", "ds-cpuadam-master", "zero-offload", "zero-infinity", "zenflow"}
+# Configurations that exist only for low-precision parameters.
+LOW_PRECISION_ONLY = {"ds-cpuadam-master"}
 
 
 # ---------------------------------------------------------------- child side
@@ -197,6 +209,8 @@ def ds_config(a, name):
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+    if a.dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
     if name == "zero-offload":
         cfg["zero_optimization"] = {
             "stage": 2,
@@ -245,12 +259,19 @@ def child(a):
     width, layers = SIZES[a.size]
     model = build_model(torch, width, layers)
     nparams = sum(p.numel() for p in model.parameters())
+    name = a.child
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    if name in LOW_PRECISION_ONLY and dtype == torch.float32:
+        raise SystemExit(f"{name} is for --dtype bf16 (in fp32 it is ds-cpuadam)")
+    if name not in DEEPSPEED - {"ds-cpuadam", "ds-cpuadam-master"}:
+        # The engines convert the model themselves (their "bf16" section).
+        model = model.to(dtype)
+    masters = None
     hyper = dict(lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay)
     base_rss = proc_status("VmRSS")
     tree = TreeMemory()
     strata_stats = []
     engine = opt = None
-    name = a.child
     t_init = time.perf_counter()
     if name == "torch-adamw":
         opt = torch.optim.AdamW(model.parameters(), **hyper)
@@ -269,6 +290,10 @@ def child(a):
     elif name == "ds-cpuadam":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         opt = DeepSpeedCPUAdam(model.parameters(), **hyper, adamw_mode=True)
+    elif name == "ds-cpuadam-master":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        masters = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
+        opt = DeepSpeedCPUAdam(masters, **hyper, adamw_mode=True)
     else:
         import deepspeed
         with socket.socket() as s:
@@ -280,7 +305,7 @@ def child(a):
             model=model, model_parameters=model.parameters(), config=ds_config(a, name))
     init_s = time.perf_counter() - t_init
 
-    rec = {"config": name, "size": a.size, "params": nparams, "base_rss": base_rss,
+    rec = {"config": name, "size": a.size, "dtype": a.dtype, "params": nparams, "base_rss": base_rss,
            "init_seconds": init_s, "step": [], "iter": [], "fwd_bwd": [], "read": [],
            "written": [], "iter_read": [], "iter_written": [], "loss": [],
            "strata_read": [], "strata_written": [], "strata_io_wait": [],
@@ -290,17 +315,28 @@ def child(a):
         x, y = batch(torch, i, a.batch, width)
         r0, w0 = proc_io()
         t0 = time.perf_counter()
+        x = x.to(dtype)
         if engine is not None:
-            loss = torch.nn.functional.mse_loss(engine(x), y)
+            loss = torch.nn.functional.mse_loss(engine(x).float(), y)
             engine.backward(loss)
         else:
-            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
             loss.backward()
         t1 = time.perf_counter()
         r1, w1 = proc_io()
         del strata_stats[:]
         if engine is not None:
             engine.step()
+        elif masters is not None:
+            # ZeRO-Offload's bf16 step: gradients into the fp32 masters,
+            # the kernel on them, the masters back into the parameters.
+            with torch.no_grad():
+                for p, w in zip(model.parameters(), masters):
+                    w.grad = p.grad.float()
+                opt.step()
+                for p, w in zip(model.parameters(), masters):
+                    p.copy_(w)
+            model.zero_grad()
         else:
             opt.step()
         t2 = time.perf_counter()
@@ -324,8 +360,9 @@ def child(a):
             rec["strata_seconds"].append(sum(s["seconds"] for s in strata_stats))
     with torch.no_grad():
         x, y = batch(torch, 10 ** 6, a.batch, width)
+        x = x.to(dtype)
         out = engine(x) if engine is not None else model(x)
-        rec["eval_loss"] = float(torch.nn.functional.mse_loss(out, y).item())
+        rec["eval_loss"] = float(torch.nn.functional.mse_loss(out.float(), y).item())
     tree.stop()
     rec["peak_rss"] = proc_status("VmHWM")
     rec["tree_peak_pss"] = tree.peak if tree.seen_children else None
@@ -416,7 +453,8 @@ def mb(x):
 
 
 def table(summary, a):
-    lines = [f"model {a.size} ({next(iter(summary.values())).get('params', '?')} parameters), "
+    lines = [f"model {a.size} ({next(iter(summary.values())).get('params', '?')} parameters, "
+             f"{getattr(a, 'dtype', 'fp32')}), "
              f"batch {a.batch}, {a.warmup} warm-up + {a.steps} timed steps x {a.trials} trials; "
              "step and iter: median of the trials' medians [min-max over every timed step]"]
     lines.append("| configuration | step ms | step mean ms | iter ms | iter mean ms | read MiB/step | written MiB/step | "
@@ -462,7 +500,10 @@ def targets(summary):
     row("strata-nvme peak RSS / zero-infinity peak RSS",
         ratio("strata-nvme", "zero-infinity", "peak_rss"), 0.5)
     row("strata-host step / zero-offload step (engine.step)", ratio("strata-host", "zero-offload"), 0.8)
-    row("strata-host step / ds-cpuadam step (the kernel alone)", ratio("strata-host", "ds-cpuadam"), 0.8)
+    row("strata-host step / ds-cpuadam step (the kernel alone)", ratio("strata-host", "ds-cpuadam"), 1.0)
+    if "ds-cpuadam-master" in summary:
+        row("strata-host step / ds-cpuadam-master step (bf16 parameters, fp32 masters copied)",
+            ratio("strata-host", "ds-cpuadam-master"), 1.0)
     row("strata-host step / torch-adamw step", ratio("strata-host", "torch-adamw"), 0.2)
     row("strata-importance iter mean / zenflow iter mean",
         ratio("strata-importance", "zenflow", "iter_mean"), 0.7)
@@ -483,6 +524,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="17m")
     ap.add_argument("--configs", default=",".join(ALL))
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="the model's parameters (strata and DeepSpeed keep fp32 masters)")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
@@ -521,6 +564,7 @@ def main():
             saved = json.load(f)
         for k in ("size", "batch", "warmup", "steps", "trials"):
             setattr(a, k, saved["args"][k])
+        a.dtype = saved["args"].get("dtype", "fp32")
         summary = summarize(saved["records"])
         print(table(summary, a))
         print()
@@ -538,7 +582,9 @@ def main():
     if a.steps < 1:
         sys.exit("--steps must be at least 1")
     passthrough = []
-    for k in ("size", "warmup", "steps", "batch", "lr", "beta1", "beta2", "eps",
+    if a.dtype == "fp32" and any(c in LOW_PRECISION_ONLY for c in configs):
+        sys.exit(f"{', '.join(sorted(LOW_PRECISION_ONLY))}: only with --dtype bf16")
+    for k in ("size", "dtype", "warmup", "steps", "batch", "lr", "beta1", "beta2", "eps",
               "weight_decay", "fraction", "every"):
         passthrough += ["--" + k.replace("_", "-"), str(getattr(a, k))]
     passthrough.append("--zenflow-overlap" if a.zenflow_overlap else "--no-zenflow-overlap")

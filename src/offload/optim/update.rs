@@ -138,11 +138,10 @@ impl<G: Element> StepUpdate<'_, G> {
                     // reads them.
                     let g = &self.grads[plan.range(c)];
                     let u = self.unscale;
-                    let n = g.len();
                     if u == 1.0 {
-                        adam_update_with(w, m, v, n, |i| g[i].to_f32(), s);
+                        adam_update_with(w, m, v, g, G::to_f32, s);
                     } else {
-                        adam_update_with(w, m, v, n, |i| g[i].to_f32() * u, s);
+                        adam_update_with(w, m, v, g, |x| x.to_f32() * u, s);
                     }
                     let k = out.weights_out.len();
                     W::narrow(&w[..k], out.weights_out);
