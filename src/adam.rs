@@ -243,7 +243,8 @@ mod tests {
             seq(3).iter().map(|x| x.abs()).collect::<Vec<_>>(),
             seq(4),
         );
-        let run = |f: &dyn Fn(&mut [f32], &mut [f32], &mut [f32])| {
+        type Update<'a> = &'a dyn Fn(&mut [f32], &mut [f32], &mut [f32]);
+        let run = |f: Update<'_>| {
             let (mut w, mut m, mut v) = (w0.clone(), m0.clone(), v0.clone());
             f(&mut w, &mut m, &mut v);
             [w, m, v].map(|a| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
