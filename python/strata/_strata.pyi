@@ -306,12 +306,23 @@ class OffloadedAdam:
     ) -> None:
         """Sets the hyper-parameters of the next steps."""
     def step(
-        self, grads: _ReadableBuffer, out: Optional[_WritableBuffer] = None, *, in_place: bool = False
+        self,
+        grads: _ReadableBuffer,
+        out: Optional[_WritableBuffer] = None,
+        *,
+        in_place: bool = False,
+        grads_dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        out_dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        unscale: float = 1.0,
     ) -> Dict[str, float]:
         """One step with these gradients; the updated weights then go into
         out if given (in_place=True: out already holds the weights as the
         previous step left them, and only changed elements are written).
-        Returns seconds, bytes_read, bytes_written, io_wait_seconds."""
+        Mixed precision (with in_place=True): grads_dtype and out_dtype say
+        what the arrays hold (16-bit floats viewed as int16), the gradients
+        are widened to fp32 times unscale, and the fp32 masters rounded to
+        nearest even into out. Returns seconds, bytes_read, bytes_written,
+        io_wait_seconds."""
     def importance_window(self) -> Optional[Tuple[int, bool, bytes, bytes]]:
         """Importance mode's window: (deferred_steps, started, resident
         indices as uint64 bytes, accumulated gradients as float32 bytes);
