@@ -89,13 +89,14 @@ fn elems_mut<'a, T: Element>(bytes: &'a mut [u8], what: &str) -> PyResult<&'a mu
 }
 
 /// The mixed-precision step, gradients of type `G` and weights of the
-/// type `out` names.
+/// type `out_dtype` names; `None`: the aliased step, `out` the fp32
+/// master weights themselves.
 fn step_mixed_as<G: Element>(
     py: Python<'_>,
     adam: &Mutex<strata::offload::optim::OffloadedAdam>,
     grads: &[u8],
     out: &mut [u8],
-    out_dtype: Dtype,
+    out_dtype: Option<Dtype>,
     unscale: f32,
 ) -> PyResult<StepStats> {
     fn run<G: Element, W: Element>(
@@ -111,9 +112,15 @@ fn step_mixed_as<G: Element>(
             .map_err(raise)
     }
     match out_dtype {
-        Dtype::F32 => run::<G, f32>(py, adam, grads, out, unscale),
-        Dtype::Bf16 => run::<G, bf16>(py, adam, grads, out, unscale),
-        Dtype::F16 => run::<G, f16>(py, adam, grads, out, unscale),
+        None => {
+            let g = elems::<G>(grads, "grads")?;
+            let w = elems_mut::<f32>(out, "out")?;
+            py.detach(|| adam.lock().step_aliased(&g, unscale, w))
+                .map_err(raise)
+        }
+        Some(Dtype::F32) => run::<G, f32>(py, adam, grads, out, unscale),
+        Some(Dtype::Bf16) => run::<G, bf16>(py, adam, grads, out, unscale),
+        Some(Dtype::F16) => run::<G, f16>(py, adam, grads, out, unscale),
     }
 }
 
@@ -269,9 +276,14 @@ impl OffloadedAdam {
     /// fp32 and multiplied by unscale (1 / a loss scale), the fp32 master
     /// weights and moments updated, and the masters rounded to nearest
     /// even into out.
+    ///
+    /// alias=True (with in_place=True and float32 out): out is the master
+    /// weights themselves (the parameter tensor), updated in place with no
+    /// copy in the tier; from then on every step must be aliased, and
+    /// read_state(0) is refused. Host tier, plain mode, cpu updater only.
     #[pyo3(signature = (
         grads, out = None, *, in_place = false, grads_dtype = "float32",
-        out_dtype = "float32", unscale = 1.0,
+        out_dtype = "float32", unscale = 1.0, alias = false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn step<'py>(
@@ -283,13 +295,19 @@ impl OffloadedAdam {
         grads_dtype: &str,
         out_dtype: &str,
         unscale: f64,
+        alias: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         if in_place && out.is_none() {
             return Err(invalid("in_place=True needs out (the weights to update)"));
         }
         let g_dtype = Dtype::parse(grads_dtype, "grads")?;
         let o_dtype = Dtype::parse(out_dtype, "out")?;
-        let mixed = g_dtype != Dtype::F32 || o_dtype != Dtype::F32 || unscale != 1.0;
+        if alias && !(in_place && o_dtype == Dtype::F32) {
+            return Err(invalid(
+                "alias=True needs out, in_place=True and float32 weights (out_dtype)",
+            ));
+        }
+        let mixed = alias || g_dtype != Dtype::F32 || o_dtype != Dtype::F32 || unscale != 1.0;
         if mixed && !in_place {
             return Err(invalid(
                 "a mixed-precision step (grads_dtype, out_dtype or unscale) needs out and in_place=True",
@@ -313,10 +331,11 @@ impl OffloadedAdam {
                 .expect("in_place checked above")
                 .as_mut_slice();
             let (g, u) = (g_view.as_slice(), unscale as f32);
+            let o = if alias { None } else { Some(o_dtype) };
             match g_dtype {
-                Dtype::F32 => step_mixed_as::<f32>(py, &self.inner, g, out, o_dtype, u)?,
-                Dtype::Bf16 => step_mixed_as::<bf16>(py, &self.inner, g, out, o_dtype, u)?,
-                Dtype::F16 => step_mixed_as::<f16>(py, &self.inner, g, out, o_dtype, u)?,
+                Dtype::F32 => step_mixed_as::<f32>(py, &self.inner, g, out, o, u)?,
+                Dtype::Bf16 => step_mixed_as::<bf16>(py, &self.inner, g, out, o, u)?,
+                Dtype::F16 => step_mixed_as::<f16>(py, &self.inner, g, out, o, u)?,
             }
         } else {
             let g = floats(g_view.as_slice())?;

@@ -15,6 +15,10 @@ contiguous CPU tensors. ``amsgrad``, ``maximize``, ``capturable``,
 ``differentiable`` and ``fused`` are not supported (``foreach`` is accepted
 and ignored).
 
+An fp32 parameter whose state is in the host tier (plain mode, the CPU
+updater) is its own master: strata keeps only the moments and updates the
+parameter in place, each byte read and written once a step.
+
 Mixed precision: parameters may be float32, bfloat16 or float16, and each
 one's gradient in its own dtype or float32. The fp32 master weights and
 both moments live in the tier; a step widens each chunk's gradients to
@@ -212,6 +216,18 @@ class _OffloadedAdamBase(Optimizer):
     # found_inf) and lets the step unscale, as for torch's fused optimizers.
     _step_supports_amp_scaling = True
 
+    def _aliases(self, p: torch.Tensor) -> bool:
+        """Whether p (fp32) is its own master weights: in the host tier,
+        plain mode, on the CPU, strata keeps only the moments and updates
+        the parameter in place (each byte read and written once, no master
+        copy beside it)."""
+        return (
+            p.dtype == torch.float32
+            and self._tier == "host"
+            and self._importance is None
+            and self._updater == "cpu"
+        )
+
     def _name(self, p: torch.Tensor) -> str:
         """How an error names p: its name where the optimizer was given
         named parameters, else its place and shape."""
@@ -360,7 +376,7 @@ class _OffloadedAdamBase(Optimizer):
                             f"a parameter of shape {tuple(entry[2])} now has shape "
                             f"{tuple(p.shape)}: parameters may not change shape between steps"
                         )
-                    if entry[0] is not None:
+                    if entry[0] is not None and not self._aliases(p):
                         entry[0].write_state(0, self._local(p, p).float().numpy())
                 adam = entry[0]
                 if adam is not None:
@@ -378,6 +394,7 @@ class _OffloadedAdamBase(Optimizer):
                         grads_dtype=_DTYPES[g.dtype],
                         out_dtype=_DTYPES[p.dtype],
                         unscale=u,
+                        alias=self._aliases(p),
                     )
                 stepped.append((p, p))
         if self._shard:

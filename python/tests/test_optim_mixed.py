@@ -221,3 +221,26 @@ def test_errors_name_the_parameter_and_what_would_work():
     # A state directory that cannot take the states: at construction.
     with pytest.raises(strata.NotFoundError, match="not a directory"):
         strata.optim.AdamW([p], tier="nvme", nvme_path="/proc/no-such-dir")
+
+
+def test_fp32_parameters_in_the_host_tier_are_their_own_master():
+    """The parameter is updated in place as the master (no copy in the
+    tier): training still matches torch, a state_dict round trip resumes
+    it, and weights changed outside the optimizer are simply the master."""
+    a, b = model(torch.float32), model(torch.float32)
+    ta = torch.optim.AdamW(a.parameters(), lr=3e-3, foreach=False)
+    sb = strata.optim.AdamW(b.parameters(), lr=3e-3)
+    batches = data(10)
+    losses(a, ta, batches[:5], torch.float32)
+    losses(b, sb, batches[:5], torch.float32)
+    with torch.no_grad():
+        a[0].weight.mul_(0.5)
+        b[0].weight.mul_(0.5)
+    sd = sb.state_dict()
+    assert "master" not in sd["state"][0]
+    sb2 = strata.optim.AdamW(b.parameters(), lr=3e-3)
+    sb2.load_state_dict(sd)
+    losses(a, ta, batches[5:], torch.float32)
+    losses(b, sb2, batches[5:], torch.float32)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6)

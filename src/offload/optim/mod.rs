@@ -99,6 +99,9 @@ pub struct OffloadedAdam {
     broken: bool,
     /// The GPU update (`Updater::Cuda`).
     gpu: Option<Gpu>,
+    /// Set by [`OffloadedAdam::step_aliased`]: the caller's array holds the
+    /// master weights from then on, not the tier.
+    aliased: bool,
 }
 
 impl std::fmt::Debug for OffloadedAdam {
@@ -210,6 +213,7 @@ impl OffloadedAdam {
             resident: Vec::new(),
             broken: false,
             gpu,
+            aliased: false,
         }
     }
 
@@ -289,6 +293,7 @@ impl OffloadedAdam {
     }
 
     fn check(&self, grads: usize, unscale: f32) -> Result<()> {
+        self.check_not_aliased()?;
         if self.broken {
             return Err(Error::new(
                 ErrorKind::Closed,
@@ -305,6 +310,16 @@ impl OffloadedAdam {
             return Err(Error::invalid(format!(
                 "a gradient unscale factor of {unscale}: it must be finite and positive"
             )));
+        }
+        Ok(())
+    }
+
+    fn check_not_aliased(&self) -> Result<()> {
+        if self.aliased {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "the master weights are the caller's array (step_aliased): step with step_aliased, and read the weights from that array",
+            ));
         }
         Ok(())
     }
@@ -389,6 +404,45 @@ impl OffloadedAdam {
         Ok(stats)
     }
 
+    /// A step whose master weights are the caller's fp32 array (a
+    /// framework's parameter tensor): the tier keeps only the moments'
+    /// truth, and each element of `weights` is read and written once, in
+    /// place — 28 bytes a parameter for fp32 gradients, against 32 for
+    /// [`step_mixed`](Self::step_mixed)'s master beside the parameter.
+    /// For states in the host tier, in plain mode, updated on the CPU;
+    /// `weights` must hold the values the optimizer was built with (or
+    /// last written with [`write_state`](Self::write_state)`(0, ..)`)
+    /// at the first aliased step. From then on every step is aliased and
+    /// the tier's weights are not kept: [`read_state`](Self::read_state)`(0)`
+    /// and the other steps are refused (the weights are the caller's).
+    pub fn step_aliased<G: Element>(
+        &mut self,
+        grads: &[G],
+        unscale: f32,
+        weights: &mut [f32],
+    ) -> Result<StepStats> {
+        if self.states.home() != Tier::Host
+            || self.config.importance.is_some()
+            || self.gpu.is_some()
+        {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "an aliased step needs the states in the host tier, plain mode and the CPU updater",
+            ));
+        }
+        self.check_len(weights.len(), "weights")?;
+        let was = std::mem::replace(&mut self.aliased, false);
+        if let Err(e) = self.check(grads.len(), unscale) {
+            self.aliased = was;
+            return Err(e);
+        }
+        let r = self.step_inner_as(grads, unscale, Some(weights), true);
+        // Even a failed aliased step may have updated some chunks of
+        // `weights`: the tier's copy is no longer theirs.
+        self.aliased = true;
+        Ok(r?.0)
+    }
+
     /// The step; true when it streamed the states (and so filled
     /// `weights`).
     fn step_inner<G: Element, W: Element>(
@@ -396,6 +450,16 @@ impl OffloadedAdam {
         grads: &[G],
         unscale: f32,
         weights: Option<&mut [W]>,
+    ) -> Result<(StepStats, bool)> {
+        self.step_inner_as(grads, unscale, weights, false)
+    }
+
+    fn step_inner_as<G: Element, W: Element>(
+        &mut self,
+        grads: &[G],
+        unscale: f32,
+        weights: Option<&mut [W]>,
+        alias: bool,
     ) -> Result<(StepStats, bool)> {
         self.check(grads.len(), unscale)?;
         let start = Instant::now();
@@ -441,6 +505,7 @@ impl OffloadedAdam {
             plan,
             grads,
             unscale,
+            alias,
             old: &old,
         };
         // A GPU takes many chunks at once, one call at a time.
@@ -537,6 +602,9 @@ impl OffloadedAdam {
             return Err(Error::invalid(format!("state {which}: use 0, 1 or 2")));
         }
         self.check_len(out.len(), "values")?;
+        if which == 0 {
+            self.check_not_aliased()?;
+        }
         self.states.read(which, out)?;
         // Between flushes the resident copy is the truth.
         for (c, r) in self.resident.iter().enumerate() {

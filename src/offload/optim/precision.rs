@@ -38,6 +38,12 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + bytemuck::Pod + 'static
 
     /// One value as fp32 (exact).
     fn to_f32(self) -> f32;
+
+    /// `s` itself where `Self` is `f32` (the master weights' own type).
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        let _ = s;
+        None
+    }
 }
 
 fn scaled(mut v: Vec<f32>, scale: f32) -> Vec<f32> {
@@ -68,6 +74,10 @@ impl Element for f32 {
 
     fn to_f32(self) -> f32 {
         self
+    }
+
+    fn as_f32_mut(s: &mut [f32]) -> Option<&mut [f32]> {
+        Some(s)
     }
 }
 

@@ -110,6 +110,10 @@ pub(super) struct StepUpdate<'a, G> {
     pub(super) plan: StepPlan,
     pub(super) grads: &'a [G],
     pub(super) unscale: f32,
+    /// The caller's weights are the master weights (an fp32 parameter
+    /// over which the tier keeps only the moments): each chunk updates
+    /// them in place instead of the tier's copy.
+    pub(super) alias: bool,
     /// The resident sets of the window that ends (a flush), per chunk.
     pub(super) old: &'a [Resident],
 }
@@ -138,6 +142,18 @@ impl<G: Element> StepUpdate<'_, G> {
                     // reads them.
                     let g = &self.grads[plan.range(c)];
                     let u = self.unscale;
+                    if self.alias {
+                        // The caller's fp32 weights are the master: one
+                        // pass, no copy (the tier's weights stay as laid out).
+                        let w = W::as_f32_mut(out.weights_out)
+                            .expect("an aliased step has fp32 weights");
+                        if u == 1.0 {
+                            adam_update_with(w, m, v, g, G::to_f32, s);
+                        } else {
+                            adam_update_with(w, m, v, g, |x| x.to_f32() * u, s);
+                        }
+                        return;
+                    }
                     if u == 1.0 {
                         adam_update_with(w, m, v, g, G::to_f32, s);
                     } else {
