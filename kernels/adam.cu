@@ -10,7 +10,10 @@
  *
  *   m = b1*m + (1-b1)*g
  *   v = b2*v + (1-b2)*(g*g)
- *   w = w - lr*((m/bc1) / (sqrt(v/bc2) + eps) + wd*w)
+ *   w = w - (step*(m / (sqrt(v)*rs + eps)) + decay*w)
+ *
+ * with the step's scalars from the host (src/adam.rs, StepScalars):
+ * step = lr/(1-b1^t), rs = 1/sqrt(1-b2^t), decay = lr*wd.
  *
  * strata_adam: every element of the arrays it is given. Importance-aware
  * mode needs nothing more: between flushes it updates the compact arrays
@@ -19,7 +22,7 @@
  */
 
 struct strata_adam_scalars {
-    float lr, beta1, beta2, eps, weight_decay, bc1, bc2;
+    float beta1, beta2, eps, step, rs, decay;
 };
 
 __device__ __forceinline__ void strata_adam_element(float *w, float *m, float *v, float g,
@@ -30,18 +33,18 @@ __device__ __forceinline__ void strata_adam_element(float *w, float *m, float *v
     float vi = __fadd_rn(__fmul_rn(s.beta2, *v), __fmul_rn(c2, __fmul_rn(g, g)));
     *m = mi;
     *v = vi;
-    float denom = __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, s.bc2)), s.eps);
-    float step = __fadd_rn(__fdiv_rn(__fdiv_rn(mi, s.bc1), denom), __fmul_rn(s.weight_decay, *w));
-    *w = __fsub_rn(*w, __fmul_rn(s.lr, step));
+    float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), s.rs), s.eps);
+    float update = __fadd_rn(__fmul_rn(s.step, __fdiv_rn(mi, denom)), __fmul_rn(s.decay, *w));
+    *w = __fsub_rn(*w, update);
 }
 
 extern "C" __global__ void strata_adam(float *w, float *m, float *v, const float *g,
-                                       unsigned int n, float lr, float beta1, float beta2,
-                                       float eps, float weight_decay, float bc1, float bc2) {
+                                       unsigned int n, float beta1, float beta2, float eps,
+                                       float step, float rs, float decay) {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) {
         return;
     }
-    strata_adam_scalars s = {lr, beta1, beta2, eps, weight_decay, bc1, bc2};
+    strata_adam_scalars s = {beta1, beta2, eps, step, rs, decay};
     strata_adam_element(&w[i], &m[i], &v[i], g[i], s);
 }

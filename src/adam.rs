@@ -4,18 +4,21 @@
 //! through `device::cuda_adam`) share one definition.
 //!
 //! **The update** (the same order of operations for every element, so the
-//! result is bitwise that of a plain loop; `t` counts steps from 1, `bc1 =
-//! 1 − β1^t` and `bc2 = 1 − β2^t` computed in f64 then rounded to f32):
+//! result is bitwise that of a plain loop; `t` counts steps from 1; the
+//! step's scalars `step = lr / (1 − β1^t)`, `rs = 1 / sqrt(1 − β2^t)` and
+//! `decay = lr·wd` computed in f64, then rounded to f32):
 //!
 //! ```text
 //! m = β1·m + (1−β1)·g
 //! v = β2·v + (1−β2)·(g·g)
-//! w = w − lr·((m / bc1) / (sqrt(v / bc2) + ε) + wd·w)      (wd = 0: Adam)
+//! w = w − (step·(m / (sqrt(v)·rs + ε)) + decay·w)      (wd = 0: Adam)
 //! ```
 //!
-//! The GPU kernel does the same fp32 operations in the same order (no FMA
-//! contraction, IEEE division and square root), so both give bitwise the
-//! same state.
+//! One division and one square root an element (the bias corrections are
+//! folded into the scalars, as torch and DeepSpeed fold them): at AVX-512
+//! width the loop then keeps up with the memory it streams. The GPU kernel
+//! does the same fp32 operations in the same order (no FMA contraction,
+//! IEEE division and square root), so both give bitwise the same state.
 #![deny(unsafe_code)]
 
 use serde::Serialize;
@@ -56,16 +59,27 @@ pub struct StepScalars {
     pub bc1: f32,
     /// 1 − β2^t.
     pub bc2: f32,
+    /// lr / (1 − β1^t).
+    pub step_size: f32,
+    /// 1 / sqrt(1 − β2^t).
+    pub bc2_rsqrt: f32,
+    /// lr · weight_decay.
+    pub decay: f32,
 }
 
 impl StepScalars {
     /// For step `t` (from 1).
     pub fn new(p: AdamParams, t: u64) -> Self {
         let t = t.min(i32::MAX as u64) as i32;
+        let bc1 = 1.0 - (p.beta1 as f64).powi(t);
+        let bc2 = 1.0 - (p.beta2 as f64).powi(t);
         Self {
             p,
-            bc1: (1.0 - (p.beta1 as f64).powi(t)) as f32,
-            bc2: (1.0 - (p.beta2 as f64).powi(t)) as f32,
+            bc1: bc1 as f32,
+            bc2: bc2 as f32,
+            step_size: (p.lr as f64 / bc1) as f32,
+            bc2_rsqrt: (1.0 / bc2.sqrt()) as f32,
+            decay: (p.lr as f64 * p.weight_decay as f64) as f32,
         }
     }
 }
@@ -115,20 +129,17 @@ fn update_loop<G: Copy>(
     let n = w.len().min(m.len()).min(v.len()).min(g.len());
     let (w, m, v, g) = (&mut w[..n], &mut m[..n], &mut v[..n], &g[..n]);
     let AdamParams {
-        lr,
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
+        beta1, beta2, eps, ..
     } = s.p;
     let (c1, c2) = (1.0 - beta1, 1.0 - beta2);
+    let (step, rs, decay) = (s.step_size, s.bc2_rsqrt, s.decay);
     for i in 0..n {
         let gi = widen(g[i]);
         let mi = beta1 * m[i] + c1 * gi;
         let vi = beta2 * v[i] + c2 * (gi * gi);
         m[i] = mi;
         v[i] = vi;
-        w[i] -= lr * ((mi / s.bc1) / ((vi / s.bc2).sqrt() + eps) + weight_decay * w[i]);
+        w[i] -= step * (mi / (vi.sqrt() * rs + eps)) + decay * w[i];
     }
 }
 

@@ -9,14 +9,16 @@ use strata::ErrorKind;
 
 /// Reference Adam/AdamW: the documented formula as a plain loop.
 fn reference_step(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], p: AdamParams, t: i32) {
-    let bc1 = (1.0 - (p.beta1 as f64).powi(t)) as f32;
-    let bc2 = (1.0 - (p.beta2 as f64).powi(t)) as f32;
+    let bc1 = 1.0 - (p.beta1 as f64).powi(t);
+    let bc2 = 1.0 - (p.beta2 as f64).powi(t);
+    let step = (p.lr as f64 / bc1) as f32;
+    let rs = (1.0 / bc2.sqrt()) as f32;
+    let decay = (p.lr as f64 * p.weight_decay as f64) as f32;
     for i in 0..w.len() {
         m[i] = p.beta1 * m[i] + (1.0 - p.beta1) * g[i];
         v[i] = p.beta2 * v[i] + (1.0 - p.beta2) * (g[i] * g[i]);
-        let mh = m[i] / bc1;
-        let vh = v[i] / bc2;
-        w[i] -= p.lr * (mh / (vh.sqrt() + p.eps) + p.weight_decay * w[i]);
+        let denom = v[i].sqrt() * rs + p.eps;
+        w[i] -= step * (m[i] / denom) + decay * w[i];
     }
 }
 

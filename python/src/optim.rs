@@ -152,7 +152,7 @@ fn adam(lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> PyResult<Ada
 /// The update is decoupled weight decay (AdamW; weight_decay 0 is Adam):
 ///
 ///     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
-///     w = w - lr*((m/bc1)/(sqrt(v/bc2) + eps) + weight_decay*w)
+///     w = w - (lr/bc1)*(m/(sqrt(v)/sqrt(bc2) + eps)) - lr*weight_decay*w
 ///
 /// updater "cpu" or "cuda" (the same result bitwise). importance =
 /// (fraction, every): the importance-aware mode (ZenFlow's idea; see the

@@ -36,9 +36,12 @@ The master weights in the tier follow changes made to a parameter outside
 the optimizer that torch counts (in-place ops under ``torch.no_grad()``,
 ``p.copy_(...)``, loading a state dict into the model): strata checks the
 tensor's version at each step. Changes through ``p.data`` are not counted
-by torch and are not seen: the next step starts from strata's copy.
+by torch and are not seen: the next step starts from strata's copy (except
+for an fp32 parameter in the host tier, which is its own master: there
+every change is seen).
 
-Numerics: strata's update is ``w -= lr*((m/bc1)/(sqrt(v/bc2)+eps) + wd*w)``
+Numerics: strata's update is ``w -= step*(m/(sqrt(v)*rs+eps)) + lr*wd*w``
+with ``step = lr/bc1`` and ``rs = 1/sqrt(bc2)``
 in float32; torch orders the same operations differently (it decays ``w``
 first, then adds ``-(lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)``), so results
 agree to within a few float32 rounding steps, not bit for bit.

@@ -59,7 +59,9 @@ class ReferenceImportance:
     def _update(self, w, m, v, g, bc1, bc2):
         m.copy_(self.b1 * m + (1 - self.b1) * g)
         v.copy_(self.b2 * v + (1 - self.b2) * (g * g))
-        w.sub_(self.lr * ((m / bc1) / ((v / bc2).sqrt() + self.eps) + self.wd * w))
+        step = torch.tensor(float(self.lr) / float(bc1), dtype=torch.float32)
+        rs = torch.tensor(1.0 / math.sqrt(float(bc2)), dtype=torch.float32)
+        w.sub_(step * (m / (v.sqrt() * rs + self.eps)) + (self.lr * self.wd) * w)
 
     @torch.no_grad()
     def step(self):

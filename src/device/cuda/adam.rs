@@ -153,8 +153,8 @@ impl Set {
         let cfg = LaunchConfig::for_num_elems(n32);
         let mut b = stream.launch(&k.plain);
         b.arg(&w).arg(&m).arg(&v).arg(&g).arg(&n32);
-        b.arg(&p.lr).arg(&p.beta1).arg(&p.beta2).arg(&p.eps);
-        b.arg(&p.weight_decay).arg(&s.bc1).arg(&s.bc2);
+        b.arg(&p.beta1).arg(&p.beta2).arg(&p.eps);
+        b.arg(&s.step_size).arg(&s.bc2_rsqrt).arg(&s.decay);
         // SAFETY: the arguments match strata_adam's signature; the four
         // arrays hold `n` floats each in this set's device memory, which
         // lives as long as the set (whose drop waits for its stream), and

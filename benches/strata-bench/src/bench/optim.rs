@@ -65,8 +65,10 @@ pub struct Roofline {
     /// for a bf16 or fp16 parameter its rounding written (fp32: 28; bf16
     /// and fp16: 28).
     pub bytes_per_param: u64,
-    /// Bytes per parameter this step moves: as above, plus for fp32 the
-    /// parameter written apart from its master (32).
+    /// Bytes per parameter this step moves: as above; for fp32 states
+    /// outside the host tier (or in importance mode) plus the parameter
+    /// written apart from its master (32). fp32 parameters of host-tier
+    /// states are their own master (the aliased step, 28).
     pub moved_per_param: u64,
     /// Seconds the triad's bandwidth needs for `bytes_per_param`.
     pub bound_seconds: f64,
@@ -206,11 +208,17 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         Some(imp) => p.steps.max(1).div_ceil(imp.every as usize) * imp.every as usize,
         None => p.steps,
     };
+    // fp32 parameters of states in the host tier are their own master (as
+    // strata.optim runs them): the aliased step, 28 bytes a parameter.
+    let alias = dtype == "float32"
+        && p.tier == "host"
+        && p.importance.is_none()
+        && p.update == Updater::Cpu;
     let mut timed = |progress: &mut dyn FnMut(&str, f64)| -> Result<(f64, f64, u64)> {
         match dtype {
-            "bfloat16" => time_steps::<bf16>(&mut opt, &w, &g, steps, progress),
-            "float16" => time_steps::<f16>(&mut opt, &w, &g, steps, progress),
-            _ => time_steps::<f32>(&mut opt, &w, &g, steps, progress),
+            "bfloat16" => time_steps::<bf16>(&mut opt, &w, &g, steps, false, progress),
+            "float16" => time_steps::<f16>(&mut opt, &w, &g, steps, false, progress),
+            _ => time_steps::<f32>(&mut opt, &w, &g, steps, alias, progress),
         }
     };
     let (secs, wait, bytes) = timed(progress)?;
@@ -219,9 +227,10 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     let roofline = if p.roofline {
         progress("triad", 0.95);
         let triad = triad_bandwidth(state_bytes as usize / 12);
-        let (least, moved) = match dtype {
-            "float32" => (28, 32),
-            _ => (28, 28),
+        let (least, moved) = if dtype == "float32" && !alias {
+            (28, 32)
+        } else {
+            (28, 28)
         };
         let bound = (least * p.params as u64) as f64 / triad;
         Some(Roofline {
@@ -266,15 +275,20 @@ fn time_steps<T: Element>(
     w: &[f32],
     g: &[f32],
     steps: usize,
+    alias: bool,
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<(f64, f64, u64)> {
     let mut params: Vec<T> = w.iter().map(|&x| T::from_f32(x)).collect();
     let grads: Vec<T> = g.iter().map(|&x| T::from_f32(x)).collect();
-    opt.step_mixed(&grads, 1.0, &mut params)?;
+    let step = |opt: &mut OffloadedAdam, params: &mut [T]| match T::as_f32_mut(params) {
+        Some(w) if alias => opt.step_aliased(&grads, 1.0, w),
+        _ => opt.step_mixed(&grads, 1.0, params),
+    };
+    step(opt, &mut params)?;
     let (mut secs, mut wait, mut bytes) = (0.0, 0.0, 0u64);
     for s in 0..steps {
         progress("steps", 0.3 + 0.65 * s as f64 / steps as f64);
-        let st = opt.step_mixed(&grads, 1.0, &mut params)?;
+        let st = step(opt, &mut params)?;
         secs += st.seconds;
         wait += st.io_wait_seconds;
         bytes += st.bytes_read + st.bytes_written;
