@@ -103,31 +103,78 @@ pub fn adam_update_with<G: Copy>(
     widen: impl Fn(G) -> f32,
     s: &StepScalars,
 ) {
+    adam_update_into(w, m, v, g, widen, &mut [] as &mut [f32], |x| x, s)
+}
+
+/// As [`adam_update_with`], also writing each new weight `narrow(w[i])`
+/// into `out[i]` for `i < out.len()` in the same pass (a bf16 or fp16
+/// parameter rounded from its fp32 master while the value is in a
+/// register).
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub fn adam_update_into<G: Copy, W: Copy>(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    widen: impl Fn(G) -> f32,
+    out: &mut [W],
+    narrow: impl Fn(f32) -> W,
+    s: &StepScalars,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            return wide::avx512(w, m, v, g, widen, s);
+            return wide::avx512(w, m, v, g, widen, out, narrow, s);
         }
         if std::arch::is_x86_feature_detected!("avx2") {
-            return wide::avx2(w, m, v, g, widen, s);
+            return wide::avx2(w, m, v, g, widen, out, narrow, s);
         }
     }
-    update_loop(w, m, v, g, widen, s)
+    update_loop(w, m, v, g, widen, out, narrow, s)
 }
 
 /// The loop itself, inlined into each of the variants that the CPU's
 /// features select.
 #[inline(always)]
-fn update_loop<G: Copy>(
+#[allow(clippy::too_many_arguments)]
+fn update_loop<G: Copy, W: Copy>(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    widen: impl Fn(G) -> f32,
+    out: &mut [W],
+    narrow: impl Fn(f32) -> W,
+    s: &StepScalars,
+) {
+    let n = w.len().min(m.len()).min(v.len()).min(g.len());
+    let (w, m, v, g) = (&mut w[..n], &mut m[..n], &mut v[..n], &g[..n]);
+    if out.len() >= n {
+        // One pass: the parameter written as its master is.
+        let out = &mut out[..n];
+        each_update(w, m, v, g, widen, s, |i, x| out[i] = narrow(x));
+        return;
+    }
+    each_update(w, m, v, g, widen, s, |_, _| {});
+    let k = out.len();
+    for (o, &x) in out.iter_mut().zip(&w[..k]) {
+        *o = narrow(x);
+    }
+}
+
+/// The update of every element, each new weight handed to `put`.
+#[inline(always)]
+fn each_update<G: Copy>(
     w: &mut [f32],
     m: &mut [f32],
     v: &mut [f32],
     g: &[G],
     widen: impl Fn(G) -> f32,
     s: &StepScalars,
+    mut put: impl FnMut(usize, f32),
 ) {
-    let n = w.len().min(m.len()).min(v.len()).min(g.len());
-    let (w, m, v, g) = (&mut w[..n], &mut m[..n], &mut v[..n], &g[..n]);
+    let n = w.len();
     let AdamParams {
         beta1, beta2, eps, ..
     } = s.p;
@@ -139,7 +186,9 @@ fn update_loop<G: Copy>(
         let vi = beta2 * v[i] + c2 * (gi * gi);
         m[i] = mi;
         v[i] = vi;
-        w[i] -= step * (mi / (vi.sqrt() * rs + eps)) + decay * w[i];
+        let wi = w[i] - (step * (mi / (vi.sqrt() * rs + eps)) + decay * w[i]);
+        w[i] = wi;
+        put(i, wi);
     }
 }
 
@@ -154,59 +203,71 @@ mod wide {
     use super::{update_loop, StepScalars};
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn avx512_loop<G: Copy>(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn avx512_loop<G: Copy, W: Copy>(
         w: &mut [f32],
         m: &mut [f32],
         v: &mut [f32],
         g: &[G],
         widen: impl Fn(G) -> f32,
+        out: &mut [W],
+        narrow: impl Fn(f32) -> W,
         s: &StepScalars,
     ) {
-        update_loop(w, m, v, g, widen, s)
+        update_loop(w, m, v, g, widen, out, narrow, s)
     }
 
     #[target_feature(enable = "avx2")]
-    unsafe fn avx2_loop<G: Copy>(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn avx2_loop<G: Copy, W: Copy>(
         w: &mut [f32],
         m: &mut [f32],
         v: &mut [f32],
         g: &[G],
         widen: impl Fn(G) -> f32,
+        out: &mut [W],
+        narrow: impl Fn(f32) -> W,
         s: &StepScalars,
     ) {
-        update_loop(w, m, v, g, widen, s)
+        update_loop(w, m, v, g, widen, out, narrow, s)
     }
 
     /// The caller has checked that the CPU has AVX-512F.
-    pub(super) fn avx512<G: Copy>(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn avx512<G: Copy, W: Copy>(
         w: &mut [f32],
         m: &mut [f32],
         v: &mut [f32],
         g: &[G],
         widen: impl Fn(G) -> f32,
+        out: &mut [W],
+        narrow: impl Fn(f32) -> W,
         s: &StepScalars,
     ) {
         debug_assert!(std::arch::is_x86_feature_detected!("avx512f"));
         // SAFETY: only called after is_x86_feature_detected!("avx512f")
         // (adam_update_with), so the instructions it was compiled with
         // exist on this CPU; the body is safe code.
-        unsafe { avx512_loop(w, m, v, g, widen, s) }
+        unsafe { avx512_loop(w, m, v, g, widen, out, narrow, s) }
     }
 
     /// The caller has checked that the CPU has AVX2.
-    pub(super) fn avx2<G: Copy>(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn avx2<G: Copy, W: Copy>(
         w: &mut [f32],
         m: &mut [f32],
         v: &mut [f32],
         g: &[G],
         widen: impl Fn(G) -> f32,
+        out: &mut [W],
+        narrow: impl Fn(f32) -> W,
         s: &StepScalars,
     ) {
         debug_assert!(std::arch::is_x86_feature_detected!("avx2"));
         // SAFETY: only called after is_x86_feature_detected!("avx2")
         // (adam_update_with), so the instructions it was compiled with
         // exist on this CPU; the body is safe code.
-        unsafe { avx2_loop(w, m, v, g, widen, s) }
+        unsafe { avx2_loop(w, m, v, g, widen, out, narrow, s) }
     }
 }
 
@@ -260,11 +321,13 @@ mod tests {
             f(&mut w, &mut m, &mut v);
             [w, m, v].map(|a| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
         };
-        let base = run(&|w, m, v| update_loop(w, m, v, &g, |x| x, &s));
+        let base =
+            run(&|w, m, v| update_loop(w, m, v, &g, |x| x, &mut [] as &mut [f32], |x| x, &s));
         assert_eq!(run(&|w, m, v| adam_update(w, m, v, &g, &s)), base);
         let halves: Vec<u16> = g.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
         let widen = |h: u16| f32::from_bits((h as u32) << 16);
-        let base_h = run(&|w, m, v| update_loop(w, m, v, &halves, widen, &s));
+        let base_h =
+            run(&|w, m, v| update_loop(w, m, v, &halves, widen, &mut [] as &mut [f32], |x| x, &s));
         assert_eq!(
             run(&|w, m, v| adam_update_with(w, m, v, &halves, widen, &s)),
             base_h
@@ -272,10 +335,34 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2") {
-                assert_eq!(run(&|w, m, v| wide::avx2(w, m, v, &g, |x| x, &s)), base);
+                assert_eq!(
+                    run(&|w, m, v| wide::avx2(
+                        w,
+                        m,
+                        v,
+                        &g,
+                        |x| x,
+                        &mut [] as &mut [f32],
+                        |x| x,
+                        &s
+                    )),
+                    base
+                );
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
-                assert_eq!(run(&|w, m, v| wide::avx512(w, m, v, &g, |x| x, &s)), base);
+                assert_eq!(
+                    run(&|w, m, v| wide::avx512(
+                        w,
+                        m,
+                        v,
+                        &g,
+                        |x| x,
+                        &mut [] as &mut [f32],
+                        |x| x,
+                        &s
+                    )),
+                    base
+                );
             }
         }
     }

@@ -25,6 +25,10 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + bytemuck::Pod + 'static
     const NAME: &'static str;
     /// Bytes per element.
     const BYTES: usize = std::mem::size_of::<Self>();
+    /// Whether one value converts cheaply inside the update loop (f32,
+    /// bf16: bit operations the loop vectorizes). fp16 converts a slice at
+    /// a time instead, where `half` uses the CPU's F16C instructions.
+    const IN_LOOP: bool = true;
 
     /// `src` as fp32 (borrowed where it already is, and `scale` is 1),
     /// each value times `scale`.
@@ -104,6 +108,7 @@ impl Element for bf16 {
 
 impl Element for f16 {
     const NAME: &'static str = "float16";
+    const IN_LOOP: bool = false;
 
     fn widen(src: &[f16], scale: f32) -> Cow<'_, [f32]> {
         Cow::Owned(scaled(src.to_f32_vec(), scale))

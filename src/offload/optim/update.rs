@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::precision::Element;
 use super::window::{Resident, StepPlan};
 use super::Updater;
-use crate::adam::{adam_update, adam_update_with, StepScalars};
+use crate::adam::{adam_update, adam_update_into, adam_update_with, StepScalars};
 use crate::error::Result;
 
 #[cfg(feature = "cuda")]
@@ -137,7 +137,7 @@ impl<G: Element> StepUpdate<'_, G> {
         let Some(gpu) = gpu else {
             // One pass per chunk, the chunks over the CPU's threads.
             batch.into_par_iter().for_each(|(c, [w, m, v], out)| {
-                if plan.flush.is_none() {
+                if plan.flush.is_none() && (self.alias || (G::IN_LOOP && W::IN_LOOP)) {
                     // A plain step: the gradients widened as the update
                     // reads them.
                     let g = &self.grads[plan.range(c)];
@@ -154,13 +154,13 @@ impl<G: Element> StepUpdate<'_, G> {
                         }
                         return;
                     }
+                    // The parameter rounded from its master in the same pass.
+                    let o = &mut *out.weights_out;
                     if u == 1.0 {
-                        adam_update_with(w, m, v, g, G::to_f32, s);
+                        adam_update_into(w, m, v, g, G::to_f32, o, W::from_f32, s);
                     } else {
-                        adam_update_with(w, m, v, g, |x| x.to_f32() * u, s);
+                        adam_update_into(w, m, v, g, |x| x.to_f32() * u, o, W::from_f32, s);
                     }
-                    let k = out.weights_out.len();
-                    W::narrow(&w[..k], out.weights_out);
                     return;
                 }
                 let g = this_step(c);
