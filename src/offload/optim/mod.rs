@@ -8,7 +8,7 @@
 //! | `config.rs` | [`OptimConfig`] (tier, chunk, hyper-parameters, [`Importance`], [`Updater`]) and [`StepStats`] |
 //! | `states.rs` | the state arrays as runtime buffers, and the one path a step takes through them |
 //! | `update.rs` | where the update runs ([`Updater`]): the CPU, or a GPU |
-//! | `precision.rs` | mixed precision: the parameters' and gradients' [`Element`] types (`f32`, [`bf16`], [`f16`]) |
+//! | `precision.rs` | mixed precision: the parameters' and gradients' [`Element`] types (`f32`, [`bf16`], [`f16`](struct@f16)) |
 //! | `window.rs` | importance-aware mode's window ([`ImportanceWindow`]) |
 //! | `tests.rs` | unit tests: failures part-way through a step, restored state |
 //!
@@ -374,7 +374,7 @@ impl OffloadedAdam {
 
     /// The mixed-precision step: as [`step_in_place`](Self::step_in_place),
     /// with gradients and parameters each in their own [`Element`] type
-    /// (`f32`, [`bf16`] or [`f16`]; a framework's bf16 parameters with
+    /// (`f32`, [`bf16`] or [`f16`](struct@f16); a framework's bf16 parameters with
     /// bf16 or fp32 gradients, say). The fp32 master weights and moments
     /// in the tier are the truth: each chunk's gradients are widened to
     /// fp32 and multiplied by `unscale` (1 / a loss scale, or 1), the

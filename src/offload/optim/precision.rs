@@ -1,5 +1,5 @@
 //! Mixed precision: the element types a framework's parameters and
-//! gradients come in ([`Element`]: `f32`, [`bf16`], [`f16`]). The master
+//! gradients come in ([`Element`]: `f32`, [`bf16`], [`f16`](struct@f16)). The master
 //! weights and both moments are always fp32 in the tier; a step widens
 //! each chunk's gradients to fp32 (times the caller's unscale factor, as
 //! `GradScaler` needs) while the chunk is in cache, and narrows the new
@@ -19,7 +19,7 @@ mod sealed {
     impl Sealed for half::f16 {}
 }
 
-/// A parameter or gradient element type: `f32`, [`bf16`] or [`f16`].
+/// A parameter or gradient element type: `f32`, [`bf16`] or [`f16`](struct@f16).
 pub trait Element: sealed::Sealed + Copy + Send + Sync + bytemuck::Pod + 'static {
     /// Its name, as torch spells the dtype ("float32", "bfloat16", "float16").
     const NAME: &'static str;
