@@ -3,15 +3,17 @@
 //! are counted and the first is kept for `Runtime::check` and
 //! `Runtime::shutdown` (record, then check); a panicking round is
 //! caught and recorded, and its thread lives on. Also the wake-up signal of
-//! a background thread and the join that never waits for itself.
+//! a background thread, the thread that runs the balancer's rounds, and
+//! the join that never waits for itself.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Failures of background work.
 #[derive(Default)]
@@ -105,5 +107,50 @@ impl Wake {
 pub(crate) fn join(handle: std::thread::JoinHandle<()>) {
     if handle.thread().id() != std::thread::current().id() {
         let _ = handle.join();
+    }
+}
+
+/// The balancer's background thread; stops when dropped.
+pub(crate) struct BalancerThread {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BalancerThread {
+    /// Runs `round` every `interval` until dropped, or until `round`
+    /// returns false (the runtime is gone). `round` gets the stop flag to
+    /// check once it holds the runtime.
+    pub(crate) fn start(
+        interval: Duration,
+        round: impl Fn(&AtomicBool) -> bool + Send + 'static,
+    ) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("strata-balancer".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    // Woken early by `drop` (or spuriously: an early round).
+                    std::thread::park_timeout(interval);
+                    if !round(&s) {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| Error::io("starting the balancer thread", e))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for BalancerThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            join(t);
+        }
     }
 }

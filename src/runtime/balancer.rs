@@ -29,11 +29,11 @@
 //! per buffer, whether each page promoted into the fastest tier was
 //! accessed there before it left (`Stats::promotions_paid`, `_unpaid`).
 //! When most of a buffer's recent promotions did not pay (under 40% of at
-//! least [`PAYBACK_WINDOW`] settled), its pages are promoted only once
+//! least [`PAYBACK_WINDOW`](super::payback::PAYBACK_WINDOW) settled), its pages are promoted only once
 //! they show reuse across rounds — an access in an earlier round still in
 //! their decayed score, GMT's reuse prediction in its simplest form — and
 //! the rest are served where they are; above 60% (or after
-//! [`PAYBACK_PROBE`] rounds with too few promotions to tell) the buffer is
+//! [`PAYBACK_PROBE`](super::payback::PAYBACK_PROBE) rounds with too few promotions to tell) the buffer is
 //! promoted freely again. BFS frontiers, read once per level, stop being
 //! promoted; the arrays every level reads keep theirs.
 //!
@@ -48,18 +48,18 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::accounting::Counters;
-use super::background::join;
 use super::balance_config::{BalanceReport, BalancerConfig};
 use super::balance_pages::{
     demote_pages, mark, move_pages, still_marked, strangers, tier_of, ById,
 };
 use super::hints::{settle_read_promotions, Hints};
 use super::mover::Engine;
+use super::payback::Payback;
 use super::request::Source;
 use super::shared::Shared;
 use super::table::Table;
@@ -67,54 +67,6 @@ use crate::error::{Error, Result};
 use crate::hotness::HarvestParams;
 use crate::policy::{self, Outcome, Policy};
 use crate::tier::Tier;
-
-/// Promotions settled (left the fastest tier) before a buffer's payback
-/// is judged.
-pub(crate) const PAYBACK_WINDOW: u64 = 16;
-/// Rounds a buffer held to reused pages waits, with too few promotions
-/// settling to judge, before it is promoted freely again (a probe).
-pub(crate) const PAYBACK_PROBE: u32 = 32;
-
-/// A buffer's recent payback: promotions settled since its last
-/// judgement, and the judgement.
-#[derive(Debug, Default)]
-struct Payback {
-    /// The buffer's counts at the last round.
-    seen: (u64, u64),
-    /// Settled since the last judgement: paid, unpaid.
-    window: (u64, u64),
-    /// Only pages showing reuse are promoted.
-    strict: bool,
-    /// Rounds strict without a judgement.
-    quiet: u32,
-}
-
-impl Payback {
-    /// Takes in the buffer's counts now and judges when enough settled.
-    fn update(&mut self, paid: u64, unpaid: u64) {
-        let (dp, du) = (paid - self.seen.0, unpaid - self.seen.1);
-        self.seen = (paid, unpaid);
-        self.window.0 += dp;
-        self.window.1 += du;
-        let settled = self.window.0 + self.window.1;
-        if settled >= PAYBACK_WINDOW {
-            let ratio = self.window.0 as f64 / settled as f64;
-            if ratio < 0.4 {
-                self.strict = true;
-            } else if ratio > 0.6 {
-                self.strict = false;
-            }
-            self.window = (0, 0);
-            self.quiet = 0;
-        } else if self.strict {
-            self.quiet += 1;
-            if self.quiet >= PAYBACK_PROBE {
-                self.strict = false;
-                self.quiet = 0;
-            }
-        }
-    }
-}
 
 /// What a round works with.
 struct Round<'a> {
@@ -608,88 +560,5 @@ impl Balancer {
             kept.push(p);
         }
         kept
-    }
-}
-
-/// The background thread; stops when dropped.
-pub(crate) struct BalancerThread {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl BalancerThread {
-    /// Runs `round` every `interval` until dropped, or until `round`
-    /// returns false (the runtime is gone). `round` gets the stop flag to
-    /// check once it holds the runtime.
-    pub(crate) fn start(
-        interval: Duration,
-        round: impl Fn(&AtomicBool) -> bool + Send + 'static,
-    ) -> Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("strata-balancer".into())
-            .spawn(move || {
-                while !s.load(Ordering::Acquire) {
-                    // Woken early by `drop` (or spuriously: an early round).
-                    std::thread::park_timeout(interval);
-                    if !round(&s) {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| Error::io("starting the balancer thread", e))?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for BalancerThread {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            join(t);
-        }
-    }
-}
-
-#[cfg(test)]
-mod payback_tests {
-    use super::{Payback, PAYBACK_PROBE, PAYBACK_WINDOW};
-
-    #[test]
-    fn a_buffer_whose_promotions_do_not_pay_is_held_to_reused_pages_until_they_do() {
-        let mut g = Payback::default();
-        // Too few settled to judge: free.
-        g.update(1, 2);
-        assert!(!g.strict);
-        // A window of mostly unpaid promotions: strict.
-        g.update(1, 2 + PAYBACK_WINDOW);
-        assert!(g.strict);
-        // In between 40% and 60%: the judgement stands.
-        g.update(
-            1 + PAYBACK_WINDOW / 2,
-            2 + PAYBACK_WINDOW + PAYBACK_WINDOW / 2,
-        );
-        assert!(g.strict);
-        // Paying again: free.
-        g.update(
-            1 + 2 * PAYBACK_WINDOW,
-            2 + PAYBACK_WINDOW + PAYBACK_WINDOW / 2,
-        );
-        assert!(!g.strict);
-        // Strict, then quiet for the probe's rounds: free again to look.
-        let (p, u) = g.seen;
-        g.update(p, u + PAYBACK_WINDOW);
-        assert!(g.strict);
-        for _ in 0..PAYBACK_PROBE - 1 {
-            g.update(p, u + PAYBACK_WINDOW);
-        }
-        assert!(g.strict);
-        g.update(p, u + PAYBACK_WINDOW);
-        assert!(!g.strict, "probed");
     }
 }

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::background::BalancerThread;
 use super::balance_config::{BalanceReport, BalancerConfig};
-use super::balancer::{Balancer, BalancerThread};
+use super::balancer::Balancer;
 use super::hints::{settle_read_promotions, Hints};
 use super::mover::Mover;
 use super::reclaim::{self, Reclaimer};

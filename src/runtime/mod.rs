@@ -34,7 +34,7 @@
 //! | state | `page.rs` | a page's entry and its transitions (begin move, commit, abandon, lose, keep and drop a clean copy); no I/O; loom-checked |
 //! | | `tiers.rs` | the tier stores, held by type ([`Watermarks`] too) |
 //! | | `accounting.rs` | capacity promised and held by moves, counters, pinned pages, link counters, buffer numbers |
-//! | | `background.rs` | failures of background work (counted, the first kept), panic catching, wake-ups, joins |
+//! | | `background.rs` | failures of background work (counted, the first kept), panic catching, wake-ups, the balancer's thread, joins |
 //! | | `record.rs` | trace recording ([`TraceRecorder`]) |
 //! | | `shared.rs` | what every page table shares: the five above, and the one way a slot is given back |
 //! | | `mapping.rs` | a device map's storage (the entries kernels translate through) |
@@ -49,10 +49,12 @@
 //! | | `victims.rs` | CLOCK choice of the pages room-making demotes |
 //! | | `clean.rs` | clean copies dropped for a tier's room, before any demotion |
 //! | | `lanes.rs` | the engine's lanes, queues and in-flight window |
-//! | engine | `mover.rs` | the migration engine: schedules every move, expands room-making into demotions itself |
+//! | engine | `mover.rs` | the migration engine: schedules every move on its lanes |
+//! | | `room.rs` | the engine's room-making: clean copies dropped, then victims demoted through its own lanes |
 //! | users | `hints.rs` | what the balancer hears between rounds (prefetches, moves reads started) |
 //! | | `reclaim.rs` | background eviction: watches the watermarks, submits room requests |
 //! | | `balance_config.rs` | [`BalancerConfig`], [`BalanceReport`] |
+//! | | `payback.rs` | a buffer's payback: whether its promotions paid, and the judgement that holds it to reused pages |
 //! | | `balance_pages.rs` | the balancer's page ids, marks, and the requests it submits |
 //! | | `balancer.rs` | the balancer: policies decide, moves are submitted |
 //! | top | `inner.rs` | the runtime put together (engine, balancer, reclaimer over the shared state) |
@@ -89,11 +91,13 @@ mod map;
 mod mapping;
 mod mover;
 mod page;
+mod payback;
 mod pin;
 mod reclaim;
 mod record;
 mod registry;
 mod request;
+mod room;
 mod shared;
 mod stats;
 mod table;

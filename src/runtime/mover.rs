@@ -35,8 +35,7 @@
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
-use std::collections::HashSet;
-use std::ops::{Deref, Range};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,11 +46,10 @@ use super::batch;
 use super::clean;
 use super::lanes::{Counts, Job, Lane, Window, IN_LANE};
 use super::registry::Registry;
-use super::request::{Priority, Request, Room};
+use super::request::{Priority, Request};
 use super::shared::Shared;
-use super::table::{lost, Loc, Lost, Table};
+use super::table::{lost, Lost, Table};
 use super::ticket::Ticket;
-use super::victims;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::Tier;
 
@@ -383,37 +381,9 @@ impl Engine {
                 result = batch::move_batched(&table, &full, dst, &wanted);
             }
         }
-        // What does not fit gets room made for it, as a pin does: the
-        // coldest pages of `dst` that this request does not cover are
-        // demoted (a few rounds, as demotions may race other moves), then
-        // it moves.
+        // What does not fit gets room made for it, as a pin does.
         if let Some(protect) = &room {
-            // A prefetch gets one turn of the clock hand: a second would
-            // take the pages whose second chance the first gave.
-            let rounds = if priority == Priority::Prefetch { 1 } else { 3 };
-            for _ in 0..rounds {
-                let full = match &result {
-                    Ok(full) if !full.is_empty() => full.clone(),
-                    _ => break,
-                };
-                let (made, failure) =
-                    self.make_room_for(&table, dst, full.len(), protect, priority);
-                if let Some(e) = failure {
-                    if priority == Priority::Demand {
-                        // A pin or a launch does not fail for another page's
-                        // demotion: recorded, and the room found is what it is.
-                        self.shared
-                            .note_background("making room for a demand move", e);
-                    } else {
-                        result = Err(e.context(format!("making room in the {dst} tier")));
-                    }
-                    break;
-                }
-                if made == 0 {
-                    break;
-                }
-                result = batch::move_batched(&table, &full, dst, &wanted);
-            }
+            result = self.fit(&table, dst, protect, priority, result, &wanted);
         }
         // The requester's own pages (a prefetch's, a pin's) get the second
         // chance a read gives: the next room-making (or the reclaimer)
@@ -461,225 +431,5 @@ impl Engine {
         // drops the buffer gets its slots and reservation back at once.
         drop(table);
         result
-    }
-
-    /// Whether `tier` holds any page room-making could demote for a
-    /// request of `table` protecting `protect`, referenced or not.
-    fn has_victims(&self, tier: Tier, table: &Table, protect: Option<&Range<usize>>) -> bool {
-        self.tables.live().iter().any(|t| {
-            let keep = protect.filter(|_| std::ptr::eq(&**t, table));
-            !victims::pick(t, tier, 1, false, keep, &HashSet::new()).is_empty()
-        })
-    }
-
-    /// Frees up to `pages` slots in `tier` for a move request into it (a
-    /// prefetch, a pin), demoting the coldest unpinned pages to slower
-    /// tiers at the request's `priority`, never one of the `protect` pages
-    /// of `table` (the request's own). Returns how many moved, and the
-    /// first failure of those demotions (the request reports it; the pages
-    /// stay readable).
-    pub(crate) fn make_room_for(
-        &self,
-        table: &Table,
-        tier: Tier,
-        pages: usize,
-        protect: &Range<usize>,
-        priority: Priority,
-    ) -> (usize, Option<Error>) {
-        let mut failure = None;
-        let room = Room {
-            tier,
-            pages,
-            to: self.shared.tiers.below(tier),
-            protect: Some((table, protect.clone())),
-            priority,
-            take_referenced: priority != Priority::Prefetch,
-        };
-        let moved = self.make_room(&room, &mut |_, e| {
-            if e.kind() != ErrorKind::OutOfCapacity {
-                failure.get_or_insert(e);
-            }
-        });
-        (moved, failure)
-    }
-
-    /// Frees `pages` slots in the memory tiers for a kernel launch by
-    /// moving pages of buffers not in a launch to NVMe, slowest memory tier
-    /// first, at demand priority (failures are kept for `Runtime::check`).
-    /// Returns how many moved.
-    pub(crate) fn make_room_for_launch(&self, pages: usize) -> usize {
-        if self.shared.tiers.nvme().is_none() {
-            return 0;
-        }
-        let mut moved = 0;
-        for &tier in self.shared.tiers.memory().iter().rev() {
-            if moved >= pages {
-                break;
-            }
-            let room = Room {
-                tier,
-                pages: pages - moved,
-                to: vec![Tier::Nvme],
-                protect: None,
-                priority: Priority::Demand,
-                take_referenced: true,
-            };
-            moved += self.make_room(&room, &mut |what, e| self.shared.note_background(what, e));
-        }
-        moved
-    }
-
-    /// Puts never-written page `p` of `table` in a slot (its lock held by
-    /// the caller; see `Table::first_write`): when every tier is full, the
-    /// clean copies in the tiers of `order` (placement order when `None`)
-    /// give up their slots, one per try (each one dropped is a write a
-    /// later demotion may need).
-    pub(crate) fn first_write(
-        &self,
-        table: &Table,
-        bytes: &[u8],
-        order: Option<&[Tier]>,
-    ) -> Result<Loc> {
-        loop {
-            match table.first_write(bytes, order) {
-                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
-                    let tiers = order.map_or_else(|| self.shared.tiers.list(), <[Tier]>::to_vec);
-                    let dropped = tiers
-                        .iter()
-                        .any(|&t| clean::drop_copies(&self.tables, &self.shared, t, 1) > 0);
-                    if !dropped {
-                        return Err(e);
-                    }
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Expands `room` into demotions: victims picked buffer by buffer
-    /// (referenced pages get a second chance in a first pass, not in the
-    /// second), each buffer's submitted batch by batch without waiting
-    /// (the window bounds what is queued, and the lanes serve demand
-    /// first), then waited for together. Failed demotions go to `failed`
-    /// (what, error). Returns how many pages moved, counted as reclaimed.
-    pub(crate) fn make_room(&self, room: &Room<'_>, failed: &mut dyn FnMut(&str, Error)) -> usize {
-        // Clean copies first: their room costs no I/O.
-        let dropped = clean::drop_copies(&self.tables, &self.shared, room.tier, room.pages);
-        let need = room.pages - dropped;
-        if need == 0 {
-            return dropped;
-        }
-        let tables = self.tables.weak();
-        let mut moved = 0;
-        let passes: &[bool] = if room.take_referenced {
-            &[true, false]
-        } else {
-            &[true]
-        };
-        for &second_chance in passes {
-            for table in &tables {
-                if moved >= need {
-                    break;
-                }
-                let Some(table) = table.upgrade() else {
-                    continue;
-                };
-                let keep = room
-                    .protect
-                    .as_ref()
-                    .filter(|(t, _)| std::ptr::eq(*t, &*table))
-                    .map(|(_, r)| r.clone());
-                let mut taken: HashSet<usize> = HashSet::new();
-                let mut pending: Vec<Vec<usize>> = Vec::new();
-                let mut queued = 0;
-                while moved + queued < need {
-                    let n = (need - moved - queued).min(table.batch());
-                    let victims =
-                        victims::pick(&table, room.tier, n, second_chance, keep.as_ref(), &taken);
-                    if victims.is_empty() {
-                        break;
-                    }
-                    // Short: the hand went a whole turn. In the pass that
-                    // gives second chances, the pages it cleared keep
-                    // theirs for this request.
-                    let turned = victims.len() < n;
-                    queued += victims.len();
-                    taken.extend(victims.iter().copied());
-                    pending.push(victims);
-                    if turned && second_chance {
-                        break;
-                    }
-                }
-                if !pending.is_empty() {
-                    moved += self.demote(&table, pending, room, failed);
-                }
-            }
-            if moved >= need {
-                break;
-            }
-        }
-        Counters::add(&self.shared.counters().reclaimed_pages, moved as u64);
-        dropped + moved
-    }
-
-    /// Moves the batches of `victims` out of `room.tier` to the first tier
-    /// of `room.to` with room: every batch is submitted before any is
-    /// waited for; what found a tier full cascades further down. Returns
-    /// how many moved.
-    fn demote(
-        &self,
-        table: &Arc<Table>,
-        victims: Vec<Vec<usize>>,
-        room: &Room<'_>,
-        failed: &mut dyn FnMut(&str, Error),
-    ) -> usize {
-        let tier = room.tier;
-        let Some((&first, rest)) = room.to.split_first() else {
-            return 0;
-        };
-        let request = |pages: Vec<usize>, dst: Tier| Request {
-            pages,
-            dst,
-            from: super::request::Source::Only(tier),
-            priority: room.priority,
-            room: None,
-        };
-        let tickets: Vec<(usize, Ticket)> = victims
-            .into_iter()
-            .map(|batch| {
-                let ticket = Ticket::new();
-                let n = batch.len();
-                self.submit(table, request(batch, first), false, &ticket);
-                (n, ticket)
-            })
-            .collect();
-        let mut moved = 0;
-        let mut left = Vec::new();
-        for (n, ticket) in tickets {
-            // The pages stay readable (or are counted lost); the error goes
-            // to whoever asked for the room.
-            match ticket.wait_full() {
-                Ok(full) => {
-                    moved += n - full.len();
-                    left.extend(full);
-                }
-                Err(e) => failed(&format!("demoting pages from {tier} to {first}"), e),
-            }
-        }
-        for &dst in rest {
-            if left.is_empty() {
-                break;
-            }
-            let full = match self.run(table, request(left.clone(), dst)) {
-                Ok(full) => full,
-                Err(e) => {
-                    failed(&format!("demoting pages from {tier} to {dst}"), e);
-                    break;
-                }
-            };
-            moved += left.len() - full.len();
-            left = full;
-        }
-        moved
     }
 }
