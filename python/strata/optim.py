@@ -68,6 +68,14 @@ and ``load_state_dict`` are then collective calls (every rank calls them):
 the saved state is whole, in torch's format, and loads into any world size
 or into an unsharded optimizer.
 
+FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters and gradients
+are DTensors and each rank holds a shard of them; the optimizer steps each
+rank's local shard (``DTensor.to_local()``, no collective: FSDP2 has
+already reduce-scattered the gradients), and ``state_dict`` returns the
+moments (and masters) as DTensors placed as their parameters are, as
+torch's own optimizers do, so ``torch.distributed.checkpoint`` saves and
+loads them. ``shard=True`` is for whole parameters and is refused there.
+
 torch is imported by this module only; ``import strata`` does not need it.
 """
 
@@ -85,6 +93,11 @@ import torch.distributed as dist
 
 from ._strata import InvalidArgumentError, NotFoundError, OffloadedAdam
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch built without torch.distributed
+    DTensor = None
+
 # The parameter dtypes a step takes, by the name the Rust side knows them.
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -95,6 +108,23 @@ def _raw(t: torch.Tensor):
     """t's elements as a NumPy array of the same bytes (16-bit floats,
     which NumPy lacks, as int16), for the Rust side."""
     return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """The tensor a step works on: a DTensor's local shard (FSDP2's
+    parameters and gradients), otherwise t itself."""
+    if DTensor is not None and isinstance(t, DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
+
+def _placed_like(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """t (a tensor of p's local shape) as a DTensor placed as p is, where
+    p is a DTensor; otherwise t."""
+    if DTensor is not None and isinstance(p, DTensor):
+        return DTensor.from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+    return t
 
 
 def _check_nvme_path(path: str) -> None:
@@ -214,6 +244,11 @@ class _OffloadedAdamBase(Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 self._check(p)
+                if self._shard and _plain(p) is not p:
+                    raise ValueError(
+                        f"shard=True shards whole parameters; {self._name(p)} is a DTensor "
+                        "(FSDP2) whose shards this optimizer already steps: leave shard=False"
+                    )
 
     # GradScaler hands this optimizer its scale and inf check (grad_scale,
     # found_inf) and lets the step unscale, as for torch's fused optimizers.
@@ -244,33 +279,34 @@ class _OffloadedAdamBase(Optimizer):
         return f"a parameter of shape {tuple(p.shape)}"
 
     def _check(self, p: torch.Tensor) -> None:
+        t = _plain(p)
         problem = None
-        if p.device.type != "cpu":
-            problem = f"it is on {p.device}; strata.optim steps CPU tensors"
-        elif p.dtype not in _DTYPES:
-            problem = f"it is {p.dtype}; use float32, bfloat16 or float16"
-        elif p.is_sparse or p.layout != torch.strided:
-            problem = f"its layout is {p.layout}; use a dense (strided) tensor"
-        elif not p.is_contiguous():
+        if t.device.type != "cpu":
+            problem = f"it is on {t.device}; strata.optim steps CPU tensors"
+        elif t.dtype not in _DTYPES:
+            problem = f"it is {t.dtype}; use float32, bfloat16 or float16"
+        elif t.is_sparse or t.layout != torch.strided:
+            problem = f"its layout is {t.layout}; use a dense (strided) tensor"
+        elif not t.is_contiguous():
             problem = "it is not contiguous; make it so (p.data = p.data.contiguous()) before building the optimizer"
         if problem is not None:
             raise TypeError(f"strata.optim cannot step {self._name(p)}: {problem}")
 
     def _check_grad(self, p: torch.Tensor) -> torch.Tensor:
-        g = p.grad
+        g, t = _plain(p.grad), _plain(p)
         if g.is_sparse or g.layout != torch.strided:
             raise TypeError(
                 f"strata.optim cannot step {self._name(p)}: its gradient is {g.layout} "
                 "(sparse gradients are not supported; use a dense gradient, e.g. sparse=False)"
             )
-        if g.shape != p.shape:
+        if g.shape != t.shape:
             raise ValueError(
-                f"a gradient of shape {tuple(g.shape)} for {self._name(p)} of shape {tuple(p.shape)}"
+                f"a gradient of shape {tuple(g.shape)} for {self._name(p)} of shape {tuple(t.shape)}"
             )
-        if g.dtype not in (p.dtype, torch.float32) or g.device != p.device:
+        if g.dtype not in (t.dtype, torch.float32) or g.device != t.device:
             raise TypeError(
-                f"strata.optim cannot step {self._name(p)} ({p.dtype}): its gradient is {g.dtype} "
-                f"on {g.device}; use {p.dtype} or torch.float32 on the CPU"
+                f"strata.optim cannot step {self._name(p)} ({t.dtype}): its gradient is {g.dtype} "
+                f"on {g.device}; use {t.dtype} or torch.float32 on the CPU"
             )
         return g
 
@@ -289,7 +325,7 @@ class _OffloadedAdamBase(Optimizer):
         rank pads to (the whole parameter where not sharded)."""
         entry = self._offloaded.get(p)
         # The shape the state was made for, where it has been.
-        n = p.numel() if entry is None else math.prod(entry[2])
+        n = _plain(p).numel() if entry is None else math.prod(entry[2])
         if not self._shard:
             return 0, n, n
         per = -(-n // self._world)
@@ -299,14 +335,14 @@ class _OffloadedAdamBase(Optimizer):
     def _local(self, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """t's elements in this rank's shard of p (a view)."""
         lo, hi, _ = self._span(p)
-        return t.detach().reshape(-1)[lo:hi]
+        return _plain(t).detach().reshape(-1)[lo:hi]
 
     def _new_state(self, p: torch.Tensor, group: Dict[str, Any]) -> Optional[OffloadedAdam]:
         """p's state in strata (None for a rank whose shard of p is empty)."""
         self._check(p)
         lo, hi, _ = self._span(p)
         if hi == lo:
-            self._offloaded[p] = [None, p._version, p.shape]
+            self._offloaded[p] = [None, _plain(p)._version, _plain(p).shape]
             return None
         adam = OffloadedAdam(
             self._local(p, p).float().numpy(),
@@ -318,7 +354,7 @@ class _OffloadedAdamBase(Optimizer):
             runtime=self._runtime,
             **self._hyper(group),
         )
-        self._offloaded[p] = [adam, p._version, p.shape]
+        self._offloaded[p] = [adam, _plain(p)._version, _plain(p).shape]
         return adam
 
     def _gather(self, parts: list) -> None:
@@ -370,14 +406,14 @@ class _OffloadedAdamBase(Optimizer):
                 if entry is None:
                     self._new_state(p, group)
                     entry = self._offloaded[p]
-                elif p._version != entry[1]:
+                elif _plain(p)._version != entry[1]:
                     # Weights changed outside the optimizer (an in-place
                     # op, a loaded model): strata's master copy follows.
                     self._check(p)
-                    if p.shape != entry[2]:
+                    if _plain(p).shape != entry[2]:
                         raise ValueError(
                             f"a parameter of shape {tuple(entry[2])} now has shape "
-                            f"{tuple(p.shape)}: parameters may not change shape between steps"
+                            f"{tuple(_plain(p).shape)}: parameters may not change shape between steps"
                         )
                     if entry[0] is not None and not self._aliases(p):
                         entry[0].write_state(0, self._local(p, p).float().numpy())
@@ -403,7 +439,7 @@ class _OffloadedAdamBase(Optimizer):
         if self._shard:
             self._gather(stepped)
         for p, _ in stepped:
-            self._offloaded[p][1] = p._version
+            self._offloaded[p][1] = _plain(p)._version
         return loss
 
     def _window_state(self, p: torch.Tensor, adam: Optional[OffloadedAdam]) -> Dict[str, Any]:
@@ -438,8 +474,8 @@ class _OffloadedAdamBase(Optimizer):
         return {
             "importance_deferred_steps": int(deferred),
             "importance_started": bool(started),
-            "importance_resident": res.reshape(p.shape),
-            "importance_accumulated": acc.reshape(p.shape),
+            "importance_resident": _placed_like(res.reshape(_plain(p).shape), p),
+            "importance_accumulated": _placed_like(acc.reshape(_plain(p).shape), p),
         }
 
     def state_dict(self) -> Dict[str, Any]:
@@ -470,8 +506,8 @@ class _OffloadedAdamBase(Optimizer):
                     steps = max(counts, key=float)
                 state[p] = {
                     "step": torch.tensor(float(steps), dtype=torch.float32),
-                    "exp_avg": m,
-                    "exp_avg_sq": v,
+                    "exp_avg": _placed_like(m, p),
+                    "exp_avg_sq": _placed_like(v, p),
                 }
                 if p.dtype != torch.float32:
                     # The fp32 master weights: a bf16/fp16 parameter is
@@ -481,7 +517,7 @@ class _OffloadedAdamBase(Optimizer):
                         adam.read_state(0, self._local(w, p).numpy())
                     if self._shard:
                         self._gather([(p, w)])
-                    state[p]["master"] = w
+                    state[p]["master"] = _placed_like(w, p)
                 if self._importance is not None:
                     state[p].update(self._window_state(p, adam))
         self.state = state

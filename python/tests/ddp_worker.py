@@ -3,7 +3,8 @@
     python ddp_worker.py RANK WORLD RENDEZVOUS_FILE OUT_FILE MODE
 
 MODE: "ddp" (each rank steps its own whole copy), "shard" (ZeRO-1-style
-shard=True) or "shard-importance". Trains the tests' model under DDP on
+shard=True), "shard-importance" or "fsdp2" (the model under FSDP2's
+fully_shard: each rank steps its local shards of DTensor parameters). Trains the tests' model under DDP on
 this rank's share of each global batch, then rank 0 saves the parameters
 and the (collective) state_dict to OUT_FILE."""
 
@@ -34,7 +35,16 @@ def main() -> None:
     rank, world, rendezvous, out, mode = sys.argv[1:6]
     rank, world = int(rank), int(world)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    m = DistributedDataParallel(model())
+    if mode == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        m = model()
+        for layer in m:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer)
+        fully_shard(m)
+    else:
+        m = DistributedDataParallel(model())
     kw = dict(lr=1e-2, weight_decay=0.05)
     if mode.startswith("shard"):
         kw["shard"] = True
@@ -45,11 +55,19 @@ def main() -> None:
     for x, y in batches():
         xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
         opt.zero_grad()
-        ((m(xs) - ys) ** 2).mean().backward()  # DDP averages over ranks
+        ((m(xs) - ys) ** 2).mean().backward()  # DDP and FSDP2 average over ranks
         opt.step()
     state = opt.state_dict()  # collective in shard mode
+    if mode == "fsdp2":
+        # The shards put together (collectives, on every rank).
+        params = [p.full_tensor().detach().clone() for p in m.parameters()]
+        for st in state["state"].values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                st[key] = st[key].full_tensor()
+    else:
+        params = [p.detach().clone() for p in m.module.parameters()]
     if rank == 0:
-        torch.save({"params": [p.detach().clone() for p in m.module.parameters()], "state": state}, out)
+        torch.save({"params": params, "state": state}, out)
     dist.barrier()
     del opt, m
     dist.destroy_process_group()

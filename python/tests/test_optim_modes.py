@@ -273,6 +273,24 @@ def test_distributed_ddp_and_shard_equal_single_process(tmp_path):
     assert_same_params(single, resumed)
 
 
+def test_fsdp2_steps_each_ranks_shards_as_single_process_training(tmp_path):
+    # Single process, whole batches: the gradient FSDP2's reduce-scatter
+    # averages over the ranks' halves.
+    single = ddp_worker.model()
+    opt = strata.optim.AdamW(single.parameters(), lr=1e-2, weight_decay=0.05)
+    train(single, opt, ddp_worker.batches())
+    fsdp = _run_ranks(tmp_path, "fsdp2")
+    for p, q in zip(single.parameters(), fsdp["params"]):
+        torch.testing.assert_close(p, q, **TOL)
+    # The states, put together from the ranks' DTensor shards, are the
+    # single process's.
+    whole = opt.state_dict()["state"]
+    for k, st in fsdp["state"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(st[key], whole[k][key], **TOL)
+        assert float(st["step"]) == ddp_worker.STEPS
+
+
 def test_distributed_shard_with_importance(tmp_path):
     got = _run_ranks(tmp_path, "shard-importance")
     st = got["state"]["state"]
