@@ -48,7 +48,7 @@ pub struct BalancerConfig {
     /// the first tier below with room. Measured on real DRAM and disk
     /// (`strata bench pages --cxl`, 4 KiB reads of 64 KiB pages), the lower
     /// levels' whole-page promotions cost more disk reads than the reads
-    /// they then served from memory (`docs/perf.md`, issue 14).
+    /// they then served from memory (`docs/perf.md`, "Pages on real DRAM and disk").
     pub lower_levels: bool,
     /// Whether promotions from NVMe into a fastest tier in host memory
     /// (DRAM or CXL; a runtime without a device tier) whose next tier down
@@ -64,7 +64,7 @@ pub struct BalancerConfig {
     /// 4 KiB reads of 64 KiB pages, DRAM over NVMe) it read 2.1–2.6× fewer
     /// bytes from disk than background promotion and served as many reads
     /// per second on a stationary Zipf, 1.2× more on a shifting one with a
-    /// quarter of the p99 (`docs/perf.md`, issue 14).
+    /// quarter of the p99 (`docs/perf.md`, "Pages on real DRAM and disk").
     /// With a memory tier between the fastest tier and NVMe (DRAM over
     /// CXL), and with a device tier, promotions are moved in the
     /// background either way: there a promoted page's later demotion lands
