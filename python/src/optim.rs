@@ -280,7 +280,8 @@ impl OffloadedAdam {
     /// alias=True (with in_place=True and float32 out): out is the master
     /// weights themselves (the parameter tensor), updated in place with no
     /// copy in the tier; from then on every step must be aliased, and
-    /// read_state(0) is refused. Host tier, plain mode, cpu updater only.
+    /// read_state(0) is refused; in CXL or on NVMe only the moments stream.
+    /// Plain mode, cpu updater only.
     #[pyo3(signature = (
         grads, out = None, *, in_place = false, grads_dtype = "float32",
         out_dtype = "float32", unscale = 1.0, alias = false,

@@ -15,9 +15,10 @@ contiguous CPU tensors. ``amsgrad``, ``maximize``, ``capturable``,
 ``differentiable`` and ``fused`` are not supported (``foreach`` is accepted
 and ignored).
 
-An fp32 parameter whose state is in the host tier (plain mode, the CPU
-updater) is its own master: strata keeps only the moments and updates the
-parameter in place, each byte read and written once a step.
+An fp32 parameter (plain mode, the CPU updater) is its own master: strata
+keeps only the moments in the tier and updates the parameter in place, each
+byte read and written once a step; with the states in CXL or on NVMe only
+the two moments stream (16 bytes a parameter each way, not 24).
 
 Mixed precision: parameters may be float32, bfloat16 or float16, and each
 one's gradient in its own dtype or float32. The fp32 master weights and
@@ -37,8 +38,8 @@ the optimizer that torch counts (in-place ops under ``torch.no_grad()``,
 ``p.copy_(...)``, loading a state dict into the model): strata checks the
 tensor's version at each step. Changes through ``p.data`` are not counted
 by torch and are not seen: the next step starts from strata's copy (except
-for an fp32 parameter in the host tier, which is its own master: there
-every change is seen).
+for an fp32 parameter in plain mode, which is its own master: there every
+change is seen).
 
 Numerics: strata's update is ``w -= step*(m/(sqrt(v)*rs+eps)) + lr*wd*w``
 with ``step = lr/bc1`` and ``rs = 1/sqrt(bc2)``
@@ -255,13 +256,11 @@ class _OffloadedAdamBase(Optimizer):
     _step_supports_amp_scaling = True
 
     def _aliases(self, p: torch.Tensor) -> bool:
-        """Whether p (fp32) is its own master weights: in the host tier,
-        plain mode, on the CPU, strata keeps only the moments and updates
-        the parameter in place (each byte read and written once, no master
-        copy beside it)."""
+        """Whether p (fp32) is its own master weights: in plain mode, on
+        the CPU, strata keeps only the moments in the tier and updates the
+        parameter in place (no master copy beside it, none streamed)."""
         return (
             p.dtype == torch.float32
-            and self._tier == "host"
             and self._importance is None
             and self._updater == "cpu"
         )

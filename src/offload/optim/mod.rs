@@ -409,7 +409,9 @@ impl OffloadedAdam {
     /// truth, and each element of `weights` is read and written once, in
     /// place — 28 bytes a parameter for fp32 gradients, against 32 for
     /// [`step_mixed`](Self::step_mixed)'s master beside the parameter.
-    /// For states in the host tier, in plain mode, updated on the CPU;
+    /// With the states in CXL or on NVMe only the moments stream (two
+    /// arrays of the three: 16 bytes a parameter each way, not 24).
+    /// In plain mode, updated on the CPU;
     /// `weights` must hold the values the optimizer was built with (or
     /// last written with [`write_state`](Self::write_state)`(0, ..)`)
     /// at the first aliased step. From then on every step is aliased and
@@ -421,13 +423,10 @@ impl OffloadedAdam {
         unscale: f32,
         weights: &mut [f32],
     ) -> Result<StepStats> {
-        if self.states.home() != Tier::Host
-            || self.config.importance.is_some()
-            || self.gpu.is_some()
-        {
+        if self.config.importance.is_some() || self.gpu.is_some() {
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                "an aliased step needs the states in the host tier, plain mode and the CPU updater",
+                "an aliased step needs plain mode and the CPU updater",
             ));
         }
         self.check_len(weights.len(), "weights")?;
@@ -513,7 +512,7 @@ impl OffloadedAdam {
         let gpu = parking_lot::Mutex::new(&mut self.gpu);
         // A failure past this point may leave some chunks updated and
         // others not: the optimizer refuses further steps.
-        let streamed = self.states.step(&mut outcomes, across, &|batch| {
+        let streamed = self.states.step(&mut outcomes, across, alias, &|batch| {
             job.run(gpu.lock().as_mut(), batch)
         });
         let chosen = outcomes.into_iter().map(|o| o.chosen);
@@ -540,7 +539,10 @@ impl OffloadedAdam {
             self.resident = chosen.map(Option::unwrap_or_default).collect();
             self.deferred_steps = 0;
         }
-        let bytes = self.chunks() as u64 * 3 * self.config.chunk_bytes as u64;
+        // The tier's arrays a step reads and writes: the moments alone
+        // where the caller's array is the master.
+        let arrays = if alias { 2 } else { 3 };
+        let bytes = self.chunks() as u64 * arrays * self.config.chunk_bytes as u64;
         let stats = StepStats {
             seconds: start.elapsed().as_secs_f64(),
             bytes_read: bytes,

@@ -179,18 +179,21 @@ impl States {
     /// host tier with each chunk's entry of `per_chunk`: with `across`, in
     /// place a batch takes one chunk of every lane (an updater that keeps
     /// one pipeline of batches, a GPU); without, one batch holds every
-    /// chunk, which the CPU's threads share out. Returns the time spent
-    /// waiting for pages to arrive and leave.
+    /// chunk, which the CPU's threads share out. With `skip_weights` (the
+    /// caller's array is the master) a streamed step moves only the
+    /// moments, and the update gets an empty weights slice. Returns the
+    /// time spent waiting for pages to arrive and leave.
     pub(super) fn step<T: Send>(
         &mut self,
         per_chunk: &mut [T],
         across: bool,
+        skip_weights: bool,
         update: &BatchUpdate<'_, T>,
     ) -> Result<Duration> {
         if self.home == WORK {
             self.in_place(per_chunk, across, update)
         } else {
-            self.streamed(per_chunk, update)
+            self.streamed(per_chunk, skip_weights, update)
         }
     }
 
@@ -267,6 +270,7 @@ impl States {
     fn streamed<T: Send>(
         &mut self,
         per_chunk: &mut [T],
+        skip_weights: bool,
         update: &BatchUpdate<'_, T>,
     ) -> Result<Duration> {
         let Window {
@@ -291,7 +295,7 @@ impl States {
         let mut run = || -> Result<()> {
             for (k, (l, pages)) in groups.iter().enumerate() {
                 while next < groups.len() && next <= k + ahead {
-                    reads.push_back(self.move_group(&groups[next], WORK));
+                    reads.push_back(self.move_group(&groups[next], WORK, skip_weights));
                     next += 1;
                 }
                 let t = Instant::now();
@@ -306,23 +310,28 @@ impl States {
                 let lane = &mut self.lanes[*l];
                 let first = lane.first;
                 let [w, m, v] = &mut lane.arrays;
-                let mut views = [
-                    w.view_mut(bytes.clone(), WORK)?,
-                    m.view_mut(bytes.clone(), WORK)?,
-                    v.view_mut(bytes, WORK)?,
-                ];
+                let mut w = match skip_weights {
+                    true => None,
+                    false => Some(w.view_mut(bytes.clone(), WORK)?),
+                };
+                let mut views = [m.view_mut(bytes.clone(), WORK)?, v.view_mut(bytes, WORK)?];
                 waited += t.elapsed();
                 for p in pages.clone() {
-                    let [w, m, v] = &mut views;
+                    let [m, v] = &mut views;
+                    let mut none = [0f32; 0];
                     let state = [
-                        f32s(w.page_mut(p))?,
+                        match &mut w {
+                            Some(w) => f32s(w.page_mut(p))?,
+                            None => &mut none[..],
+                        },
                         f32s(m.page_mut(p))?,
                         f32s(v.page_mut(p))?,
                     ];
                     update(vec![(first + p, state, &mut per_chunk[first + p])])?;
                 }
                 drop(views);
-                writes.push_back(self.move_group(&groups[k], self.home));
+                drop(w);
+                writes.push_back(self.move_group(&groups[k], self.home, skip_weights));
                 while writes.len() > behind {
                     waited += wait_all(writes.pop_front().expect("in flight"))?;
                 }
@@ -341,12 +350,19 @@ impl States {
         r.map(|()| waited)
     }
 
-    /// Starts moving one group's pages (all three arrays) into `tier`.
-    fn move_group(&self, (l, pages): &(usize, Range<usize>), tier: Tier) -> Vec<Ticket> {
+    /// Starts moving one group's pages (the three arrays, or the moments
+    /// alone with `skip_weights`) into `tier`.
+    fn move_group(
+        &self,
+        (l, pages): &(usize, Range<usize>),
+        tier: Tier,
+        skip_weights: bool,
+    ) -> Vec<Ticket> {
         let bytes = (pages.start * self.page) as u64..(pages.end * self.page) as u64;
         self.lanes[*l]
             .arrays
             .iter()
+            .skip(usize::from(skip_weights))
             .map(|a| a.prefetch(bytes.clone(), tier))
             .collect()
     }
@@ -466,7 +482,7 @@ mod tests {
         );
         let mut per_chunk = vec![(); 8];
         let seen = std::sync::atomic::AtomicUsize::new(0);
-        let r = st.step(&mut per_chunk, false, &|batch| {
+        let r = st.step(&mut per_chunk, false, false, &|batch| {
             if batch.iter().any(|(c, _, _)| *c == 5) {
                 return Err(Error::invalid("injected"));
             }
@@ -481,7 +497,7 @@ mod tests {
         let cut = 5 * PAGE / 4;
         assert!(back[..cut].iter().zip(&w0).all(|(b, w)| *b == w + 1.0));
         assert_eq!(back[cut..], w0[cut..]);
-        st.step(&mut per_chunk, false, &add_one).unwrap();
+        st.step(&mut per_chunk, false, false, &add_one).unwrap();
         st.read(0, &mut back).unwrap();
         assert!(back[cut..]
             .iter()
@@ -501,7 +517,7 @@ mod tests {
         let mut st = States::lay_out(rt.clone(), Tier::Nvme, &w0, 4).unwrap();
         let mut per_chunk = vec![(); 7];
         plan.inject(IoOp::Read, 4, Fault::Errno(libc::EIO));
-        assert!(st.step(&mut per_chunk, false, &add_one).is_err());
+        assert!(st.step(&mut per_chunk, false, false, &add_one).is_err());
         assert_eq!(plan.injected(), 1);
         whole(&rt, 21);
         let mut back = vec![0f32; n];
@@ -515,7 +531,7 @@ mod tests {
         let kept = back.iter().zip(&w0).filter(|(b, w)| b == w).count();
         assert_eq!(updated + kept, n);
         assert!(kept > 0);
-        st.step(&mut per_chunk, false, &add_one).unwrap();
+        st.step(&mut per_chunk, false, false, &add_one).unwrap();
         whole(&rt, 21);
         st.read(0, &mut back).unwrap();
         assert!(back.iter().zip(&w0).all(|(b, w)| *b >= w + 1.0));

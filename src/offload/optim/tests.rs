@@ -319,49 +319,57 @@ fn a_mixed_precision_step_refuses_a_bad_unscale_or_length() {
 }
 
 /// An aliased step (the caller's fp32 array is the master) gives bitwise
-/// the plain step's weights and moments; from then on the tier's weights
-/// are not the truth, so reading them and the other steps are refused.
+/// the plain step's weights and moments, with the states in DRAM, CXL or
+/// on NVMe (where only the moments stream); from then on the tier's
+/// weights are not the truth, so reading them and the other steps are
+/// refused.
 #[test]
 fn an_aliased_step_updates_the_callers_weights_as_the_master() {
     let chunk = PAGE / 4;
     let n = 2 * chunk + 5;
     let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.07).sin()).collect();
     let g: Vec<f32> = (0..n).map(|i| ((i % 17) as f32 - 8.0) * 1e-2).collect();
+    let dir = tempfile::tempdir().unwrap();
     let mut cfg = OptimConfig::new(StateTier::Host);
     cfg.chunk_bytes = PAGE;
     cfg.adam.weight_decay = 0.01;
-    let mut aliased = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
-    let mut plain = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
-    let mut w = w0.clone();
-    // A bad call before the first aliased step changes nothing.
-    assert!(aliased.step_aliased(&g[..3], 1.0, &mut w).is_err());
-    assert_eq!(aliased.weights().unwrap(), w0);
-    for _ in 0..4 {
-        aliased.step_aliased(&g, 0.5, &mut w).unwrap();
-        let half: Vec<f32> = g.iter().map(|x| x * 0.5).collect();
-        plain.step(&half).unwrap();
+    for tier in [
+        StateTier::Host,
+        StateTier::Cxl,
+        StateTier::Nvme(dir.path().into()),
+    ] {
+        let mut cfg = cfg.clone();
+        cfg.tier = tier.clone();
+        let mut aliased = OffloadedAdam::new(&w0, cfg.clone()).unwrap();
+        let mut plain = OffloadedAdam::new(&w0, cfg).unwrap();
+        let mut w = w0.clone();
+        // A bad call before the first aliased step changes nothing.
+        assert!(aliased.step_aliased(&g[..3], 1.0, &mut w).is_err());
+        assert_eq!(aliased.weights().unwrap(), w0);
+        for _ in 0..4 {
+            let stats = aliased.step_aliased(&g, 0.5, &mut w).unwrap();
+            // The moments alone: two arrays of three chunks.
+            assert_eq!(stats.bytes_read, 2 * 3 * PAGE as u64, "{tier:?}");
+            let half: Vec<f32> = g.iter().map(|x| x * 0.5).collect();
+            plain.step(&half).unwrap();
+        }
+        assert_eq!(w, plain.weights().unwrap(), "{tier:?}");
+        for k in 1..3 {
+            assert_eq!(aliased.read_state(k).unwrap(), plain.read_state(k).unwrap());
+        }
+        let e = aliased.read_state(0).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        assert!(aliased.step(&g).is_err());
+        assert!(aliased.step_mixed(&g, 1.0, &mut w.clone()).is_err());
     }
-    assert_eq!(w, plain.weights().unwrap());
-    for k in 1..3 {
-        assert_eq!(aliased.read_state(k).unwrap(), plain.read_state(k).unwrap());
-    }
-    let e = aliased.read_state(0).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-    assert!(aliased.step(&g).is_err());
-    assert!(aliased.step_mixed(&g, 1.0, &mut w.clone()).is_err());
-    // Only where the states are in the host tier, in plain mode.
-    let dir = tempfile::tempdir().unwrap();
-    let mut nvme = cfg.clone();
-    nvme.tier = StateTier::Nvme(dir.path().into());
+    // Only in plain mode.
     let mut imp = cfg;
     imp.importance = Some(Importance {
         fraction: 0.5,
         every: 2,
     });
-    for c in [nvme, imp] {
-        let mut a = OffloadedAdam::new(&w0, c).unwrap();
-        let e = a.step_aliased(&g, 1.0, &mut w0.clone()).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-        a.step(&g).unwrap();
-    }
+    let mut a = OffloadedAdam::new(&w0, imp).unwrap();
+    let e = a.step_aliased(&g, 1.0, &mut w0.clone()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    a.step(&g).unwrap();
 }
