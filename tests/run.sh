@@ -8,7 +8,12 @@
 #    STRATA_NO_TORCH=1 leaves it out and those tests skip, saying so),
 #    transformers and accelerate (strata.moe's tests; left out likewise),
 #    `pip install ./python` (builds the extension with maturin), then
-#    pytest python/tests.
+#    pytest python/tests;
+# 3. with STRATA_TORCHREC=1, TorchRec's tests in an environment of their own
+#    (target/recenv: TorchRec pins its torch, torch 2.14.1 with torchrec
+#    1.9.2 and fbgemm-gpu-cpu 1.9.0; the CUDA fbgemm_gpu wheel torchrec
+#    pulls in is removed, since it shadows the CPU one and needs
+#    libnvidia-ml): pytest python/tests/test_torchrec.py there.
 # Extra arguments go to pytest (e.g. tests/run.sh -k dlpack -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,3 +55,22 @@ rm -f python/strata/_strata*.so
 step "pytest python/tests"
 # From the repository root: `import strata` finds the installed package.
 "$py" -m pytest python/tests "$@"
+
+if [ "${STRATA_TORCHREC:-0}" = 1 ]; then
+    recenv=target/recenv
+    rpy=$recenv/bin/python
+    step "TorchRec's environment in $recenv (torch 2.14.1, torchrec 1.9.2, fbgemm-gpu-cpu 1.9.0)"
+    [ -x "$rpy" ] || "${PYTHON:-python3}" -m venv "$recenv"
+    rpip=("$rpy" -m pip --disable-pip-version-check -q)
+    if ! "$rpy" -c "import torchrec, fbgemm_gpu" 2>/dev/null; then
+        "${rpip[@]}" install 'maturin>=1.5,<2' pytest numpy torch==2.14.1 torchrec==1.9.2 fbgemm-gpu-cpu==1.9.0
+        # Both wheels install into fbgemm_gpu/: drop the CUDA one, then put
+        # the CPU one's files back.
+        "${rpip[@]}" uninstall -y fbgemm_gpu
+        "${rpip[@]}" install --force-reinstall --no-deps fbgemm-gpu-cpu==1.9.0
+    fi
+    (export VIRTUAL_ENV=$PWD/$recenv PATH=$PWD/$recenv/bin:$PATH
+        "${rpip[@]}" install --no-build-isolation --force-reinstall --no-deps ./python)
+    step "pytest python/tests/test_torchrec.py (TorchRec's environment)"
+    STRATA_REQUIRE_TORCHREC=1 "$rpy" -m pytest python/tests/test_torchrec.py "$@"
+fi

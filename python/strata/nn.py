@@ -168,40 +168,56 @@ class _BagFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        module = ctx.module
         idx, off, w = ctx.saved_tensors
-        grad_out = grad_out.detach().to("cpu", torch.float32).contiguous()
-        lengths = off[1:] - off[:-1]
-        bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-        keep = None if module.padding_idx is None else idx != module.padding_idx
-        # Each lookup's share of its bag's gradient.
-        scale = torch.ones(idx.numel(), dtype=torch.float32)
-        if keep is not None:
-            scale = scale * keep
-        if module.mode == "mean":
-            counts = torch.zeros(lengths.numel(), dtype=torch.float32).index_add_(0, bag, scale)
-            scale = scale / counts.clamp(min=1)[bag]
-        grad_w = None
-        if ctx.has_weights and ctx.needs_input_grad[1]:
-            # d out[bag] / d w[i] = row[i]: the rows as they are before the update.
-            rows = torch.empty(idx.numel(), module.embedding_dim, dtype=torch.float32)
-            module._table.read_rows(idx.numpy(), rows.numpy())
-            grad_w = (grad_out[bag] * rows).sum(1)
-            if keep is not None:
-                grad_w = grad_w * keep
-        if w is not None:
-            scale = scale * w
-        if idx.numel() > 0 and ctx.needs_input_grad[0]:
-            per = grad_out.index_select(0, bag) * scale.unsqueeze(1)
-            uniq, inverse = torch.unique(idx, return_inverse=True)
-            g = torch.zeros(uniq.numel(), module.embedding_dim, dtype=torch.float32)
-            g.index_add_(0, inverse, per)
-            if module.padding_idx is not None:
-                # The padding row never changes (torch leaves its gradient 0).
-                kept = uniq != module.padding_idx
-                uniq, g = uniq[kept].contiguous(), g[kept].contiguous()
-            module._apply_grad(uniq, g)
+        grad_w = _bag_backward(
+            ctx.module,
+            idx,
+            off,
+            w,
+            grad_out,
+            rows_grad=ctx.needs_input_grad[0],
+            weights_grad=ctx.has_weights and ctx.needs_input_grad[1],
+        )
         return None, grad_w, None, None, None
+
+
+def _bag_backward(module, idx, off, w, grad_out, rows_grad=True, weights_grad=False):
+    """The backward of module's pooling of bags (idx, off, weights w) for
+    grad_out, the bags' gradient: the touched rows' gradient applied to
+    the table (by its optimizer, or into module.grad); returns the
+    per-sample weights' gradient where weights_grad."""
+    grad_out = grad_out.detach().to("cpu", torch.float32).contiguous()
+    lengths = off[1:] - off[:-1]
+    bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    keep = None if module.padding_idx is None else idx != module.padding_idx
+    # Each lookup's share of its bag's gradient.
+    scale = torch.ones(idx.numel(), dtype=torch.float32)
+    if keep is not None:
+        scale = scale * keep
+    if module.mode == "mean":
+        counts = torch.zeros(lengths.numel(), dtype=torch.float32).index_add_(0, bag, scale)
+        scale = scale / counts.clamp(min=1)[bag]
+    grad_w = None
+    if weights_grad:
+        # d out[bag] / d w[i] = row[i]: the rows as they are before the update.
+        rows = torch.empty(idx.numel(), module.embedding_dim, dtype=torch.float32)
+        module._table.read_rows(idx.numpy(), rows.numpy())
+        grad_w = (grad_out[bag] * rows).sum(1)
+        if keep is not None:
+            grad_w = grad_w * keep
+    if w is not None:
+        scale = scale * w
+    if idx.numel() > 0 and rows_grad:
+        per = grad_out.index_select(0, bag) * scale.unsqueeze(1)
+        uniq, inverse = torch.unique(idx, return_inverse=True)
+        g = torch.zeros(uniq.numel(), module.embedding_dim, dtype=torch.float32)
+        g.index_add_(0, inverse, per)
+        if module.padding_idx is not None:
+            # The padding row never changes (torch leaves its gradient 0).
+            kept = uniq != module.padding_idx
+            uniq, g = uniq[kept].contiguous(), g[kept].contiguous()
+        module._apply_grad(uniq, g)
+    return grad_w
 
 
 class EmbeddingBag(nn.Module):
@@ -225,8 +241,9 @@ class EmbeddingBag(nn.Module):
     The accumulators are the buffer ``momentum`` (in DRAM, 4 bytes a row).
 
     _weight: initial rows (a (num_embeddings, embedding_dim) tensor);
-    without it the rows are drawn from N(0, 1), as torch's, chunk by chunk
-    (generator: a torch.Generator for them). threads: NVMe reads in flight.
+    without it the rows are drawn from N(0, 1), as torch's, or from
+    U(init[0], init[1]) where init is given, chunk by chunk (generator: a
+    torch.Generator for them). threads: NVMe reads in flight.
     """
 
     def __init__(
@@ -254,6 +271,7 @@ class EmbeddingBag(nn.Module):
         eps: float = 1e-8,
         generator: Optional[torch.Generator] = None,
         threads: int = _NVME_WRITERS,
+        init: Optional[Tuple[float, float]] = None,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -299,13 +317,13 @@ class EmbeddingBag(nn.Module):
             "momentum",
             torch.zeros(num_embeddings if optimizer == "rowwise_adagrad" else 0, dtype=torch.float32),
         )
-        self._init_rows(_weight, generator)
+        self._init_rows(_weight, generator, init)
         if padding_idx is not None and _weight is None:
             self._table.write_rows(padding_idx, torch.zeros(embedding_dim).numpy())
         if self._own_runtime and balance == "background" and "device" in runtime.tiers:
             start_balancer(runtime, interval=balance_interval)
 
-    def _init_rows(self, weight: Optional[Tensor], generator) -> None:
+    def _init_rows(self, weight: Optional[Tensor], generator, init=None) -> None:
         n, d = self.num_embeddings, self.embedding_dim
         if weight is not None:
             if tuple(weight.shape) != (n, d):
@@ -315,6 +333,8 @@ class EmbeddingBag(nn.Module):
             stop = min(n, start + chunk)
             if weight is not None:
                 rows = weight[start:stop].detach().to("cpu", torch.float32).contiguous()
+            elif init is not None:
+                rows = torch.empty(stop - start, d).uniform_(init[0], init[1], generator=generator)
             else:
                 rows = torch.randn(stop - start, d, generator=generator)
             self._table.write_rows(start, rows.numpy())
@@ -373,11 +393,16 @@ class EmbeddingBag(nn.Module):
                     f"input {tuple(input.shape)}"
                 )
             per_sample_weights = per_sample_weights.reshape(-1)
-        anchor = self._anchor if not self._frozen else self._anchor.detach()
-        out = _BagFunction.apply(anchor, per_sample_weights, self, idx, off)
+        out = self._pool(idx, off, per_sample_weights)
         if input.device.type != "cpu":
             out = out.to(input.device)
         return out
+
+    def _pool(self, idx: Tensor, off: Tensor, weights: Optional[Tensor]) -> Tensor:
+        """The bags of flat int64 idx and off (one entry more than the
+        bags), with autograd."""
+        anchor = self._anchor if not self._frozen else self._anchor.detach()
+        return _BagFunction.apply(anchor, weights, self, idx, off)
 
     def _apply_grad(self, rows: Tensor, grads: Tensor) -> None:
         rows = rows.contiguous()
@@ -444,26 +469,99 @@ class EmbeddingBag(nn.Module):
         return s + f", tiers={self.runtime.tiers}"
 
 
+def _concat_bags(bags) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Bags (ids, offsets with one entry more than the bags, weights or
+    None) one after another, as one list of bags."""
+    ids = torch.cat([b[0] for b in bags])
+    offs, base = [torch.zeros(1, dtype=torch.int64)], 0
+    for b in bags:
+        offs.append(b[1][1:] + base)
+        base += int(b[1][-1])
+    weights = None if bags[0][2] is None else torch.cat([b[2] for b in bags]).contiguous()
+    return ids.contiguous(), torch.cat(offs), weights
+
+
+class _Spec:
+    """One table of a collection: rows, dim, pooling, the features it
+    serves (TorchRec's EmbeddingBagConfig, or a plain (rows, dim) pair),
+    its name and its initial rows' range."""
+
+    def __init__(self, rows, dim, mode, name, features, init):
+        self.rows, self.dim, self.mode = rows, dim, mode
+        self.name, self.features, self.init = name, features, init
+
+    @classmethod
+    def of(cls, table, k: int, mode: str) -> "_Spec":
+        if isinstance(table, (tuple, list)):
+            if len(table) != 2 or not all(isinstance(x, int) and x > 0 for x in table):
+                raise ValueError(f"table {table!r} is not a (num_embeddings, embedding_dim) pair")
+            return cls(table[0], table[1], mode, f"t{k}", [], None)
+        for attr in ("num_embeddings", "embedding_dim", "name", "feature_names"):
+            if not hasattr(table, attr):
+                raise TypeError(
+                    f"table {k} ({type(table).__name__}) is neither a (num_embeddings, embedding_dim) "
+                    f"pair nor an EmbeddingBagConfig: it has no {attr}"
+                )
+        rows, dim, name = table.num_embeddings, table.embedding_dim, table.name
+        if not (isinstance(rows, int) and rows > 0 and isinstance(dim, int) and dim > 0):
+            raise ValueError(f"table {name!r}: {rows} rows of {dim} must be positive ints")
+        pooling = getattr(table, "pooling", "SUM")
+        pmode = str(getattr(pooling, "name", pooling)).lower()
+        if pmode not in ("sum", "mean"):
+            raise ValueError(f"table {name!r}: pooling {pmode.upper()} is not offered (SUM or MEAN)")
+        features = list(table.feature_names) or [name]
+        # TorchRec's default initial rows: U(-sqrt(1/rows), sqrt(1/rows)).
+        bound = math.sqrt(1.0 / rows)
+        lo = getattr(table, "weight_init_min", None)
+        hi = getattr(table, "weight_init_max", None)
+        init = (-bound if lo is None else float(lo), bound if hi is None else float(hi))
+        return cls(rows, dim, pmode, name, features, init)
+
+
 class EmbeddingBagCollection(nn.Module):
     """Several EmbeddingBags (a DLRM model's sparse features) in one
     runtime, so that all tables share its fast tier and the balancer
     places the hottest rows of any of them there.
 
-    tables: a list of (num_embeddings, embedding_dim). mode, optimizer,
-    lr, eps, padding_idx, include_last_offset apply to every table.
-    fast_bytes, nvme_path, nvme_bytes, page_size or runtime size the tiers
-    for all tables together. concat=True makes forward return one tensor
-    (bags, sum of dims) instead of a list.
+    tables: TorchRec's ``EmbeddingBagConfig`` list (or objects with its
+    fields: num_embeddings, embedding_dim, name, feature_names, pooling SUM
+    or MEAN, weight_init_min/max), or plain (num_embeddings, embedding_dim)
+    pairs. mode (plain pairs only), optimizer, lr, eps, padding_idx,
+    include_last_offset apply to every table. fast_bytes, nvme_path,
+    nvme_bytes, page_size or runtime size the tiers for all tables
+    together.
 
-    forward(inputs, offsets=None, per_sample_weights=None): one input
-    (and offsets, per_sample_weights entry, or None) per table.
+    With configs, in TorchRec's shape: ``forward(features)`` takes a
+    ``KeyedJaggedTensor`` whose keys are the configs' feature names and
+    returns a ``KeyedTensor`` (one column block per feature, in the configs'
+    order), so the module drops into TorchRec's DLRM in place of
+    ``torchrec.EmbeddingBagCollection``; is_weighted=True pools with the
+    KJT's weights. ``embedding_bag_configs()`` returns the configs.
+
+    Plain, without TorchRec: ``forward(inputs, offsets=None,
+    per_sample_weights=None)``, one input (and offsets, per_sample_weights
+    entry, or None) per table; a list of tensors, or one (bags, sum of
+    dims) tensor with concat=True.
+
+    sharding="table" or "row" under torch.distributed (process_group, the
+    default group if None): each rank keeps its shard of the tables in its
+    own tiers (whole tables, table k on rank k % world; or a contiguous
+    block of every table's rows), and forward routes each rank's ids to
+    their owners and brings the pooled results back with all-to-all, as
+    TorchRec's sharded collection does; backward sends each bag's gradient
+    to the owners, which update their rows, averaged over the ranks as DDP
+    averages the dense gradients (gradient_division=False: summed). Every
+    rank calls forward and backward together, with a batch of the same
+    features. Sharded tables take no padding_idx and no gradient for
+    per-sample weights.
     """
 
     def __init__(
         self,
-        tables: Sequence[Tuple[int, int]],
+        tables: Sequence,
         mode: str = "sum",
         *,
+        is_weighted: bool = False,
         concat: bool = False,
         runtime: Optional[Runtime] = None,
         fast_bytes: Optional[int] = None,
@@ -474,49 +572,177 @@ class EmbeddingBagCollection(nn.Module):
         balance_interval: float = 0.02,
         generator: Optional[torch.Generator] = None,
         weights: Optional[Sequence[Tensor]] = None,
+        sharding: Optional[str] = None,
+        process_group=None,
+        gradient_division: bool = True,
         **kwargs,
     ) -> None:
         super().__init__()
-        tables = [tuple(t) for t in tables]
+        tables = list(tables)
         if not tables:
             raise ValueError("tables is empty")
-        for t in tables:
-            if len(t) != 2 or not all(isinstance(x, int) and x > 0 for x in t):
-                raise ValueError(f"table {t!r} is not a (num_embeddings, embedding_dim) pair")
+        if mode not in ("sum", "mean"):
+            raise ValueError(f'mode {mode!r} is not offered (use "sum" or "mean")')
+        specs = [_Spec.of(t, k, mode) for k, t in enumerate(tables)]
+        self._configs = None if isinstance(tables[0], (tuple, list)) else tables
+        if self._configs is not None and any(isinstance(t, (tuple, list)) for t in tables):
+            raise TypeError("tables mixes EmbeddingBagConfigs and (rows, dim) pairs")
+        # (feature, table) in the configs' order.
+        self._features: List[Tuple[str, int]] = []
+        for k, spec in enumerate(specs):
+            for f in spec.features:
+                if any(f == g for g, _ in self._features):
+                    raise ValueError(f"feature {f!r} is served by two tables")
+                self._features.append((f, k))
         if weights is not None and len(weights) != len(tables):
             raise ValueError(f"{len(weights)} weights for {len(tables)} tables")
         if balance not in ("background", "manual"):
             raise ValueError(f'balance {balance!r} is not "background" or "manual"')
+        if sharding not in (None, "table", "row"):
+            raise ValueError(f'sharding {sharding!r} is not None, "table" or "row"')
+        if is_weighted:
+            for spec in specs:
+                if spec.mode != "sum":
+                    raise ValueError(
+                        f"table {spec.name!r} pools by {spec.mode}; a weighted collection pools sums"
+                    )
+        self.is_weighted = bool(is_weighted)
+        self.concat = concat
+        self.sharding = sharding
+        self._specs = specs
+        self._shard = None
+        if sharding is not None:
+            from ._sharded import Plan
+
+            self._shard = Plan(specs, sharding, process_group, kwargs, gradient_division)
+            local = self._shard.local_tables()
+        else:
+            local = [(k, spec.rows) for k, spec in enumerate(specs)]
         own = runtime is None
         if own:
-            total = sum(_round_up(n * d * 4, page_size) for n, d in tables)
-            runtime = _make_runtime(total, fast_bytes, nvme_path, nvme_bytes, page_size)
+            total = sum(_round_up(rows * specs[k].dim * 4, page_size) for k, rows in local)
+            runtime = _make_runtime(max(total, page_size), fast_bytes, nvme_path, nvme_bytes, page_size)
         elif fast_bytes is not None or nvme_path is not None or nvme_bytes is not None:
             raise ValueError("give either runtime or fast_bytes/nvme_path/nvme_bytes, not both")
         self.runtime = runtime
-        self.concat = concat
-        self.tables = nn.ModuleList(
-            EmbeddingBag(
-                n,
-                d,
-                mode=mode,
-                runtime=runtime,
-                balance="manual",
-                generator=generator,
-                _weight=None if weights is None else weights[i],
-                **kwargs,
-            )
-            for i, (n, d) in enumerate(tables)
-        )
+        modules = []
+        for k, rows in local:
+            spec = specs[k]
+            w = None
+            if weights is not None:
+                w = weights[k] if self._shard is None else self._shard.local_rows(k, weights[k])
+            try:
+                modules.append(
+                    EmbeddingBag(
+                        rows,
+                        spec.dim,
+                        # A shard pools sums; the rank that asked divides for a mean.
+                        mode=spec.mode if self._shard is None else "sum",
+                        runtime=runtime,
+                        balance="manual",
+                        generator=generator,
+                        _weight=w,
+                        init=spec.init,
+                        **kwargs,
+                    )
+                )
+            except _strata.OutOfCapacityError as e:
+                raise _strata.OutOfCapacityError(
+                    f"table {spec.name!r} ({rows} rows of {spec.dim} floats) does not fit in the tiers: {e}"
+                ) from e
+        self.tables = nn.ModuleList(modules)
         if own and balance == "background" and "device" in runtime.tiers:
             start_balancer(runtime, interval=balance_interval)
 
+    def embedding_bag_configs(self) -> list:
+        """The EmbeddingBagConfigs this collection was made from (TorchRec's
+        accessor, which its DLRM reads)."""
+        if self._configs is None:
+            raise AttributeError("this collection was made from (rows, dim) pairs, not EmbeddingBagConfigs")
+        return list(self._configs)
+
+    def feature_names(self) -> List[str]:
+        """The features, in the order of the output's columns."""
+        return [f for f, _ in self._features]
+
+    def _jagged(self, features) -> Tuple[int, List[Tuple[Tensor, Tensor, Optional[Tensor]]]]:
+        """The batch size and each configured feature's (ids, offsets,
+        weights) from a KeyedJaggedTensor, checked, naming the feature
+        at fault."""
+        jt = features.to_dict()
+        known = {f for f, _ in self._features}
+        for k in features.keys():
+            if k not in known:
+                raise ValueError(
+                    f"feature {k!r} of the KeyedJaggedTensor is served by no table "
+                    f"(the features: {sorted(known)})"
+                )
+        batch = int(features.stride())
+        out = []
+        for f, k in self._features:
+            if f not in jt:
+                raise ValueError(f"the KeyedJaggedTensor has no feature {f!r} (its keys: {list(features.keys())})")
+            j = jt[f]
+            idx = _as_index(j.values(), f"feature {f!r}'s values")
+            off = _as_index(j.offsets(), f"feature {f!r}'s offsets")
+            if off.numel() != batch + 1 or (off.numel() and (off[0] != 0 or off[-1] != idx.numel())):
+                raise ValueError(f"feature {f!r}: offsets do not span its {idx.numel()} values in {batch} bags")
+            if off.numel() > 1 and bool((off[1:] < off[:-1]).any()):
+                raise ValueError(f"feature {f!r}: a bag has a negative length")
+            rows = self._specs[k].rows
+            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= rows):
+                bad = int(idx[(idx < 0) | (idx >= rows)][0])
+                raise IndexError(f"feature {f!r}: id {bad} is out of range for table {self._specs[k].name!r} of {rows} rows")
+            w = None
+            if self.is_weighted:
+                w = j.weights_or_none()
+                if w is None:
+                    raise ValueError(f"feature {f!r} has no weights, and the collection is_weighted")
+                w = w.detach().to("cpu", torch.float32).reshape(-1)
+            out.append((idx, off, w))
+        return batch, out
+
+    def _pool_by_table(self, batch: int, bags) -> Tensor:
+        """Every feature's bags, pooled table by table: the features a table
+        serves go through it in one call, so backward updates each row
+        once a step with the sum of its features' gradients (as FBGEMM's
+        table-batched kernels do)."""
+        blocks: List[Optional[Tensor]] = [None] * len(bags)
+        for k, table in enumerate(self.tables):
+            mine = [i for i, (_, t) in enumerate(self._features) if t == k]
+            if not mine:
+                continue
+            idx, off, w = _concat_bags([bags[i] for i in mine])
+            out = table._pool(idx, off, w)
+            for j, i in enumerate(mine):
+                blocks[i] = out[j * batch : (j + 1) * batch]
+        return torch.cat(blocks, dim=1) if blocks else torch.zeros(batch, 0)
+
     def forward(
         self,
-        inputs: Sequence[Tensor],
+        inputs,
         offsets: Optional[Sequence[Optional[Tensor]]] = None,
         per_sample_weights: Optional[Sequence[Optional[Tensor]]] = None,
-    ) -> Union[Tensor, List[Tensor]]:
+    ):
+        if hasattr(inputs, "to_dict") and hasattr(inputs, "keys") and hasattr(inputs, "stride"):
+            if self._configs is None:
+                raise TypeError("a KeyedJaggedTensor needs a collection made from EmbeddingBagConfigs")
+            if offsets is not None or per_sample_weights is not None:
+                raise ValueError("with a KeyedJaggedTensor, offsets and weights are its own")
+            batch, bags = self._jagged(inputs)
+            if self._shard is not None:
+                values = self._shard.pool(self, batch, bags)
+            else:
+                values = self._pool_by_table(batch, bags)
+            from torchrec.sparse.jagged_tensor import KeyedTensor
+
+            return KeyedTensor(
+                keys=self.feature_names(),
+                length_per_key=[self._specs[k].dim for _, k in self._features],
+                values=values,
+            )
+        if self._shard is not None:
+            raise TypeError("a sharded collection takes a KeyedJaggedTensor")
         n = len(self.tables)
         if len(inputs) != n:
             raise ValueError(f"{len(inputs)} inputs for {n} tables")
@@ -532,7 +758,7 @@ class EmbeddingBagCollection(nn.Module):
         return balance_once(self.runtime)
 
     def stats(self) -> dict:
-        """Lookups and fast-tier hits over all tables."""
+        """Lookups and fast-tier hits over all tables (this rank's shards)."""
         lookups = hits = 0
         for t in self.tables:
             s = t._table.stats()
