@@ -54,6 +54,7 @@ from ._strata import RowTable, Runtime, balance_once, start_balancer, stop_balan
 __all__ = [
     "EmbeddingBag",
     "EmbeddingBagCollection",
+    "initial_rows",
     "RowTable",
     "balance_once",
     "start_balancer",
@@ -66,6 +67,28 @@ _OPTIMIZERS = (None, "sgd", "rowwise_adagrad")
 _HOST_PAGES = 16
 # Worker threads of a table's NVMe reads and updates (the default).
 _NVME_WRITERS = 16
+
+
+# Rows of a table's initial values drawn from one generator (its seed mixed
+# from the collection's seed, the table and the block), so that a table
+# starts alike however its rows are sharded.
+_INIT_BLOCK = 1 << 14
+
+
+def initial_rows(seed: int, table: int, dim: int, lo: int, hi: int, low: float, high: float) -> Tensor:
+    """Rows [lo, hi) of table `table`'s initial values in a collection made
+    from EmbeddingBagConfigs with `seed`: U(low, high), drawn in blocks of
+    16384 rows, each block from a generator seeded by (seed, table,
+    block), so every sharding of the table starts from the same rows (and
+    a peer's table can be given them)."""
+    parts = []
+    for block in range(lo // _INIT_BLOCK, -(-hi // _INIT_BLOCK)):
+        a = block * _INIT_BLOCK
+        mixed = (seed * 0x9E3779B97F4A7C15 + table * 0xBF58476D1CE4E5B9 + block) % (1 << 63)
+        g = torch.Generator().manual_seed(mixed)
+        rows = torch.empty(_INIT_BLOCK, dim).uniform_(low, high, generator=g)
+        parts.append(rows[max(lo, a) - a : min(hi, a + _INIT_BLOCK) - a])
+    return torch.cat(parts) if parts else torch.empty(0, dim)
 
 
 def _round_up(n: int, page: int) -> int:
@@ -243,7 +266,8 @@ class EmbeddingBag(nn.Module):
     _weight: initial rows (a (num_embeddings, embedding_dim) tensor);
     without it the rows are drawn from N(0, 1), as torch's, or from
     U(init[0], init[1]) where init is given, chunk by chunk (generator: a
-    torch.Generator for them). threads: NVMe reads in flight.
+    torch.Generator for them), or init(start, stop) where init is a
+    function giving rows [start, stop). threads: NVMe reads in flight.
     """
 
     def __init__(
@@ -333,6 +357,8 @@ class EmbeddingBag(nn.Module):
             stop = min(n, start + chunk)
             if weight is not None:
                 rows = weight[start:stop].detach().to("cpu", torch.float32).contiguous()
+            elif callable(init):
+                rows = init(start, stop)
             elif init is not None:
                 rows = torch.empty(stop - start, d).uniform_(init[0], init[1], generator=generator)
             else:
@@ -481,6 +507,11 @@ def _concat_bags(bags) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     return ids.contiguous(), torch.cat(offs), weights
 
 
+def _table_init(seed: int, table: int, dim: int, lo: int, bounds):
+    """EmbeddingBag's init for a shard starting at table row lo."""
+    return lambda start, stop: initial_rows(seed, table, dim, lo + start, lo + stop, bounds[0], bounds[1])
+
+
 class _Spec:
     """One table of a collection: rows, dim, pooling, the features it
     serves (TorchRec's EmbeddingBagConfig, or a plain (rows, dim) pair),
@@ -529,7 +560,10 @@ class EmbeddingBagCollection(nn.Module):
     pairs. mode (plain pairs only), optimizer, lr, eps, padding_idx,
     include_last_offset apply to every table. fast_bytes, nvme_path,
     nvme_bytes, page_size or runtime size the tiers for all tables
-    together.
+    together. Initial rows: weights (one tensor per table), else with
+    configs TorchRec's range drawn by ``initial_rows(seed, ...)`` (seed
+    from generator, or torch's global generator, unless given), else
+    N(0, 1) from generator.
 
     With configs, in TorchRec's shape: ``forward(features)`` takes a
     ``KeyedJaggedTensor`` whose keys are the configs' feature names and
@@ -572,6 +606,7 @@ class EmbeddingBagCollection(nn.Module):
         balance_interval: float = 0.02,
         generator: Optional[torch.Generator] = None,
         weights: Optional[Sequence[Tensor]] = None,
+        seed: Optional[int] = None,
         sharding: Optional[str] = None,
         process_group=None,
         gradient_division: bool = True,
@@ -625,9 +660,17 @@ class EmbeddingBagCollection(nn.Module):
         elif fast_bytes is not None or nvme_path is not None or nvme_bytes is not None:
             raise ValueError("give either runtime or fast_bytes/nvme_path/nvme_bytes, not both")
         self.runtime = runtime
+        if self._configs is not None and weights is None and seed is None:
+            # Every rank of a sharded collection must draw the same seed:
+            # seed torch alike on every rank, or pass seed=.
+            seed = int(torch.randint(0, 1 << 62, (1,), generator=generator))
         modules = []
         for k, rows in local:
             spec = specs[k]
+            init = spec.init
+            if self._configs is not None and weights is None:
+                lo = 0 if self._shard is None else self._shard._rows_on(k, self._shard.rank)[0]
+                init = _table_init(seed, k, spec.dim, lo, spec.init)
             w = None
             if weights is not None:
                 w = weights[k] if self._shard is None else self._shard.local_rows(k, weights[k])
@@ -642,7 +685,7 @@ class EmbeddingBagCollection(nn.Module):
                         balance="manual",
                         generator=generator,
                         _weight=w,
-                        init=spec.init,
+                        init=init,
                         **kwargs,
                     )
                 )

@@ -81,7 +81,10 @@ def main() -> None:
     for k, _ in ebc._shard.local_tables():
         lo, hi = ebc._shard._rows_on(k, rank)
         shards[k] = (lo, ebc.tables[ebc._shard.module_of[k]].weight)
-    torch.save({"outs": outs, "shards": shards, "stats": ebc.stats()}, f"{out}.{rank}")
+    # Drawn here, not given: the same initial rows as in one process.
+    drawn = strata.nn.EmbeddingBagCollection(configs(), seed=7, sharding=sharding)
+    initial = {k: drawn.tables[drawn._shard.module_of[k]].weight for k, _ in drawn._shard.local_tables()}
+    torch.save({"outs": outs, "shards": shards, "initial": initial, "stats": ebc.stats()}, f"{out}.{rank}")
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

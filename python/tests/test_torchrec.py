@@ -80,6 +80,15 @@ def test_default_rows_are_torchrecs_uniform_range():
     assert float(w.std()) > bound / 3  # not all zeros
 
 
+def test_initial_rows_are_the_same_however_drawn():
+    cfg = EmbeddingBagConfig(num_embeddings=40_000, embedding_dim=4, name="t", feature_names=["f"])
+    b = (1.0 / 40_000) ** 0.5
+    whole = strata.nn.initial_rows(5, 0, 4, 0, 40_000, -b, b)
+    assert torch.equal(strata.nn.EmbeddingBagCollection([cfg], seed=5).tables[0].weight, whole)
+    assert torch.equal(strata.nn.initial_rows(5, 0, 4, 20_000, 40_000, -b, b), whole[20_000:])
+    assert not torch.equal(strata.nn.initial_rows(5, 1, 4, 0, 40_000, -b, b), whole)
+
+
 def test_drops_into_torchrecs_dlrm_and_trains():
     from torchrec.models.dlrm import DLRM
 
@@ -174,6 +183,11 @@ def test_sharded_collection_matches_one_process(tmp_path, sharding):
                 lo, w = r["shards"][k]
                 rows[lo : lo + w.shape[0]] = w
         torch.testing.assert_close(rows, t.weight, **TOL)
+    # Rows drawn by each rank for its shards are the one process's rows.
+    drawn = strata.nn.EmbeddingBagCollection(ebc_worker.configs(), seed=7)
+    for k, t in enumerate(drawn.tables):
+        rows = torch.cat([r["initial"][k] for r in ranks if k in r["initial"]])
+        assert torch.equal(rows, t.weight)
     if sharding == "table":
         # Each table lives on one rank: table k on rank k % 2.
         assert sorted(ranks[0]["shards"]) == [0, 2] and sorted(ranks[1]["shards"]) == [1]

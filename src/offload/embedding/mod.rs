@@ -42,6 +42,10 @@ use crate::tier::Tier;
 pub use error::{EmbeddingError, Result};
 use pages::{Fetched, Rows, Rule};
 
+/// Lookups a gather pools on the calling thread alone, below which a
+/// second pooling thread costs more than it saves.
+const POOL_ALONE: usize = 1 << 14;
+
 /// Worker threads of a table's page reads and updates, unless set.
 pub const DEFAULT_THREADS: usize = 16;
 /// The most worker threads a table takes.
@@ -364,11 +368,23 @@ impl EmbeddingTable {
     pub fn gather(&self, bags: &Bags<'_>, out: &mut [f32]) -> Result<Lookups> {
         self.check_bags(bags, out)?;
         let (fetched, hits) = self.io().fetch(bags.indices, self.fastest)?;
-        // Two pooling workers: the rows are copied and summed by the CPU,
-        // which the NVMe reads above no longer wait on.
+        // Two pooling workers for a large batch: the rows are copied and
+        // summed by the CPU, which the NVMe reads above no longer wait on
+        // (a small one pools here: a thread costs more than it saves).
         let n = bags.len();
-        let workers = 2usize.min(n.max(1));
+        let workers = if bags.indices.len() < POOL_ALONE {
+            1
+        } else {
+            2usize.min(n.max(1))
+        };
         let per = n.div_ceil(workers).max(1);
+        if workers == 1 {
+            self.pool(&fetched, bags, 0, out)?;
+            return Ok(self.count(Lookups {
+                lookups: bags.indices.len() as u64,
+                fast_hits: hits,
+            }));
+        }
         let errors: Vec<EmbeddingError> = std::thread::scope(|s| {
             let hs: Vec<_> = out
                 .chunks_mut(per * self.dim)

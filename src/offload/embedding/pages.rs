@@ -113,6 +113,7 @@ impl Rows<'_> {
         let per_page = (self.page / self.row_bytes()).max(1) as u32;
         let share = (per_page / 4).max(2);
         let mut whole = Vec::new();
+        let mut nvme = Vec::new();
         let mut fast = Vec::new();
         for &(p, n) in &runs {
             let t = self.buf.tier_of(p as usize)?;
@@ -121,6 +122,7 @@ impl Rows<'_> {
             }
             if t == Some(Tier::Nvme) || (t.is_some() && n >= share) {
                 whole.push((p, n));
+                nvme.push(t == Some(Tier::Nvme));
             }
         }
         let first = |r: i64| r as u64 * self.row_bytes() / self.page;
@@ -133,27 +135,22 @@ impl Rows<'_> {
         }
         let page = self.page as usize;
         let mut arena = vec![0u8; whole.len() * page];
-        let per = whole.len().div_ceil(self.threads.max(1)).max(1);
-        let errors: Vec<Error> = std::thread::scope(|s| {
-            let workers: Vec<_> = whole
-                .chunks(per)
-                .zip(arena.chunks_mut(per * page))
-                .map(|(ps, dst)| {
-                    s.spawn(move || -> Result<()> {
-                        for (&(p, _), d) in ps.iter().zip(dst.chunks_mut(page)) {
-                            let n = self.page_len(p);
-                            self.buf.read(p * self.page, &mut d[..n])?;
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .filter_map(|w| w.join().expect("a page read panicked").err())
-                .collect()
-        });
-        first_error(errors)?;
+        // Pages in memory are copied here; the NVMe reads go to the worker
+        // threads, one synchronous read each in flight (threads cost more
+        // than the copies they would share).
+        let mut reads = Vec::new();
+        for ((&(p, _), d), &on_disk) in whole.iter().zip(arena.chunks_mut(page)).zip(&nvme) {
+            if on_disk {
+                reads.push((p, d));
+            } else {
+                let n = self.page_len(p);
+                self.buf.read(p * self.page, &mut d[..n])?;
+            }
+        }
+        self.on_workers(reads, |(p, d)| {
+            let n = self.page_len(p);
+            self.buf.read(p * self.page, &mut d[..n])
+        })?;
         let pages = whole.into_iter().map(|(p, _)| p).collect();
         Ok((Fetched { pages, arena }, hits))
     }
@@ -209,23 +206,51 @@ impl Rows<'_> {
                 *x -= s * gx;
             }
         };
-        let per = groups.len().div_ceil(self.threads.max(1)).max(1);
+        // Groups in memory are updated here; those on NVMe (a read and a
+        // write each) on the worker threads.
+        let mut on_disk = Vec::new();
+        for &(a, b) in &groups {
+            let group = &order[a..=b];
+            let p0 = *self.pages_of(rows[group[0]] as u64).start();
+            if self.buf.tier_of(p0 as usize)? == Some(Tier::Nvme) {
+                on_disk.push(group);
+            } else {
+                self.update_group(rows, group, &apply)?;
+            }
+        }
+        self.on_workers(on_disk, |group| self.update_group(rows, group, &apply))
+    }
+
+    /// Runs `work` on every item of `items`, spread over up to the table's
+    /// worker threads (none started for no item); the first error.
+    fn on_workers<T: Send>(
+        &self,
+        items: Vec<T>,
+        work: impl Fn(T) -> Result<()> + Sync,
+    ) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let workers = self.threads.clamp(1, items.len());
+        let mut shares: Vec<Vec<T>> = (0..workers).map(|_| Vec::new()).collect();
+        for (k, item) in items.into_iter().enumerate() {
+            shares[k % workers].push(item);
+        }
+        let work = &work;
         let errors: Vec<Error> = std::thread::scope(|s| {
-            let workers: Vec<_> = groups
-                .chunks(per)
-                .map(|gs| {
-                    let (order, apply) = (&order, &apply);
+            let hs: Vec<_> = shares
+                .into_iter()
+                .map(|share| {
                     s.spawn(move || -> Result<()> {
-                        for &(a, b) in gs {
-                            self.update_group(rows, &order[a..=b], apply)?;
+                        for item in share {
+                            work(item)?;
                         }
                         Ok(())
                     })
                 })
                 .collect();
-            workers
-                .into_iter()
-                .filter_map(|w| w.join().expect("an update worker panicked").err())
+            hs.into_iter()
+                .filter_map(|h| h.join().expect("a table worker panicked").err())
                 .collect()
         });
         first_error(errors)
