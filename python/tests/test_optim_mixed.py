@@ -223,13 +223,16 @@ def test_errors_name_the_parameter_and_what_would_work():
         strata.optim.AdamW([p], tier="nvme", nvme_path="/proc/no-such-dir")
 
 
-def test_fp32_parameters_in_the_host_tier_are_their_own_master():
+@pytest.mark.parametrize("tier", ["host", "nvme"])
+def test_fp32_parameters_are_their_own_master(tier, tmp_path):
     """The parameter is updated in place as the master (no copy in the
-    tier): training still matches torch, a state_dict round trip resumes
-    it, and weights changed outside the optimizer are simply the master."""
+    tier; on NVMe only the moments stream): training still matches torch,
+    a state_dict round trip resumes it, and weights changed outside the
+    optimizer are simply the master."""
+    kw = dict(tier=tier, nvme_path=str(tmp_path)) if tier == "nvme" else {}
     a, b = model(torch.float32), model(torch.float32)
     ta = torch.optim.AdamW(a.parameters(), lr=3e-3, foreach=False)
-    sb = strata.optim.AdamW(b.parameters(), lr=3e-3)
+    sb = strata.optim.AdamW(b.parameters(), lr=3e-3, **kw)
     batches = data(10)
     losses(a, ta, batches[:5], torch.float32)
     losses(b, sb, batches[:5], torch.float32)
@@ -238,7 +241,7 @@ def test_fp32_parameters_in_the_host_tier_are_their_own_master():
         b[0].weight.mul_(0.5)
     sd = sb.state_dict()
     assert "master" not in sd["state"][0]
-    sb2 = strata.optim.AdamW(b.parameters(), lr=3e-3)
+    sb2 = strata.optim.AdamW(b.parameters(), lr=3e-3, **kw)
     sb2.load_state_dict(sd)
     losses(a, ta, batches[5:], torch.float32)
     losses(b, sb2, batches[5:], torch.float32)

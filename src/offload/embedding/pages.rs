@@ -91,67 +91,60 @@ impl Rows<'_> {
         first_error(errors)
     }
 
-    /// The pages of `rows` read whole, once, into one arena (in parallel):
-    /// those in a tier without an address (NVMe), and those of the other
-    /// tiers that enough lookups share that one page copy is cheaper than
-    /// reading their rows one by one. Also how many of `rows` start in a
-    /// page of `fastest`. Every lookup counts as an access of its page
-    /// (the balancer's measure of heat), though a page read whole is read
-    /// once for all of them.
+    /// The NVMe pages of `rows` read whole, once each, into one arena (on
+    /// the worker threads, one synchronous read each in flight); rows in
+    /// memory tiers are read where they are, by [`row`](Self::row). Also
+    /// how many of `rows` start in a page of `fastest`. Every lookup counts
+    /// as an access of its page (the balancer's measure of heat), though a
+    /// page read whole is read once for all of its lookups.
     pub(super) fn fetch(&self, rows: &[i64], fastest: Tier) -> Result<(Fetched, u64)> {
-        // Every page of every lookup, with repeats: (page, lookups).
-        let mut all: Vec<u64> = rows.iter().flat_map(|&r| self.pages_of(r as u64)).collect();
-        all.sort_unstable();
+        let mut hits = 0u64;
+        // Every NVMe page of every lookup, with repeats.
+        let mut on_disk: Vec<u64> = Vec::new();
+        for &r in rows {
+            for (k, p) in self.pages_of(r as u64).enumerate() {
+                let t = self.buf.tier_of(p as usize)?;
+                if k == 0 && t == Some(fastest) {
+                    hits += 1;
+                }
+                if t == Some(Tier::Nvme) {
+                    on_disk.push(p);
+                }
+            }
+        }
+        if on_disk.is_empty() {
+            return Ok((
+                Fetched {
+                    pages: Vec::new(),
+                    arena: Vec::new(),
+                },
+                hits,
+            ));
+        }
+        on_disk.sort_unstable();
         let mut runs: Vec<(u64, u32)> = Vec::new();
-        for &p in &all {
+        for &p in &on_disk {
             match runs.last_mut() {
                 Some((q, n)) if *q == p => *n = n.saturating_add(1),
                 _ => runs.push((p, 1)),
             }
         }
-        drop(all);
-        let per_page = (self.page / self.row_bytes()).max(1) as u32;
-        let share = (per_page / 4).max(2);
-        let mut whole = Vec::new();
-        let mut nvme = Vec::new();
-        let mut fast = Vec::new();
+        drop(on_disk);
         for &(p, n) in &runs {
-            let t = self.buf.tier_of(p as usize)?;
-            if t == Some(fastest) {
-                fast.push(p);
-            }
-            if t == Some(Tier::Nvme) || (t.is_some() && n >= share) {
-                whole.push((p, n));
-                nvme.push(t == Some(Tier::Nvme));
-            }
-        }
-        let first = |r: i64| r as u64 * self.row_bytes() / self.page;
-        let hits = rows
-            .iter()
-            .filter(|&&r| fast.binary_search(&first(r)).is_ok())
-            .count() as u64;
-        for &(p, n) in &whole {
             self.buf.touch(p as usize, n - 1)?;
         }
         let page = self.page as usize;
-        let mut arena = vec![0u8; whole.len() * page];
-        // Pages in memory are copied here; the NVMe reads go to the worker
-        // threads, one synchronous read each in flight (threads cost more
-        // than the copies they would share).
-        let mut reads = Vec::new();
-        for ((&(p, _), d), &on_disk) in whole.iter().zip(arena.chunks_mut(page)).zip(&nvme) {
-            if on_disk {
-                reads.push((p, d));
-            } else {
-                let n = self.page_len(p);
-                self.buf.read(p * self.page, &mut d[..n])?;
-            }
-        }
+        let mut arena = vec![0u8; runs.len() * page];
+        let reads: Vec<(u64, &mut [u8])> = runs
+            .iter()
+            .map(|&(p, _)| p)
+            .zip(arena.chunks_mut(page))
+            .collect();
         self.on_workers(reads, |(p, d)| {
             let n = self.page_len(p);
             self.buf.read(p * self.page, &mut d[..n])
         })?;
-        let pages = whole.into_iter().map(|(p, _)| p).collect();
+        let pages = runs.into_iter().map(|(p, _)| p).collect();
         Ok((Fetched { pages, arena }, hits))
     }
 
@@ -160,6 +153,9 @@ impl Rows<'_> {
     pub(super) fn row(&self, fetched: &Fetched, r: u64, out: &mut [f32]) -> Result<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         let start = r * self.row_bytes();
+        if fetched.pages.is_empty() {
+            return self.buf.read(start, bytes);
+        }
         let page = self.page as usize;
         let mut at = 0usize;
         for p in self.pages_of(r) {

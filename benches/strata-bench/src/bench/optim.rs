@@ -65,10 +65,10 @@ pub struct Roofline {
     /// for a bf16 or fp16 parameter its rounding written (fp32: 28; bf16
     /// and fp16: 28).
     pub bytes_per_param: u64,
-    /// Bytes per parameter this step moves: as above; for fp32 states
-    /// outside the host tier (or in importance mode) plus the parameter
-    /// written apart from its master (32). fp32 parameters of host-tier
-    /// states are their own master (the aliased step, 28).
+    /// Bytes per parameter this step moves: as above; in importance mode
+    /// or with the CUDA updater, for fp32, plus the parameter written apart
+    /// from its master (32). fp32 parameters are otherwise their own
+    /// master (the aliased step, 28).
     pub moved_per_param: u64,
     /// Seconds the triad's bandwidth needs for `bytes_per_param`.
     pub bound_seconds: f64,
@@ -208,12 +208,10 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         Some(imp) => p.steps.max(1).div_ceil(imp.every as usize) * imp.every as usize,
         None => p.steps,
     };
-    // fp32 parameters of states in the host tier are their own master (as
-    // strata.optim runs them): the aliased step, 28 bytes a parameter.
-    let alias = dtype == "float32"
-        && p.tier == "host"
-        && p.importance.is_none()
-        && p.update == Updater::Cpu;
+    // fp32 parameters are their own master (as strata.optim runs them):
+    // the aliased step, 28 bytes a parameter; in CXL or on NVMe only the
+    // moments stream.
+    let alias = dtype == "float32" && p.importance.is_none() && p.update == Updater::Cpu;
     let mut timed = |progress: &mut dyn FnMut(&str, f64)| -> Result<(f64, f64, u64)> {
         match dtype {
             "bfloat16" => time_steps::<bf16>(&mut opt, &w, &g, steps, false, progress),
