@@ -48,6 +48,7 @@ only; ``import strata`` does not need them.
 """
 
 import os
+import re
 import time
 from typing import Any, Dict, List, Optional
 
@@ -83,6 +84,99 @@ _COUNTERS = (
     "bytes_moved",
     "stall_seconds",
 )
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def _bytes(value, what: str) -> int:
+    """A byte count: an int, or a size as accelerate writes them ("10GiB",
+    "500MB": decimal units, binary with "i")."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*", value.upper())
+        if m:
+            return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+    raise InvalidArgumentError(f"{what} {value!r} is not a size (bytes, or a string such as '10GiB')")
+
+
+def _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path):
+    """accelerate's vocabulary (max_memory={"cpu": ..., 0: ...},
+    offload_folder=) as strata's budgets; one vocabulary at a time."""
+    if max_memory is not None:
+        if host_bytes is not None or device_bytes is not None:
+            raise InvalidArgumentError("give max_memory or host_bytes/device_bytes, not both")
+        if not isinstance(max_memory, dict):
+            raise InvalidArgumentError(f"max_memory must be a dict such as {{'cpu': '8GiB', 0: '20GiB'}}, not {max_memory!r}")
+        for key, value in max_memory.items():
+            if key == "cpu":
+                host_bytes = _bytes(value, 'max_memory["cpu"]')
+            elif key in (0, "cuda", "cuda:0"):
+                device_bytes = _bytes(value, f"max_memory[{key!r}]")
+            elif key == "disk":
+                continue  # accelerate's disk has no budget: offload_folder holds the rest
+            else:
+                raise InvalidArgumentError(
+                    f"max_memory key {key!r}: strata.moe runs on one device (keys 'cpu' and 0)"
+                )
+    if offload_folder is not None:
+        if nvme_path is not None:
+            raise InvalidArgumentError("give offload_folder or nvme_path, not both")
+        nvme_path = offload_folder
+    return device_bytes, host_bytes, nvme_path
+
+
+def _spare_bytes() -> int:
+    """Memory this process can take without pressing on the machine or its
+    memory limit: four fifths of the smaller of the kernel's MemAvailable
+    and the cgroup's headroom (the rest left to the process's own growth)."""
+    spare = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    spare = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+        for line in lines:
+            _, ctrl, path = line.split(":", 2)
+            if ctrl == "memory":  # cgroup v1
+                base = f"/sys/fs/cgroup/memory{path}"
+                limit, used = base + "/memory.limit_in_bytes", base + "/memory.usage_in_bytes"
+            elif ctrl == "":  # cgroup v2
+                base = f"/sys/fs/cgroup{path}"
+                limit, used = base + "/memory.max", base + "/memory.current"
+            else:
+                continue
+            try:
+                with open(limit) as f:
+                    lim = f.read().strip()
+                with open(used) as f:
+                    cur = int(f.read().strip())
+            except OSError:
+                continue
+            if lim != "max" and int(lim) < (1 << 60):
+                room = max(0, int(lim) - cur)
+                spare = room if spare is None else min(spare, room)
+    except (OSError, ValueError):
+        pass
+    return (spare if spare is not None else 1 << 62) * 4 // 5
+
+
+def _unsupported_experts(model: nn.Module) -> Optional[str]:
+    """The first module that looks like a block's experts but is not in the
+    fused layout strata.moe runs: 'ClassName at name'."""
+    for name, m in model.named_modules():
+        cls = type(m).__name__
+        if name.endswith("experts") or "Experts" in cls or cls.endswith(("MoE", "MoeBlock", "SparseMoeBlock")):
+            if not _is_fused_experts(m):
+                return f"{cls} at {name}"
+    return None
 
 
 def _next_pow2(n: int) -> int:
@@ -514,6 +608,8 @@ def offload(
     decay: Optional[float] = None,
     protect_fetches: Optional[int] = None,
     checkpoint: Optional[str] = None,
+    max_memory: Optional[Dict[Any, Any]] = None,
+    offload_folder: Optional[str] = None,
 ) -> OffloadedMoE:
     """Moves the experts of every MoE block of `model` into a strata
     expert cache and makes the blocks fetch them through it (see the module
@@ -521,9 +617,15 @@ def offload(
 
     device_slots / device_bytes: experts in device memory at once (one of
         them; default: a quarter of all experts, at least one).
-    host_bytes: host memory for the experts (default: all of them); the rest
-        goes to an NVMe tier at nvme_path (a directory or a new file name),
-        of nvme_capacity bytes (default: every expert's bytes).
+    host_bytes: host memory for the experts; the rest goes to an NVMe tier
+        at nvme_path (a directory or a new file name), of nvme_capacity
+        bytes (default: every expert's bytes). Default: what this machine
+        can spare (four fifths of the smaller of MemAvailable and the
+        memory cgroup's headroom), at most every expert; without nvme_path
+        the experts must fit in it.
+    max_memory, offload_folder: the same budgets in accelerate's words:
+        max_memory={"cpu": host, 0: device} (bytes or sizes such as
+        "8GiB"; "disk" ignored) and offload_folder for nvme_path.
     device: "sim" (no GPU: slots are host memory, stall also modelled),
         "cuda" or "auto"; default "cuda" for a model on a GPU, else "sim".
     prefetch: the lookahead through the next layer's router; max_prefetch
@@ -545,11 +647,19 @@ def offload(
     """
     blocks = find_moe_blocks(model)
     if not blocks:
+        other = _unsupported_experts(model)
+        if other is not None:
+            raise InvalidArgumentError(
+                f"strata.moe cannot offload {other} of {type(model).__name__}: it runs experts modules "
+                "with fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] tensors under a block with a "
+                "router `gate` (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3, GLM-4-MoE, MiniMax in transformers 5)"
+            )
         raise InvalidArgumentError(
             f"{type(model).__name__} has no MoE block strata.moe can offload: it looks for experts "
             "modules with fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] tensors under a "
             "block with a router `gate` (Mixtral, Qwen2-MoE in transformers 5)"
         )
+    device_bytes, host_bytes, nvme_path = _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path)
     first = blocks[0].experts
     e, two_i, h = first.gate_up_proj.shape
     i = two_i // 2
@@ -578,7 +688,13 @@ def offload(
             f"({expert_bytes} with its page padding)"
         )
     if host_bytes is None:
-        host_bytes = total
+        spare = _spare_bytes()
+        if nvme_path is None and spare < total:
+            raise InvalidArgumentError(
+                f"the {n_experts} experts take {total} bytes and this machine can spare {spare}: "
+                "give offload_folder (or nvme_path) for the rest, or host_bytes to insist"
+            )
+        host_bytes = min(total, max(padded, spare // padded * padded))
     if host_bytes < total and nvme_path is None:
         raise InvalidArgumentError(
             f"host_bytes {host_bytes} holds {host_bytes // padded} of the {n_experts} experts "

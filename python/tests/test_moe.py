@@ -205,6 +205,62 @@ def test_qwen2_moe_blocks():
     torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
 
 
+def test_budgets_in_accelerates_words(tmp_path):
+    ref = mixtral(seed=4)
+    ids = prompts(seed=4)
+    want = logits(ref, ids)
+    m = mixtral(seed=4)
+    page = 64 << 10
+    host = f"{(ALL // 2) * 2 * page // 1024}KiB"
+    moe = strata.moe.offload(m, max_memory={"cpu": host, 0: 4 * 2 * page, "disk": "1TB"}, offload_folder=tmp_path)
+    tiers = {t["tier"]: t for t in json.loads(moe.cache.runtime_stats_json())["tiers"]}
+    assert tiers["nvme"]["used_pages"] > 0
+    assert tiers["host"]["used_pages"] + tiers["host"]["free_pages"] == ALL // 2 * 2
+    torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
+    for bad, match in (
+        (dict(max_memory={"cpu": "lots"}), "not a size"),
+        (dict(max_memory={1: "1GiB"}), "one device"),
+        (dict(max_memory={"cpu": "1GiB"}, host_bytes=1 << 30), "not both"),
+        (dict(offload_folder=tmp_path, nvme_path=tmp_path), "not both"),
+    ):
+        with pytest.raises(strata.InvalidArgumentError, match=match):
+            strata.moe.offload(mixtral(), **bad)
+
+
+def test_without_a_host_budget_the_host_holds_what_the_machine_can_spare(tmp_path, monkeypatch):
+    page = 64 << 10
+    spare = (ALL // 3) * 2 * page
+    monkeypatch.setattr(strata.moe, "_spare_bytes", lambda: spare + 100)
+    ref = mixtral(seed=5)
+    ids = prompts(seed=5)
+    want = logits(ref, ids)
+    m = mixtral(seed=5)
+    moe = strata.moe.offload(m, device_slots=4, nvme_path=tmp_path)
+    tiers = {t["tier"]: t for t in json.loads(moe.cache.runtime_stats_json())["tiers"]}
+    assert tiers["host"]["used_pages"] + tiers["host"]["free_pages"] == spare // page
+    assert tiers["nvme"]["used_pages"] > 0
+    torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
+    with pytest.raises(strata.InvalidArgumentError, match="can spare"):
+        strata.moe.offload(mixtral(), device_slots=4)
+
+
+def test_an_unsupported_experts_module_is_named():
+    class ListedExperts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = torch.nn.ModuleList(torch.nn.Linear(4, 8) for _ in range(2))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = torch.nn.Linear(4, 2)
+            self.experts = ListedExperts()
+
+    model = torch.nn.Sequential(Block())
+    with pytest.raises(strata.InvalidArgumentError, match="cannot offload ListedExperts at 0.experts"):
+        strata.moe.offload(model)
+
+
 def test_bad_input_raises_clear_errors(tmp_path):
     m = mixtral()
     with pytest.raises(strata.InvalidArgumentError, match="holds no expert"):
