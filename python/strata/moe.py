@@ -169,14 +169,18 @@ def _spare_bytes() -> int:
 
 
 def _unsupported_experts(model: nn.Module) -> Optional[str]:
-    """The first module that looks like a block's experts but is not in the
-    fused layout strata.moe runs: 'ClassName at name'."""
+    """The first module that looks like a block's experts (or, without
+    one, the MoE block itself) but is not in the fused layout strata.moe
+    runs: 'ClassName at name'."""
+    blocks = None
     for name, m in model.named_modules():
         cls = type(m).__name__
-        if name.endswith("experts") or "Experts" in cls or cls.endswith(("MoE", "MoeBlock", "SparseMoeBlock")):
+        if name.endswith("experts") or "Experts" in cls:
             if not _is_fused_experts(m):
                 return f"{cls} at {name}"
-    return None
+        elif blocks is None and cls.endswith(("MoE", "Moe", "MoeBlock", "SparseMoeBlock")):
+            blocks = f"{cls} at {name}"
+    return blocks
 
 
 def _next_pow2(n: int) -> int:
@@ -203,7 +207,7 @@ class _Block:
         self.decoder_layer = decoder_layer
         self.block = block
         self.experts = experts
-        self.gate = getattr(block, "gate", None)
+        self.gate = getattr(block, "gate", None) or getattr(block, "router", None)
         self.norm = getattr(decoder_layer, "post_attention_layernorm", None)
 
 
@@ -220,23 +224,29 @@ def find_moe_blocks(model: nn.Module) -> List[_Block]:
             continue
         parent_name, attr = name.rsplit(".", 1)
         block = modules[parent_name]
-        if attr != "experts" or not hasattr(block, "gate"):
+        # The router: `gate` (Mixtral, Qwen) or `router` (PhiMoE, GraniteMoE).
+        if attr != "experts" or not (hasattr(block, "gate") or hasattr(block, "router")):
             continue
+        cls = f"{type(m).__name__} at {name}"
         if getattr(m, "is_transposed", False) or not getattr(m, "is_concatenated", True):
             raise InvalidArgumentError(
-                f"{name}: transposed or interleaved experts are not supported by strata.moe"
+                f"strata.moe cannot offload {cls}: transposed or interleaved experts are not supported"
             )
-        if getattr(m, "has_bias", False) or not getattr(m, "has_gate", True):
+        if (
+            getattr(m, "has_bias", False)
+            or not getattr(m, "has_gate", True)
+            or any(isinstance(getattr(m, b, None), torch.Tensor) for b in ("gate_up_proj_bias", "down_proj_bias"))
+        ):
             raise InvalidArgumentError(
-                f"{name}: experts with biases or without a gate projection are not supported by strata.moe"
+                f"strata.moe cannot offload {cls}: experts with biases or without a gate projection are not supported"
             )
         if not hasattr(m, "act_fn"):
-            raise InvalidArgumentError(f"{name}: the experts module has no act_fn")
+            raise InvalidArgumentError(f"strata.moe cannot offload {cls}: the experts module has no act_fn")
         e, two_i, h = m.gate_up_proj.shape
         if m.down_proj.shape != (e, h, two_i // 2) or two_i % 2:
             raise InvalidArgumentError(
-                f"{name}: gate_up_proj {tuple(m.gate_up_proj.shape)} and down_proj "
-                f"{tuple(m.down_proj.shape)} are not [E, 2I, H] and [E, H, I]"
+                f"strata.moe cannot offload {cls}: gate_up_proj {tuple(m.gate_up_proj.shape)} and down_proj "
+                f"{tuple(m.down_proj.shape)} are not [E, 2I, H] and [E, H, I] (transposed experts)"
             )
         layer_name = parent_name.rsplit(".", 1)[0] if "." in parent_name else ""
         found.append(_Block(len(found), name, modules[layer_name], block, m))
@@ -652,7 +662,7 @@ def offload(
             raise InvalidArgumentError(
                 f"strata.moe cannot offload {other} of {type(model).__name__}: it runs experts modules "
                 "with fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] tensors under a block with a "
-                "router `gate` (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3, GLM-4-MoE, MiniMax in transformers 5)"
+                "router (`gate` or `router`)"
             )
         raise InvalidArgumentError(
             f"{type(model).__name__} has no MoE block strata.moe can offload: it looks for experts "

@@ -244,6 +244,58 @@ def test_without_a_host_budget_the_host_holds_what_the_machine_can_spare(tmp_pat
         strata.moe.offload(mixtral(), device_slots=4)
 
 
+def tiny_family(model_type, dtype=torch.float32, seed=0):
+    """A tiny random model of a transformers MoE family, eager experts."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type)
+    small = dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=EXPERTS,
+        num_experts=EXPERTS, num_experts_per_tok=TOP_K, head_dim=16, max_position_embeddings=64,
+        shared_expert_intermediate_size=128, n_shared_experts=1, first_k_dense_replace=0, initializer_range=0.1,
+    )
+    for k, v in small.items():
+        if hasattr(cfg, k):
+            setattr(cfg, k, v)
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_config(cfg).eval().to(dtype)
+    m.set_experts_implementation("eager")
+    return m
+
+
+# Families whose experts are fused gate_up_proj/down_proj tensors under a
+# block with a router named `gate` or `router`.
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "minimax", "phimoe", "granitemoe",
+            "granitemoeshared", "hunyuan_v1_moe", "ernie4_5_moe", "dots1", "afmoe"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_fused_family_offloads_with_identical_logits_and_tokens(family, dtype):
+    try:
+        ref = tiny_family(family, dtype)
+    except (ValueError, KeyError) as e:
+        pytest.skip(f"this transformers has no {family}: {e}")
+    ids = prompts(seed=3)
+    want, tokens = logits(ref, ids), generate(ref, ids, n=4)
+    m = tiny_family(family, dtype)
+    strata.moe.offload(m, device_slots=2)
+    assert torch.equal(logits(m, ids), want)
+    assert torch.equal(generate(m, ids, n=4), tokens)
+
+
+@pytest.mark.parametrize("family,cls", [("gpt_oss", "GptOssExperts"), ("llama4_text", "Llama4TextExperts"),
+                                        ("jetmoe", "JetMoeParallelExperts")])
+def test_a_family_in_another_layout_is_refused_naming_its_class(family, cls):
+    try:
+        m = tiny_family(family)
+    except (ValueError, KeyError) as e:
+        pytest.skip(f"this transformers has no {family}: {e}")
+    with pytest.raises(strata.InvalidArgumentError, match=f"cannot offload {cls} at "):
+        strata.moe.offload(m)
+
+
 def test_an_unsupported_experts_module_is_named():
     class ListedExperts(torch.nn.Module):
         def __init__(self):
