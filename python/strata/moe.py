@@ -50,6 +50,7 @@ only; ``import strata`` does not need them.
 import os
 import re
 import time
+import types
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -187,6 +188,17 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _is_gpt_oss(m: nn.Module) -> bool:
+    """GPT-OSS's experts: transposed, interleaved gate and up, biases, and
+    a gate function of its own (``_apply_gate``, its clamped SwiGLU)."""
+    return (
+        getattr(m, "is_transposed", False)
+        and callable(getattr(type(m), "_apply_gate", None))
+        and isinstance(getattr(m, "gate_up_proj_bias", None), torch.Tensor)
+        and isinstance(getattr(m, "down_proj_bias", None), torch.Tensor)
+    )
+
+
 def _is_fused_experts(m: nn.Module) -> bool:
     gu = getattr(m, "gate_up_proj", None)
     dp = getattr(m, "down_proj", None)
@@ -201,7 +213,7 @@ def _is_fused_experts(m: nn.Module) -> bool:
 class _Block:
     """One MoE block found in the model."""
 
-    def __init__(self, index, name, decoder_layer, block, experts):
+    def __init__(self, index, name, decoder_layer, block, experts, transposed=False):
         self.index = index
         self.name = name
         self.decoder_layer = decoder_layer
@@ -209,6 +221,15 @@ class _Block:
         self.experts = experts
         self.gate = getattr(block, "gate", None) or getattr(block, "router", None)
         self.norm = getattr(decoder_layer, "post_attention_layernorm", None)
+        # GPT-OSS's layout: gate_up_proj [E, H, 2I] (gate and up interleaved)
+        # and down_proj [E, I, H], used as x @ W, with biases and the
+        # module's own gate function.
+        self.transposed = transposed
+
+    def dims(self):
+        """(experts, 2 * intermediate, hidden) of the experts."""
+        e, a, b = self.experts.gate_up_proj.shape
+        return (e, b, a) if self.transposed else (e, a, b)
 
 
 def find_moe_blocks(model: nn.Module) -> List[_Block]:
@@ -228,6 +249,16 @@ def find_moe_blocks(model: nn.Module) -> List[_Block]:
         if attr != "experts" or not (hasattr(block, "gate") or hasattr(block, "router")):
             continue
         cls = f"{type(m).__name__} at {name}"
+        layer_name = parent_name.rsplit(".", 1)[0] if "." in parent_name else ""
+        if _is_gpt_oss(m):
+            e, h, two_i = m.gate_up_proj.shape
+            if m.down_proj.shape != (e, two_i // 2, h) or two_i % 2:
+                raise InvalidArgumentError(
+                    f"strata.moe cannot offload {cls}: gate_up_proj {tuple(m.gate_up_proj.shape)} and down_proj "
+                    f"{tuple(m.down_proj.shape)} are not [E, H, 2I] and [E, I, H]"
+                )
+            found.append(_Block(len(found), name, modules[layer_name], block, m, transposed=True))
+            continue
         if getattr(m, "is_transposed", False) or not getattr(m, "is_concatenated", True):
             raise InvalidArgumentError(
                 f"strata.moe cannot offload {cls}: transposed or interleaved experts are not supported"
@@ -248,7 +279,6 @@ def find_moe_blocks(model: nn.Module) -> List[_Block]:
                 f"strata.moe cannot offload {cls}: gate_up_proj {tuple(m.gate_up_proj.shape)} and down_proj "
                 f"{tuple(m.down_proj.shape)} are not [E, 2I, H] and [E, H, I] (transposed experts)"
             )
-        layer_name = parent_name.rsplit(".", 1)[0] if "." in parent_name else ""
         found.append(_Block(len(found), name, modules[layer_name], block, m))
     return found
 
@@ -297,14 +327,23 @@ class StrataExperts(nn.Module):
     (``forward(hidden_states, top_k_index, top_k_weights)``) whose experts
     live in a strata ExpertCache. Made by ``offload``."""
 
-    def __init__(self, state: _State, layer: int, src: nn.Module, layout: Dict[str, Any]):
+    def __init__(self, state: _State, layer: int, src: nn.Module, layout: Dict[str, Any], biases=None):
         super().__init__()
         self._state = state
         self.layer = layer
         self.num_experts = layout["experts"]
         self.hidden_dim = layout["hidden"]
         self.intermediate_dim = layout["intermediate"]
-        self.act_fn = src.act_fn
+        self.transposed = layout["transposed"]
+        if self.transposed:
+            # The biases stay in memory (2I + H values an expert); the gate
+            # function is the family's own, on a shell holding its settings.
+            self.gate_up_bias, self.down_bias = biases
+            shell = types.SimpleNamespace(alpha=src.alpha, limit=src.limit)
+            gate = type(src)._apply_gate
+            self.act_fn = lambda gate_up: gate(shell, gate_up)
+        else:
+            self.act_fn = src.act_fn
         self._dtype = layout["dtype"]
         self._dtype_name = _DTYPES[layout["dtype"]]
         self._elt = layout["elt"]
@@ -352,8 +391,33 @@ class StrataExperts(nn.Module):
             return out
         return F.linear(x, torch.cat(views).view(rows, cols))
 
-    def _expert(self, x, slot):
+    def _matrix(self, slot, at, rows, cols):
+        """The [rows, cols] matrix at byte `at` of the slot, as one tensor
+        (a copy where its pages are not adjacent: x @ W's sums run over
+        W's rows, which must not be split)."""
+        page = slot.page_size
+        nbytes = rows * cols * self._elt
+        addrs = slot.addresses
+        first, last = at // page, (at + nbytes - 1) // page
+        if all(addrs[p + 1] == addrs[p] + page for p in range(first, last)):
+            pin = slot.pin((at, at + nbytes), self._dtype_name)
+            t = torch.from_dlpack(pin)
+            pin.unpin()  # the tensor holds its own pin
+            return t.view(rows, cols)
+        parts = []
+        for p in range(first, last + 1):
+            a, b = max(at, p * page), min(at + nbytes, (p + 1) * page)
+            pin = slot.pin((a, b), self._dtype_name)
+            parts.append(torch.from_dlpack(pin))
+            pin.unpin()
+        return torch.cat(parts).view(rows, cols)
+
+    def _expert(self, x, slot, e):
         i, h = self.intermediate_dim, self.hidden_dim
+        if self.transposed:
+            # GPT-OSS's own arithmetic, on the slot's matrices.
+            gate_up = x @ self._matrix(slot, 0, h, 2 * i) + self.gate_up_bias[e]
+            return self.act_fn(gate_up) @ self._matrix(slot, self._down_at, i, h) + self.down_bias[e]
         gate, up = self._linear(x, slot, 0, 2 * i, h).chunk(2, dim=-1)
         return self._linear(self.act_fn(gate) * up, slot, self._down_at, h, i)
 
@@ -421,7 +485,7 @@ class StrataExperts(nn.Module):
                             st.credit(layer + 1, before, st.snapshot())
                     for e, slot in zip(wave, held):
                         top_k_pos, token_idx = torch.where((top_k_index == e).T)
-                        y = self._expert(hidden_states[token_idx], slot)
+                        y = self._expert(hidden_states[token_idx], slot, e)
                         y = y * top_k_weights[token_idx, top_k_pos, None]
                         outputs[e] = (token_idx, y)
                 finally:
@@ -600,6 +664,25 @@ def _expert_source(blocks, checkpoint):
     return read
 
 
+def _biases(b, checkpoint):
+    """A transposed block's experts' biases (gate_up [E, 2I], down [E, H]):
+    the model's, or the checkpoint's for experts on the meta device."""
+    names = ("gate_up_proj_bias", "down_proj_bias")
+    own = [getattr(b.experts, n) for n in names]
+    if all(t.device.type != "meta" for t in own):
+        return [t.detach().clone() for t in own]
+    if checkpoint is None:
+        raise InvalidArgumentError(f"the expert biases of {b.name} are on the meta device: pass checkpoint=")
+    where = _checkpoint(checkpoint)
+    out = []
+    for n, t in zip(names, own):
+        key = f"{b.name}.{n}"
+        if key not in where:
+            raise InvalidArgumentError(f"checkpoint {os.fspath(checkpoint)!r} has no tensor {key!r}")
+        out.append(where[key].get_tensor(key).to(t.dtype))
+    return out
+
+
 def offload(
     model: nn.Module,
     *,
@@ -671,14 +754,18 @@ def offload(
         )
     device_bytes, host_bytes, nvme_path = _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path)
     first = blocks[0].experts
-    e, two_i, h = first.gate_up_proj.shape
+    e, two_i, h = blocks[0].dims()
     i = two_i // 2
     dtype = first.gate_up_proj.dtype
     if dtype not in _DTYPES:
         raise InvalidArgumentError(f"experts of dtype {dtype} are not supported (use float32, float16 or bfloat16)")
     for b in blocks:
-        if b.experts.gate_up_proj.shape != first.gate_up_proj.shape or b.experts.gate_up_proj.dtype != dtype:
-            raise InvalidArgumentError(f"{b.name}: every MoE block must have experts of the same shape and dtype")
+        if (
+            b.experts.gate_up_proj.shape != first.gate_up_proj.shape
+            or b.experts.gate_up_proj.dtype != dtype
+            or b.transposed != blocks[0].transposed
+        ):
+            raise InvalidArgumentError(f"{b.name}: every MoE block must have experts of the same layout and dtype")
     source = _expert_source(blocks, checkpoint)
     elt = first.gate_up_proj.element_size()
     gate_up_bytes = two_i * h * elt
@@ -746,6 +833,7 @@ def offload(
         "expert_bytes": expert_bytes,
         "page_size": page_size,
         "layers": len(blocks),
+        "transposed": blocks[0].transposed,
     }
     # Register every expert: [gate_up | pad to a page | down].
     staging = torch.zeros(expert_bytes, dtype=torch.uint8)
@@ -765,7 +853,8 @@ def offload(
     state = _State(cache, blocks, prefetch, max_prefetch, writer, record_per_token)
     hooks = []
     for b in blocks:
-        new = StrataExperts(state, b.index, b.experts, layout)
+        biases = _biases(b, checkpoint) if b.transposed else None
+        new = StrataExperts(state, b.index, b.experts, layout, biases)
         # Frees the original tensors (the model held their only references).
         b.block.experts = new
         b.experts = new

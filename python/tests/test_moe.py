@@ -258,6 +258,8 @@ def tiny_family(model_type, dtype=torch.float32, seed=0):
     for k, v in small.items():
         if hasattr(cfg, k):
             setattr(cfg, k, v)
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = cfg.layer_types[: cfg.num_hidden_layers]
     torch.manual_seed(seed)
     m = AutoModelForCausalLM.from_config(cfg).eval().to(dtype)
     m.set_experts_implementation("eager")
@@ -266,8 +268,9 @@ def tiny_family(model_type, dtype=torch.float32, seed=0):
 
 # Families whose experts are fused gate_up_proj/down_proj tensors under a
 # block with a router named `gate` or `router`.
+# GPT-OSS: transposed experts with biases and its own clamped gate.
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "minimax", "phimoe", "granitemoe",
-            "granitemoeshared", "hunyuan_v1_moe", "ernie4_5_moe", "dots1", "afmoe"]
+            "granitemoeshared", "hunyuan_v1_moe", "ernie4_5_moe", "dots1", "afmoe", "gpt_oss"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -285,8 +288,29 @@ def test_every_fused_family_offloads_with_identical_logits_and_tokens(family, dt
     assert torch.equal(generate(m, ids, n=4), tokens)
 
 
-@pytest.mark.parametrize("family,cls", [("gpt_oss", "GptOssExperts"), ("llama4_text", "Llama4TextExperts"),
-                                        ("jetmoe", "JetMoeParallelExperts")])
+def test_gpt_oss_experts_over_small_pages_and_from_a_checkpoint(tmp_path):
+    """Its matrices over many 4 KiB pages (x @ W copied whole where the
+    pages are apart), and its experts and biases read from the checkpoint
+    of a model built on the meta device."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
+    from safetensors.torch import load_file
+
+    ref = tiny_family("gpt_oss", seed=2)
+    ids = prompts(seed=2)
+    want = logits(ref, ids)
+    m = tiny_family("gpt_oss", seed=2)
+    strata.moe.offload(m, device_slots=3, page_size=4096)
+    assert torch.equal(logits(m, ids), want)
+    ref.save_pretrained(tmp_path, save_original_format=False)
+    with accelerate.init_empty_weights():
+        m = tiny_family("gpt_oss", seed=2)
+    sd = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".mlp.experts." not in k}
+    m.load_state_dict(sd, strict=False, assign=True)
+    strata.moe.offload(m, device_slots=3, checkpoint=tmp_path)
+    assert torch.equal(logits(m, ids), want)
+
+
+@pytest.mark.parametrize("family,cls", [("llama4_text", "Llama4TextExperts"), ("jetmoe", "JetMoeParallelExperts")])
 def test_a_family_in_another_layout_is_refused_naming_its_class(family, cls):
     try:
         m = tiny_family(family)
