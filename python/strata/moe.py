@@ -188,6 +188,19 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _is_dense_call(m: nn.Module) -> bool:
+    """Llama 4's experts: forward(hidden_states) alone, every expert given
+    every token ([E * T, H]) and one batched product over [E, H, 2I] and
+    [E, I, H]."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(type(m).forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params == ["self", "hidden_states"]
+
+
 def _is_gpt_oss(m: nn.Module) -> bool:
     """GPT-OSS's experts: transposed, interleaved gate and up, biases, and
     a gate function of its own (``_apply_gate``, its clamped SwiGLU)."""
@@ -213,7 +226,7 @@ def _is_fused_experts(m: nn.Module) -> bool:
 class _Block:
     """One MoE block found in the model."""
 
-    def __init__(self, index, name, decoder_layer, block, experts, transposed=False):
+    def __init__(self, index, name, decoder_layer, block, experts, transposed=False, dense=False):
         self.index = index
         self.name = name
         self.decoder_layer = decoder_layer
@@ -225,6 +238,9 @@ class _Block:
         # and down_proj [E, I, H], used as x @ W, with biases and the
         # module's own gate function.
         self.transposed = transposed
+        # Llama 4's experts take every token for every expert ([E * T, H],
+        # scaled by the router's scores) and run one batched product.
+        self.dense = dense
 
     def dims(self):
         """(experts, 2 * intermediate, hidden) of the experts."""
@@ -250,6 +266,15 @@ def find_moe_blocks(model: nn.Module) -> List[_Block]:
             continue
         cls = f"{type(m).__name__} at {name}"
         layer_name = parent_name.rsplit(".", 1)[0] if "." in parent_name else ""
+        if _is_dense_call(m):
+            e, h, two_i = m.gate_up_proj.shape
+            if m.down_proj.shape != (e, two_i // 2, h) or two_i % 2 or not hasattr(m, "act_fn"):
+                raise InvalidArgumentError(
+                    f"strata.moe cannot offload {cls}: gate_up_proj {tuple(m.gate_up_proj.shape)} and down_proj "
+                    f"{tuple(m.down_proj.shape)} are not [E, H, 2I] and [E, I, H]"
+                )
+            found.append(_Block(len(found), name, modules[layer_name], block, m, transposed=True, dense=True))
+            continue
         if _is_gpt_oss(m):
             e, h, two_i = m.gate_up_proj.shape
             if m.down_proj.shape != (e, two_i // 2, h) or two_i % 2:
@@ -335,7 +360,8 @@ class StrataExperts(nn.Module):
         self.hidden_dim = layout["hidden"]
         self.intermediate_dim = layout["intermediate"]
         self.transposed = layout["transposed"]
-        if self.transposed:
+        self.dense = layout["dense"]
+        if self.transposed and not self.dense:
             # The biases stay in memory (2I + H values an expert); the gate
             # function is the family's own, on a shell holding its settings.
             self.gate_up_bias, self.down_bias = biases
@@ -414,6 +440,10 @@ class StrataExperts(nn.Module):
 
     def _expert(self, x, slot, e):
         i, h = self.intermediate_dim, self.hidden_dim
+        if self.dense:
+            # Llama 4's own arithmetic (its batched product, one expert).
+            gate, up = (x @ self._matrix(slot, 0, h, 2 * i)).chunk(2, dim=-1)
+            return (up * self.act_fn(gate)) @ self._matrix(slot, self._down_at, i, h)
         if self.transposed:
             # GPT-OSS's own arithmetic, on the slot's matrices.
             gate_up = x @ self._matrix(slot, 0, h, 2 * i) + self.gate_up_bias[e]
@@ -442,74 +472,117 @@ class StrataExperts(nn.Module):
         cap = st.max_prefetch if st.max_prefetch is not None else tokens * k
         return order[: min(n, cap)].tolist()
 
-    def forward(self, hidden_states, top_k_index, top_k_weights):
+    def forward(self, hidden_states, top_k_index=None, top_k_weights=None):
+        if self.dense:
+            return self._forward_dense(hidden_states)
         st = self._state
-        cache = st.cache
-        layer = self.layer
-        tokens = hidden_states.shape[0]
-        if layer == 0:
-            st.flush()
-            st.steps += 1
-            st.tokens += tokens
+        self._begin(hidden_states.shape[0])
         with torch.no_grad():
             final = torch.zeros_like(hidden_states)
             hit = torch.unique(top_k_index).tolist()
             hit = [e for e in hit if 0 <= e < self.num_experts]
-            # Resident experts first: fetching them pins them, so neither
-            # the demand fetches nor the lookahead below evict them.
-            hit.sort(key=lambda e: not cache.is_resident(layer, e))
-            slots = cache.device_slots
             outputs = {}
-            order = []
-            for w0 in range(0, len(hit), slots):
-                wave = hit[w0 : w0 + slots]
-                held = []
-                try:
-                    for e in wave:
-                        before = st.snapshot()
-                        t0 = time.perf_counter()
-                        if st.modelled:
-                            cache.advance(max(0.0, t0 - st.mark))
-                        held.append(cache.fetch(layer, e))
-                        st.mark = time.perf_counter()
-                        st.measured_stall[layer] += st.mark - t0
-                        st.credit(layer, before, st.snapshot())
-                        order.append(e)
-                    if w0 == 0 and st.prefetch and layer + 1 < st.layers:
-                        guess = self._predict_next(st, tokens)
-                        if guess:
-                            before = st.snapshot()
-                            t0 = time.perf_counter()
-                            cache.prefetch(layer + 1, guess)
-                            st.call_seconds[layer] += time.perf_counter() - t0
-                            st.credit(layer + 1, before, st.snapshot())
-                    for e, slot in zip(wave, held):
-                        top_k_pos, token_idx = torch.where((top_k_index == e).T)
-                        y = self._expert(hidden_states[token_idx], slot, e)
-                        y = y * top_k_weights[token_idx, top_k_pos, None]
-                        outputs[e] = (token_idx, y)
-                finally:
-                    for slot in held:
-                        slot.release()
+
+            def work(e, slot):
+                top_k_pos, token_idx = torch.where((top_k_index == e).T)
+                y = self._expert(hidden_states[token_idx], slot, e)
+                y = y * top_k_weights[token_idx, top_k_pos, None]
+                outputs[e] = (token_idx, y)
+
+            order = self._visit(hit, hidden_states.shape[0], work)
             # Accumulated in expert order, as transformers' own loop does.
             for e in sorted(outputs):
                 token_idx, y = outputs[e]
                 final.index_add_(0, token_idx, y.to(final.dtype))
-            # This layer has run: its prefetches still in flight were late
-            # or wrong.
-            before = st.snapshot()
-            t0 = time.perf_counter()
-            cache.cancel_prefetches(layer)
-            st.call_seconds[layer] += time.perf_counter() - t0
-            st.credit(layer, before, st.snapshot())
             if st.writer is not None:
                 self._record(st, top_k_index, order)
         return final
 
+    def _forward_dense(self, routed_in):
+        """Llama 4's call: every expert's copy of every token, [E * T, H],
+        the rows of tokens an expert was not chosen for all zero (scaled by
+        a zero score). Experts with a non-zero row are computed, as the
+        model's batched product would, the others give zeros."""
+        st = self._state
+        e_all, h = self.num_experts, self.hidden_dim
+        x = routed_in.view(e_all, -1, h)
+        tokens = x.shape[1]
+        self._begin(tokens)
+        with torch.no_grad():
+            chosen = (x != 0).any(dim=-1)  # [E, T]
+            hit = [e for e in range(e_all) if bool(chosen[e].any())]
+            out = torch.zeros_like(x)
+
+            def work(e, slot):
+                out[e] = self._expert(x[e], slot, e)
+
+            order = self._visit(hit, tokens, work)
+            if st.writer is not None:
+                picks = chosen.T
+                index = [row.nonzero().reshape(-1).tolist() for row in picks]
+                self._record(st, index, order)
+        return out.view(-1, h)
+
+    def _begin(self, tokens):
+        st = self._state
+        if self.layer == 0:
+            st.flush()
+            st.steps += 1
+            st.tokens += tokens
+
+    def _visit(self, hit, tokens, work):
+        """Fetches the experts of `hit` (resident ones first) in waves of
+        the device slots, calls work(e, slot) for each while its slot is
+        held, and starts the next layer's lookahead with the first wave.
+        Returns the experts in the order fetched."""
+        st = self._state
+        cache = st.cache
+        layer = self.layer
+        # Resident experts first: fetching them pins them, so neither
+        # the demand fetches nor the lookahead below evict them.
+        hit = sorted(hit, key=lambda e: not cache.is_resident(layer, e))
+        slots = cache.device_slots
+        order = []
+        for w0 in range(0, len(hit), slots):
+            wave = hit[w0 : w0 + slots]
+            held = []
+            try:
+                for e in wave:
+                    before = st.snapshot()
+                    t0 = time.perf_counter()
+                    if st.modelled:
+                        cache.advance(max(0.0, t0 - st.mark))
+                    held.append(cache.fetch(layer, e))
+                    st.mark = time.perf_counter()
+                    st.measured_stall[layer] += st.mark - t0
+                    st.credit(layer, before, st.snapshot())
+                    order.append(e)
+                if w0 == 0 and st.prefetch and layer + 1 < st.layers:
+                    guess = self._predict_next(st, tokens)
+                    if guess:
+                        before = st.snapshot()
+                        t0 = time.perf_counter()
+                        cache.prefetch(layer + 1, guess)
+                        st.call_seconds[layer] += time.perf_counter() - t0
+                        st.credit(layer + 1, before, st.snapshot())
+                for e, slot in zip(wave, held):
+                    work(e, slot)
+            finally:
+                for slot in held:
+                    slot.release()
+        # This layer has run: its prefetches still in flight were late
+        # or wrong.
+        before = st.snapshot()
+        t0 = time.perf_counter()
+        cache.cancel_prefetches(layer)
+        st.call_seconds[layer] += time.perf_counter() - t0
+        st.credit(layer, before, st.snapshot())
+        return order
+
     def _record(self, st, top_k_index, order):
         if st.per_token:
             # Written when the step ends, token by token (see flush).
-            rows = top_k_index.tolist()
+            rows = top_k_index if isinstance(top_k_index, list) else top_k_index.tolist()
             st.pending.extend(
                 f"{st.trace_token + t} {self.layer} {e}\n" for t, row in enumerate(rows) for e in row
             )
@@ -834,6 +907,7 @@ def offload(
         "page_size": page_size,
         "layers": len(blocks),
         "transposed": blocks[0].transposed,
+        "dense": blocks[0].dense,
     }
     # Register every expert: [gate_up | pad to a page | down].
     staging = torch.zeros(expert_bytes, dtype=torch.uint8)
@@ -853,7 +927,7 @@ def offload(
     state = _State(cache, blocks, prefetch, max_prefetch, writer, record_per_token)
     hooks = []
     for b in blocks:
-        biases = _biases(b, checkpoint) if b.transposed else None
+        biases = _biases(b, checkpoint) if b.transposed and not b.dense else None
         new = StrataExperts(state, b.index, b.experts, layout, biases)
         # Frees the original tensors (the model held their only references).
         b.block.experts = new
