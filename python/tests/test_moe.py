@@ -254,10 +254,14 @@ def tiny_family(model_type, dtype=torch.float32, seed=0):
         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=EXPERTS,
         num_experts=EXPERTS, num_experts_per_tok=TOP_K, head_dim=16, max_position_embeddings=64,
         shared_expert_intermediate_size=128, n_shared_experts=1, first_k_dense_replace=0, initializer_range=0.1,
+        n_routed_experts=EXPERTS, n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
     )
     for k, v in small.items():
         if hasattr(cfg, k):
             setattr(cfg, k, v)
+    if model_type.startswith("deepseek"):
+        cfg.head_dim = cfg.qk_rope_head_dim  # its rotary part
     if getattr(cfg, "layer_types", None) is not None:
         cfg.layer_types = cfg.layer_types[: cfg.num_hidden_layers]
     torch.manual_seed(seed)
@@ -271,7 +275,8 @@ def tiny_family(model_type, dtype=torch.float32, seed=0):
 # GPT-OSS: transposed experts with biases and its own clamped gate;
 # Llama 4: transposed experts given every token, and a shared expert.
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "minimax", "phimoe", "granitemoe",
-            "granitemoeshared", "hunyuan_v1_moe", "ernie4_5_moe", "dots1", "afmoe", "gpt_oss", "llama4_text"]
+            "granitemoeshared", "hunyuan_v1_moe", "ernie4_5_moe", "dots1", "afmoe", "deepseek_v2", "deepseek_v3",
+            "gpt_oss", "llama4_text"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
