@@ -325,6 +325,11 @@ class _State:
         # Wall time in prefetch and cancel_prefetches calls (they may evict
         # a victim, which waits for its move down).
         self.call_seconds = [0.0] * self.layers
+        # Wall time in the experts' arithmetic, per layer; and the steps'
+        # wall time from their first MoE layer's start to their last's end.
+        self.compute_seconds = [0.0] * self.layers
+        self.wall_seconds = 0.0
+        self.step_start = None
         self.tokens = 0
         self.steps = 0
         self.mark = time.perf_counter()
@@ -496,6 +501,7 @@ class StrataExperts(nn.Module):
                 final.index_add_(0, token_idx, y.to(final.dtype))
             if st.writer is not None:
                 self._record(st, top_k_index, order)
+        self._end()
         return final
 
     def _forward_dense(self, routed_in):
@@ -521,6 +527,7 @@ class StrataExperts(nn.Module):
                 picks = chosen.T
                 index = [row.nonzero().reshape(-1).tolist() for row in picks]
                 self._record(st, index, order)
+        self._end()
         return out.view(-1, h)
 
     def _begin(self, tokens):
@@ -529,6 +536,13 @@ class StrataExperts(nn.Module):
             st.flush()
             st.steps += 1
             st.tokens += tokens
+            st.step_start = time.perf_counter()
+
+    def _end(self):
+        st = self._state
+        if self.layer == st.layers - 1 and st.step_start is not None:
+            st.wall_seconds += time.perf_counter() - st.step_start
+            st.step_start = None
 
     def _visit(self, hit, tokens, work):
         """Fetches the experts of `hit` (resident ones first) in waves of
@@ -566,7 +580,9 @@ class StrataExperts(nn.Module):
                         st.call_seconds[layer] += time.perf_counter() - t0
                         st.credit(layer + 1, before, st.snapshot())
                 for e, slot in zip(wave, held):
+                    t0 = time.perf_counter()
                     work(e, slot)
+                    st.compute_seconds[layer] += time.perf_counter() - t0
             finally:
                 for slot in held:
                     slot.release()
@@ -612,7 +628,7 @@ class OffloadedMoE:
     def layers(self) -> int:
         return self._state.layers
 
-    def _summary(self, c: Dict[str, Any], measured: float, calls: float) -> Dict[str, Any]:
+    def _summary(self, c: Dict[str, Any], measured: float, calls: float, compute: float) -> Dict[str, Any]:
         st = self._state
         out = dict(c)
         out["hit_rate"] = c["hits"] / c["fetches"] if c["fetches"] else 0.0
@@ -622,6 +638,7 @@ class OffloadedMoE:
         out["modelled_stall_seconds"] = cache_stall if st.modelled else None
         out["stall_seconds"] = measured
         out["prefetch_call_seconds"] = calls
+        out["compute_seconds"] = compute
         return out
 
     def stats(self) -> Dict[str, Any]:
@@ -631,19 +648,33 @@ class OffloadedMoE:
         prefetch_accuracy, prefetches_dropped, prefetches_cancelled,
         evictions, bytes_moved, bytes_moved_per_token, stall_seconds (wall
         time spent in fetches), prefetch_call_seconds (wall time in the
-        prefetch and cancel calls, which evict victims), modelled_stall_seconds
-        (the simulated device's model; None on a GPU). A layer's prefetches are those made
-        for it (by the layer before)."""
+        prefetch and cancel calls: their submission, since room is made off
+        the caller's thread), compute_seconds (wall time in the experts'
+        arithmetic), modelled_stall_seconds (the simulated device's model;
+        None on a GPU). A layer's prefetches are those made for it (by the
+        layer before). "breakdown": the steps' wall time from their first
+        MoE layer's start to their last's end, split into compute, stall
+        (fetches), submit (prefetch and cancel calls) and other (what
+        runs between the MoE layers: attention, norms, routers)."""
         st = self._state
         layers = [
-            self._summary(dict(c), m, x) for c, m, x in zip(st.per_layer, st.measured_stall, st.call_seconds)
+            self._summary(dict(c), m, x, k)
+            for c, m, x, k in zip(st.per_layer, st.measured_stall, st.call_seconds, st.compute_seconds)
         ]
         total = dict.fromkeys(_COUNTERS, 0)
         for c in st.per_layer:
             for k in _COUNTERS:
                 total[k] += c[k]
+        stall, submit, compute = sum(st.measured_stall), sum(st.call_seconds), sum(st.compute_seconds)
         return {
-            "total": self._summary(total, sum(st.measured_stall), sum(st.call_seconds)),
+            "total": self._summary(total, stall, submit, compute),
+            "breakdown": {
+                "wall_seconds": st.wall_seconds,
+                "compute_seconds": compute,
+                "stall_seconds": stall,
+                "submit_seconds": submit,
+                "other_seconds": max(0.0, st.wall_seconds - compute - stall - submit),
+            },
             "layers": layers,
             "tokens": st.tokens,
             "steps": st.steps,
@@ -658,6 +689,9 @@ class OffloadedMoE:
         st.per_layer = [dict.fromkeys(_COUNTERS, 0) for _ in range(st.layers)]
         st.measured_stall = [0.0] * st.layers
         st.call_seconds = [0.0] * st.layers
+        st.compute_seconds = [0.0] * st.layers
+        st.wall_seconds = 0.0
+        st.step_start = None
         st.tokens = st.steps = 0
 
     def set_prefetch(self, on: bool) -> None:

@@ -115,6 +115,10 @@ def test_offloaded_logits_and_tokens_equal_the_original(prefetch, page_size):
     assert s["tokens"] == 2 * ids.numel() + 7 * ids.shape[0]
     assert t["bytes_moved_per_token"] == t["bytes_moved"] / s["tokens"]
     assert t["stall_seconds"] > 0 and t["modelled_stall_seconds"] > 0
+    b = moe.stats()["breakdown"]
+    assert b["wall_seconds"] > 0 and b["compute_seconds"] > 0
+    parts = b["compute_seconds"] + b["stall_seconds"] + b["submit_seconds"] + b["other_seconds"]
+    assert abs(parts - b["wall_seconds"]) < 1e-6 and t["compute_seconds"] == b["compute_seconds"]
     assert s["modelled"] is True
 
 
