@@ -68,7 +68,8 @@ import sys
 import time
 from pathlib import Path
 
-CGROUP = Path("/sys/fs/cgroup/memory")
+from cgroups import Group, apply_limit, cgroup_stat, drop_caches
+
 SPARSE = 26
 DENSE = 13
 PAGE = 4096
@@ -164,32 +165,6 @@ def vm(key):
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def own_cgroup():
-    with open("/proc/self/cgroup") as f:
-        path = next(line.split(":", 2)[2].strip() for line in f if ":memory:" in line)
-    return CGROUP / path.lstrip("/")
-
-
-def cgroup_stat():
-    try:
-        with open(own_cgroup() / "memory.stat") as f:
-            return {k: int(v) for k, v in (line.split() for line in f)}
-    except OSError:
-        return {}
-
-
-def apply_limit(limit):
-    """This process's cgroup limited to `limit` bytes from now on."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    cg = own_cgroup()
-    (cg / "memory.limit_in_bytes").write_text(str(limit))
-    (cg / "memory.max_usage_in_bytes").write_text("0")
 
 
 def auc(scores, labels):
@@ -409,14 +384,6 @@ def lookups_worker(args):
 # -- the parent ----------------------------------------------------------------
 
 
-def drop_caches():
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        pass
-
-
 def child_args(args, name):
     keep = ["rows", "dim", "alpha", "batch", "steps", "warmup", "eval_batches", "lr", "seed",
             "dir", "sharding", "mode", "lookup_pooling", "fast_bytes"]
@@ -432,43 +399,28 @@ def run_one(args, name, trial):
     """One trial of one configuration: its processes, in a cgroup of their own."""
     world = 2 if name == "strata-dram-2p" else 1
     limit = args.limit if name == "strata-nvme" else 0
-    cg = CGROUP / f"strata-dlrm-{os.getpid()}-{name}-{trial}"
-    use_cg = CGROUP.exists() and os.access(CGROUP, os.W_OK)
-    if use_cg:
-        cg.mkdir()
     rendezvous = Path(args.dir) / f"rendezvous-{os.getpid()}-{trial}"
     rendezvous.unlink(missing_ok=True)
-    procs = []
     drop_caches()
-    for r in range(world):
-        cmd = [sys.executable, __file__] + child_args(args, name) + [
-            "--rank", str(r), "--world", str(world), "--rendezvous", str(rendezvous), "--limit", str(limit)]
-        if use_cg:
-            cmd = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"] + cmd
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
-    for p in procs:
-        so, se = p.communicate()
-        res = None
-        for line in so.splitlines():
-            if line.startswith("RESULT "):
-                res = json.loads(line[7:])
-        if res is None:
-            res = {"config": name, "error": f"rc {p.returncode}: {se.strip()[-600:]}"}
-        results.append(res)
-    failcnt = peak = None
-    if use_cg:
-        failcnt = int((cg / "memory.failcnt").read_text())
-        peak = int((cg / "memory.max_usage_in_bytes").read_text())
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with Group(f"strata-dlrm-{os.getpid()}-{name}-{trial}") as group:
+        procs = []
+        for r in range(world):
+            cmd = [sys.executable, __file__] + child_args(args, name) + [
+                "--rank", str(r), "--world", str(world), "--rendezvous", str(rendezvous), "--limit", str(limit)]
+            procs.append(subprocess.Popen(group.wrap(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for p in procs:
+            so, se = p.communicate()
+            res = None
+            for line in so.splitlines():
+                if line.startswith("RESULT "):
+                    res = json.loads(line[7:])
+            if res is None:
+                res = {"config": name, "error": f"rc {p.returncode}: {se.strip()[-600:]}"}
+            results.append(res)
     rendezvous.unlink(missing_ok=True)
     res = dict(results[0])
-    res.update(trial=trial, limit_bytes=limit or None, cgroup_failcnt=failcnt, cgroup_peak_bytes=peak)
+    res.update(trial=trial, limit_bytes=limit or None, cgroup_failcnt=group.failcnt, cgroup_peak_bytes=group.peak)
     if world > 1 and all("error" not in r for r in results):
         res["peak_rss_bytes_per_rank"] = [r["peak_rss_bytes"] for r in results]
         res["hit_rate"] = None

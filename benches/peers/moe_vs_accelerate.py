@@ -59,7 +59,8 @@ import sys
 import time
 from pathlib import Path
 
-CGROUP = Path("/sys/fs/cgroup/memory")
+from cgroups import Group, apply_limit, cgroup_stat, drop_caches
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -78,48 +79,6 @@ def proc_io():
         for line in f:
             k, v = line.split(":")
             out[k.strip()] = int(v)
-    return out
-
-
-def own_cgroup():
-    with open("/proc/self/cgroup") as f:
-        path = next(line.split(":", 2)[2].strip() for line in f if ":memory:" in line)
-    return CGROUP / path.lstrip("/")
-
-
-def apply_limit(limit):
-    """Limits this process's cgroup from now on (after loading, whose
-    transient peak — accelerate's loader reads whole checkpoint files — is
-    not what is measured). The kernel reclaims page cache down to it; anon
-    memory above it fails the write, reported as an error."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-    cg = own_cgroup()
-    before = int((cg / "memory.usage_in_bytes").read_text())
-    for _ in range(20):
-        try:
-            (cg / "memory.limit_in_bytes").write_text(str(limit))
-            break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        raise SystemExit(f"cannot limit to {limit} bytes: {before} in use after loading")
-    (cg / "memory.max_usage_in_bytes").write_text("0")  # the peak from here on
-    return {"usage_before_limit": before}
-
-
-def cgroup_stat():
-    out = {}
-    with open(own_cgroup() / "memory.stat") as f:
-        for line in f:
-            k, v = line.split()
-            out[k] = int(v)
     return out
 
 
@@ -314,38 +273,17 @@ def worker(args):
 # -- driver side -----------------------------------------------------------
 
 
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def run_worker(args, name, frac, trial, limit):
     cmd = [sys.executable, __file__, "--worker", name, "--fraction", str(frac), "--trial", str(trial),
            "--work", args.work, "--new-tokens", str(args.new_tokens), "--limit", str(limit or 0)]
     # Every configuration in a cgroup of its own (for its peak); the worker
     # sets the limit once it has loaded.
-    cg = CGROUP / f"strata-moe-peer-{os.getpid()}-{name}-{frac}-{trial}"
-    cg.mkdir()
-    cmd = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"] + cmd
     dropped = drop_caches() if args.drop_caches else False
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    peak = failcnt = None
-    if cg is not None:
-        peak = int((cg / "memory.max_usage_in_bytes").read_text())
-        failcnt = int((cg / "memory.failcnt").read_text())
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with Group(f"strata-moe-peer-{os.getpid()}-{name}-{frac}-{trial}") as group:
+        t0 = time.perf_counter()
+        p = subprocess.run(group.wrap(cmd), capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    peak, failcnt = group.peak, group.failcnt
     res = None
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
