@@ -65,6 +65,8 @@ import subprocess
 import sys
 import time
 
+from cgroups import drop_caches
+
 CGROUP = "/sys/fs/cgroup/memory"
 TABLES = 8
 POOLING = 32
@@ -127,16 +129,6 @@ def make_tables(args):
                 n = min(chunk, args.rows - start)
                 f.write(rng.standard_normal((n, args.dim), dtype=np.float32).tobytes())
         os.replace(p + ".tmp", p)
-
-
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 # -- the child: one configuration ------------------------------------------
