@@ -13,7 +13,7 @@ use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use strata::offload::embedding::{
-    Bags, EmbeddingError, EmbeddingTable, Lookups, Pooling, TableOptions,
+    Bags, EmbeddingError, EmbeddingTable, Lookups, Pooling, TableOptions, Update,
 };
 use strata::runtime::BalancerConfig;
 use strata::PolicyKind;
@@ -222,6 +222,64 @@ impl RowTable {
             .detach(|| self.table.gather(&bags, dst))
             .map_err(raise_table)?;
         Ok((l.lookups, l.fast_hits))
+    }
+
+    /// The fused backward of bag(): grad (float32, one row per bag) spread
+    /// over each bag's rows (times their weights, divided by the bag's
+    /// count for mean=True, padding_idx left out), summed per distinct row
+    /// in lookup order, and the optimizer applied to each row once:
+    /// optimizer="sgd" (lr) or "rowwise_adagrad" (lr, eps, state: float32,
+    /// one accumulator per table row, updated in place).
+    #[pyo3(signature = (
+        indices, offsets, grad, *, weights = None, mean = false, padding_idx = None,
+        optimizer, lr, eps = 1e-8, state = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn bag_backward(
+        &self,
+        py: Python<'_>,
+        indices: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        grad: &Bound<'_, PyAny>,
+        weights: Option<&Bound<'_, PyAny>>,
+        mean: bool,
+        padding_idx: Option<i64>,
+        optimizer: &str,
+        lr: f64,
+        eps: f64,
+        state: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let idx = ints(Contiguous::readable(indices)?.as_slice(), "indices")?;
+        let offsets = ints(Contiguous::readable(offsets)?.as_slice(), "offsets")?;
+        let grad = floats(Contiguous::readable(grad)?.as_slice(), "grad")?;
+        let weights = match weights {
+            Some(w) => Some(floats(Contiguous::readable(w)?.as_slice(), "weights")?),
+            None => None,
+        };
+        let mut bags = Bags::new(&idx, &offsets)
+            .pooling(if mean { Pooling::Mean } else { Pooling::Sum })
+            .padding_idx(padding_idx);
+        if let Some(w) = &weights {
+            bags = bags.weights(w);
+        }
+        let (lr, eps) = (lr as f32, eps as f32);
+        match (optimizer, state) {
+            ("sgd", None) => py
+                .detach(|| self.table.backward(&bags, &grad, Update::Sgd { lr }))
+                .map_err(raise_table),
+            ("rowwise_adagrad", Some(state)) => {
+                let mut view = Contiguous::writable(state)?;
+                let state = floats_mut(view.as_mut_slice(), "state")?;
+                py.detach(|| {
+                    self.table
+                        .backward(&bags, &grad, Update::RowwiseAdagrad { lr, eps, state })
+                })
+                .map_err(raise_table)
+            }
+            _ => Err(invalid(format!(
+                "optimizer {optimizer:?}: \"sgd\" (no state) or \"rowwise_adagrad\" (with state)"
+            ))),
+        }
     }
 
     /// SGD on the distinct rows `rows` (int64) with their gradients

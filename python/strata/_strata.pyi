@@ -395,6 +395,22 @@ class RowTable:
         lr: float,
         eps: float,
     ) -> None: ...
+    def bag_backward(
+        self,
+        indices: _ReadableBuffer,
+        offsets: _ReadableBuffer,
+        grad: _ReadableBuffer,
+        *,
+        weights: Optional[_ReadableBuffer] = None,
+        mean: bool = False,
+        padding_idx: Optional[int] = None,
+        optimizer: str,
+        lr: float,
+        eps: float = 1e-8,
+        state: Optional[_WritableBuffer] = None,
+    ) -> None:
+        """The fused backward of bag(): each row's summed gradient applied
+        once by the optimizer ("sgd", or "rowwise_adagrad" with state)."""
     def stats(self) -> Dict[str, int]: ...
     def reset_stats(self) -> None: ...
 

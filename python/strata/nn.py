@@ -210,6 +210,22 @@ def _bag_backward(module, idx, off, w, grad_out, rows_grad=True, weights_grad=Fa
     the table (by its optimizer, or into module.grad); returns the
     per-sample weights' gradient where weights_grad."""
     grad_out = grad_out.detach().to("cpu", torch.float32).contiguous()
+    if rows_grad and not weights_grad and module.optimizer is not None and idx.numel() > 0:
+        # The table's fused backward: the rows' gradients summed and the
+        # update applied in one call (the same sums as below, in Rust).
+        module._table.bag_backward(
+            idx.numpy(),
+            off.numpy(),
+            grad_out.numpy(),
+            weights=None if w is None else w.numpy(),
+            mean=module.mode == "mean",
+            padding_idx=module.padding_idx,
+            optimizer=module.optimizer,
+            lr=module.lr,
+            eps=module.eps,
+            state=module.momentum.numpy() if module.optimizer == "rowwise_adagrad" else None,
+        )
+        return None
     lengths = off[1:] - off[:-1]
     bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
     keep = None if module.padding_idx is None else idx != module.padding_idx

@@ -42,6 +42,26 @@ use crate::tier::Tier;
 pub use error::{EmbeddingError, Result};
 use pages::{Fetched, Rows, Rule};
 
+/// The update a fused [`EmbeddingTable::backward`] applies to each row.
+#[derive(Debug)]
+pub enum Update<'s> {
+    /// `w -= lr * g`.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// Row-wise Adagrad, as [`EmbeddingTable::rowwise_adagrad`] (`state`:
+    /// one accumulator per table row).
+    RowwiseAdagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to the accumulator's square root.
+        eps: f32,
+        /// One accumulator per table row, updated in place.
+        state: &'s mut [f32],
+    },
+}
+
 /// Lookups a gather pools on the calling thread alone, below which a
 /// second pooling thread costs more than it saves.
 const POOL_ALONE: usize = 1 << 14;
@@ -317,7 +337,7 @@ impl EmbeddingTable {
 
     /// Checks `bags` and `out` against the table: indices in range,
     /// offsets well formed, one weight per index, `out` one row per bag.
-    fn check_bags(&self, bags: &Bags<'_>, out: &[f32]) -> Result<()> {
+    fn check_bags(&self, bags: &Bags<'_>, out: &[f32], what: &'static str) -> Result<()> {
         let (idx, offsets) = (bags.indices, bags.offsets);
         self.check_indices(idx)?;
         if offsets.first() != Some(&0) {
@@ -352,7 +372,7 @@ impl EmbeddingTable {
         let want = bags.len() * self.dim;
         if out.len() != want {
             return Err(EmbeddingError::Length {
-                what: "out",
+                what,
                 len: out.len(),
                 want,
                 why: format!("{} bags of {}", bags.len(), self.dim),
@@ -366,7 +386,7 @@ impl EmbeddingTable {
     /// module's comment). Returns the call's lookups, which also add to
     /// [`stats`](Self::stats).
     pub fn gather(&self, bags: &Bags<'_>, out: &mut [f32]) -> Result<Lookups> {
-        self.check_bags(bags, out)?;
+        self.check_bags(bags, out, "out")?;
         let (fetched, hits) = self.io().fetch(bags.indices, self.fastest)?;
         // Two pooling workers for a large batch: the rows are copied and
         // summed by the CPU, which the NVMe reads above no longer wait on
@@ -443,7 +463,7 @@ impl EmbeddingTable {
     /// CUDA device, whose memory the host cannot read. Writes to the table
     /// are refused while the call runs.
     pub fn gather_mapped(&self, bags: &Bags<'_>, seed: u64, out: &mut [f32]) -> Result<Lookups> {
-        self.check_bags(bags, out)?;
+        self.check_bags(bags, out, "out")?;
         if self.rt.device_backend() == Some(BackendKind::Cuda) {
             return Err(crate::error::Error::new(
                 crate::error::ErrorKind::Unsupported,
@@ -561,6 +581,60 @@ impl EmbeddingTable {
         }
         let rule = Rule::RowwiseAdagrad { lr, eps };
         Ok(self.io().update(rows, grads, rule, Some(state))?)
+    }
+
+    /// The fused backward of pooling `bags`: each bag's gradient (`grad`,
+    /// one row of `dim` per bag) is spread over its rows — times the row's
+    /// weight, divided by the bag's count for a mean, padding left out —
+    /// summed per distinct row in lookup order, and `update` applied to
+    /// each row once (FBGEMM's fused backward; the same sums as a
+    /// framework's `index_add` over the lookups).
+    pub fn backward(&self, bags: &Bags<'_>, grad: &[f32], update: Update<'_>) -> Result<()> {
+        self.check_bags(bags, grad, "grad")?;
+        let d = self.dim;
+        // Per kept lookup: its row, its bag and its share of the bag's gradient.
+        let mut looks: Vec<(i64, usize, f32)> = Vec::with_capacity(bags.indices.len());
+        for b in 0..bags.len() {
+            let (lo, hi) = (bags.offsets[b] as usize, bags.offsets[b + 1] as usize);
+            let kept = (lo..hi)
+                .filter(|&i| Some(bags.indices[i]) != bags.padding_idx)
+                .count();
+            for i in lo..hi {
+                let row = bags.indices[i];
+                if Some(row) == bags.padding_idx {
+                    continue;
+                }
+                let mut share = 1.0f32;
+                if bags.pooling == Pooling::Mean {
+                    share /= kept as f32;
+                }
+                if let Some(w) = bags.weights {
+                    share *= w[i];
+                }
+                looks.push((row, b, share));
+            }
+        }
+        // Stable: a row's lookups stay in order.
+        looks.sort_by_key(|l| l.0);
+        let mut rows: Vec<i64> = Vec::new();
+        let mut grads: Vec<f32> = Vec::new();
+        for &(row, b, share) in &looks {
+            if rows.last() != Some(&row) {
+                rows.push(row);
+                grads.resize(grads.len() + d, 0.0);
+            }
+            let at = grads.len() - d;
+            let src = &grad[b * d..(b + 1) * d];
+            for (g, &x) in grads[at..].iter_mut().zip(src) {
+                *g += x * share;
+            }
+        }
+        match update {
+            Update::Sgd { lr } => self.sgd(&rows, &grads, lr),
+            Update::RowwiseAdagrad { lr, eps, state } => {
+                self.rowwise_adagrad(&rows, &grads, state, lr, eps)
+            }
+        }
     }
 
     /// Lookups since the table was made or [`reset_stats`](Self::reset_stats)

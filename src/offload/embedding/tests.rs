@@ -319,3 +319,90 @@ fn mapped_gather_equals_the_buffer_gather_and_counts_device_hits() {
     // The launch has ended: writes go through again.
     t.write_rows(0, &w[..dim]).unwrap();
 }
+
+/// The fused backward is the per-row update of the bags' gradients summed
+/// per row in lookup order: bitwise, for sum and mean, weights and
+/// padding, and a row repeated within and across bags.
+#[test]
+fn fused_backward_equals_summing_the_bags_gradients_then_updating() {
+    let (rows, dim) = (300u64, 5usize);
+    let idx: Vec<i64> = vec![7, 250, 7, 0, 3, 250, 250, 9, 7];
+    let offsets: Vec<i64> = vec![0, 3, 3, 6, 9];
+    let weights: Vec<f32> = (0..idx.len()).map(|i| 0.25 + i as f32 * 0.5).collect();
+    let grad: Vec<f32> = (0..4 * dim).map(|i| (i as f32 * 0.7).cos()).collect();
+    for (pooling, weighted, padding) in [
+        (Pooling::Sum, false, None),
+        (Pooling::Sum, true, Some(3)),
+        (Pooling::Mean, false, Some(9)),
+    ] {
+        let mut bags = Bags::new(&idx, &offsets)
+            .pooling(pooling)
+            .padding_idx(padding);
+        if weighted {
+            bags = bags.weights(&weights);
+        }
+        // The reference: each lookup's share, summed per row in order.
+        let mut sums: std::collections::BTreeMap<i64, Vec<f32>> = Default::default();
+        for b in 0..bags.len() {
+            let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
+            let kept = (lo..hi).filter(|&i| Some(idx[i]) != padding).count();
+            for i in lo..hi {
+                if Some(idx[i]) == padding {
+                    continue;
+                }
+                let mut share = 1.0f32;
+                if pooling == Pooling::Mean {
+                    share /= kept as f32;
+                }
+                if weighted {
+                    share *= weights[i];
+                }
+                let g = sums.entry(idx[i]).or_insert_with(|| vec![0.0; dim]);
+                for (x, &y) in g.iter_mut().zip(&grad[b * dim..(b + 1) * dim]) {
+                    *x += y * share;
+                }
+            }
+        }
+        let touched: Vec<i64> = sums.keys().copied().collect();
+        let flat: Vec<f32> = sums.values().flatten().copied().collect();
+        let rt = host(8);
+        let (fused, _) = filled(&rt, rows, dim);
+        let (plain, _) = filled(&rt, rows, dim);
+        let (mut s1, mut s2) = (vec![0f32; rows as usize], vec![0f32; rows as usize]);
+        for _ in 0..2 {
+            let update = Update::RowwiseAdagrad {
+                lr: 0.1,
+                eps: 1e-6,
+                state: &mut s1,
+            };
+            fused.backward(&bags, &grad, update).unwrap();
+            plain
+                .rowwise_adagrad(&touched, &flat, &mut s2, 0.1, 1e-6)
+                .unwrap();
+        }
+        fused
+            .backward(&bags, &grad, Update::Sgd { lr: 0.5 })
+            .unwrap();
+        plain.sgd(&touched, &flat, 0.5).unwrap();
+        assert_eq!(s1, s2);
+        let all: Vec<i64> = (0..rows as i64).collect();
+        let (mut a, mut b) = (
+            vec![0f32; rows as usize * dim],
+            vec![0f32; rows as usize * dim],
+        );
+        fused.read_rows(&all, &mut a).unwrap();
+        plain.read_rows(&all, &mut b).unwrap();
+        assert_eq!(a, b, "{pooling:?} weighted {weighted} padding {padding:?}");
+    }
+    // A gradient of the wrong length is refused, naming it.
+    let rt = host(8);
+    let (t, _) = filled(&rt, rows, dim);
+    let e = t
+        .backward(
+            &Bags::new(&idx, &offsets),
+            &grad[1..],
+            Update::Sgd { lr: 0.1 },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("grad"), "{e}");
+}
