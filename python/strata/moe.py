@@ -232,7 +232,8 @@ class _Block:
         self.decoder_layer = decoder_layer
         self.block = block
         self.experts = experts
-        self.gate = getattr(block, "gate", None) or getattr(block, "router", None)
+        gate = getattr(block, "gate", None)
+        self.gate = gate if gate is not None else getattr(block, "router", None)
         self.norm = getattr(decoder_layer, "post_attention_layernorm", None)
         # GPT-OSS's layout: gate_up_proj [E, H, 2I] (gate and up interleaved)
         # and down_proj [E, I, H], used as x @ W, with biases and the
