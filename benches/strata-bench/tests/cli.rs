@@ -811,7 +811,10 @@ fn bench_optim_reports_throughput_beside_the_limits() {
         // A plain fp32 step is aliased (the parameter is its own master):
         // it reads and writes the two moments, two thirds of the state.
         let state = v["state_bytes"].as_f64().unwrap();
-        assert_eq!(v["state_bytes_per_step"].as_f64().unwrap(), 2.0 * state * 2.0 / 3.0);
+        assert_eq!(
+            v["state_bytes_per_step"].as_f64().unwrap(),
+            2.0 * state * 2.0 / 3.0
+        );
     }
     // bf16 parameters with the roofline: the triad beside the step, 28
     // bytes a parameter to move (fp32 in the host tier: its own master, 28).
