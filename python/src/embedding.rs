@@ -204,20 +204,10 @@ impl RowTable {
         mean: bool,
         padding_idx: Option<i64>,
     ) -> PyResult<(u64, u64)> {
-        let idx = ints(Contiguous::readable(indices)?.as_slice(), "indices")?;
-        let offsets = ints(Contiguous::readable(offsets)?.as_slice(), "offsets")?;
-        let weights = match weights {
-            Some(w) => Some(floats(Contiguous::readable(w)?.as_slice(), "weights")?),
-            None => None,
-        };
+        let given = GivenBags::read(indices, offsets, weights, mean, padding_idx)?;
+        let bags = given.bags();
         let mut view = Contiguous::writable(out)?;
         let dst = floats_mut(view.as_mut_slice(), "out")?;
-        let mut bags = Bags::new(&idx, &offsets)
-            .pooling(if mean { Pooling::Mean } else { Pooling::Sum })
-            .padding_idx(padding_idx);
-        if let Some(w) = &weights {
-            bags = bags.weights(w);
-        }
         let l = py
             .detach(|| self.table.gather(&bags, dst))
             .map_err(raise_table)?;
@@ -249,19 +239,9 @@ impl RowTable {
         eps: f64,
         state: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let idx = ints(Contiguous::readable(indices)?.as_slice(), "indices")?;
-        let offsets = ints(Contiguous::readable(offsets)?.as_slice(), "offsets")?;
+        let given = GivenBags::read(indices, offsets, weights, mean, padding_idx)?;
+        let bags = given.bags();
         let grad = floats(Contiguous::readable(grad)?.as_slice(), "grad")?;
-        let weights = match weights {
-            Some(w) => Some(floats(Contiguous::readable(w)?.as_slice(), "weights")?),
-            None => None,
-        };
-        let mut bags = Bags::new(&idx, &offsets)
-            .pooling(if mean { Pooling::Mean } else { Pooling::Sum })
-            .padding_idx(padding_idx);
-        if let Some(w) = &weights {
-            bags = bags.weights(w);
-        }
         let (lr, eps) = (lr as f32, eps as f32);
         match (optimizer, state) {
             ("sgd", None) => py
@@ -342,6 +322,51 @@ impl RowTable {
             self.table.dim(),
             self.table.buffer().page_count()
         )
+    }
+}
+
+/// Bags as Python gives them (int64 indices and offsets, float32 weights),
+/// copied out of their buffers.
+struct GivenBags {
+    indices: Vec<i64>,
+    offsets: Vec<i64>,
+    weights: Option<Vec<f32>>,
+    mean: bool,
+    padding_idx: Option<i64>,
+}
+
+impl GivenBags {
+    fn read(
+        indices: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        weights: Option<&Bound<'_, PyAny>>,
+        mean: bool,
+        padding_idx: Option<i64>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            indices: ints(Contiguous::readable(indices)?.as_slice(), "indices")?,
+            offsets: ints(Contiguous::readable(offsets)?.as_slice(), "offsets")?,
+            weights: match weights {
+                Some(w) => Some(floats(Contiguous::readable(w)?.as_slice(), "weights")?),
+                None => None,
+            },
+            mean,
+            padding_idx,
+        })
+    }
+
+    fn bags(&self) -> Bags<'_> {
+        let bags = Bags::new(&self.indices, &self.offsets)
+            .pooling(if self.mean {
+                Pooling::Mean
+            } else {
+                Pooling::Sum
+            })
+            .padding_idx(self.padding_idx);
+        match &self.weights {
+            Some(w) => bags.weights(w),
+            None => bags,
+        }
     }
 }
 
