@@ -943,3 +943,66 @@ fn a_failed_prefetch_on_a_shared_runtime_is_a_miss_not_an_error() {
     let s = c.stats();
     assert_eq!((s.fetches, s.hits, s.displaced), (1, 0, 1), "{s:?}");
 }
+
+/// Experts that live on NVMe beyond a one-expert host budget, read ahead
+/// of their fetch and prefetched, are read back intact on every fetch and
+/// never written back: each eviction drops the device copy onto the clean
+/// copy it came from. Reads ahead count as misses, not hits.
+#[test]
+fn experts_on_nvme_are_read_ahead_and_never_written_back() {
+    const P: usize = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let expert = 3 * P as u64;
+    let mut cfg = MoeConfig::new(3, expert, expert + P as u64);
+    cfg.page_size = P;
+    cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), 16 * expert, P));
+    let mut c = ExpertCache::new(cfg).unwrap();
+    let weights = |e: u32| -> Vec<u8> {
+        (0..expert as usize)
+            .map(|i| (i as u32 * 7 + e * 31) as u8)
+            .collect()
+    };
+    for e in 0..8u32 {
+        c.register(0, e, &weights(e)).unwrap();
+    }
+    let written = |c: &ExpertCache| -> u64 {
+        let s = c.runtime().stats();
+        s.links
+            .iter()
+            .filter(|l| l.to == strata::Tier::Nvme)
+            .map(|l| l.stats.bytes)
+            .sum()
+    };
+    let after_register = written(&c);
+    let mut misses = 0;
+    for round in 0..4u32 {
+        for e0 in (0..8u32).step_by(2) {
+            let layer_experts = [e0, (e0 + 1) % 8];
+            let missing: Vec<u32> = layer_experts
+                .iter()
+                .copied()
+                .filter(|&e| !c.is_resident(0, e).unwrap())
+                .collect();
+            assert_eq!(c.read_ahead(0, &missing).unwrap(), missing.len());
+            misses += missing.len() as u64;
+            c.prefetch(0, &[(e0 + 2 + round) % 8]).unwrap();
+            for e in layer_experts {
+                let pin = c.fetch(0, e).unwrap();
+                let mut got = vec![0u8; expert as usize];
+                pin.buffer().read(0, &mut got).unwrap();
+                assert!(got == weights(e), "expert {e} in round {round}");
+            }
+            c.cancel_prefetches(0).unwrap();
+        }
+    }
+    assert_eq!(written(&c), after_register, "evictions wrote experts back");
+    let s = c.stats();
+    assert!(misses > 0);
+    assert_eq!((s.fetches, s.reads_ahead), (32, misses));
+    assert_eq!(
+        s.hits,
+        s.fetches - misses,
+        "reads ahead are misses, the rest hits"
+    );
+    assert!(c.runtime().stats().clean_demotions > 0);
+}

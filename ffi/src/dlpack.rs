@@ -264,7 +264,9 @@ pub fn dlpack_device(rt: &Runtime, tier: Tier) -> DLDevice {
 /// the tensor in a `"dltensor"` capsule). The tensor is the caller's: the
 /// range stays pinned until its `deleter` is called, exactly once, from any
 /// thread (the deleter needs no lock of the caller's, Python's GIL
-/// included).
+/// included). With `writable` false the tensor's pin is a read pin
+/// ([`Buffer::pin_read`]): the pages' clean copies in slower tiers stay
+/// valid, and whoever holds the tensor must not write through it.
 pub fn dlpack_export_pinned(
     rt: &Runtime,
     buffer: &Arc<Buffer>,
@@ -272,13 +274,18 @@ pub fn dlpack_export_pinned(
     len: u64,
     tier: Tier,
     dtype: DLDataType,
+    writable: bool,
 ) -> Result<NonNull<DLManagedTensor>> {
     let elements = dlpack_elements(offset, len, dtype)?;
     let end = offset
         .checked_add(len)
         .ok_or_else(|| Error::invalid(format!("offset {offset} + length {len} overflows")))?;
     let page = rt.page_size() as u64;
-    let pin = buffer.pin_owned(offset..end, tier)?;
+    let pin = if writable {
+        buffer.pin_owned(offset..end, tier)?
+    } else {
+        buffer.pin_read_owned(offset..end, tier)?
+    };
     let addresses = pin.addresses();
     if let Some(i) = addresses.windows(2).position(|w| w[1] != w[0] + page) {
         let first = pin.pages().start;
@@ -365,7 +372,7 @@ pub unsafe extern "C" fn strata_dlpack_export(
         let out = unsafe { cast::out(out, "out") }?;
         let t = tier(tier_in)?;
         let b = objects::get(buf)?;
-        let tensor = dlpack_export_pinned(&b.rt.rt, &b.buffer, offset, len, t, dtype)?;
+        let tensor = dlpack_export_pinned(&b.rt.rt, &b.buffer, offset, len, t, dtype, true)?;
         out.set(tensor.as_ptr());
         Ok(STRATA_OK)
     })

@@ -79,6 +79,9 @@ pub(crate) struct Pin {
     address: u64,
     addresses: Vec<u64>,
     pages: Range<usize>,
+    /// Whether the pin (and the tensors exported from it) may be written
+    /// through; a read pin keeps the pages' clean copies valid.
+    writable: bool,
 }
 
 impl Pin {
@@ -88,6 +91,7 @@ impl Pin {
         range: Range<u64>,
         dtype_name: &str,
         dtype: DLDataType,
+        writable: bool,
     ) -> Self {
         let page = buf.rt.page_size() as u64;
         let addresses = pin.addresses().to_vec();
@@ -104,6 +108,7 @@ impl Pin {
             dtype,
             address,
             addresses,
+            writable,
         }
     }
 
@@ -263,6 +268,7 @@ impl Pin {
                     len,
                     self.tier,
                     self.dtype,
+                    self.writable,
                 )
                 .map(Exported)
             })

@@ -261,6 +261,22 @@ impl ExpertCache {
         py.detach(|| c.prefetch(l, &es)).map_err(raise)
     }
 
+    /// Starts the reads of `experts` of `layer`, which the caller is about
+    /// to fetch, so that they run while it computes on others: misses
+    /// whose fetch waits only for what is left of its read (counted as
+    /// "reads_ahead", not as hits or prefetches). Experts already there,
+    /// and those no unprotected slot can be freed for, are skipped.
+    /// Returns how many reads started.
+    fn read_ahead(&self, py: Python<'_>, layer: i64, experts: Vec<i64>) -> PyResult<usize> {
+        let l = u32_of(layer, "layer")?;
+        let es = experts
+            .into_iter()
+            .map(|e| u32_of(e, "expert"))
+            .collect::<PyResult<Vec<_>>>()?;
+        let c = self.cache.read().clone();
+        py.detach(|| c.read_ahead(l, &es)).map_err(raise)
+    }
+
     /// Cancels the prefetches of `layer` that no fetch used and that have
     /// not finished (call it once the layer has run). Returns how many.
     fn cancel_prefetches(&self, py: Python<'_>, layer: i64) -> PyResult<usize> {
@@ -294,7 +310,8 @@ impl ExpertCache {
     /// "prefetches", "prefetches_used", "prefetches_dropped",
     /// "prefetches_cancelled", "evictions", "bytes_moved", "stall_seconds"
     /// (modelled on the simulated device, measured on a GPU),
-    /// "stall_modelled", "hit_rate", "prefetch_accuracy".
+    /// "stall_modelled", "displaced", "reads_ahead", "hit_rate",
+    /// "prefetch_accuracy".
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.cache.read().stats();
         let d = PyDict::new(py);
@@ -310,6 +327,7 @@ impl ExpertCache {
         d.set_item("stall_seconds", s.stall_seconds)?;
         d.set_item("stall_modelled", s.stall_modelled)?;
         d.set_item("displaced", s.displaced)?;
+        d.set_item("reads_ahead", s.reads_ahead)?;
         d.set_item("hit_rate", s.hit_rate())?;
         d.set_item("prefetch_accuracy", s.prefetch_accuracy())?;
         Ok(d)
@@ -443,7 +461,7 @@ impl ExpertSlot {
         let pin = py
             .detach(|| self.buf.pin_read_owned(r.clone(), Tier::Device))
             .map_err(raise)?;
-        Ok(Pin::new(&self.buffer(), pin, r, dtype, dt))
+        Ok(Pin::new(&self.buffer(), pin, r, dtype, dt, false))
     }
 
     /// Unpins the expert (a no-op if released already).

@@ -461,6 +461,9 @@ class ExpertCache:
         """The expert pinned in device memory until the slot is released."""
     def prefetch(self, layer: int, experts: List[int]) -> int:
         """Starts background moves into device memory; returns how many started."""
+    def read_ahead(self, layer: int, experts: List[int]) -> int:
+        """Starts the reads of experts about to be fetched (misses whose
+        fetch waits only for the rest of its read); returns how many started."""
     def cancel_prefetches(self, layer: int) -> int:
         """Cancels the layer's unused, unfinished prefetches; returns how many."""
     def advance(self, seconds: float) -> None:

@@ -84,6 +84,7 @@ _COUNTERS = (
     "evictions",
     "bytes_moved",
     "stall_seconds",
+    "reads_ahead",
 )
 
 
@@ -546,46 +547,46 @@ class StrataExperts(nn.Module):
             st.step_start = None
 
     def _visit(self, hit, tokens, work):
-        """Fetches the experts of `hit` (resident ones first) in waves of
-        the device slots, calls work(e, slot) for each while its slot is
-        held, and starts the next layer's lookahead with the first wave.
-        Returns the experts in the order fetched."""
+        """Runs work(e, slot) for each expert of `hit`, its slot held, in
+        waves of the device slots, reads overlapping compute: a wave pins
+        its resident experts first (no wait; pinned, nothing below evicts
+        them), starts the reads of the rest at once (one prefetch), starts
+        the next layer's lookahead behind them, then computes the resident
+        experts while those reads run and each read expert as soon as its
+        own read is done. Returns the experts in the order fetched."""
         st = self._state
         cache = st.cache
         layer = self.layer
-        # Resident experts first: fetching them pins them, so neither
-        # the demand fetches nor the lookahead below evict them.
-        hit = sorted(hit, key=lambda e: not cache.is_resident(layer, e))
         slots = cache.device_slots
+        # Resident experts first: their compute hides the first reads.
+        hit = sorted(hit, key=lambda e: not cache.is_resident(layer, e))
         order = []
         for w0 in range(0, len(hit), slots):
             wave = hit[w0 : w0 + slots]
-            held = []
+            resident = [e for e in wave if cache.is_resident(layer, e)]
+            held = {}
             try:
-                for e in wave:
-                    before = st.snapshot()
-                    t0 = time.perf_counter()
-                    if st.modelled:
-                        cache.advance(max(0.0, t0 - st.mark))
-                    held.append(cache.fetch(layer, e))
-                    st.mark = time.perf_counter()
-                    st.measured_stall[layer] += st.mark - t0
-                    st.credit(layer, before, st.snapshot())
+                for e in resident:
+                    held[e] = self._fetch(st, e)
                     order.append(e)
+                missing = [e for e in wave if e not in held]
+                if missing:
+                    self._submit(st, layer, missing, st.cache.read_ahead)
                 if w0 == 0 and st.prefetch and layer + 1 < st.layers:
                     guess = self._predict_next(st, tokens)
                     if guess:
-                        before = st.snapshot()
-                        t0 = time.perf_counter()
-                        cache.prefetch(layer + 1, guess)
-                        st.call_seconds[layer] += time.perf_counter() - t0
-                        st.credit(layer + 1, before, st.snapshot())
-                for e, slot in zip(wave, held):
+                        self._submit(st, layer + 1, guess, st.cache.prefetch)
+                for e in wave:
+                    if e not in held:
+                        held[e] = self._fetch(st, e)
+                        order.append(e)
                     t0 = time.perf_counter()
-                    work(e, slot)
+                    work(e, held[e])
                     st.compute_seconds[layer] += time.perf_counter() - t0
+                    # Done with it: its slot may go to a later read.
+                    held.pop(e).release()
             finally:
-                for slot in held:
+                for slot in held.values():
                     slot.release()
         # This layer has run: its prefetches still in flight were late
         # or wrong.
@@ -595,6 +596,34 @@ class StrataExperts(nn.Module):
         st.call_seconds[layer] += time.perf_counter() - t0
         st.credit(layer, before, st.snapshot())
         return order
+
+    def _fetch(self, st, e):
+        """Expert e of this layer pinned (waiting for its read if need be),
+        the wait counted as stall."""
+        cache, layer = st.cache, self.layer
+        before = st.snapshot()
+        t0 = time.perf_counter()
+        if st.modelled:
+            cache.advance(max(0.0, t0 - st.mark))
+        slot = cache.fetch(layer, e)
+        st.mark = time.perf_counter()
+        st.measured_stall[layer] += st.mark - t0
+        st.credit(layer, before, st.snapshot())
+        return slot
+
+    def _submit(self, st, layer, experts, call):
+        """call(layer, experts): starts reads (read_ahead or prefetch; the
+        submission only: the reads run off this thread), its time counted
+        as submit."""
+        before = st.snapshot()
+        t0 = time.perf_counter()
+        if st.modelled:
+            # The modelled link starts the reads now, not at the last fetch.
+            st.cache.advance(max(0.0, t0 - st.mark))
+            st.mark = t0
+        call(layer, experts)
+        st.call_seconds[self.layer] += time.perf_counter() - t0
+        st.credit(layer, before, st.snapshot())
 
     def _record(self, st, top_k_index, order):
         if st.per_token:

@@ -114,7 +114,11 @@ def test_offloaded_logits_and_tokens_equal_the_original(prefetch, page_size):
     # The forward above, then generate's prefill and its 7 one-token steps.
     assert s["tokens"] == 2 * ids.numel() + 7 * ids.shape[0]
     assert t["bytes_moved_per_token"] == t["bytes_moved"] / s["tokens"]
-    assert t["stall_seconds"] > 0 and t["modelled_stall_seconds"] > 0
+    # Misses are read while the layer computes on the experts it has: the
+    # modelled link may finish each read before its fetch (no modelled
+    # stall), the measured fetches still wait for the pin.
+    assert t["stall_seconds"] > 0 and t["modelled_stall_seconds"] >= 0
+    assert t["reads_ahead"] > 0 and t["fetches"] == t["hits"] + t["reads_ahead"]
     b = moe.stats()["breakdown"]
     assert b["wall_seconds"] > 0 and b["compute_seconds"] > 0
     parts = b["compute_seconds"] + b["stall_seconds"] + b["submit_seconds"] + b["other_seconds"]

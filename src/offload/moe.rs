@@ -172,6 +172,10 @@ pub struct MoeStats {
     /// had moved out of device memory meanwhile (background eviction, the
     /// balancer): misses, moved again ([`ExpertCache::on`] only).
     pub displaced: u64,
+    /// Misses whose read [`ExpertCache::read_ahead`] started before their
+    /// fetch: counted as misses (not hits, not prefetches); their fetch
+    /// waits only for what is left of the read.
+    pub reads_ahead: u64,
 }
 
 impl MoeStats {
@@ -210,6 +214,8 @@ struct Meta {
     ready_at: f64,
     /// Its prefetch is still queued on the modelled link.
     in_flight: bool,
+    /// Its move was started by `read_ahead`: the next fetch is a miss.
+    ahead: bool,
 }
 
 /// A prefetch the modelled link has not finished.
@@ -709,6 +715,7 @@ impl ExpertCache {
         }
         m.resident = false;
         m.protected_since = None;
+        m.ahead = false;
         s.resident -= 1;
         s.resident_per_layer[self.experts[victim].layer as usize] -= 1;
         s.stats.evictions += 1;
@@ -833,12 +840,20 @@ impl ExpertCache {
         if displaced {
             s.stats.displaced += 1;
             s.meta[i].protected_since = None;
+            s.meta[i].ahead = false;
             Self::demand_transfer(s, i, bytes);
         } else if s.meta[i].resident {
-            s.stats.hits += 1;
             let m = &mut s.meta[i];
-            if m.protected_since.take().is_some() {
-                s.stats.prefetches_used += 1;
+            let ahead = std::mem::take(&mut m.ahead);
+            if ahead {
+                // Its read was started for this fetch: a miss, overlapped.
+                m.protected_since = None;
+                s.stats.reads_ahead += 1;
+            } else {
+                s.stats.hits += 1;
+                if m.protected_since.take().is_some() {
+                    s.stats.prefetches_used += 1;
+                }
             }
             if let Some(c) = &mut s.clock {
                 c.run_until(c.now, &mut s.meta);
@@ -848,7 +863,7 @@ impl ExpertCache {
                     s.meta[i].ready_at
                 };
                 if ready > c.now {
-                    s.stats.late_prefetch_hits += 1;
+                    s.stats.late_prefetch_hits += u64::from(!ahead);
                     s.stats.stall_seconds += ready - c.now;
                     c.now = ready;
                 }
@@ -893,20 +908,55 @@ impl ExpertCache {
                 s.stats.prefetches_dropped += 1;
                 continue;
             }
-            self.mark_resident(s, i);
-            let b = &self.experts[i].buffer;
-            let tick = s.tick;
-            let m = &mut s.meta[i];
-            m.protected_since = Some(tick);
-            m.ticket = Some(b.prefetch(0..b.len(), Tier::Device));
-            if let Some(c) = &mut s.clock {
-                c.prefetch(i, b.len(), &mut s.meta);
-            }
+            self.start_move(s, i);
             s.stats.prefetches += 1;
-            s.stats.bytes_moved += b.len();
             started += 1;
         }
         Ok(started)
+    }
+
+    /// Starts the reads of `experts` of `layer`, which the caller is about
+    /// to fetch (a layer's routed experts that are not resident), so that
+    /// they run while the caller computes on the experts it has: each
+    /// fetch then waits only for its own read's remainder. Unlike a
+    /// prefetch these are misses in the stats (`reads_ahead`), not
+    /// predictions. Experts already resident are skipped, and so are those
+    /// for which no unpinned, unprotected slot can be freed (their fetch
+    /// makes room itself). Returns how many reads started.
+    pub fn read_ahead(&self, layer: u32, experts: &[u32]) -> Result<usize> {
+        if self.config.eviction == Eviction::NoCache {
+            return Ok(0);
+        }
+        let mut s = self.state.lock();
+        let s = &mut *s;
+        let mut started = 0;
+        for &e in experts {
+            let i = self.lookup(layer, e)?;
+            if s.meta[i].resident || !self.make_room(s, layer, false)? {
+                continue;
+            }
+            self.start_move(s, i);
+            // Protected like a prefetch until its fetch (a lookahead for
+            // the next layer must not take its slot).
+            s.meta[i].ahead = true;
+            started += 1;
+        }
+        Ok(started)
+    }
+
+    /// Marks expert `i` resident and starts its move into device memory
+    /// (the caller made room), protected from eviction until fetched.
+    fn start_move(&self, s: &mut State, i: usize) {
+        self.mark_resident(s, i);
+        let b = &self.experts[i].buffer;
+        let tick = s.tick;
+        let m = &mut s.meta[i];
+        m.protected_since = Some(tick);
+        m.ticket = Some(b.prefetch(0..b.len(), Tier::Device));
+        if let Some(c) = &mut s.clock {
+            c.prefetch(i, b.len(), &mut s.meta);
+        }
+        s.stats.bytes_moved += b.len();
     }
 
     /// Cancels the prefetches of `layer` that no fetch has used and whose

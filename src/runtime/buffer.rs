@@ -364,12 +364,30 @@ impl Buffer {
             )
         };
         // Pages with a clean copy in `tier` go back to it here, under their
-        // locks: no copy, so nothing for the engine to schedule.
+        // locks: no copy, so nothing for the engine to schedule. So do
+        // pages with a clean copy below `tier` while `tier` has no free
+        // slot: making room there would drop other pages' clean copies
+        // (whose next demotion then writes) to copy a page that needs no
+        // copy at all.
+        let targets = self.rt().tiers.below(tier);
+        let store = self.rt().store(tier).expect("checked above");
         let pages: Vec<usize> = pages
             .filter(|&p| {
                 let mut entry = self.table.pages[p].lock();
-                let above = entry.tier().is_some_and(|t| t < tier);
-                !(above && self.table.demote_to_clean(p, &mut entry, tier))
+                if entry.tier().is_none_or(|t| t >= tier) {
+                    return true;
+                }
+                let clean = entry.clean.as_ref().map(|(t, _)| *t);
+                let dst = match clean {
+                    Some(t) if t == tier => t,
+                    Some(t)
+                        if targets.contains(&t) && store.used_pages() >= store.capacity_pages() =>
+                    {
+                        t
+                    }
+                    _ => return true,
+                };
+                !self.table.demote_to_clean(p, &mut entry, dst)
             })
             .collect();
         let mut full = demote(pages.clone(), tier)?;
@@ -395,8 +413,20 @@ impl Buffer {
         if full.is_empty() {
             return Ok(());
         }
-        let targets = self.rt().tiers.below(tier);
         for p in full {
+            // A page whose clean copy lies in a slower tier goes back to it
+            // with no copy: `tier` has no room, and the copy is valid.
+            {
+                let mut entry = self.table.pages[p].lock();
+                let clean = entry.clean.as_ref().map(|(t, _)| *t);
+                if clean.is_some_and(|t| targets.contains(&t))
+                    && self
+                        .table
+                        .demote_to_clean(p, &mut entry, clean.expect("checked"))
+                {
+                    continue;
+                }
+            }
             // Stays an error unless a slower tier takes the page.
             let mut taken = false;
             for &t in &targets {
