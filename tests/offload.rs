@@ -1006,3 +1006,65 @@ fn experts_on_nvme_are_read_ahead_and_never_written_back() {
     );
     assert!(c.runtime().stats().clean_demotions > 0);
 }
+
+/// On a decoder's cycle through its layers the reuse estimate keeps the
+/// experts of the layers about to run and evicts those of the layer just
+/// run, where LRU does the opposite: over 10 passes through 4 layers of
+/// one expert each with 3 slots, LRU misses every fetch; reuse misses as
+/// Belady's MIN does on a cycle one longer than the slots, once every 3
+/// fetches after the 4 cold misses: 4 + 36 / 3 = 16.
+#[test]
+fn the_reuse_estimate_beats_lru_on_the_layer_cycle() {
+    let misses = |eviction: Eviction| {
+        let mut cfg = MoeConfig::new(3, 64 << 10, 8 << 20);
+        cfg.eviction = eviction;
+        cfg.layers = 4;
+        let mut c = ExpertCache::new(cfg).unwrap();
+        for l in 0..4u32 {
+            c.register(l, 0, &vec![l as u8; 64 << 10]).unwrap();
+        }
+        for _ in 0..10 {
+            for l in 0..4u32 {
+                drop(c.fetch(l, 0).unwrap());
+            }
+        }
+        let s = c.stats();
+        s.fetches - s.hits
+    };
+    let reuse = misses(Eviction::Reuse { decay: 0.9 });
+    let lru = misses(Eviction::Lru);
+    assert_eq!(lru, 40, "LRU evicts the expert needed next");
+    assert!(reuse <= 16, "reuse: {reuse} misses");
+}
+
+/// A prediction whose only victim is worth more than it is declined
+/// (counted), and the victim stays.
+#[test]
+fn the_reuse_estimate_declines_prefetches_worth_less_than_their_victim() {
+    let mut cfg = MoeConfig::new(1, 64 << 10, 8 << 20);
+    cfg.eviction = Eviction::Reuse { decay: 0.9 };
+    cfg.layers = 2;
+    let mut c = ExpertCache::new(cfg).unwrap();
+    for l in 0..2u32 {
+        for e in 0..2u32 {
+            c.register(l, e, &vec![1; 64 << 10]).unwrap();
+        }
+    }
+    // Layer 1's expert 0 is used every visit; layer 0's expert 1 never.
+    for _ in 0..4 {
+        drop(c.fetch(0, 0).unwrap());
+        drop(c.fetch(1, 0).unwrap());
+    }
+    // At layer 1, the one slot holds (1, 0), used every visit, next needed
+    // two layers from now: worth 1/2. A prediction for layer 0 (the next
+    // to run, worth 1) takes its slot...
+    assert_eq!(c.prefetch(0, &[0]).unwrap(), 1);
+    drop(c.fetch(0, 0).unwrap());
+    drop(c.fetch(1, 0).unwrap());
+    // ...but at layer 1 a prediction for layer 1 itself (a whole cycle
+    // away, worth 1/2 at best) does not take the slot of (1, 0).
+    let before = c.stats().prefetches_declined;
+    assert_eq!(c.prefetch(1, &[1]).unwrap(), 0);
+    assert_eq!(c.stats().prefetches_declined, before + 1);
+    assert!(c.is_resident(1, 0).unwrap());
+}

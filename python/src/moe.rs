@@ -42,7 +42,10 @@ fn u32_of(value: i64, what: &str) -> PyResult<u32> {
 ///     directory, a new file name or a block device; capacity a whole
 ///     number of pages).
 /// page_size: the runtime's page (a power of two, 4 KiB ... 2 MiB).
-/// eviction: "lrfu" (with decay in (0, 1]), "lru" or "no-cache".
+/// eviction: "lrfu" (with decay in (0, 1], per fetch), "reuse" (the
+///     expert whose next use is expected farthest away, from the share of
+///     its layer's visits that used it; decay per visit, in (0, 1]), "lru"
+///     or "no-cache".
 /// per_layer, layers: slots split evenly between layers, victims from the
 ///     same layer only (the mixtral-offloading design).
 /// protect_fetches: a prefetched expert not yet used is protected from
@@ -148,11 +151,12 @@ impl ExpertCache {
         cfg.page_size = page;
         cfg.eviction = match eviction.to_ascii_lowercase().as_str() {
             "lrfu" => Eviction::Lrfu { decay },
+            "reuse" => Eviction::Reuse { decay },
             "lru" => Eviction::Lru,
             "no-cache" | "nocache" | "none" => Eviction::NoCache,
             _ => {
                 return Err(invalid(format!(
-                    "unknown eviction {eviction:?} (use lrfu, lru or no-cache)"
+                    "unknown eviction {eviction:?} (use lrfu, reuse, lru or no-cache)"
                 )))
             }
         };
@@ -321,6 +325,7 @@ impl ExpertCache {
         d.set_item("prefetches", s.prefetches)?;
         d.set_item("prefetches_used", s.prefetches_used)?;
         d.set_item("prefetches_dropped", s.prefetches_dropped)?;
+        d.set_item("prefetches_declined", s.prefetches_declined)?;
         d.set_item("prefetches_cancelled", s.prefetches_cancelled)?;
         d.set_item("evictions", s.evictions)?;
         d.set_item("bytes_moved", s.bytes_moved)?;

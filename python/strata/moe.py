@@ -80,6 +80,7 @@ _COUNTERS = (
     "prefetches",
     "prefetches_used",
     "prefetches_dropped",
+    "prefetches_declined",
     "prefetches_cancelled",
     "evictions",
     "bytes_moved",
@@ -187,6 +188,22 @@ def _unsupported_experts(model: nn.Module) -> Optional[str]:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _page_for(gate_up_bytes: int, down_bytes: int) -> int:
+    """The default page: each expert tensor in one page up to 2 MiB, then
+    halved while the page padding of [gate_up | pad | down | pad] wastes
+    more than a sixteenth of the expert (a slot is whole pages: a 2 MiB
+    page for a 3 MiB expert would leave a quarter of every slot empty),
+    down to 64 KiB."""
+    page = min(_MAX_PAGE, max(_MIN_PAGE, _next_pow2(max(gate_up_bytes, down_bytes))))
+
+    def waste(p):
+        return -(-gate_up_bytes // p) * p + -(-down_bytes // p) * p - gate_up_bytes - down_bytes
+
+    while page > (64 << 10) and waste(page) * 16 > gate_up_bytes + down_bytes:
+        page //= 2
+    return page
 
 
 def _is_dense_call(m: nn.Module) -> bool:
@@ -460,7 +477,7 @@ class StrataExperts(nn.Module):
 
     # -- the forward -----------------------------------------------------
 
-    def _predict_next(self, st: _State, tokens: int) -> List[int]:
+    def _predict_next(self, st: _State) -> List[int]:
         nxt = st.blocks[self.layer + 1]
         resid = st.residual[self.layer]
         if resid is None or nxt.gate is None or not hasattr(nxt.gate, "weight"):
@@ -476,7 +493,9 @@ class StrataExperts(nn.Module):
         counts = torch.bincount(idx, minlength=logits.shape[-1])
         order = torch.argsort(counts, descending=True, stable=True)
         n = int((counts > 0).sum())
-        cap = st.max_prefetch if st.max_prefetch is not None else tokens * k
+        # The k most-voted: every prediction of a single token, the surest
+        # of a batch's (a wrong prefetch costs a whole read).
+        cap = st.max_prefetch if st.max_prefetch is not None else k
         return order[: min(n, cap)].tolist()
 
     def forward(self, hidden_states, top_k_index=None, top_k_weights=None):
@@ -496,7 +515,7 @@ class StrataExperts(nn.Module):
                 y = y * top_k_weights[token_idx, top_k_pos, None]
                 outputs[e] = (token_idx, y)
 
-            order = self._visit(hit, hidden_states.shape[0], work)
+            order = self._visit(hit, work)
             # Accumulated in expert order, as transformers' own loop does.
             for e in sorted(outputs):
                 token_idx, y = outputs[e]
@@ -524,7 +543,7 @@ class StrataExperts(nn.Module):
             def work(e, slot):
                 out[e] = self._expert(x[e], slot, e)
 
-            order = self._visit(hit, tokens, work)
+            order = self._visit(hit, work)
             if st.writer is not None:
                 picks = chosen.T
                 index = [row.nonzero().reshape(-1).tolist() for row in picks]
@@ -546,7 +565,7 @@ class StrataExperts(nn.Module):
             st.wall_seconds += time.perf_counter() - st.step_start
             st.step_start = None
 
-    def _visit(self, hit, tokens, work):
+    def _visit(self, hit, work):
         """Runs work(e, slot) for each expert of `hit`, its slot held, in
         waves of the device slots, reads overlapping compute: a wave pins
         its resident experts first (no wait; pinned, nothing below evicts
@@ -573,7 +592,7 @@ class StrataExperts(nn.Module):
                 if missing:
                     self._submit(st, layer, missing, st.cache.read_ahead)
                 if w0 == 0 and st.prefetch and layer + 1 < st.layers:
-                    guess = self._predict_next(st, tokens)
+                    guess = self._predict_next(st)
                     if guess:
                         self._submit(st, layer + 1, guess, st.cache.prefetch)
                 for e in wave:
@@ -834,7 +853,7 @@ def offload(
     record_routing: Optional[str] = None,
     record_per_token: bool = False,
     page_size: Optional[int] = None,
-    eviction: str = "lrfu",
+    eviction: str = "reuse",
     decay: Optional[float] = None,
     protect_fetches: Optional[int] = None,
     checkpoint: Optional[str] = None,
@@ -859,15 +878,23 @@ def offload(
     device: "sim" (no GPU: slots are host memory, stall also modelled),
         "cuda" or "auto"; default "cuda" for a model on a GPU, else "sim".
     prefetch: the lookahead through the next layer's router; max_prefetch
-        caps the experts prefetched per layer (default: the tokens' top-k).
+        caps the experts prefetched per layer (default: the router's top-k,
+        the experts most of the batch's tokens are predicted to pick).
     record_routing: a path for the `token layer expert` trace
         (record_per_token: one trace token per token row, not per step).
     page_size: the runtime page (default: each expert tensor in one page up
-        to 2 MiB, larger ones over 2 MiB pages).
-    eviction, decay, protect_fetches: the cache's victim choice (LRFU decay
-        default: a half-life of 16 passes over all experts' fetches), and
-        how many fetches a prefetched expert is protected for (default: two
-        layers' worth of a token's experts).
+        to 2 MiB, larger ones over 2 MiB pages; smaller pages where a slot
+        of whole pages would waste more than a sixteenth of it).
+    eviction, decay, protect_fetches: the cache's victim choice ("reuse",
+        the default: the expert whose next use is expected farthest away,
+        its layer's next visit or a later one with the share of that
+        layer's visits that used it, decayed with a half-life of 256 visits
+        by default; prefetches whose victim is worth more are declined;
+        "lrfu":
+        decayed use counts, a half-life of 16 passes over all experts'
+        fetches by default; "lru"), and how many fetches a prefetched
+        expert is protected for (default: two layers' worth of a token's
+        experts).
     checkpoint: a safetensors file or directory to read the experts from,
         one expert at a time, for a model whose experts were left on the
         meta device (built under accelerate.init_empty_weights(), say) so
@@ -908,7 +935,7 @@ def offload(
     gate_up_bytes = two_i * h * elt
     down_bytes = h * i * elt
     if page_size is None:
-        page_size = min(_MAX_PAGE, max(_MIN_PAGE, _next_pow2(max(gate_up_bytes, down_bytes))))
+        page_size = _page_for(gate_up_bytes, down_bytes)
     down_at = -(-gate_up_bytes // page_size) * page_size
     expert_bytes = down_at + down_bytes
     padded = -(-expert_bytes // page_size) * page_size
@@ -942,7 +969,9 @@ def offload(
     if device is None:
         device = "cuda" if dev.type == "cuda" else "sim"
     if decay is None:
-        decay = 0.5 ** (1.0 / (16.0 * n_experts))
+        # A half-life of 16 passes over all experts' fetches for LRFU, of
+        # 256 visits of a layer for the reuse estimate.
+        decay = 0.5 ** (1.0 / (16.0 * n_experts)) if eviction == "lrfu" else 0.5 ** (1.0 / 256.0)
     if protect_fetches is None:
         k = int(getattr(blocks[0].gate, "top_k", 0) or getattr(blocks[0].block, "top_k", 2))
         protect_fetches = 2 * k

@@ -156,7 +156,19 @@ def test_experts_beyond_host_bytes_go_to_nvme(tmp_path):
     moe = strata.moe.offload(m, device_slots=4, host_bytes=(ALL // 2) * 2 * page, nvme_path=tmp_path)
     nvme = [t for t in json.loads(moe.cache.runtime_stats_json())["tiers"] if t["tier"] == "nvme"]
     assert nvme and nvme[0]["used_pages"] > 0
+
+    def written():
+        links = json.loads(moe.cache.runtime_stats_json())["links"]
+        return sum(x["bytes"] for x in links if x["to"] == "nvme")
+
+    before = written()
     torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
+    assert torch.equal(generate(m, ids), generate(ref, ids))
+    # Read-only experts are never written back: an eviction drops the
+    # device copy onto the clean copy it was read from.
+    t = moe.stats()["total"]
+    assert t["evictions"] > 0 and t["reads_ahead"] > 0
+    assert written() == before
 
 
 def test_experts_read_from_the_checkpoint_of_an_empty_model(tmp_path):

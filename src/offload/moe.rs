@@ -64,6 +64,8 @@ use crate::device::DeviceChoice;
 use crate::error::{Error, ErrorKind, Result};
 use crate::link::LinkModel;
 use crate::policy::lrfu::{self, Ranking};
+
+use super::reuse::Reuse;
 use crate::runtime::{Buffer, Pin, Placement, Runtime, Ticket};
 use crate::tier::{NvmeConfig, Tier};
 
@@ -74,6 +76,16 @@ pub enum Eviction {
     /// Lowest LRFU score: Σ decay^(fetches since each use), 0 < decay ≤ 1.
     Lrfu {
         /// Per-fetch decay of past uses.
+        decay: f64,
+    },
+    /// The expert whose next use is expected farthest away: its layer's
+    /// next visit, or a later one, with the chance that its layer's router
+    /// picks it (the share of its layer's visits that used it, past visits
+    /// decayed by `decay` per later visit) — what a decoder that visits its
+    /// layers in a cycle will use soonest stays (`reuse.rs`). Prefetches whose victim is worth more than the
+    /// prediction are declined.
+    Reuse {
+        /// Per-visit decay of a layer's past visits.
         decay: f64,
     },
     /// Least recently used.
@@ -157,6 +169,9 @@ pub struct MoeStats {
     pub prefetches_used: u64,
     /// Predictions not prefetched because no slot could be freed.
     pub prefetches_dropped: u64,
+    /// Predictions not prefetched because the expert they would evict is
+    /// worth more ([`Eviction::Reuse`]).
+    pub prefetches_declined: u64,
     /// Prefetches cancelled before they finished (their slot freed).
     pub prefetches_cancelled: u64,
     /// Experts evicted.
@@ -372,6 +387,8 @@ struct State {
     meta: Vec<Meta>,
     /// The eviction policy's order of the experts (by index), by fetch tick.
     ranking: Box<dyn Ranking>,
+    /// The reuse estimate ([`Eviction::Reuse`]; kept for every policy).
+    reuse: Reuse,
     tick: u64,
     resident: usize,
     resident_per_layer: Vec<usize>,
@@ -512,6 +529,15 @@ impl ExpertCache {
     fn ranking(eviction: Eviction) -> Result<Box<dyn Ranking>> {
         Ok(match eviction {
             Eviction::Lrfu { decay } => Box::new(lrfu::Scores::new(decay)?),
+            Eviction::Reuse { decay } => {
+                if !(decay > 0.0 && decay <= 1.0) {
+                    return Err(Error::invalid(format!(
+                        "reuse decay {decay} is not in (0, 1]"
+                    )));
+                }
+                // Ties of the reuse estimate go to the least recently used.
+                Box::new(lrfu::Recency::default())
+            }
             Eviction::Lru | Eviction::NoCache => Box::new(lrfu::Recency::default()),
         })
     }
@@ -538,6 +564,10 @@ impl ExpertCache {
             state: Mutex::new(State {
                 meta: Vec::new(),
                 ranking: Self::ranking(config.eviction)?,
+                reuse: Reuse::new(match config.eviction {
+                    Eviction::Reuse { decay } => decay,
+                    _ => 1.0,
+                }),
                 tick: 0,
                 resident: 0,
                 resident_per_layer: vec![0; layers],
@@ -636,6 +666,7 @@ impl ExpertCache {
         self.index.insert((layer, expert), i);
         let st = self.state.get_mut();
         st.meta.push(Meta::default());
+        st.reuse.add(layer);
         // One pool for all layers: any layer may register (per-layer slots
         // checked the layer above).
         if st.resident_per_layer.len() <= layer as usize {
@@ -689,13 +720,43 @@ impl ExpertCache {
         let unprotected = candidates()
             .filter(|(_, m)| !protect(m))
             .map(|(i, _)| i as u64);
-        let best = lrfu::victim(&*s.ranking, unprotected).map(|i| i as usize);
+        let best = if let Eviction::Reuse { .. } = self.config.eviction {
+            unprotected
+                .min_by(|&a, &b| {
+                    let (va, vb) = (s.reuse.value(a as usize), s.reuse.value(b as usize));
+                    va.total_cmp(&vb)
+                        .then_with(|| s.ranking.rank(a).cmp(&s.ranking.rank(b)))
+                })
+                .map(|i| i as usize)
+        } else {
+            lrfu::victim(&*s.ranking, unprotected).map(|i| i as usize)
+        };
         if best.is_some() || !demand {
             return best;
         }
         candidates()
             .min_by_key(|(_, m)| m.protected_since)
             .map(|(i, _)| i)
+    }
+
+    /// Whether a prefetch for `layer` would evict an expert worth more than
+    /// the prediction ([`Eviction::Reuse`] only): the prediction's worth is
+    /// that of an expert of `layer` used with the probability that a
+    /// prefetch is used (the share so far; 1 until there are a few); the
+    /// victim's is its reuse value.
+    fn declines(&self, s: &State, layer: u32) -> bool {
+        if !matches!(self.config.eviction, Eviction::Reuse { .. }) || !self.full(s, layer) {
+            return false;
+        }
+        let Some(v) = self.victim(s, layer, false) else {
+            return false;
+        };
+        let accuracy = if s.stats.prefetches >= 16 {
+            s.stats.prefetches_used as f64 / s.stats.prefetches as f64
+        } else {
+            1.0
+        };
+        s.reuse.value(v) >= s.reuse.worth(accuracy, layer)
     }
 
     /// Evicts `victim` back to the host tier (or below).
@@ -811,6 +872,7 @@ impl ExpertCache {
         let s = &mut *s;
         s.tick += 1;
         s.stats.fetches += 1;
+        s.reuse.at(layer);
         let tick = s.tick;
         if self.config.eviction == Eviction::NoCache && s.meta[i].resident && s.meta[i].pins == 0 {
             self.evict(s, i)?;
@@ -874,6 +936,7 @@ impl ExpertCache {
             Self::demand_transfer(s, i, bytes);
         }
         s.ranking.touch(i as u64, tick);
+        s.reuse.touch(i);
         s.meta[i].pins += 1;
         let pinned = pin(&self.experts[i].buffer);
         if s.clock.is_none() {
@@ -904,6 +967,10 @@ impl ExpertCache {
             if s.meta[i].resident {
                 continue;
             }
+            if self.declines(s, layer) {
+                s.stats.prefetches_declined += 1;
+                continue;
+            }
             if !self.make_room(s, layer, false)? {
                 s.stats.prefetches_dropped += 1;
                 continue;
@@ -929,6 +996,7 @@ impl ExpertCache {
         }
         let mut s = self.state.lock();
         let s = &mut *s;
+        s.reuse.at(layer);
         let mut started = 0;
         for &e in experts {
             let i = self.lookup(layer, e)?;

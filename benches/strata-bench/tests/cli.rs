@@ -671,6 +671,35 @@ fn bench_moe_reads_a_routing_trace() {
         (Some(3), Some(8))
     );
     assert_eq!(v["tokens"], 40);
+    // A measured link and compute in place of the platform's: the bounds
+    // take them (a transfer of 64 KiB at 0.5 GB/s plus 10 µs).
+    let out = strata(&[
+        "bench",
+        "moe",
+        "--routing",
+        &routing,
+        "--expert-bytes",
+        "64k",
+        "--link-gbps",
+        "0.5",
+        "--link-latency-us",
+        "10",
+        "--layer-compute-us",
+        "200",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let w = report(&out, &json);
+    let transfer = w["bounds"]["transfer_seconds"].as_f64().unwrap();
+    assert!(
+        (transfer - (65536.0 / 0.5e9 + 10e-6)).abs() < 1e-7,
+        "{transfer}"
+    );
+    assert!((w["layer_compute_seconds"].as_f64().unwrap() - 200e-6).abs() < 1e-12);
+    assert!(
+        w["bounds"]["belady_stall_seconds"].as_f64() > v["bounds"]["belady_stall_seconds"].as_f64()
+    );
     std::fs::write(&trace, "0 0 1\n0 zero 2\n").unwrap();
     let err = format!("{}:2", trace.display());
     assert_bad_input(
@@ -708,6 +737,14 @@ fn bench_moe_and_optim_reject_bad_input() {
     assert_bad_input(
         &strata(&["bench", "moe", "--device", "gpu", "--quiet"]),
         "--device",
+    );
+    assert_bad_input(
+        &strata(&["bench", "moe", "--link-gbps", "0", "--quiet"]),
+        "--link-gbps",
+    );
+    assert_bad_input(
+        &strata(&["bench", "moe", "--layer-compute-us", "-1", "--quiet"]),
+        "--layer-compute-us",
     );
 }
 

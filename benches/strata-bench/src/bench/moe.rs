@@ -101,6 +101,16 @@ pub struct MoeParams {
     /// real GPU, the link of the bounds).
     #[serde(serialize_with = "platform_name")]
     pub platform: Platform,
+    /// The link the experts cross, in place of the platform's host→device
+    /// link: a measured one (the disk's bandwidth when the experts come
+    /// from NVMe), for the model and the bounds.
+    pub link: Option<strata::link::LinkModel>,
+    /// Each layer's compute between fetches, seconds, in place of the
+    /// platform's HBM model: a measured one (a CPU's).
+    pub layer_compute: Option<f64>,
+    /// strata's eviction: LRFU (the policy before the reuse estimate) in
+    /// place of the reuse estimate, for comparison.
+    pub lrfu: bool,
 }
 
 fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -109,11 +119,11 @@ fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Resul
 
 /// The platform's host→device link: the simulated device's, and what the
 /// bounds are modelled on where the cache measures (a real GPU).
-fn link_of(p: &Platform) -> strata::link::LinkModel {
-    strata::link::LinkModel {
-        bandwidth: p.dma_h2d,
-        latency_ns: (p.dma_latency * 1e9) as u64,
-    }
+fn link_of(p: &MoeParams) -> strata::link::LinkModel {
+    p.link.unwrap_or(strata::link::LinkModel {
+        bandwidth: p.platform.dma_h2d,
+        latency_ns: (p.platform.dma_latency * 1e9) as u64,
+    })
 }
 
 /// One configuration's results.
@@ -284,6 +294,8 @@ const MIN_CONFIDENCE: f32 = 0.6;
 /// slowly, so a long memory (nearly LFU) keeps the hot set; 4 passes
 /// moved 0.5 points fewer hits at the defaults.
 const HALF_LIFE_PASSES: f64 = 16.0;
+/// The reuse estimate's half-life, in visits of a layer.
+const HALF_LIFE_VISITS: f64 = 256.0;
 /// Every this many fetches, the expert's bytes are read back and checked.
 const VERIFY_EVERY: u64 = 64;
 
@@ -377,14 +389,15 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         memory,
     )?;
     let model = GpuModel::from(&params.platform);
-    let compute =
-        model.launch_seconds + (top_k as u64 * params.expert_bytes) as f64 / model.hbm_bandwidth;
+    let compute = params.layer_compute.unwrap_or(
+        model.launch_seconds + (top_k as u64 * params.expert_bytes) as f64 / model.hbm_bandwidth,
+    );
     let mut configs = vec![Config::Strata];
     if params.baselines {
         configs.extend([Config::Lru, Config::NoCache]);
     }
     let mut results = Vec::new();
-    let mut link = link_of(&params.platform);
+    let mut link = link_of(params);
     for (i, &c) in configs.iter().enumerate() {
         let base = i as f64 / configs.len() as f64;
         let step = 1.0 / configs.len() as f64;
@@ -448,15 +461,21 @@ fn run_config(
     cfg.page_size = p.page_size;
     cfg.layers = layers;
     cfg.link_priority = !p.fifo_link;
-    cfg.sim_link = link_of(&p.platform);
+    cfg.sim_link = link_of(p);
     let top_k = routes[0].iter().map(Vec::len).max().unwrap_or(1).max(1);
     cfg.protect_fetches = 2 * top_k as u64;
     match config {
         Config::Strata => {
-            // Half-life of a use, in fetches: passes over all experts.
-            let half_life = HALF_LIFE_PASSES * (layers * experts) as f64;
-            cfg.eviction = Eviction::Lrfu {
-                decay: 0.5f64.powf(1.0 / half_life),
+            cfg.eviction = if p.lrfu {
+                // Half-life of a use, in fetches: passes over all experts.
+                let half_life = HALF_LIFE_PASSES * (layers * experts) as f64;
+                Eviction::Lrfu {
+                    decay: 0.5f64.powf(1.0 / half_life),
+                }
+            } else {
+                Eviction::Reuse {
+                    decay: 0.5f64.powf(1.0 / HALF_LIFE_VISITS),
+                }
             };
         }
         Config::Lru => {
@@ -572,6 +591,9 @@ mod tests {
             fifo_link: false,
             device: strata::device::DeviceChoice::Sim,
             platform: Platform::default(),
+            link: None,
+            layer_compute: None,
+            lrfu: false,
         }
     }
 

@@ -51,6 +51,22 @@ pub struct MoeArgs {
     /// or v100-pcie3.
     #[arg(long, default_value = "h200-sxm5")]
     platform: String,
+    /// The link the experts cross, GB/s, in place of the platform's
+    /// host→device link (the disk's measured bandwidth when the experts
+    /// come from NVMe): the model and the bounds use it.
+    #[arg(long)]
+    link_gbps: Option<f64>,
+    /// Latency of each transfer on --link-gbps's link, µs.
+    #[arg(long, default_value_t = 0.0, requires = "link_gbps")]
+    link_latency_us: f64,
+    /// Each layer's compute between fetches, µs, in place of the
+    /// platform's model (a CPU's measured time, say).
+    #[arg(long)]
+    layer_compute_us: Option<f64>,
+    /// strata's cache evicts by LRFU (decayed use counts) instead of the
+    /// reuse estimate, for comparison.
+    #[arg(long)]
+    lrfu: bool,
     /// The device: sim (modelled time), cuda (a GPU: real device slots,
     /// measured stall) or auto.
     #[arg(long, default_value = "sim")]
@@ -68,6 +84,33 @@ fn size_arg(s: &str, flag: &str) -> Result<u64, Error> {
 }
 
 pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
+    let link = match a.link_gbps {
+        Some(g) => {
+            let l = strata::link::LinkModel {
+                bandwidth: g * 1e9,
+                latency_ns: if a.link_latency_us.is_finite() && a.link_latency_us >= 0.0 {
+                    (a.link_latency_us * 1e3) as u64
+                } else {
+                    return Err(Error::invalid(format!(
+                        "--link-latency-us {}: not a duration",
+                        a.link_latency_us
+                    )));
+                },
+            };
+            l.check().map_err(|e| e.context("--link-gbps"))?;
+            Some(l)
+        }
+        None => None,
+    };
+    let layer_compute = match a.layer_compute_us {
+        Some(us) if us.is_finite() && us >= 0.0 => Some(us * 1e-6),
+        Some(us) => {
+            return Err(Error::invalid(format!(
+                "--layer-compute-us {us}: not a duration"
+            )))
+        }
+        None => None,
+    };
     let params = MoeParams {
         layers: a.layers,
         experts: a.experts,
@@ -90,6 +133,9 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
             .platform
             .parse()
             .map_err(|e: Error| e.context("--platform"))?,
+        link,
+        layer_compute,
+        lrfu: a.lrfu,
     };
     if let moe::Routing::File { path } = &params.routing {
         crate::cli::input_file("--routing file:", path)?;
@@ -114,8 +160,13 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
     );
     if r.modelled {
         outln!(
-            "backend: simulated — stall and decode times are modelled on {} over the simulated device's link ({:.0} GB/s, {:.1} µs a copy); wall is this machine",
+            "backend: simulated — stall and decode times are modelled on {} over {} ({:.2} GB/s, {:.1} µs a copy); wall is this machine",
             params.platform.name,
+            if params.link.is_some() {
+                "the link given (--link-gbps)"
+            } else {
+                "the simulated device's link"
+            },
             r.link.bandwidth / 1e9,
             r.link.latency_ns as f64 / 1e3
         );

@@ -1,0 +1,758 @@
+"""strata.moe against the engines a user would pick to run a MoE model
+whose experts do not fit in the memory given: accelerate's disk offload,
+the experts memory-mapped from their safetensors file (the page cache as
+the cache, what llama.cpp does by default) and llama.cpp itself, on a tiny
+random Mixtral, at the disk's roofline.
+
+Configurations, each generating --new-tokens greedy tokens for the same
+batch of prompts, each in its own process and memory cgroup, interleaved
+over --trials (a different order each trial):
+  dram          the whole model in DRAM (transformers' from_pretrained, no
+                limit): the torch engines' ceiling;
+  accelerate@F  accelerate's load_checkpoint_and_dispatch (strict=True),
+                the experts of the first F of the layers on "cpu", the rest
+                on "disk" (its offload folder), main device cpu;
+  mmap@F        the model without its experts loaded from the checkpoint,
+                each layer's expert tensors views of the safetensors file
+                memory-mapped read-only (no copy, no advice): every expert
+                read is a page-cache hit or a fault;
+  strata@F      the model without its experts, then strata.moe.offload(
+                checkpoint=..., max_memory={0: slots, "cpu": host},
+                offload_folder=...): F of the experts' bytes as simulated
+                device slots, less one expert's for the host tier, the rest
+                on NVMe; lookahead prefetch;
+  strata-nopf@F the same without the lookahead;
+  llama-dram    llama.cpp (llama-cpp-python, benches/peers/moe_llamacpp.py)
+                on a GGUF of the same checkpoint (f32 for float32, f16 for
+                bfloat16), mmap as llama.cpp's default, no limit;
+  llama@F       the same under the limit.
+
+The limit of an F configuration is the same for every engine: its engine's
+non-expert footprint (the torch probe: a process that loads everything but
+the experts and generates with their output zeroed, its cgroup's rss +
+mapped_file after generating; for llama.cpp, llama-dram's rss +
+mapped_file less the GGUF's expert bytes), plus F of the experts' bytes,
+plus --slack MiB for the engine's own buffers (stated once, the same for
+all). The process sets it on its own cgroup once it has loaded (loaders
+read whole files and are killed under the limit while loading). The page
+cache is not dropped between runs unless --drop-caches.
+
+Reported per configuration: tokens/s (median of the trials, the spread as
+(max - min) / median, flagged above 30%, i.e. beyond +-15%), the fraction
+of the roofline and of the engine's own in-DRAM speed, bytes read and
+written per generated token (/proc/self/io over generate), the cgroup's
+failcnt, major faults and file refaults over generate, a thrash flag (a
+torch engine that reads its experts with read()/O_DIRECT and still takes
+major faults: the limit evicted the process's own pages), strata's hit
+rate, reads ahead, stall and per-step breakdown, and whether the tokens
+equal the engine's in-DRAM tokens.
+
+The roofline, measured in the same run: each trial first measures the
+disk's read bandwidth at the runtime's page size (`strata bench io
+--pattern randread --bs PAGE --qd 8` on a file of the experts' size in
+DIR); the routing strata@F recorded in its first trial is replayed with
+`strata bench moe --routing file: --link-gbps BW` for Belady's misses (and
+its stall bound, and the model's stall) at the run's slots and the
+measured bandwidth. A step's roofline time is the in-DRAM step (dram's
+median) overlapped with reading Belady's misses at that bandwidth: the
+larger of the two; tokens/s of the roofline = batch / that.
+
+Set-up (not run by CI): as root on Linux with the cgroup v1 memory
+controller mounted at /sys/fs/cgroup/memory; a Python with torch,
+transformers, accelerate and safetensors (tests/run.sh makes target/pyenv)
+and the strata package importable (`pip install ./python`); `cargo build
+--release -p strata-bench` for target/release/strata; for the llama.cpp
+configurations, the venv moe_llamacpp.py's docstring makes (--llama-python;
+they are skipped without it). Run from the repository root:
+  python benches/peers/moe_vs_peers.py --work DIR [--dtype float32|bfloat16]
+      [--trials 3] [--slack 256] [--fractions 0.25,0.5] [--new-tokens 32]
+      [--layers 8 --experts 8 --hidden 1024 --intermediate 512] [--json OUT]
+Every torch configuration runs with --torch-threads threads (1 by default:
+on a 2-core machine torch's default of one per core is slower for this
+small batch even in DRAM, and a core is left for I/O, to every engine
+alike); llama.cpp runs with one thread per core, its default.
+DIR holds the checkpoint (about 0.5 GB in float32 at the defaults: 64
+experts of 6 MiB), the GGUF, the offload folders, the io file and the
+traces.
+"""
+
+import argparse
+import json
+import mmap
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cgroups import Group, apply_limit, cgroup_stat, drop_caches
+
+ROOT = Path(__file__).resolve().parents[2]
+DTYPES = {"float32": "f32", "bfloat16": "f16"}  # the GGUF llama.cpp gets for each
+MIB = 1 << 20
+
+
+# -- worker side (one configuration, its own process) ----------------------
+
+
+def config_of(meta):
+    from transformers import MixtralConfig
+
+    return MixtralConfig(**meta["config"])
+
+
+def torch_dtype(meta):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[meta["dtype"]]
+
+
+def proc_io():
+    out = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            k, v = line.split(":")
+            out[k.strip()] = int(v)
+    return out
+
+
+def memory_counters():
+    """The cgroup's major faults and file refaults (0 where unreadable)."""
+    st = cgroup_stat()
+    return {
+        "major_faults": st.get("total_pgmajfault", st.get("pgmajfault", 0)),
+        "refaults": st.get("total_workingset_refault_file", st.get("total_workingset_refault", 0)),
+    }
+
+
+def load_prompts(work):
+    import torch
+
+    p = json.loads((work / "prompts.json").read_text())
+    return torch.tensor(p, dtype=torch.long)
+
+
+def checkpoint_files(ckpt):
+    return sorted(ckpt.glob("*.safetensors"))
+
+
+def non_expert_state(ckpt):
+    from safetensors import safe_open
+
+    sd = {}
+    for f in checkpoint_files(ckpt):
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                if ".mlp.experts." not in k:
+                    sd[k] = h.get_tensor(k)
+    return sd
+
+
+def empty_model(meta, ckpt):
+    """The model without its experts' weights (on the meta device)."""
+    import accelerate
+    from transformers import MixtralForCausalLM
+
+    with accelerate.init_empty_weights():
+        m = MixtralForCausalLM(config_of(meta))
+    m.set_experts_implementation("eager")
+    missing, unexpected = m.load_state_dict(non_expert_state(ckpt), strict=False, assign=True)
+    # Not a silent strict=False: exactly the experts are left out.
+    bad = [k for k in missing if ".mlp.experts." not in k]
+    if bad or unexpected:
+        raise SystemExit(f"checkpoint mismatch: missing {bad[:3]}, unexpected {unexpected[:3]}")
+    return m.eval()
+
+
+def mapped_experts(m, ckpt):
+    """Sets every experts module's tensors to read-only views of the
+    safetensors file, memory-mapped (no copy: reads fault pages in through
+    the page cache). Returns the maps (kept open while the model runs)."""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    maps, views = [], {}
+    for f in checkpoint_files(ckpt):
+        with open(f, "rb") as h:
+            n = int.from_bytes(h.read(8), "little")
+            header = json.loads(h.read(n))
+            mm = mmap.mmap(h.fileno(), 0, access=mmap.ACCESS_READ)
+        maps.append(mm)
+        base = 8 + n
+        for name, info in header.items():
+            if ".mlp.experts." not in name:
+                continue
+            a, b = info["data_offsets"]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a read-only buffer: torch warns, we never write
+                t = torch.frombuffer(mm, dtype=dtypes[info["dtype"]], count=(b - a) // dtypes[info["dtype"]].itemsize,
+                                     offset=base + a)
+            views[name] = t.view(info["shape"])
+    for i, layer in enumerate(m.model.layers):
+        ex = layer.mlp.experts
+        for part in ("gate_up_proj", "down_proj"):
+            setattr(ex, part, nn.Parameter(views[f"model.layers.{i}.mlp.experts.{part}"], requires_grad=False))
+    return maps
+
+
+class ExpertTimer:
+    """Wall time inside the experts modules (the model's own, in DRAM)."""
+
+    def __init__(self, m):
+        self.seconds = 0.0
+        self._t = 0.0
+        for layer in m.model.layers:
+            layer.mlp.experts.register_forward_pre_hook(self._pre)
+            layer.mlp.experts.register_forward_hook(self._post)
+
+    def _pre(self, *_):
+        self._t = time.perf_counter()
+
+    def _post(self, *_):
+        self.seconds += time.perf_counter() - self._t
+
+
+def generate(m, ids, n):
+    import torch
+
+    before, mem0 = proc_io(), memory_counters()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = m.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    dt = time.perf_counter() - t0
+    after, mem1 = proc_io(), memory_counters()
+    new = out[:, ids.shape[1] :]
+    return {
+        "seconds": dt,
+        "tokens": new.tolist(),
+        "generated": new.numel(),
+        "steps": n,
+        "tokens_per_s": new.numel() / dt,
+        "read_bytes": after["read_bytes"] - before["read_bytes"],
+        "write_bytes": after["write_bytes"] - before["write_bytes"],
+        **{k: mem1[k] - mem0[k] for k in mem0},
+    }
+
+
+def prepare(args, work, ckpt):
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = dict(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        num_local_experts=args.experts,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+        # At the default 0.02 a random model repeats one token and
+        # routes nearly every step to the same experts.
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(args.seed)
+    m = MixtralForCausalLM(MixtralConfig(**cfg)).to({"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype])
+    # Fused expert tensors under their module names, which accelerate's
+    # loader maps (the original format splits them per expert).
+    m.save_pretrained(ckpt, save_original_format=False)
+    g = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(1, args.vocab, (args.batch, args.prompt_len), generator=g)
+    (work / "prompts.json").write_text(json.dumps(ids.tolist()))
+    elt = 4 if args.dtype == "float32" else 2
+    eb = 3 * args.hidden * args.intermediate * elt
+    meta = {"config": cfg, "dtype": args.dtype, "expert_bytes": eb, "experts_total": args.layers * args.experts,
+            "batch": args.batch}
+    (work / "meta.json").write_text(json.dumps(meta))
+    print(json.dumps({"ok": True}))
+
+
+def worker(args):
+    import torch
+
+    work = Path(args.work)
+    ckpt = work / "ckpt"
+    torch.manual_seed(0)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    if args.worker == "prepare":
+        return prepare(args, work, ckpt)
+    meta = json.loads((work / "meta.json").read_text())
+    dtype = torch_dtype(meta)
+    ids = load_prompts(work)
+    name, frac = args.worker, args.fraction
+    t_load = time.perf_counter()
+    extra, timer, moe, maps = {}, None, None, None
+    if name == "probe":
+        m = empty_model(meta, ckpt)
+
+        class Zero(torch.nn.Module):
+            def forward(self, h, idx, w):
+                return torch.zeros_like(h)
+
+        for layer in m.model.layers:
+            layer.mlp.experts = Zero()
+    elif name == "dram":
+        from transformers import MixtralForCausalLM
+
+        m = MixtralForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()
+        m.set_experts_implementation("eager")
+        timer = ExpertTimer(m)
+    elif name == "mmap":
+        m = empty_model(meta, ckpt)
+        maps = mapped_experts(m, ckpt)
+    elif name == "accelerate":
+        import accelerate
+        from transformers import MixtralForCausalLM
+
+        with accelerate.init_empty_weights():
+            m = MixtralForCausalLM(config_of(meta))
+        m.set_experts_implementation("eager")
+        layers = meta["config"]["num_hidden_layers"]
+        in_dram = round(frac * layers)
+        dmap = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu"}
+        for i in range(layers):
+            for part in ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp.gate"):
+                dmap[f"model.layers.{i}.{part}"] = "cpu"
+            dmap[f"model.layers.{i}.mlp.experts"] = "cpu" if i < in_dram else "disk"
+        off = work / f"offload-{os.getpid()}"
+        m = accelerate.load_checkpoint_and_dispatch(
+            m, str(ckpt), device_map=dmap, offload_folder=str(off), strict=True, dtype=dtype
+        ).eval()
+        extra["experts_in_dram_layers"] = in_dram
+    elif name in ("strata", "strata-nopf"):
+        import strata.moe
+
+        m = empty_model(meta, ckpt)
+        eb = meta["expert_bytes"]
+        budget = int(frac * meta["experts_total"])
+        slots = budget - 1  # one expert's room for the host tier
+        page = 2 << 20
+        padded = -(-eb // page) * page
+        nvme = work / f"nvme-{os.getpid()}"
+        nvme.mkdir(exist_ok=True)
+        trace = work / f"route-{name}-{frac}-{args.trial}.txt" if args.trial == 0 else None
+        # One budget in accelerate's words: the device slots and the host tier.
+        moe = strata.moe.offload(
+            m,
+            max_memory={0: slots * padded, "cpu": padded},
+            offload_folder=nvme,
+            checkpoint=ckpt,
+            prefetch=(name == "strata"),
+            record_routing=trace,
+        )
+        extra.update(device_slots=moe.cache.device_slots, trace=str(trace) if trace else None,
+                     layout_expert_bytes=moe.layout["expert_bytes"], page_size=moe.layout["page_size"])
+    else:
+        raise SystemExit(f"unknown configuration {name}")
+    load_s = time.perf_counter() - t_load
+    if args.limit:
+        extra.update(apply_limit(args.limit))
+    r = generate(m, ids, args.new_tokens)
+    if name == "probe":
+        # What the process holds once it has run: its anonymous memory and
+        # the file pages it maps (torch's libraries), not the page cache it
+        # left behind, which the kernel reclaims under a limit.
+        st = cgroup_stat()
+        r["resident_bytes"] = st["rss"] + st["mapped_file"]
+    if timer is not None:
+        r["expert_seconds"] = timer.seconds
+    r.update(extra, config=name, fraction=frac, load_seconds=load_s)
+    if moe is not None:
+        moe.close()
+        s = moe.stats()
+        t = s["total"]
+        r.update(
+            hit_rate=t["hit_rate"],
+            reads_ahead=t["reads_ahead"],
+            prefetch_accuracy=t["prefetch_accuracy"],
+            stall_seconds=t["stall_seconds"],
+            prefetch_call_seconds=t["prefetch_call_seconds"],
+            modelled_stall_seconds=t["modelled_stall_seconds"],
+            bytes_moved_per_token=t["bytes_moved"] / s["tokens"],
+            fetches=t["fetches"],
+            breakdown=s["breakdown"],
+            strata_steps=s["steps"],
+            strata_tokens=s["tokens"],
+        )
+    del maps
+    print("RESULT " + json.dumps(r))
+
+
+# -- driver side -----------------------------------------------------------
+
+
+def llama_cmd(args, work, meta, limit):
+    gguf = work / f"model-{DTYPES[meta['dtype']]}.gguf"
+    return [args.llama_python, str(Path(__file__).with_name("moe_llamacpp.py")), "--ckpt", str(work / "ckpt"),
+            "--meta", str(work / "meta.json"), "--prompts", str(work / "prompts.json"), "--gguf", str(gguf),
+            "--dtype", DTYPES[meta["dtype"]], "--new-tokens", str(args.new_tokens), "--threads", str(os.cpu_count()),
+            "--limit", str(limit or 0)]
+
+
+def run_worker(args, work, meta, name, frac, trial, limit):
+    if name.startswith("llama"):
+        cmd = llama_cmd(args, work, meta, limit)
+    else:
+        cmd = [sys.executable, __file__, "--worker", name, "--fraction", str(frac), "--trial", str(trial),
+               "--work", str(work), "--new-tokens", str(args.new_tokens), "--limit", str(limit or 0),
+               "--torch-threads", str(args.torch_threads)]
+    # Every configuration in a cgroup of its own (for its peak); the worker
+    # sets the limit once it has loaded.
+    dropped = drop_caches() if args.drop_caches else False
+    # The model files leave the page cache first: a page is charged to the
+    # cgroup that faults it in, so pages cached by an earlier process would
+    # serve a memory-mapped engine outside its limit.
+    for f in list((work / "ckpt").glob("*.safetensors")) + list(work.glob("*.gguf")):
+        uncache(f)
+    with Group(f"strata-moe-peer-{os.getpid()}-{name}-{frac}-{trial}") as group:
+        t0 = time.perf_counter()
+        p = subprocess.run(group.wrap(cmd), capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    res = None
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            res = json.loads(line[7:])
+    if res is None:
+        res = {"error": f"rc {p.returncode}: {p.stderr.strip()[-800:]}"}
+    res.update(config=name, fraction=frac, trial=trial, limit_bytes=limit, cgroup_peak_bytes=group.peak,
+               cgroup_failcnt=group.failcnt, process_wall_seconds=wall, page_cache_dropped=dropped)
+    # Cleaned up after each run: they are made afresh by the next.
+    for d in work.glob("nvme-*"):
+        subprocess.run(["rm", "-rf", str(d)])
+    for d in work.glob("offload-*"):
+        subprocess.run(["rm", "-rf", str(d)])
+    return res
+
+
+def uncache(path):
+    """Drops `path`'s clean pages from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def disk_bandwidth(args, work, experts_bytes, page):
+    """The disk's random read bandwidth at the runtime's page, bytes/s, on
+    a file of the experts' size in `work` (strata bench io, O_DIRECT)."""
+    out = work / "io.json"
+    size = max(64, -(-experts_bytes // MIB))
+    cmd = [args.strata_bin, "bench", "io", "--path", str(work / "io.bin"), "--size", f"{size}M", "--pattern", "randread",
+           "--bs", f"{page // 1024}k", "--qd", "8", "--seconds", str(args.io_seconds), "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        return {"error": p.stderr.strip()[-300:], "command": " ".join(cmd)}
+    bw = json.loads(out.read_text())["bytes_per_sec"]
+    return {"bytes_per_second": bw, "command": " ".join(cmd)}
+
+
+def label(r):
+    return r["config"] if r["config"] in ("dram", "llama-dram") else f"{r['config']}@{r['fraction']:g}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--slack", type=int, default=256, help="MiB over each engine's footprint and budget, for all alike")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--fractions", default="0.25,0.5")
+    ap.add_argument("--configs", default="accelerate,mmap,strata,strata-nopf,llama")
+    ap.add_argument("--strata-bin", default=str(ROOT / "target/release/strata"))
+    ap.add_argument("--llama-python", default=str(ROOT / "target/llamaenv/bin/python"))
+    ap.add_argument("--io-seconds", type=int, default=3)
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch's threads in every torch configuration, DRAM included (0: torch's default); "
+                         "on a 2-core machine one is faster for this model in DRAM too")
+    ap.add_argument("--json")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep DIR/runs.jsonl and the probes' limits; run only what is missing")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="drop the page cache before each run (then every run re-reads torch's libraries)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild the report from DIR/runs.jsonl (runs finished so far)")
+    ap.add_argument("--worker")
+    ap.add_argument("--fraction", type=float, default=1.0)
+    ap.add_argument("--trial", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=0)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / "meta.json").exists():
+        p = subprocess.run([sys.executable, __file__, "--worker", "prepare", "--work", str(work), "--dtype", args.dtype,
+                            "--layers", str(args.layers), "--experts", str(args.experts),
+                            "--hidden", str(args.hidden), "--intermediate", str(args.intermediate),
+                            "--vocab", str(args.vocab), "--batch", str(args.batch),
+                            "--prompt-len", str(args.prompt_len), "--seed", str(args.seed)])
+        if p.returncode:
+            raise SystemExit("prepare failed")
+    meta = json.loads((work / "meta.json").read_text())
+    if meta["dtype"] != args.dtype:
+        raise SystemExit(f"{work} holds a {meta['dtype']} model; use another --work for {args.dtype}")
+    experts_bytes = meta["expert_bytes"] * meta["experts_total"]
+    fractions = [float(f) for f in args.fractions.split(",")]
+    configs = args.configs.split(",")
+    unknown = set(configs) - {"accelerate", "mmap", "strata", "strata-nopf", "llama"}
+    if unknown:
+        raise SystemExit(f"unknown configurations: {', '.join(sorted(unknown))}")
+    if "llama" in configs and not Path(args.llama_python).exists():
+        print(f"no {args.llama_python}: the llama.cpp configurations are skipped", flush=True)
+        configs.remove("llama")
+    llama = "llama" in configs
+    runs_path, probe_path = work / "runs.jsonl", work / "probes.json"
+    if args.report_only:
+        runs = [json.loads(x) for x in runs_path.read_text().splitlines()]
+        return report(args, work, meta, json.loads(probe_path.read_text()), runs, fractions, experts_bytes)
+    if args.resume and probe_path.exists():
+        probes = json.loads(probe_path.read_text())
+        done = [json.loads(x) for x in runs_path.read_text().splitlines()]
+    else:
+        probes = {"torch": run_worker(args, work, meta, "probe", 1.0, 0, None)}
+        if "error" in probes["torch"]:
+            raise SystemExit(f"probe failed: {probes['torch']['error']}")
+        probes["torch_base_bytes"] = probes["torch"]["resident_bytes"]
+        if llama:
+            # llama.cpp's own footprint: its in-DRAM run holds the whole GGUF
+            # mapped; less the experts' bytes in it, what it needs besides.
+            lp = run_worker(args, work, meta, "llama-dram", 1.0, -1, None)
+            if "error" in lp:
+                raise SystemExit(f"llama.cpp probe failed: {lp['error']}")
+            # The GGUF's experts take the checkpoint's bytes (f32 for float32,
+            # f16 for bfloat16).
+            gguf_expert_bytes = experts_bytes
+            probes["llama"] = lp
+            probes["llama_base_bytes"] = max(0, lp["rss_bytes"] - gguf_expert_bytes)
+        probes["slack_bytes"] = args.slack * MIB
+        probe_path.write_text(json.dumps(probes))
+        runs_path.write_text("")
+        done = []
+    slack = probes["slack_bytes"]
+    print(f"{meta['dtype']}: {meta['experts_total']} experts x {meta['expert_bytes'] / MIB:.1f} MiB = "
+          f"{experts_bytes / MIB:.0f} MiB; torch footprint {probes['torch_base_bytes'] / MIB:.0f} MiB"
+          + (f", llama.cpp footprint {probes['llama_base_bytes'] / MIB:.0f} MiB" if llama else "")
+          + f"; slack {slack / MIB:.0f} MiB", flush=True)
+    runs = list(done)
+
+    def record(r):
+        runs.append(r)
+        with open(runs_path, "a") as f:
+            f.write(json.dumps(r) + "\n")
+
+    for trial in range(args.trials):
+        if not any(r["config"] == "io" and r["trial"] == trial for r in done):
+            io = disk_bandwidth(args, work, experts_bytes, 2 << 20 if meta["dtype"] == "float32" else 1 << 20)
+            io.update(config="io", fraction=1.0, trial=trial)
+            record(io)
+            print(f"trial {trial} disk: " + (f"{io['bytes_per_second'] / 1e9:.2f} GB/s" if "error" not in io
+                                              else io["error"]), flush=True)
+        order = [("dram", 1.0)] + ([("llama-dram", 1.0)] if llama else [])
+        order += [(c, f) for f in fractions for c in configs]
+        # Interleaved, in a different order each trial.
+        order = order[trial % len(order):] + order[: trial % len(order)]
+        for name, frac in order:
+            if any(r["config"] == name and r["fraction"] == frac and r["trial"] == trial for r in done):
+                continue
+            base = probes["llama_base_bytes"] if name.startswith("llama") else probes["torch_base_bytes"]
+            limit = None if name.endswith("dram") else base + int(frac * experts_bytes) + slack
+            r = run_worker(args, work, meta, name, frac, trial, limit)
+            record(r)
+            msg = r.get("error") or (f"{r['tokens_per_s']:.2f} tok/s, read {r['read_bytes'] / r['generated'] / MIB:.1f} "
+                                     f"MiB/token, wrote {r.get('write_bytes', 0) / r['generated'] / MIB:.1f}, "
+                                     f"majflt {r.get('major_faults')}, failcnt {r['cgroup_failcnt']}")
+            print(f"trial {trial} {label(r)}: {msg}", flush=True)
+
+    report(args, work, meta, probes, runs, fractions, experts_bytes)
+
+
+def belady(args, work, r, bw, layer_seconds):
+    """strata bench moe on the routing `r` recorded: Belady's misses at its
+    slots, and the bench's model, with the link at the measured disk
+    bandwidth and each layer's compute the in-DRAM step's share."""
+    out = work / (Path(r["trace"]).stem + "-bench.json")
+    cmd = [args.strata_bin, "bench", "moe", "--routing", f"file:{r['trace']}",
+           "--expert-bytes", str(r["layout_expert_bytes"]), "--device-slots", str(r["device_slots"]),
+           "--page-size", str(r["page_size"]), "--link-gbps", f"{bw / 1e9:.3f}",
+           "--layer-compute-us", f"{layer_seconds * 1e6:.1f}", "--quiet", "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        return {"error": p.stderr.strip()[-500:], "command": " ".join(cmd)}
+    b = json.loads(out.read_text())
+    res, bd = b["results"][0], b["bounds"]
+    steps = len({line.split()[0] for line in Path(r["trace"]).read_text().splitlines() if line and line[0] != "#"})
+    fetches = res.get("fetches") or r["fetches"]
+    misses = fetches * (1.0 - bd["belady_hit_rate"])
+    return {
+        "command": " ".join(cmd),
+        "steps": steps,
+        "belady_hit_rate": bd["belady_hit_rate"],
+        "belady_miss_bytes_per_step": misses * r["layout_expert_bytes"] / steps,
+        "belady_stall_seconds": bd["belady_stall_seconds"],
+        "belady_prefetch_stall_floor_seconds": bd["belady_prefetch_stall_floor_seconds"],
+        "bench_modelled_stall_seconds": res["stall_seconds"],
+        "bench_hit_rate": res["hit_rate"],
+    }
+
+
+def spread(xs):
+    m = statistics.median(xs)
+    return (max(xs) - min(xs)) / m if m else 0.0
+
+
+def report(args, work, meta, probes, runs, fractions, experts_bytes):
+    ios = [r["bytes_per_second"] for r in runs if r["config"] == "io" and "bytes_per_second" in r]
+    bw = statistics.median(ios) if ios else None
+    groups = {}
+    for r in runs:
+        if r["config"] != "io":
+            groups.setdefault(label(r), []).append(r)
+    ref = {}
+    for eng, key in (("torch", "dram"), ("llama", "llama-dram")):
+        ok = [r for r in groups.get(key, []) if "error" not in r]
+        ref[eng] = ok[0]["tokens"] if ok else None
+    table = {}
+    for k, rs in groups.items():
+        ok = [r for r in rs if "error" not in r]
+        row = {"trials": len(rs), "failed": len(rs) - len(ok)}
+        if ok:
+            tps = [r["tokens_per_s"] for r in ok]
+            eng = "llama" if k.startswith("llama") else "torch"
+            reads_experts = k.split("@")[0] in ("accelerate", "strata", "strata-nopf")
+            row.update(
+                tokens_per_s=statistics.median(tps),
+                tokens_per_s_all=[round(x, 3) for x in tps],
+                spread=spread(tps),
+                read_mib_per_token=statistics.median(r["read_bytes"] / r["generated"] for r in ok) / MIB,
+                write_mib_per_token=statistics.median(r.get("write_bytes", 0) / r["generated"] for r in ok) / MIB,
+                tokens_identical=all(r["tokens"] == ref[eng] for r in ok) if ref[eng] else None,
+                limit_mib=ok[0]["limit_bytes"] / MIB if ok[0]["limit_bytes"] else None,
+                peak_mib=(statistics.median(r["cgroup_peak_bytes"] for r in ok) / MIB
+                          if ok[0]["cgroup_peak_bytes"] else None),
+                failcnt=statistics.median(r["cgroup_failcnt"] or 0 for r in ok),
+                major_faults=statistics.median(r.get("major_faults", 0) for r in ok),
+                refaults=statistics.median(r.get("refaults", 0) for r in ok),
+            )
+            # A torch engine that reads its experts itself takes no major
+            # fault unless the limit evicted its own pages (code, libraries).
+            row["thrash"] = bool(reads_experts and ok[0]["limit_bytes"] and row["major_faults"] > 100)
+            row["spread_flag"] = row["spread"] > 0.30
+            for key in ("hit_rate", "reads_ahead", "prefetch_accuracy", "stall_seconds", "prefetch_call_seconds",
+                        "modelled_stall_seconds", "bytes_moved_per_token", "expert_seconds"):
+                vals = [r[key] for r in ok if r.get(key) is not None]
+                if vals:
+                    row[key] = statistics.median(vals)
+            if ok[0].get("breakdown"):
+                row["breakdown"] = {b: statistics.median(r["breakdown"][b] / r["strata_steps"] for r in ok)
+                                    for b in ok[0]["breakdown"]}
+        table[k] = row
+
+    # The roofline per fraction: the in-DRAM step overlapped with reading
+    # Belady's misses (of strata's own routing at its slots) at the disk's
+    # measured bandwidth.
+    dram = table.get("dram", {}).get("tokens_per_s")
+    batch = meta["batch"]
+    roofline, bounds = {}, {}
+    for f in fractions:
+        rec = next((r for r in runs if r["config"] == "strata" and r["fraction"] == f and r.get("trace")
+                    and "error" not in r), None)
+        if rec is None or bw is None or dram is None:
+            continue
+        b = belady(args, work, rec, bw, batch / dram / meta["config"]["num_hidden_layers"])
+        bounds[f"{f:g}"] = b
+        if "error" in b:
+            continue
+        step = max(batch / dram, b["belady_miss_bytes_per_step"] / bw)
+        roofline[f"{f:g}"] = {"tokens_per_s": batch / step, "dram_step_seconds": batch / dram,
+                              "read_step_seconds": b["belady_miss_bytes_per_step"] / bw,
+                              "bound": "compute" if batch / dram >= b["belady_miss_bytes_per_step"] / bw else "disk"}
+    lld = table.get("llama-dram", {}).get("tokens_per_s")
+    for k, row in table.items():
+        if "tokens_per_s" not in row or "@" not in k:
+            continue
+        f = k.split("@")[1]
+        own = lld if k.startswith("llama") else dram
+        row["of_own_dram"] = row["tokens_per_s"] / own if own else None
+        if f in roofline and not k.startswith("llama"):
+            row["of_roofline"] = row["tokens_per_s"] / roofline[f]["tokens_per_s"]
+    ratios = {}
+    for f in fractions:
+        g = f"{f:g}"
+        t = {c: table.get(f"{c}@{g}", {}) for c in ("strata", "strata-nopf", "accelerate", "mmap", "llama")}
+        s = t["strata"].get("tokens_per_s")
+
+        def over(c):
+            x = t[c].get("tokens_per_s")
+            return s / x if s and x else None
+
+        b = bounds.get(g, {})
+        ratios[g] = {
+            "strata_of_roofline": t["strata"].get("of_roofline"),
+            "strata_over_accelerate": over("accelerate"),
+            "strata_over_mmap": over("mmap"),
+            "lookahead_over_nopf": over("strata-nopf"),
+            "strata_of_dram_vs_llama_of_own_dram": (t["strata"].get("of_own_dram"), t["llama"].get("of_own_dram")),
+            "measured_stall_over_belady": (t["strata"]["stall_seconds"] / b["belady_stall_seconds"]
+                                           if t["strata"].get("stall_seconds") is not None and b.get("belady_stall_seconds")
+                                           else None),
+            "bench_modelled_over_measured_stall": (b["bench_modelled_stall_seconds"] / t["strata"]["stall_seconds"]
+                                                   if b.get("bench_modelled_stall_seconds") is not None
+                                                   and t["strata"].get("stall_seconds") else None),
+        }
+    out = {"meta": meta, "probes": probes, "disk_bytes_per_second": bw, "disk_trials": ios, "roofline": roofline,
+           "bounds": bounds, "table": table, "ratios": ratios}
+    print(json.dumps({k: out[k] for k in ("disk_bytes_per_second", "roofline", "table", "ratios")}, indent=1))
+    print_markdown(meta, bw, roofline, table)
+    if args.json:
+        Path(args.json).write_text(json.dumps({**out, "runs": runs}, indent=1))
+
+
+def print_markdown(meta, bw, roofline, table):
+    print(f"\n{meta['dtype']}, disk {bw / 1e9 if bw else float('nan'):.2f} GB/s; roofline: "
+          + ", ".join(f"{f}: {r['tokens_per_s']:.2f} tok/s ({r['bound']}-bound)" for f, r in roofline.items()))
+    print("| configuration | tok/s (median) | trials | spread | of roofline | of own DRAM | read MiB/tok | "
+          "written MiB/tok | failcnt | major faults | refaults | thrash | tokens identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def fmt(x, p=2):
+        return "—" if x is None else (f"{x:.{p}f}" if isinstance(x, float) else str(x))
+
+    for k in sorted(table):
+        r = table[k]
+        if "tokens_per_s" not in r:
+            print(f"| {k} | failed ({r['failed']} of {r['trials']}) |" + " |" * 11)
+            continue
+        print(f"| {k} | {r['tokens_per_s']:.2f} | {', '.join(f'{x:.2f}' for x in r['tokens_per_s_all'])} | "
+              f"{r['spread'] * 100:.0f}%{' (!)' if r['spread_flag'] else ''} | {fmt(r.get('of_roofline'))} | "
+              f"{fmt(r.get('of_own_dram'))} | {r['read_mib_per_token']:.1f} | {r['write_mib_per_token']:.1f} | "
+              f"{fmt(r['failcnt'], 0)} | {fmt(r['major_faults'], 0)} | {fmt(r['refaults'], 0)} | "
+              f"{'yes' if r['thrash'] else 'no'} | {fmt(r['tokens_identical'])} |")
+
+
+if __name__ == "__main__":
+    main()
