@@ -19,8 +19,11 @@ over --trials (a different order each trial):
   strata@F      the model without its experts, then strata.moe.offload(
                 checkpoint=..., max_memory={0: slots, "cpu": host},
                 offload_folder=...): F of the experts' bytes as simulated
-                device slots, less one expert's for the host tier, the rest
-                on NVMe; lookahead prefetch;
+                device slots, the slack less --strata-buffers MiB for its
+                own buffers as the host tier (by default none of it: one
+                expert; the runtime's buffers take about 80 MiB, and a host
+                tier of 160 MiB thrashed the process's own pages at a slack
+                of 256 MiB), the rest on NVMe; lookahead prefetch;
   strata-nopf@F the same without the lookahead;
   llama-dram    llama.cpp (llama-cpp-python, benches/peers/moe_llamacpp.py)
                 on a GGUF of the same checkpoint (f32 for float32, f16 for
@@ -33,7 +36,8 @@ the experts and generates with their output zeroed, its cgroup's rss +
 mapped_file after generating; for llama.cpp, llama-dram's rss +
 mapped_file less the GGUF's expert bytes), plus F of the experts' bytes,
 plus --slack MiB for the engine's own buffers (stated once, the same for
-all). The process sets it on its own cgroup once it has loaded (loaders
+all; an engine caching through the page cache uses what its buffers leave
+of it as cache; strata's host tier may, with --strata-buffers). The process sets it on its own cgroup once it has loaded (loaders
 read whole files and are killed under the limit while loading). The page
 cache is not dropped between runs unless --drop-caches.
 
@@ -154,8 +158,16 @@ def empty_model(meta, ckpt):
     import accelerate
     from transformers import MixtralForCausalLM
 
-    with accelerate.init_empty_weights():
-        m = MixtralForCausalLM(config_of(meta))
+    import torch
+
+    # Built in the checkpoint's dtype, as from_pretrained builds it.
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype(meta))
+    try:
+        with accelerate.init_empty_weights():
+            m = MixtralForCausalLM(config_of(meta))
+    finally:
+        torch.set_default_dtype(default)
     m.set_experts_implementation("eager")
     missing, unexpected = m.load_state_dict(non_expert_state(ckpt), strict=False, assign=True)
     # Not a silent strict=False: exactly the experts are left out.
@@ -338,17 +350,15 @@ def worker(args):
 
         m = empty_model(meta, ckpt)
         eb = meta["expert_bytes"]
-        budget = int(frac * meta["experts_total"])
-        slots = budget - 1  # one expert's room for the host tier
-        page = 2 << 20
-        padded = -(-eb // page) * page
+        slots = int(frac * meta["experts_total"])
         nvme = work / f"nvme-{os.getpid()}"
         nvme.mkdir(exist_ok=True)
         trace = work / f"route-{name}-{frac}-{args.trial}.txt" if args.trial == 0 else None
-        # One budget in accelerate's words: the device slots and the host tier.
+        # One budget in accelerate's words: F of the experts as device slots,
+        # the limit's slack less strata's own buffers as the host tier.
         moe = strata.moe.offload(
             m,
-            max_memory={0: slots * padded, "cpu": padded},
+            max_memory={0: slots * eb, "cpu": max(eb, args.strata_host)},
             offload_folder=nvme,
             checkpoint=ckpt,
             prefetch=(name == "strata"),
@@ -409,7 +419,8 @@ def run_worker(args, work, meta, name, frac, trial, limit):
     else:
         cmd = [sys.executable, __file__, "--worker", name, "--fraction", str(frac), "--trial", str(trial),
                "--work", str(work), "--new-tokens", str(args.new_tokens), "--limit", str(limit or 0),
-               "--torch-threads", str(args.torch_threads)]
+               "--torch-threads", str(args.torch_threads),
+               "--strata-host", str(max(0, (args.slack - args.strata_buffers) * MIB))]
     # Every configuration in a cgroup of its own (for its peak); the worker
     # sets the limit once it has loaded.
     dropped = drop_caches() if args.drop_caches else False
@@ -485,6 +496,9 @@ def main():
     ap.add_argument("--strata-bin", default=str(ROOT / "target/release/strata"))
     ap.add_argument("--llama-python", default=str(ROOT / "target/llamaenv/bin/python"))
     ap.add_argument("--io-seconds", type=int, default=3)
+    ap.add_argument("--strata-buffers", type=int, default=256,
+                    help="MiB of the slack strata leaves for its own buffers; the rest is its host tier")
+    ap.add_argument("--strata-host", type=int, default=0)
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch's threads in every torch configuration, DRAM included (0: torch's default); "
                          "on a 2-core machine one is faster for this model in DRAM too")

@@ -786,6 +786,21 @@ def _checkpoint(path) -> Dict[str, Any]:
     return where
 
 
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def _checkpoint_dtype(checkpoint, block) -> torch.dtype:
+    """The dtype of `block`'s experts in the checkpoint."""
+    key = f"{block.name}.gate_up_proj"
+    where = _checkpoint(checkpoint)
+    if key not in where:
+        raise InvalidArgumentError(f"checkpoint {os.fspath(checkpoint)!r} has no tensor {key!r}")
+    name = where[key].get_slice(key).get_dtype()
+    if name not in _SAFETENSORS_DTYPES:
+        raise InvalidArgumentError(f"checkpoint tensor {key!r} is {name} (use float32, float16 or bfloat16)")
+    return _SAFETENSORS_DTYPES[name]
+
+
 def _expert_source(blocks, checkpoint):
     """A function (block, expert) -> (gate_up [2I, H], down [H, I]) reading
     the model's own tensors or, for experts on the meta device, the
@@ -920,18 +935,21 @@ def offload(
     first = blocks[0].experts
     e, two_i, h = blocks[0].dims()
     i = two_i // 2
-    dtype = first.gate_up_proj.dtype
+    on_meta = first.gate_up_proj.device.type == "meta"
+    # Experts left on the meta device take the checkpoint's dtype (a model
+    # built under init_empty_weights has the config's default there).
+    dtype = _checkpoint_dtype(checkpoint, blocks[0]) if on_meta and checkpoint is not None else first.gate_up_proj.dtype
     if dtype not in _DTYPES:
         raise InvalidArgumentError(f"experts of dtype {dtype} are not supported (use float32, float16 or bfloat16)")
     for b in blocks:
         if (
             b.experts.gate_up_proj.shape != first.gate_up_proj.shape
-            or b.experts.gate_up_proj.dtype != dtype
+            or (not on_meta and b.experts.gate_up_proj.dtype != dtype)
             or b.transposed != blocks[0].transposed
         ):
             raise InvalidArgumentError(f"{b.name}: every MoE block must have experts of the same layout and dtype")
     source = _expert_source(blocks, checkpoint)
-    elt = first.gate_up_proj.element_size()
+    elt = dtype.itemsize
     gate_up_bytes = two_i * h * elt
     down_bytes = h * i * elt
     if page_size is None:

@@ -194,6 +194,32 @@ def test_experts_read_from_the_checkpoint_of_an_empty_model(tmp_path):
     torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
 
 
+def test_an_empty_model_takes_its_experts_dtype_from_the_checkpoint(tmp_path):
+    """A model built under init_empty_weights has float32 experts on the meta
+    device whatever the checkpoint holds: a bf16 checkpoint's experts are
+    registered in bf16 (half the bytes), not widened."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
+    from safetensors.torch import load_file
+
+    ref = mixtral(seed=8).to(torch.bfloat16)
+    ids = prompts(seed=8)
+    want = logits(ref, ids)
+    ref.save_pretrained(tmp_path, save_original_format=False)
+    with accelerate.init_empty_weights():
+        m = mixtral(seed=8)
+    assert m.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.float32
+    sd = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".mlp.experts." not in k}
+    m.load_state_dict(sd, strict=False, assign=True)
+    # The buffers (rotary frequencies) as the bf16 reference has them.
+    for mod in m.modules():
+        for name, buf in list(mod.named_buffers(recurse=False)):
+            if buf.is_floating_point():
+                setattr(mod, name, buf.to(torch.bfloat16))
+    moe = strata.moe.offload(m, device_slots=4, checkpoint=tmp_path)
+    assert moe.layout["dtype"] == torch.bfloat16 and moe.layout["expert_bytes"] == EXPERT_BYTES // 2
+    torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
+
+
 def test_qwen2_moe_blocks():
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
