@@ -1,15 +1,18 @@
 //! `strata bench moe`: token-by-token MoE decoding over an expert cache on
-//! the simulated device — strata's [`ExpertCache`] (LRFU eviction, one
-//! pool of slots, lookahead prefetch from an activation-aware predictor)
-//! beside a per-layer LRU cache without prefetch (the mixtral-offloading
+//! the simulated device — strata's [`ExpertCache`] (the reuse estimate's
+//! eviction, or LRFU with `--lrfu`; one pool of slots; a layer's missing
+//! experts read ahead together, each expert's share of the layer's compute
+//! run as its read completes; lookahead prefetch from an activation-aware
+//! predictor) beside a per-layer LRU cache without prefetch (the mixtral-offloading
 //! design) and no cache at all. Stall and decode times are **modelled**:
 //! the simulated device is opened on a platform preset's link ([`Platform`]:
 //! its DMA rate and per-copy cost), and the cache's clock schedules the
 //! transfers on that backend's own model ([`ExpertCache::link`]; demand
 //! transfers ahead of queued prefetches, which cross a page at a time —
-//! `--fifo-link` for one FIFO of whole transfers); per-layer compute is
+//! `--fifo-link` for one FIFO of whole transfers; `--link-gbps` for a
+//! measured link in place of the preset's); per-layer compute is
 //! [`GpuModel`] of the same preset (a launch plus reading the layer's
-//! active experts from HBM). The report carries offline bounds on the same fetch
+//! active experts from HBM), or `--layer-compute-us`. The report carries offline bounds on the same fetch
 //! sequence ([`MoeBounds`]: Belady's MIN, the best fixed set of experts).
 #![forbid(unsafe_code)]
 
@@ -443,6 +446,18 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
     })
 }
 
+/// `seconds` of compute: spun on a real GPU (while prefetches cross the
+/// link), advanced on the simulated device's clock.
+fn run_compute(cache: &ExpertCache, seconds: f64, measured: bool) {
+    if measured {
+        let until = Instant::now() + std::time::Duration::from_secs_f64(seconds);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    }
+    cache.advance(seconds);
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_config(
     p: &MoeParams,
@@ -500,6 +515,25 @@ fn run_config(
     for (t, tok) in routes.iter().enumerate() {
         for l in 0..layers {
             let routed = &tok[l];
+            // strata.moe's layer: the reads of the routed experts not
+            // resident start at once, and each expert's share of the
+            // layer's compute runs as soon as its read is in; the
+            // baselines fetch and wait one expert at a time.
+            let share = compute / routed.len().max(1) as f64;
+            if config == Config::Strata {
+                let missing: Vec<u32> = routed
+                    .iter()
+                    .copied()
+                    .filter(|&e| !cache.is_resident(l as u32, e).unwrap_or(true))
+                    .collect();
+                cache.read_ahead(l as u32, &missing)?;
+                // The next layer's lookahead queues behind them, as the
+                // library's layer issues it before computing.
+                if l + 1 < layers {
+                    let guess = pred.predict(l, routed, top_k, MIN_CONFIDENCE);
+                    cache.prefetch(l as u32 + 1, &guess)?;
+                }
+            }
             for &e in routed {
                 let pin = cache.fetch(l as u32, e)?;
                 n += 1;
@@ -514,26 +548,20 @@ fn run_config(
                     }
                     verified += 1;
                 }
+                drop(pin);
+                if config == Config::Strata {
+                    run_compute(&cache, share, measured);
+                }
             }
             if config == Config::Strata {
                 // Layer l has run: its prefetches still on the link came
                 // too late or were wrong.
                 cache.cancel_prefetches(l as u32)?;
-                if l + 1 < layers {
-                    let guess = pred.predict(l, routed, top_k, MIN_CONFIDENCE);
-                    cache.prefetch(l as u32 + 1, &guess)?;
-                }
             }
             pred.observe(l, (l > 0).then(|| &tok[l - 1][..]), routed);
-            if measured {
-                // A real GPU: the layer's compute takes real time, while
-                // prefetches cross the link.
-                let until = Instant::now() + std::time::Duration::from_secs_f64(compute);
-                while Instant::now() < until {
-                    std::hint::spin_loop();
-                }
+            if config != Config::Strata {
+                run_compute(&cache, compute, measured);
             }
-            cache.advance(compute);
         }
         if t % 16 == 0 {
             progress(t as f64 / routes.len() as f64);
