@@ -223,6 +223,16 @@ pub trait DeviceMemory: Send + Sync {
         }
         Ok(())
     }
+    /// The host memory behind the allocation, byte 0 at its base, where it
+    /// has one (the simulated device's arena; `None` on a GPU): a read may
+    /// land there directly ([`record_h2d`](Self::record_h2d) accounts it).
+    fn host_arena(&self) -> Option<std::sync::Arc<crate::sys::Arena>> {
+        None
+    }
+    /// Accounts `bytes` that reached the allocation by a direct read into
+    /// [`host_arena`](Self::host_arena), taking `wall`, as crossing the
+    /// host→device link.
+    fn record_h2d(&self, _bytes: usize, _wall: std::time::Duration) {}
     /// Several device→host copies issued together and waited for once.
     ///
     /// # Safety

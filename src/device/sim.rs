@@ -97,7 +97,7 @@ impl DeviceBackend for SimBackend {
             self.allocated.fetch_sub(bytes as u64, Ordering::AcqRel);
         })?;
         Ok(Box::new(SimMemory {
-            arena,
+            arena: Arc::new(arena),
             allocated: self.allocated.clone(),
             len: bytes,
             model: self.model,
@@ -116,7 +116,7 @@ impl DeviceBackend for SimBackend {
 }
 
 struct SimMemory {
-    arena: Arena,
+    arena: Arc<Arena>,
     allocated: Arc<std::sync::atomic::AtomicU64>,
     len: usize,
     model: LinkModel,
@@ -138,6 +138,14 @@ impl DeviceMemory for SimMemory {
 
     fn device_address(&self, offset: usize) -> u64 {
         self.arena.base().as_ptr() as u64 + offset as u64
+    }
+
+    fn host_arena(&self) -> Option<Arc<Arena>> {
+        Some(self.arena.clone())
+    }
+
+    fn record_h2d(&self, bytes: usize, wall: std::time::Duration) {
+        self.h2d.record(bytes, wall, self.model.time(bytes));
     }
 
     unsafe fn copy_in(&self, offset: usize, src: &[u8]) -> Result<()> {

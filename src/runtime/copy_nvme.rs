@@ -4,8 +4,9 @@
 //! - Into memory ([`read_in`]): each page's NVMe slot travels with its read
 //!   under the page's lock (the page reads as lost meanwhile) and comes
 //!   back in the completion; each page commits as its read completes, while
-//!   the others are still in flight. Reads into host DRAM land in the
-//!   page's new slot directly.
+//!   the others are still in flight. Reads into host DRAM, and into the
+//!   simulated device's memory (host memory too), land in the page's new
+//!   slot directly; into a GPU's, through a bounce buffer and a copy.
 //! - Out to NVMe ([`write_out`]): each page is copied out under its lock,
 //!   the locks are released for the writes, and a page commits only if no
 //!   one changed it meanwhile (a racing write wins; the move is abandoned).
@@ -16,7 +17,58 @@ use std::time::{Duration, Instant};
 use super::table::{Begun, Entry, Locked, Reserved, Resident, Table};
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::nvme::{lent_host_slot, NvmeCompletion, NvmeSession};
-use crate::tier::{HostStore, NvmeStore, PageStore, Slot, Tier};
+use crate::tier::{DeviceStore, HostStore, NvmeStore, PageStore, Slot, Tier};
+
+/// Where a read may land directly: the page's new slot in host memory.
+#[derive(Clone, Copy)]
+enum Direct<'a> {
+    Host(&'a HostStore),
+    /// The simulated device, whose memory is host memory.
+    Device(&'a DeviceStore),
+}
+
+impl Direct<'_> {
+    /// The direct target for reads into `dst`, if any.
+    fn of(table: &Table, dst: Tier) -> Option<Direct<'_>> {
+        match dst {
+            Tier::Host => Some(Direct::Host(table.rt.tiers.host())),
+            Tier::Device => table
+                .rt
+                .tiers
+                .device()
+                .filter(|d| d.emulated())
+                .map(Direct::Device),
+            _ => None,
+        }
+    }
+
+    fn alloc(self) -> Result<Slot> {
+        match self {
+            Direct::Host(h) => h.alloc(),
+            Direct::Device(d) => d.alloc(),
+        }
+    }
+
+    fn tier(self) -> Tier {
+        match self {
+            Direct::Host(_) => Tier::Host,
+            Direct::Device(_) => Tier::Device,
+        }
+    }
+
+    fn submit(
+        self,
+        session: &mut NvmeSession<'_>,
+        slot: Slot,
+        fresh: Slot,
+        tag: u64,
+    ) -> std::result::Result<(), (Error, Slot, Slot)> {
+        match self {
+            Direct::Host(h) => session.submit_read_into(slot, h, fresh, tag),
+            Direct::Device(d) => session.submit_read_into_device(slot, d, fresh, tag),
+        }
+    }
+}
 
 /// What a batch did, for its accounting.
 #[derive(Default)]
@@ -48,7 +100,7 @@ pub(crate) fn read_in(
     }
     let nvme = table.rt.tiers.nvme().expect("pages on NVMe have a store");
     // Reads into host memory land in the page's new slot directly.
-    let direct = (dst == Tier::Host).then(|| table.rt.tiers.host());
+    let direct = Direct::of(table, dst);
     let started = Instant::now();
     let mut reserved = table.reserve(&mut pages, full);
     let mut out = Outcome::default();
@@ -65,7 +117,7 @@ pub(crate) fn read_in(
                 table.rt.note_lost_pages(never_reaped);
             }
             if direct.is_some() {
-                // Direct reads never reaped hold their new host slots (leaked
+                // Direct reads never reaped hold their new slots (leaked
                 // with the request): those keep their reservations, so
                 // promised pages still find room.
                 reserved.pages -= never_reaped;
@@ -83,16 +135,16 @@ fn submit_reads(
     table: &Table,
     session: &mut NvmeSession<'_>,
     pages: &mut Locked<'_>,
-    direct: Option<&HostStore>,
+    direct: Option<Direct<'_>>,
     full: &mut Vec<usize>,
     out: &mut Outcome,
 ) -> Vec<Option<Begun>> {
     let nvme = table.rt.tiers.nvme().expect("pages on NVMe have a store");
     let mut begun: Vec<Option<Begun>> = vec![None; pages.len()];
     for (i, (p, entry)) in pages.iter_mut().enumerate() {
-        if let Some(host) = direct {
+        if let Some(to) = direct {
             // Into host memory: straight into the page's new slot.
-            let fresh = match host.alloc() {
+            let fresh = match to.alloc() {
                 Ok(f) => f,
                 Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
                     full.push(*p);
@@ -105,9 +157,9 @@ fn submit_reads(
             };
             let (b, slot) = entry.take_for_read().expect("checked resident");
             begun[i] = Some(b);
-            if let Err((e, slot, fresh)) = session.submit_read_into(slot, host, fresh, i as u64) {
+            if let Err((e, slot, fresh)) = to.submit(session, slot, fresh, i as u64) {
                 entry.put_back(b, slot);
-                table.free(Tier::Host, fresh);
+                table.free(to.tier(), fresh);
                 out.error(e);
             }
             continue;
@@ -182,16 +234,22 @@ fn complete_read(
         c.result?;
         return install(table, p, entry, begun, dst, &c.buf);
     }
-    // Read straight into its new host slot.
+    // Read straight into its new slot (a lent buffer comes only from a
+    // direct read into `dst`).
     let fresh = lent_host_slot(c.buf).expect("a lent buffer carries its slot");
     match c.result {
         Ok(()) => {
+            if let Some(Direct::Device(d)) = Direct::of(table, dst) {
+                // Crossed the simulated link with no copy: its modelled
+                // time is accounted; the wall time is the NVMe read's.
+                d.record_direct(Duration::ZERO);
+            }
             // From NVMe: freed, never retired.
-            table.commit_locked(p, entry, begun, Tier::Host, fresh);
+            table.commit_locked(p, entry, begun, dst, fresh);
             Ok(())
         }
         Err(e) => {
-            table.free(Tier::Host, fresh);
+            table.free(dst, fresh);
             Err(e)
         }
     }

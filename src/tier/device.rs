@@ -84,6 +84,30 @@ impl DeviceStore {
 
     /// Writes whole pages into slots with the copies queued together and
     /// waited for once (the link's latency paid once, not per page).
+    /// Where a read may land in `slot` directly — its page in the host
+    /// memory behind the device's allocation, and the arena that keeps it
+    /// mapped — on the simulated device; `None` on a GPU.
+    pub(crate) fn direct_target(
+        &self,
+        slot: &Slot,
+    ) -> Option<(std::ptr::NonNull<u8>, Arc<crate::sys::Arena>)> {
+        let arena = self.memory.host_arena()?;
+        self.slots.check(slot).ok()?;
+        let offset = self.offset(slot);
+        if offset + self.page_size > arena.len() {
+            return None;
+        }
+        // SAFETY: `offset + page_size` lies within the arena (checked), which
+        // is the allocation's host memory from its byte 0.
+        Some((unsafe { arena.base().add(offset) }, arena))
+    }
+
+    /// Accounts a page read into a slot directly (`direct_target`) as
+    /// crossing the host→device link.
+    pub(crate) fn record_direct(&self, wall: std::time::Duration) {
+        self.memory.record_h2d(self.page_size, wall);
+    }
+
     pub fn write_many(&self, items: &mut [(&mut Slot, &[u8])]) -> Result<()> {
         let mut copies = Vec::with_capacity(items.len());
         for (slot, data) in items.iter() {

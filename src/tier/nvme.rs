@@ -610,6 +610,50 @@ impl NvmeSession<'_> {
         })
     }
 
+    /// Submits a read of NVMe slot `slot` straight into device slot `dst`
+    /// of the simulated device (its memory is host memory: no bounce
+    /// buffer, no copy). The completion's buffer carries `dst` back, as
+    /// for [`submit_read_into`](Self::submit_read_into). Refused (the
+    /// slots come back) on a GPU, whose memory a read cannot reach.
+    pub(crate) fn submit_read_into_device(
+        &mut self,
+        slot: Slot,
+        device: &crate::tier::DeviceStore,
+        dst: Slot,
+        tag: u64,
+    ) -> Result<(), (Error, Slot, Slot)> {
+        if device.page_size() != self.store.page_size {
+            return Err((
+                Error::invalid("device and nvme page sizes differ"),
+                slot,
+                dst,
+            ));
+        }
+        let Some((ptr, arena)) = device.direct_target(&dst) else {
+            return Err((
+                Error::new(
+                    ErrorKind::Unsupported,
+                    "the device's memory is not host memory",
+                ),
+                slot,
+                dst,
+            ));
+        };
+        let token: Box<dyn std::any::Any + Send + Sync> = Box::new((dst, arena));
+        // SAFETY: `ptr` is `dst`'s page in the host memory behind the
+        // simulated device's allocation (`direct_target` checked the slot
+        // and the bounds); that memory is page-aligned (an arena) and only
+        // the holder of the `dst` token may touch the page, and the token
+        // travels inside the buffer until it is handed back. The buffer
+        // holds the arena, so a buffer leaked by a queue that could not wait
+        // for its I/O keeps the memory mapped.
+        let buf = unsafe { AlignedBuf::lent(ptr, self.store.page_size, token) };
+        self.submit(IoOp::Read, slot, buf, tag).map_err(|r| {
+            let dst = lent_host_slot(r.buf).expect("the buffer lent above");
+            (r.error, r.slot, dst)
+        })
+    }
+
     fn submit(&mut self, op: IoOp, slot: Slot, buf: AlignedBuf, tag: u64) -> Result<(), Rejected> {
         let reject = |error, slot, buf| Err(Rejected { error, slot, buf });
         if !self.healthy {
