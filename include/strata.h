@@ -749,6 +749,16 @@ typedef struct strata_moe_stats {
      * device memory meanwhile (misses; `strata_moe_create_on` only).
      */
     uint64_t displaced;
+    /**
+     * Misses whose read `strata_moe_read_ahead` started before their fetch
+     * (not hits, not prefetches).
+     */
+    uint64_t reads_ahead;
+    /**
+     * Predictions not prefetched because the expert they would evict is
+     * worth more (the reuse estimate's eviction only).
+     */
+    uint64_t prefetches_declined;
 } strata_moe_stats;
 
 /**
@@ -1657,6 +1667,26 @@ int strata_moe_prefetch(const struct strata_moe *moe,
                         const uint32_t *experts,
                         size_t n,
                         size_t *started);
+
+/**
+ * Starts the reads of `n` experts of `layer` that the caller is about to
+ * fetch (a layer's routed experts), so that they run while it computes
+ * on the experts it has; each fetch then waits only for the rest of its
+ * read. These are misses in the stats (`reads_ahead`), not prefetches.
+ * Experts already resident, and those no unprotected slot can be freed
+ * for, are skipped. Stores how many reads started in `*started` if not
+ * NULL; a misaligned `started` is refused before any read starts.
+ * Thread-safe.
+ *
+ * # Safety
+ * `experts` points to `n` readable `uint32_t`s; `started` is NULL or
+ * writable.
+ */
+int strata_moe_read_ahead(const struct strata_moe *moe,
+                          uint32_t layer,
+                          const uint32_t *experts,
+                          size_t n,
+                          size_t *started);
 
 /**
  * Cancels the prefetches of `layer` that no fetch has used and whose

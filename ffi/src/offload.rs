@@ -332,6 +332,12 @@ pub struct strata_moe_stats {
     /// Fetches of an expert whose pages the shared runtime had moved out of
     /// device memory meanwhile (misses; `strata_moe_create_on` only).
     pub displaced: u64,
+    /// Misses whose read `strata_moe_read_ahead` started before their fetch
+    /// (not hits, not prefetches).
+    pub reads_ahead: u64,
+    /// Predictions not prefetched because the expert they would evict is
+    /// worth more (the reuse estimate's eviction only).
+    pub prefetches_declined: u64,
 }
 
 /// Fills `*config` with the defaults: simulated device, 8 slots of 1 MiB,
@@ -529,6 +535,39 @@ pub unsafe extern "C" fn strata_moe_prefetch(
     })
 }
 
+/// Starts the reads of `n` experts of `layer` that the caller is about to
+/// fetch (a layer's routed experts), so that they run while it computes
+/// on the experts it has; each fetch then waits only for the rest of its
+/// read. These are misses in the stats (`reads_ahead`), not prefetches.
+/// Experts already resident, and those no unprotected slot can be freed
+/// for, are skipped. Stores how many reads started in `*started` if not
+/// NULL; a misaligned `started` is refused before any read starts.
+/// Thread-safe.
+///
+/// # Safety
+/// `experts` points to `n` readable `uint32_t`s; `started` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_read_ahead(
+    moe: *const objects::strata_moe,
+    layer: u32,
+    experts: *const u32,
+    n: usize,
+    started: *mut usize,
+) -> c_int {
+    boundary("strata_moe_read_ahead", || {
+        // SAFETY: as this function's contract states.
+        let (e, out) = unsafe {
+            (
+                cast::slice(experts, n, "experts")?,
+                cast::out_opt(started, "started")?,
+            )
+        };
+        out.set(objects::get(moe)?.read().read_ahead(layer, e)?);
+        Ok(STRATA_OK)
+    })
+}
+
 /// Cancels the prefetches of `layer` that no fetch has used and whose
 /// transfer has not finished (call it once the layer has run: they can
 /// only be late or wrong); their slots are freed and a later fetch moves
@@ -576,6 +615,8 @@ pub unsafe extern "C" fn strata_moe_get_stats(
             stall_seconds: s.stall_seconds,
             stall_modelled: s.stall_modelled as c_int,
             displaced: s.displaced,
+            reads_ahead: s.reads_ahead,
+            prefetches_declined: s.prefetches_declined,
         });
         Ok(STRATA_OK)
     })

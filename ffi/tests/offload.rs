@@ -284,3 +284,61 @@ fn the_optimizer_on_a_shared_runtime_through_the_c_abi() {
     fails(s, STRATA_ERR_INVALID_ARGUMENT, "cxl");
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
 }
+
+/// `strata_moe_read_ahead`: the reads of experts about to be fetched
+/// start, and their fetches count as misses (`reads_ahead`), not hits.
+#[test]
+fn reads_ahead_are_misses_in_the_stats() {
+    let mut c = std::mem::MaybeUninit::<strata_moe_config>::uninit();
+    // SAFETY: a writable config.
+    assert_eq!(unsafe { strata_moe_config_init(c.as_mut_ptr()) }, STRATA_OK);
+    // SAFETY: filled above.
+    let mut c = unsafe { c.assume_init() };
+    c.device_slots = 2;
+    c.slot_bytes = 64 << 10;
+    c.host_bytes = 1 << 20;
+    let mut moe = null_mut();
+    // SAFETY: a readable config and a writable handle.
+    assert_eq!(unsafe { strata_moe_create(&c, &mut moe) }, STRATA_OK);
+    for e in 0..4u32 {
+        let w = vec![e as u8 + 1; 64 << 10];
+        // SAFETY: readable weights.
+        let s = unsafe { strata_moe_register(moe, 0, e, w.as_ptr().cast(), w.len()) };
+        assert_eq!(s, STRATA_OK, "{}", last_error());
+    }
+    let mut started = 9usize;
+    // SAFETY: two readable ids, a writable count.
+    let s = unsafe { strata_moe_read_ahead(moe, 0, [1u32, 2].as_ptr(), 2, &mut started) };
+    assert_eq!((s, started), (STRATA_OK, 2), "{}", last_error());
+    for e in [1u32, 2] {
+        let mut addresses = [0u64; 4];
+        let mut n = 0usize;
+        let mut pin = null_mut();
+        // SAFETY: 4 writable addresses, writable n and handle.
+        let s = unsafe { strata_moe_fetch(moe, 0, e, addresses.as_mut_ptr(), 4, &mut n, &mut pin) };
+        assert_eq!(s, STRATA_OK, "{}", last_error());
+        // SAFETY: on the simulated device a device address is host memory,
+        // held by the pin.
+        let bytes = unsafe { std::slice::from_raw_parts(addresses[0] as *const u8, 64 << 10) };
+        assert!(bytes.iter().all(|&b| b == e as u8 + 1));
+        assert_eq!(strata_moe_release(pin), STRATA_OK);
+    }
+    let mut stats = std::mem::MaybeUninit::<strata_moe_stats>::zeroed();
+    // SAFETY: a writable stats struct.
+    assert_eq!(
+        unsafe { strata_moe_get_stats(moe, stats.as_mut_ptr()) },
+        STRATA_OK
+    );
+    // SAFETY: filled by the call above.
+    let stats = unsafe { stats.assume_init() };
+    assert_eq!((stats.fetches, stats.hits, stats.reads_ahead), (2, 0, 2));
+    // A resident expert is skipped (NULL `started` is allowed); an expert
+    // never registered is refused.
+    // SAFETY: one readable id.
+    let s = unsafe { strata_moe_read_ahead(moe, 0, [1u32].as_ptr(), 1, null_mut()) };
+    assert_eq!(s, STRATA_OK);
+    // SAFETY: as above.
+    let s = unsafe { strata_moe_read_ahead(moe, 0, [99u32].as_ptr(), 1, null_mut()) };
+    assert_ne!(s, STRATA_OK);
+    assert_eq!(strata_moe_free(moe), STRATA_OK);
+}
