@@ -323,14 +323,10 @@ fn reads_ahead_are_misses_in_the_stats() {
         assert!(bytes.iter().all(|&b| b == e as u8 + 1));
         assert_eq!(strata_moe_release(pin), STRATA_OK);
     }
-    let mut stats = std::mem::MaybeUninit::<strata_moe_stats>::zeroed();
+    let mut stats = strata_moe_stats::default();
     // SAFETY: a writable stats struct.
-    assert_eq!(
-        unsafe { strata_moe_get_stats(moe, stats.as_mut_ptr()) },
-        STRATA_OK
-    );
-    // SAFETY: filled by the call above.
-    let stats = unsafe { stats.assume_init() };
+    let s = unsafe { strata_moe_get_stats(moe, &mut stats) };
+    assert_eq!(s, STRATA_OK);
     assert_eq!((stats.fetches, stats.hits, stats.reads_ahead), (2, 0, 2));
     // A resident expert is skipped (NULL `started` is allowed); an expert
     // never registered is refused.
