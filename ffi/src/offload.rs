@@ -522,7 +522,30 @@ pub unsafe extern "C" fn strata_moe_prefetch(
     n: usize,
     started: *mut usize,
 ) -> c_int {
-    boundary("strata_moe_prefetch", || {
+    // SAFETY: this function's contract is `start_moves`'.
+    unsafe {
+        start_moves("strata_moe_prefetch", moe, experts, n, started, |c, e| {
+            c.prefetch(layer, e)
+        })
+    }
+}
+
+/// The body of `strata_moe_prefetch` and `strata_moe_read_ahead`: `start`
+/// on the cache and the `n` experts, its count stored in `*started` if not
+/// NULL (a misaligned `started` refused before anything starts).
+///
+/// # Safety
+/// `experts` points to `n` readable `uint32_t`s; `started` is NULL or
+/// writable.
+unsafe fn start_moves(
+    name: &'static str,
+    moe: *const objects::strata_moe,
+    experts: *const u32,
+    n: usize,
+    started: *mut usize,
+    start: impl FnOnce(&strata::offload::moe::ExpertCache, &[u32]) -> strata::Result<usize>,
+) -> c_int {
+    boundary(name, || {
         // SAFETY: as this function's contract states.
         let (e, out) = unsafe {
             (
@@ -530,7 +553,7 @@ pub unsafe extern "C" fn strata_moe_prefetch(
                 cast::out_opt(started, "started")?,
             )
         };
-        out.set(objects::get(moe)?.read().prefetch(layer, e)?);
+        out.set(start(&objects::get(moe)?.read(), e)?);
         Ok(STRATA_OK)
     })
 }
@@ -555,17 +578,12 @@ pub unsafe extern "C" fn strata_moe_read_ahead(
     n: usize,
     started: *mut usize,
 ) -> c_int {
-    boundary("strata_moe_read_ahead", || {
-        // SAFETY: as this function's contract states.
-        let (e, out) = unsafe {
-            (
-                cast::slice(experts, n, "experts")?,
-                cast::out_opt(started, "started")?,
-            )
-        };
-        out.set(objects::get(moe)?.read().read_ahead(layer, e)?);
-        Ok(STRATA_OK)
-    })
+    // SAFETY: this function's contract is `start_moves`'.
+    unsafe {
+        start_moves("strata_moe_read_ahead", moe, experts, n, started, |c, e| {
+            c.read_ahead(layer, e)
+        })
+    }
 }
 
 /// Cancels the prefetches of `layer` that no fetch has used and whose

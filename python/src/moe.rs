@@ -69,6 +69,26 @@ pub(crate) struct ExpertCache {
     device_slots: usize,
 }
 
+impl ExpertCache {
+    /// `start(cache, layer, experts)` (a prefetch or reads ahead) without
+    /// the GIL, on checked ids.
+    fn start(
+        &self,
+        py: Python<'_>,
+        layer: i64,
+        experts: Vec<i64>,
+        start: fn(&cache::ExpertCache, u32, &[u32]) -> strata::Result<usize>,
+    ) -> PyResult<usize> {
+        let l = u32_of(layer, "layer")?;
+        let es = experts
+            .into_iter()
+            .map(|e| u32_of(e, "expert"))
+            .collect::<PyResult<Vec<_>>>()?;
+        let c = self.cache.read().clone();
+        py.detach(|| start(&c, l, &es)).map_err(raise)
+    }
+}
+
 #[pymethods]
 impl ExpertCache {
     #[new]
@@ -256,13 +276,7 @@ impl ExpertCache {
     /// background; experts already there are skipped, predictions no slot
     /// can be freed for are dropped. Returns how many moves started.
     fn prefetch(&self, py: Python<'_>, layer: i64, experts: Vec<i64>) -> PyResult<usize> {
-        let l = u32_of(layer, "layer")?;
-        let es = experts
-            .into_iter()
-            .map(|e| u32_of(e, "expert"))
-            .collect::<PyResult<Vec<_>>>()?;
-        let c = self.cache.read().clone();
-        py.detach(|| c.prefetch(l, &es)).map_err(raise)
+        self.start(py, layer, experts, cache::ExpertCache::prefetch)
     }
 
     /// Starts the reads of `experts` of `layer`, which the caller is about
@@ -272,13 +286,7 @@ impl ExpertCache {
     /// and those no unprotected slot can be freed for, are skipped.
     /// Returns how many reads started.
     fn read_ahead(&self, py: Python<'_>, layer: i64, experts: Vec<i64>) -> PyResult<usize> {
-        let l = u32_of(layer, "layer")?;
-        let es = experts
-            .into_iter()
-            .map(|e| u32_of(e, "expert"))
-            .collect::<PyResult<Vec<_>>>()?;
-        let c = self.cache.read().clone();
-        py.detach(|| c.read_ahead(l, &es)).map_err(raise)
+        self.start(py, layer, experts, cache::ExpertCache::read_ahead)
     }
 
     /// Cancels the prefetches of `layer` that no fetch used and that have
