@@ -569,7 +569,7 @@ class StrataExperts(nn.Module):
         """Runs work(e, slot) for each expert of `hit`, its slot held, in
         waves of the device slots, reads overlapping compute: a wave pins
         its resident experts first (no wait; pinned, nothing below evicts
-        them), starts the reads of the rest at once (one prefetch), starts
+        them), starts the reads of the rest at once (read_ahead), starts
         the next layer's lookahead behind them, then computes the resident
         experts while those reads run and each read expert as soon as its
         own read is done. Returns the experts in the order fetched."""

@@ -338,7 +338,8 @@ impl Buffer {
     }
 
     /// Moves the pages of `range` that live in tiers faster than `tier`
-    /// down to `tier`, or — where it is full — to the next slower tier with
+    /// down to `tier`, or — where it is full — back onto their clean copy
+    /// in a slower tier (no copy) or else to the next slower tier with
     /// room; `OutOfCapacity` when none has. Pages never written stay
     /// unmaterialized, and pinned pages stay where they are pinned. A page
     /// written (or moved by background eviction) while it moves is moved
