@@ -33,6 +33,28 @@ def cgroup_stat() -> dict:
         return {}
 
 
+def memory_counters() -> dict:
+    """This process's group's major faults and file refaults so far ({}
+    where the group cannot be read)."""
+    st = cgroup_stat()
+    if not st:
+        return {}
+    return {
+        "major_faults": st.get("total_pgmajfault", st.get("pgmajfault", 0)),
+        "refaults": st.get("total_workingset_refault_file", st.get("total_workingset_refault", 0)),
+    }
+
+
+def proc_io() -> dict:
+    """This process's /proc/self/io counters (read_bytes, write_bytes, ...)."""
+    out = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            k, v = line.split(":")
+            out[k.strip()] = int(v)
+    return out
+
+
 def apply_limit(limit: int) -> dict:
     """Limits this process's group to `limit` bytes from now on (after
     loading, whose transient peak is not what is measured) and restarts

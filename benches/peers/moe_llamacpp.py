@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from cgroups import apply_limit, memory_counters, proc_io
+
 # MixtralConfig's defaults for what prepare's meta.json leaves out.
 MIXTRAL_DEFAULTS = {"rope_theta": 1e6, "rms_norm_eps": 1e-5, "hidden_act": "silu", "head_dim": None}
 
@@ -207,29 +209,6 @@ def _proc_status():
     return out
 
 
-def _read_bytes():
-    with open("/proc/self/io") as f:
-        for line in f:
-            k, v = line.split(":")
-            if k == "read_bytes":
-                return int(v)
-    return 0
-
-
-def _memory_counters():
-    """This process's cgroup's major faults and file refaults ({} where the
-    cgroup cannot be read)."""
-    from cgroups import cgroup_stat
-
-    st = cgroup_stat()
-    if not st:
-        return {}
-    return {
-        "major_faults": st.get("total_pgmajfault", st.get("pgmajfault", 0)),
-        "refaults": st.get("total_workingset_refault_file", st.get("total_workingset_refault", 0)),
-    }
-
-
 def generate(gguf_path, prompts, new_tokens, threads, sequential=False, kv_type="f16", flash_attn="auto",
              limit=0):
     """Greedy decoding of exactly new_tokens tokens per prompt (argmax of the
@@ -320,19 +299,17 @@ def generate(gguf_path, prompts, new_tokens, threads, sequential=False, kv_type=
 
     extra = {}
     if limit:
-        from cgroups import apply_limit
-
         extra.update(apply_limit(limit))
-    mem0 = _memory_counters()
-    rb0 = _read_bytes()
+    mem0 = memory_counters()
+    rb0 = proc_io()["read_bytes"]
     t0 = time.perf_counter()
     if sequential:
         tokens = [run([(0, p)])[0] for p in prompts]
     else:
         tokens = run(list(enumerate(prompts)))
     dt = time.perf_counter() - t0
-    read = _read_bytes() - rb0
-    mem1 = _memory_counters()
+    read = proc_io()["read_bytes"] - rb0
+    mem1 = memory_counters()
     extra.update({k: mem1[k] - mem0[k] for k in mem0})
     st = _proc_status()
 

@@ -90,7 +90,7 @@ import sys
 import time
 from pathlib import Path
 
-from cgroups import Group, apply_limit, cgroup_stat, drop_caches
+from cgroups import Group, apply_limit, cgroup_stat, drop_caches, memory_counters, proc_io
 
 ROOT = Path(__file__).resolve().parents[2]
 DTYPES = {"float32": "f32", "bfloat16": "f16"}  # the GGUF llama.cpp gets for each
@@ -110,24 +110,6 @@ def torch_dtype(meta):
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[meta["dtype"]]
-
-
-def proc_io():
-    out = {}
-    with open("/proc/self/io") as f:
-        for line in f:
-            k, v = line.split(":")
-            out[k.strip()] = int(v)
-    return out
-
-
-def memory_counters():
-    """The cgroup's major faults and file refaults (0 where unreadable)."""
-    st = cgroup_stat()
-    return {
-        "major_faults": st.get("total_pgmajfault", st.get("pgmajfault", 0)),
-        "refaults": st.get("total_workingset_refault_file", st.get("total_workingset_refault", 0)),
-    }
 
 
 def load_prompts(work):

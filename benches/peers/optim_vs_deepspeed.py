@@ -73,6 +73,8 @@ import tempfile
 import time
 import traceback
 
+import cgroups
+
 SIZES = {
     # name: (width, layers) -> width*width*layers parameters
     "17m": (2048, 4),    # 16,777,216
@@ -88,11 +90,7 @@ LOW_PRECISION_ONLY = {"ds-cpuadam-master"}
 # ---------------------------------------------------------------- child side
 
 def proc_io():
-    out = {}
-    with open("/proc/self/io") as f:
-        for line in f:
-            k, v = line.split(":")
-            out[k.strip()] = int(v)
+    out = cgroups.proc_io()
     return out["read_bytes"], out["write_bytes"]
 
 
