@@ -30,6 +30,7 @@ use crate::gen::{Rng, Scramble, Zipf};
 use strata::error::{Error, ErrorKind, Result};
 use strata::io::AlignedBuf;
 use strata::policy::belady::Belady;
+use strata::policy::{self, PolicyKind};
 use strata::runtime::{BalancerConfig, Runtime};
 use strata::tier::{CxlConfig, CxlMode, NvmeConfig, Tier};
 
@@ -252,7 +253,23 @@ pub struct Bound {
     /// The best fixed placement chosen in hindsight: the `--dram` pages read
     /// most, their share of the reads.
     pub static_optimum_hit_rate: f64,
+    /// The online reference policies (LRU, perfect LFU with and without
+    /// admission, ARC, S3-FIFO, SIEVE: those the policy corpus compares
+    /// against) replayed per read with `--dram` pages: each one's misses.
+    pub references: Vec<(String, u64)>,
+    /// The best of them: its name and misses.
+    pub best_reference: (String, u64),
 }
+
+/// The online references the bound replays: the policy corpus's six.
+pub const REFERENCES: [PolicyKind; 6] = [
+    PolicyKind::Lru,
+    PolicyKind::PerfectLfu,
+    PolicyKind::LfuAdmission,
+    PolicyKind::Arc,
+    PolicyKind::S3Fifo,
+    PolicyKind::Sieve,
+];
 
 /// The report.
 #[derive(Debug, Clone, Serialize)]
@@ -379,21 +396,37 @@ pub fn sequence(p: &PagesParams) -> Result<Vec<u32>> {
     }
 }
 
-/// Belady's misses and the static optimum over `seq` with `dram` pages.
-pub fn bound(seq: &[u32], dram: u64, data_pages: u64) -> Bound {
+/// Belady's misses, the static optimum and the online references over
+/// `seq` with `dram` pages.
+pub fn bound(seq: &[u32], dram: u64, data_pages: u64) -> Result<Bound> {
     let trace: Vec<u64> = seq.iter().map(|&x| x as u64).collect();
     let mut min = Belady::new(dram as usize, &trace);
     let r = strata::policy::replay(&mut min, &trace);
+    let references = REFERENCES
+        .iter()
+        .map(|&k| {
+            let mut policy = policy::build(k, dram as usize, None)?;
+            let misses = strata::policy::replay(policy.as_mut(), &trace).misses;
+            Ok((k.name().to_string(), misses))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let best_reference = references
+        .iter()
+        .min_by_key(|(_, m)| *m)
+        .cloned()
+        .expect("six references");
     let mut counts = vec![0u64; data_pages as usize];
     for &p in seq {
         counts[p as usize] += 1;
     }
     counts.sort_unstable_by(|a, b| b.cmp(a));
     let top: u64 = counts.iter().take(dram as usize).sum();
-    Bound {
+    Ok(Bound {
         belady_misses: r.misses,
         static_optimum_hit_rate: top as f64 / seq.len().max(1) as f64,
-    }
+        references,
+        best_reference,
+    })
 }
 
 /// Bytes this process has read from and written to block devices
@@ -817,7 +850,7 @@ pub fn run(
         ));
     }
     let seq = sequence(p)?;
-    let bound = bound(&seq, p.dram_pages(), p.data_pages());
+    let bound = bound(&seq, p.dram_pages(), p.data_pages())?;
     let mut skipped = Vec::new();
     let wanted: Vec<&str> = match &p.configs {
         Some(c) => c.iter().map(String::as_str).collect(),
@@ -973,8 +1006,17 @@ mod tests {
             c.into_iter().max_by_key(|&(_, n)| n).unwrap().0
         };
         assert_ne!(top(&s[..2500]), top(&s[2500..]), "the hot page moved");
-        let b = bound(&z, 16, 64);
+        let b = bound(&z, 16, 64).unwrap();
         assert!(b.belady_misses < 5000 && b.static_optimum_hit_rate > 0.25);
+        // Six online references, none below MIN; the best is their least.
+        assert_eq!(b.references.len(), 6);
+        assert!(b.references.iter().all(|(_, m)| *m >= b.belady_misses));
+        let least = b.references.iter().map(|(_, m)| *m).min().unwrap();
+        assert_eq!(b.best_reference.1, least);
+        assert!(
+            least > b.belady_misses,
+            "an online policy misses more than MIN here"
+        );
     }
 
     #[test]

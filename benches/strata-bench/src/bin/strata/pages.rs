@@ -205,13 +205,26 @@ fn print(r: &PagesReport) -> Result<(), Error> {
         b.belady_misses,
         100.0 * b.static_optimum_hit_rate
     );
+    outln!(
+        "online references replayed per read ({} pages), misses: {}; best {}",
+        r.dram_pages,
+        b.references
+            .iter()
+            .map(|(name, m)| format!("{name} {m}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        b.best_reference.0
+    );
     for x in r.results.iter().filter(|x| x.config.starts_with("strata")) {
         let misses = ((1.0 - x.fast_tier_hit_rate) * r.ops as f64).round();
         outln!(
-            "{} trial {}: DRAM misses {:.3}x Belady's; DRAM share {:.3}x the best fixed placement's",
+            "{} trial {}: DRAM misses {:.3}x Belady's, {:.3}x the best online reference's ({}); \
+             DRAM share {:.3}x the best fixed placement's",
             x.config,
             x.trial,
             misses / b.belady_misses.max(1) as f64,
+            misses / b.best_reference.1.max(1) as f64,
+            b.best_reference.0,
             x.fast_tier_hit_rate / b.static_optimum_hit_rate.max(1e-12)
         );
     }
