@@ -517,6 +517,55 @@ fn bench_graph_reads_edge_lists_and_names_bad_lines() {
 }
 
 #[test]
+fn bench_recsys_charges_strata_moves_on_the_presets_link() {
+    // The same moves (the run is deterministic) cost what each preset's
+    // DMA engine takes: H200's PCIe Gen5 moves the bytes about twice as
+    // fast as A100's Gen4, so the migrations' share differs between them.
+    let dir = tempfile::tempdir().unwrap();
+    let run = |platform: &str| {
+        let json = dir.path().join(format!("{platform}.json"));
+        let out = strata(&[
+            "bench",
+            "recsys",
+            "--tables",
+            "2",
+            "--rows",
+            "8192",
+            "--dim",
+            "64",
+            "--pooling",
+            "8",
+            "--batch",
+            "128",
+            "--batches",
+            "6",
+            "--platform",
+            platform,
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        let r = report(&out, &json);
+        let s = &r["results"][0];
+        assert_eq!(s["config"], "strata");
+        (
+            s["bytes_moved"].as_u64().unwrap(),
+            s["migration_seconds"].as_f64().unwrap(),
+            s["seconds"].as_f64().unwrap(),
+        )
+    };
+    let (h_bytes, h_mig, h_all) = run("h200-sxm5");
+    let (a_bytes, a_mig, a_all) = run("a100-pcie4");
+    assert_eq!(h_bytes, a_bytes, "the same moves");
+    assert!(h_bytes > 0 && h_mig > 0.0 && h_mig < h_all && a_mig < a_all);
+    let ratio = a_mig / h_mig;
+    assert!(
+        (1.2..=2.2).contains(&ratio),
+        "A100's migrations {a_mig} s over H200's {h_mig} s: {ratio}"
+    );
+}
+
+#[test]
 fn bench_recsys_compares_the_configurations() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
