@@ -371,6 +371,54 @@ fn bench_migrate_reports_every_link() {
 }
 
 #[test]
+fn bench_graph_runs_a_baseline_once_where_its_trials_would_repeat() {
+    // PageRank has no source and --source fixes BFS's: a baseline's
+    // modelled run would repeat, so it runs once; strata runs every trial
+    // (its rounds follow measured time). Random sources: every trial.
+    let dir = tempfile::tempdir().unwrap();
+    let trials = |extra: &[&str]| {
+        let json = dir.path().join("t.json");
+        let mut args = vec![
+            "bench",
+            "graph",
+            "--graph",
+            "kron:10",
+            "--baselines",
+            "--verify",
+            "--trials",
+            "3",
+            "--page-size",
+            "4k",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let r = report(&strata(&args), &json);
+        r["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let t = c["trials"].as_array().unwrap();
+                assert!(t.iter().all(|t| t["verified"] == true), "{c}");
+                (c["config"].as_str().unwrap().to_string(), t.len())
+            })
+            .collect::<Vec<_>>()
+    };
+    let once = |v: Vec<(String, usize)>| {
+        for (config, n) in v {
+            assert_eq!(n, if config == "strata" { 3 } else { 1 }, "{config}");
+        }
+    };
+    once(trials(&["--algo", "pr"]));
+    once(trials(&["--algo", "bfs", "--source", "3"]));
+    for (config, n) in trials(&["--algo", "bfs"]) {
+        assert_eq!(n, 3, "{config}: a random source per trial");
+    }
+}
+
+#[test]
 fn bench_graph_compares_the_configurations_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("g.json");

@@ -35,7 +35,10 @@ pub struct GraphArgs {
     /// strata's placement policy (default: the default policy).
     #[arg(long, default_value = "default")]
     policy: String,
-    /// Trials per configuration (the median is reported).
+    /// Trials per configuration (the median is reported). A baseline
+    /// whose trials share one source (PageRank and CC have none, or
+    /// --source fixes it) runs once on the simulated device: its modelled
+    /// run would repeat
     #[arg(long, default_value_t = 3)]
     trials: u32,
     /// BFS/SSSP source vertex (otherwise random per trial).
