@@ -1,7 +1,7 @@
 //! The offloading modules: the optimizer against a plain reference Adam on
 //! every tier, importance-aware convergence, the expert cache's contract.
 
-use strata::offload::moe::{parse_trace, Eviction, ExpertCache, MoeConfig};
+use strata::offload::moe::{parse_routing, parse_trace, Eviction, ExpertCache, MoeConfig};
 use strata::offload::optim::{
     AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier, Updater,
 };
@@ -545,6 +545,33 @@ fn trace_errors_name_the_line() {
     assert!(err.to_string().contains("trace.txt:2"), "{err}");
     let err = parse_trace("1 0 1\n0 0 2\n", "t").unwrap_err();
     assert!(err.to_string().contains("t:2"), "{err}");
+    let err = parse_trace("0 0 1 fetched\n", "t").unwrap_err();
+    assert!(err.to_string().contains("t:1"), "{err}");
+}
+
+#[test]
+fn a_trace_keeps_the_recorded_lookahead_apart_from_the_routing() {
+    // Step 0: layer 0 routes 1 and 2, the lookahead guesses 3 for layer 1
+    // (recorded while layer 0 ran), layer 1 routes 3. Step 1: a guess
+    // first, then the routing.
+    let text = "0 0 1\n0 0 2\n0 1 3 prefetched\n0 1 3\n1 1 0 prefetched\n1 0 0\n1 1 2\n";
+    let t = parse_routing(text, "t").unwrap();
+    assert!(t.has_prefetches);
+    assert_eq!((t.layers, t.experts), (2, 4));
+    assert_eq!(
+        t.routes,
+        vec![vec![vec![1, 2], vec![3]], vec![vec![0], vec![2]]]
+    );
+    assert_eq!(
+        t.prefetched,
+        vec![vec![vec![], vec![3]], vec![vec![], vec![0]]]
+    );
+    // The routing alone, as before.
+    let (routes, l, e) = parse_trace(text, "t").unwrap();
+    assert_eq!((routes, l, e), (t.routes.clone(), 2, 4));
+    let plain = parse_routing("0 0 1\n", "t").unwrap();
+    assert!(!plain.has_prefetches);
+    assert_eq!(plain.prefetched, vec![vec![Vec::<u32>::new()]]);
 }
 
 /// Two layers of four 256 KiB experts (four 64 KiB pages each), byte

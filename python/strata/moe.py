@@ -595,6 +595,9 @@ class StrataExperts(nn.Module):
                     guess = self._predict_next(st)
                     if guess:
                         self._submit(st, layer + 1, guess, st.cache.prefetch)
+                        if st.writer is not None and not st.per_token:
+                            step = st.steps - 1
+                            st.pending.extend(f"{step} {layer + 1} {e} prefetched\n" for e in guess)
                 for e in wave:
                     if e not in held:
                         held[e] = self._fetch(st, e)
@@ -897,6 +900,9 @@ def offload(
         the experts most of the batch's tokens are predicted to pick).
     record_routing: a path for the `token layer expert` trace
         (record_per_token: one trace token per token row, not per step).
+        Per step, the lookahead is recorded too: `token layer expert
+        prefetched` for each expert prefetched for `layer` (what `strata
+        bench moe --routing file:` then prefetches).
     page_size: the runtime page (default: each expert tensor in one page up
         to 2 MiB, larger ones over 2 MiB pages; smaller pages where a slot
         of whole pages would waste more than a sixteenth of it).
@@ -1033,7 +1039,8 @@ def offload(
     if writer is not None:
         writer.write(
             f"# strata.moe routing: token layer expert ({len(blocks)} MoE layers, {e} experts; "
-            f"a token is {'a token row' if record_per_token else 'a forward step'})\n"
+            f"a token is {'a token row' if record_per_token else 'a forward step'}"
+            f"{'' if record_per_token else '; token layer expert prefetched: the lookahead'})\n"
         )
     state = _State(cache, blocks, prefetch, max_prefetch, writer, record_per_token)
     hooks = []

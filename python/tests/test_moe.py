@@ -429,6 +429,10 @@ def test_recorded_routing_parses_as_the_bench_reads_it(tmp_path):
     assert (len(routes), layers) == (s["steps"], LAYERS) and experts <= EXPERTS
     # One line per fetch, in fetch order.
     assert sum(len(es) for tok in routes for es in tok) == s["total"]["fetches"]
+    # The lookahead beside it: what was prefetched for layers 1 and up.
+    guesses = [line.split() for line in step_trace.read_text().splitlines() if line.endswith(" prefetched")]
+    assert guesses and all(int(layer) >= 1 for _, layer, _, _ in guesses)
+    assert len(guesses) >= s["total"]["prefetches"] > 0
 
     m = mixtral()
     moe = strata.moe.offload(m, device_slots=EXPERTS - 1, record_routing=token_trace, record_per_token=True)

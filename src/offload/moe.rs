@@ -1189,12 +1189,40 @@ impl TransitionPredictor {
 /// One token's routing: its experts at every layer (`[layer]`).
 pub type TokenRoute = Vec<Vec<u32>>;
 
+/// A routing trace as [`parse_routing`] reads it.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct RoutingTrace {
+    /// Per token, the experts routed at every layer (`[token][layer]`).
+    pub routes: Vec<TokenRoute>,
+    /// Per token, the experts the recorded run prefetched for each layer
+    /// (`[token][layer]`: its lookahead, issued while the layer before
+    /// ran); empty everywhere when the trace records none.
+    pub prefetched: Vec<TokenRoute>,
+    /// Whether any `prefetched` line was read.
+    pub has_prefetches: bool,
+    /// Layers seen.
+    pub layers: usize,
+    /// Experts per layer seen.
+    pub experts: usize,
+}
+
 /// Parses a routing trace: `token layer expert` per line (blank lines and
 /// `#` comments skipped), tokens in non-decreasing order. Returns, per
 /// token, the experts of every layer (`[token][layer]`), and the number of
-/// layers and experts seen.
+/// layers and experts seen. Lookahead lines (`token layer expert
+/// prefetched`, see [`parse_routing`]) are skipped.
 pub fn parse_trace(text: &str, source: &str) -> Result<(Vec<TokenRoute>, usize, usize)> {
-    let mut tokens: Vec<TokenRoute> = Vec::new();
+    let t = parse_routing(text, source)?;
+    Ok((t.routes, t.layers, t.experts))
+}
+
+/// Parses a routing trace as [`parse_trace`] does, keeping its lookahead
+/// lines too: `token layer expert prefetched` says the recorded run
+/// prefetched `expert` for `layer` of `token` (`strata.moe` writes them
+/// with its routing when it records one step a token).
+pub fn parse_routing(text: &str, source: &str) -> Result<RoutingTrace> {
+    let mut out = RoutingTrace::default();
     let mut last: Option<u64> = None;
     let (mut layers, mut experts) = (0usize, 0usize);
     for (n, line) in text.lines().enumerate() {
@@ -1204,9 +1232,15 @@ pub fn parse_trace(text: &str, source: &str) -> Result<(Vec<TokenRoute>, usize, 
         }
         let bad = |why: &str| Error::invalid(format!("{source}:{}: {why}: {line:?}", n + 1));
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() != 3 {
-            return Err(bad("expected `token layer expert`"));
-        }
+        let prefetch = match f.len() {
+            3 => false,
+            4 if f[3] == "prefetched" => true,
+            _ => {
+                return Err(bad(
+                    "expected `token layer expert` or `token layer expert prefetched`",
+                ))
+            }
+        };
         let num = |s: &str| s.parse::<u64>().map_err(|_| bad("not a whole number"));
         let (t, l, e) = (num(f[0])?, num(f[1])?, num(f[2])?);
         if l > 4096 || e > 1 << 20 {
@@ -1215,10 +1249,19 @@ pub fn parse_trace(text: &str, source: &str) -> Result<(Vec<TokenRoute>, usize, 
         match last {
             Some(p) if t < p => return Err(bad("tokens must not decrease")),
             Some(p) if t == p => {}
-            _ => tokens.push(Vec::new()),
+            _ => {
+                out.routes.push(Vec::new());
+                out.prefetched.push(Vec::new());
+            }
         }
         last = Some(t);
-        let tok = tokens.last_mut().expect("pushed above");
+        let tok = if prefetch {
+            out.has_prefetches = true;
+            out.prefetched.last_mut()
+        } else {
+            out.routes.last_mut()
+        }
+        .expect("pushed above");
         if tok.len() <= l as usize {
             tok.resize(l as usize + 1, Vec::new());
         }
@@ -1228,11 +1271,13 @@ pub fn parse_trace(text: &str, source: &str) -> Result<(Vec<TokenRoute>, usize, 
         layers = layers.max(l as usize + 1);
         experts = experts.max(e as usize + 1);
     }
-    if tokens.is_empty() {
+    if out.routes.iter().all(|t| t.is_empty()) {
         return Err(Error::invalid(format!("{source}: no routing lines")));
     }
-    for t in &mut tokens {
+    for t in out.routes.iter_mut().chain(&mut out.prefetched) {
         t.resize(layers, Vec::new());
     }
-    Ok((tokens, layers, experts))
+    out.layers = layers;
+    out.experts = experts;
+    Ok(out)
 }

@@ -806,6 +806,63 @@ fn bench_moe_reads_a_routing_trace() {
 }
 
 #[test]
+fn bench_moe_prefetches_what_the_trace_records() {
+    // strata.moe writes the lookahead it made beside the routing
+    // (`token layer expert prefetched`): the bench's strata prefetches
+    // exactly that instead of its predictor, unless --predictor.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("routes.txt");
+    let json = dir.path().join("moe.json");
+    let routed = |t: usize, l: usize| [t % 3, 3 + (t + l) % 3];
+    let run = |guess: &dyn Fn(usize, usize) -> Vec<usize>, extra: &[&str]| {
+        let mut text = String::new();
+        for t in 0..60 {
+            for l in 0..3 {
+                if l + 1 < 3 {
+                    for e in guess(t, l + 1) {
+                        text += &format!("{t} {} {e} prefetched\n", l + 1);
+                    }
+                }
+                for e in routed(t, l) {
+                    text += &format!("{t} {l} {e}\n");
+                }
+            }
+        }
+        std::fs::write(&trace, text).unwrap();
+        let routing = format!("file:{}", trace.display());
+        let mut args = vec![
+            "bench",
+            "moe",
+            "--routing",
+            &routing,
+            "--experts",
+            "8",
+            "--expert-bytes",
+            "64k",
+            "--device-slots",
+            "4",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let v = report(&strata(&args), &json);
+        let s = v["results"][0].clone();
+        assert_eq!(s["config"], "strata");
+        (v["lookahead"].as_str().unwrap().to_string(), s)
+    };
+    let (how, right) = run(&|t, l| routed(t, l).to_vec(), &[]);
+    assert_eq!(how, "recorded");
+    let (_, wrong) = run(&|_, _| vec![7], &[]);
+    let accuracy = |s: &serde_json::Value| s["prefetch_accuracy"].as_f64().unwrap();
+    assert!(right["prefetches"].as_u64().unwrap() > 0, "{right}");
+    assert_eq!(accuracy(&wrong), 0.0, "expert 7 is never routed: {wrong}");
+    assert!(accuracy(&right) > 0.5, "{right}");
+    let (how, _) = run(&|_, _| vec![7], &["--predictor"]);
+    assert_eq!(how, "predictor");
+}
+
+#[test]
 fn bench_moe_and_optim_reject_bad_input() {
     assert_bad_input(
         &strata(&["bench", "moe", "--routing", "zipf:x", "--quiet"]),

@@ -28,7 +28,9 @@ use crate::workloads::graph::model::Platform;
 use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::moe::SyntheticRouter;
 use strata::error::{Error, Result};
-use strata::offload::moe::{parse_trace, Eviction, ExpertCache, MoeConfig, TransitionPredictor};
+use strata::offload::moe::{
+    parse_routing, Eviction, ExpertCache, MoeConfig, TokenRoute, TransitionPredictor,
+};
 
 /// Where the routing comes from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -114,6 +116,9 @@ pub struct MoeParams {
     /// strata's eviction: LRFU (the policy before the reuse estimate) in
     /// place of the reuse estimate, for comparison.
     pub lrfu: bool,
+    /// strata's lookahead from the bench's predictor even where the trace
+    /// records the lookahead its run made.
+    pub predictor: bool,
 }
 
 fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -192,6 +197,10 @@ pub struct MoeReport {
     pub device_fraction: f64,
     /// Modelled compute per layer, seconds.
     pub layer_compute_seconds: f64,
+    /// strata's lookahead: `recorded` (the trace's `prefetched` lines, what
+    /// the recorded run prefetched) or `predictor` (the bench's
+    /// activation-aware predictor).
+    pub lookahead: &'static str,
     /// The modelled GPU.
     pub model: GpuModel,
     /// The host→device link the stall times and bounds are modelled on: the
@@ -313,6 +322,10 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         return Err(Error::invalid("--expert-bytes must be 1 byte to 1 GiB"));
     }
     progress("routing", 0.0);
+    // The lookahead a recorded run made (`prefetched` lines), where the
+    // trace has it: strata's configuration then prefetches what the
+    // library's router prediction did, not the bench's predictor.
+    let mut recorded: Option<Vec<TokenRoute>> = None;
     let (routes, layers, experts) = match &params.routing {
         Routing::Zipf { alpha } => {
             let layers = params.layers.unwrap_or(16);
@@ -344,7 +357,11 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         Routing::File { path } => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-            let (t, l, e) = parse_trace(&text, &path.display().to_string())?;
+            let trace = parse_routing(&text, &path.display().to_string())?;
+            let (t, l, e) = (trace.routes, trace.layers, trace.experts);
+            if trace.has_prefetches && !params.predictor {
+                recorded = Some(trace.prefetched);
+            }
             let layers = params.layers.unwrap_or(l);
             let experts = params.experts.unwrap_or(e);
             if l > layers || e > experts {
@@ -408,6 +425,7 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
             params,
             c,
             &routes,
+            recorded.as_deref(),
             layers,
             experts,
             slots,
@@ -439,6 +457,11 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         expert_bytes_total: total,
         device_fraction: slots as f64 / all as f64,
         layer_compute_seconds: compute,
+        lookahead: if recorded.is_some() {
+            "recorded"
+        } else {
+            "predictor"
+        },
         model,
         link,
         results,
@@ -463,6 +486,7 @@ fn run_config(
     p: &MoeParams,
     config: Config,
     routes: &[Vec<Vec<u32>>],
+    recorded: Option<&[TokenRoute]>,
     layers: usize,
     experts: usize,
     slots: usize,
@@ -530,7 +554,10 @@ fn run_config(
                 // The next layer's lookahead queues behind them, as the
                 // library's layer issues it before computing.
                 if l + 1 < layers {
-                    let guess = pred.predict(l, routed, top_k, MIN_CONFIDENCE);
+                    let guess = match recorded {
+                        Some(r) => r[t][l + 1].clone(),
+                        None => pred.predict(l, routed, top_k, MIN_CONFIDENCE),
+                    };
                     cache.prefetch(l as u32 + 1, &guess)?;
                 }
             }
@@ -622,6 +649,7 @@ mod tests {
             link: None,
             layer_compute: None,
             lrfu: false,
+            predictor: false,
         }
     }
 

@@ -67,6 +67,11 @@ pub struct MoeArgs {
     /// reuse estimate, for comparison.
     #[arg(long)]
     lrfu: bool,
+    /// strata's lookahead from the bench's predictor even where a
+    /// --routing file records the lookahead its run made (`token layer
+    /// expert prefetched` lines, which strata.moe writes)
+    #[arg(long)]
+    predictor: bool,
     /// The device: sim (modelled time), cuda (a GPU: real device slots,
     /// measured stall) or auto.
     #[arg(long, default_value = "sim")]
@@ -136,6 +141,7 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         link,
         layer_compute,
         lrfu: a.lrfu,
+        predictor: a.predictor,
     };
     if let moe::Routing::File { path } = &params.routing {
         crate::cli::input_file("--routing file:", path)?;
@@ -173,6 +179,14 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
     } else {
         outln!("backend: cuda — stall and decode times measured on the GPU (each layer's compute a {:.1} µs spin); bounds below modelled", r.layer_compute_seconds * 1e6);
     }
+    outln!(
+        "strata's lookahead: {}",
+        if r.lookahead == "recorded" {
+            "the one the trace records (its `prefetched` lines)"
+        } else {
+            "the bench's activation-aware predictor"
+        }
+    );
     let lru = r.results.iter().find(|x| x.config == "lru");
     let vs_lru = |stall: f64| match lru {
         Some(l) if l.stall_seconds > 0.0 => format!("{:.3}×", stall / l.stall_seconds),
