@@ -648,6 +648,11 @@ fn bench_recsys_compares_the_configurations() {
         .map(|c| c["config"].as_str().unwrap())
         .collect();
     assert_eq!(configs, ["strata", "lru-cache", "zero-copy", "all-device"]);
+    // strata's promotions, settled: (paid, not paid); none for the others.
+    let paid = &r["results"][0]["promotions_paid"];
+    let (p, u) = (paid[0].as_u64().unwrap(), paid[1].as_u64().unwrap());
+    assert!(p > 0, "hot pages promoted are read again: {paid} ({u} not)");
+    assert!(r["results"][1]["promotions_paid"].is_null());
     for c in r["results"].as_array().unwrap() {
         for key in ["lookups_per_sec", "hit_rate", "bytes_moved", "seconds"] {
             assert!(c[key].is_number(), "{key} in {c}");

@@ -78,6 +78,10 @@ pub struct RecsysResult {
     pub wall_seconds: f64,
     /// Batches whose outputs were checked against a direct computation.
     pub verified_batches: usize,
+    /// strata: of its promotions into device memory, (those whose page was
+    /// read there before it left, those that were not); settled at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promotions_paid: Option<(u64, u64)>,
 }
 
 /// The report.
@@ -412,6 +416,18 @@ fn run_config(
         migration_seconds += migration;
     }
     let wall_seconds = wall.elapsed().as_secs_f64();
+    let promotions_paid = if config == Config::Strata {
+        // The pages still in device memory leave (uncharged), so every
+        // promotion is settled.
+        for t in &tables {
+            let b = t.buffer();
+            b.evict(0..b.len(), strata::tier::Tier::Host)?;
+        }
+        let s = rt.stats();
+        Some((s.promotions_paid, s.promotions_unpaid))
+    } else {
+        None
+    };
     let (d, h) = (device_rows, host_rows);
     let bytes_moved = match config {
         // Fills of the row cache cross PCIe (already in `seconds`: a miss
@@ -428,6 +444,7 @@ fn run_config(
         migration_seconds,
         wall_seconds,
         verified_batches: verified,
+        promotions_paid,
     })
 }
 

@@ -130,6 +130,15 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
             r.wall_seconds
         );
     }
+    for r in &report.results {
+        if let Some((paid, unpaid)) = r.promotions_paid {
+            outln!(
+                "{}: {paid} of {} promotions into device memory paid (the page was read there before it left)",
+                r.config,
+                paid + unpaid
+            );
+        }
+    }
     for o in &report.static_optimum {
         outln!(
             "{:<11} {:>14.3e} {:>8.1}%   (best fixed placement by {}, in hindsight, free)",
