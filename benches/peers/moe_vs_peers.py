@@ -587,7 +587,7 @@ def main():
     report(args, work, meta, probes, runs, fractions, experts_bytes)
 
 
-def belady(args, work, r, bw, layer_seconds):
+def belady(args, work, meta, r, bw, layer_seconds):
     """strata bench moe on the routing `r` recorded: Belady's misses at its
     slots, and the bench's model, with the link at the measured disk
     bandwidth and each layer's compute the in-DRAM step's share."""
@@ -595,7 +595,11 @@ def belady(args, work, r, bw, layer_seconds):
     cmd = [args.strata_bin, "bench", "moe", "--routing", f"file:{r['trace']}",
            "--expert-bytes", str(r["layout_expert_bytes"]), "--device-slots", str(r["device_slots"]),
            "--page-size", str(r["page_size"]), "--link-gbps", f"{bw / 1e9:.3f}",
-           "--layer-compute-us", f"{layer_seconds * 1e6:.1f}", "--quiet", "--json", str(out)]
+           "--layer-compute-us", f"{layer_seconds * 1e6:.1f}",
+           # strata.moe's default: a prefetch is protected for twice the
+           # router's top-k fetches (the trace's steps route more experts).
+           "--protect-fetches", str(2 * meta["config"]["num_experts_per_tok"]),
+           "--quiet", "--json", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         return {"error": p.stderr.strip()[-500:], "command": " ".join(cmd)}
@@ -679,7 +683,7 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
                     and "error" not in r), None)
         if rec is None or bw is None or dram is None:
             continue
-        b = belady(args, work, rec, bw, batch / dram / meta["config"]["num_hidden_layers"])
+        b = belady(args, work, meta, rec, bw, batch / dram / meta["config"]["num_hidden_layers"])
         bounds[f"{f:g}"] = b
         if "error" in b:
             continue

@@ -119,6 +119,9 @@ pub struct MoeParams {
     /// strata's lookahead from the bench's predictor even where the trace
     /// records the lookahead its run made.
     pub predictor: bool,
+    /// Fetches a prefetched expert not yet used is protected for (default:
+    /// twice the most experts a token of the routing takes in a layer).
+    pub protect_fetches: Option<u64>,
 }
 
 fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -502,7 +505,7 @@ fn run_config(
     cfg.link_priority = !p.fifo_link;
     cfg.sim_link = link_of(p);
     let top_k = routes[0].iter().map(Vec::len).max().unwrap_or(1).max(1);
-    cfg.protect_fetches = 2 * top_k as u64;
+    cfg.protect_fetches = p.protect_fetches.unwrap_or(2 * top_k as u64);
     match config {
         Config::Strata => {
             cfg.eviction = if p.lrfu {
@@ -539,20 +542,26 @@ fn run_config(
     for (t, tok) in routes.iter().enumerate() {
         for l in 0..layers {
             let routed = &tok[l];
-            // strata.moe's layer: the reads of the routed experts not
-            // resident start at once, and each expert's share of the
-            // layer's compute runs as soon as its read is in; the
-            // baselines fetch and wait one expert at a time.
+            // strata.moe's layer: the routed experts already resident are
+            // pinned first (nothing below evicts them), the reads of the
+            // others start at once, the next layer's lookahead queues
+            // behind them, then each expert's share of the layer's compute
+            // runs, the resident ones' first, each read one's as soon as
+            // its read is in; the baselines fetch and wait one expert at a
+            // time.
             let share = compute / routed.len().max(1) as f64;
+            let mut held = Vec::new();
+            let mut order = routed.clone();
             if config == Config::Strata {
-                let missing: Vec<u32> = routed
+                order.sort_by_key(|&e| !cache.is_resident(l as u32, e).unwrap_or(false));
+                let resident = order
                     .iter()
-                    .copied()
-                    .filter(|&e| !cache.is_resident(l as u32, e).unwrap_or(true))
-                    .collect();
-                cache.read_ahead(l as u32, &missing)?;
-                // The next layer's lookahead queues behind them, as the
-                // library's layer issues it before computing.
+                    .take_while(|&&e| cache.is_resident(l as u32, e).unwrap_or(false))
+                    .count();
+                for &e in &order[..resident] {
+                    held.push(cache.fetch(l as u32, e)?);
+                }
+                cache.read_ahead(l as u32, &order[resident..])?;
                 if l + 1 < layers {
                     let guess = match recorded {
                         Some(r) => r[t][l + 1].clone(),
@@ -561,8 +570,12 @@ fn run_config(
                     cache.prefetch(l as u32 + 1, &guess)?;
                 }
             }
-            for &e in routed {
-                let pin = cache.fetch(l as u32, e)?;
+            let mut held = held.into_iter();
+            for &e in &order {
+                let pin = match held.next() {
+                    Some(pin) => pin,
+                    None => cache.fetch(l as u32, e)?,
+                };
                 n += 1;
                 if n % VERIFY_EVERY == 0 {
                     let mut b = [0u8; 1];
@@ -650,6 +663,7 @@ mod tests {
             layer_compute: None,
             lrfu: false,
             predictor: false,
+            protect_fetches: None,
         }
     }
 

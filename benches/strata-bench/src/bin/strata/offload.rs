@@ -72,6 +72,13 @@ pub struct MoeArgs {
     /// expert prefetched` lines, which strata.moe writes)
     #[arg(long)]
     predictor: bool,
+    /// A prefetched expert not yet used is protected for this many fetches
+    /// (default: twice the most experts a token routes per layer; give
+    /// the library's setting when replaying a strata.moe trace of whole
+    /// steps, where a step routes more than a token: strata.moe's default
+    /// is twice the router's top-k)
+    #[arg(long)]
+    protect_fetches: Option<u64>,
     /// The device: sim (modelled time), cuda (a GPU: real device slots,
     /// measured stall) or auto.
     #[arg(long, default_value = "sim")]
@@ -142,6 +149,7 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         layer_compute,
         lrfu: a.lrfu,
         predictor: a.predictor,
+        protect_fetches: a.protect_fetches,
     };
     if let moe::Routing::File { path } = &params.routing {
         crate::cli::input_file("--routing file:", path)?;
