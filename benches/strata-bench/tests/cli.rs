@@ -865,6 +865,13 @@ fn bench_moe_prefetches_what_the_trace_records() {
     assert!(accuracy(&right) > 0.5, "{right}");
     let (how, _) = run(&|_, _| vec![7], &["--predictor"]);
     assert_eq!(how, "predictor");
+    // The library's protection of a prefetch (twice the router's top-k)
+    // in place of the trace's widest layer: the right guesses still land.
+    let (_, protected) = run(&|t, l| routed(t, l).to_vec(), &["--protect-fetches", "2"]);
+    assert!(accuracy(&protected) > 0.5, "{protected}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["params"]["protect_fetches"], 2);
 }
 
 #[test]
