@@ -13,13 +13,22 @@
 //! longest ago are those of the layers about to run.
 #![forbid(unsafe_code)]
 
+/// Powers `decay^k` kept in a table (a victim's choice values every
+/// candidate; `powf` was most of its time).
+const POWERS: usize = 1024;
+
 /// Per-expert use shares and the layer being visited.
 #[derive(Debug, Clone)]
 pub(crate) struct Reuse {
     /// Per-visit decay of past visits, in (0, 1].
     decay: f64,
+    /// `decay^k` for `k < POWERS`, each as `powf` gives it.
+    powers: Vec<f64>,
     /// Visits of each layer so far.
     visits: Vec<u64>,
+    /// Per layer, `Σ decay^k` over its visits so far (as `weight` gives
+    /// it), kept up to date as visits begin.
+    weights: Vec<f64>,
     /// The layer being visited (that of the last fetch).
     current: Option<u32>,
     /// Per expert: its layer, its decayed count of visits that used it (as
@@ -42,9 +51,28 @@ impl Reuse {
     pub(crate) fn new(decay: f64) -> Self {
         Self {
             decay,
+            powers: (0..POWERS).map(|k| decay.powf(k as f64)).collect(),
             visits: Vec::new(),
+            weights: Vec::new(),
             current: None,
             experts: Vec::new(),
+        }
+    }
+
+    /// `decay^k`.
+    fn power(&self, k: u64) -> f64 {
+        match self.powers.get(k as usize) {
+            Some(&x) => x,
+            None => self.decay.powf(k as f64),
+        }
+    }
+
+    /// `Σ decay^k` over `v` visits.
+    fn weight(&self, v: u64) -> f64 {
+        if self.decay < 1.0 {
+            (1.0 - self.power(v)) / (1.0 - self.decay)
+        } else {
+            v as f64
         }
     }
 
@@ -52,6 +80,7 @@ impl Reuse {
     pub(crate) fn add(&mut self, layer: u32) {
         if self.visits.len() <= layer as usize {
             self.visits.resize(layer as usize + 1, 0);
+            self.weights.resize(layer as usize + 1, 0.0);
         }
         self.experts.push(Use {
             layer,
@@ -67,6 +96,7 @@ impl Reuse {
         if self.current != Some(layer) && (layer as usize) < self.visits.len() {
             self.current = Some(layer);
             self.visits[layer as usize] += 1;
+            self.weights[layer as usize] = self.weight(self.visits[layer as usize]);
         }
     }
 
@@ -78,8 +108,9 @@ impl Reuse {
         if e.counted == v {
             return;
         }
+        let uses = e.uses * self.power(v - e.seen) + 1.0;
         let u = &mut self.experts[i];
-        u.uses = e.uses * self.decay.powf((v - e.seen) as f64) + 1.0;
+        u.uses = uses;
         u.seen = v;
         u.counted = v;
     }
@@ -92,14 +123,9 @@ impl Reuse {
         if v == 0 {
             return 0.0;
         }
-        let uses = e.uses * self.decay.powf((v - e.seen) as f64);
+        let uses = e.uses * self.power(v - e.seen);
         // Σ decay^k over the v visits so far.
-        let visits = if self.decay < 1.0 {
-            (1.0 - self.decay.powf(v as f64)) / (1.0 - self.decay)
-        } else {
-            v as f64
-        };
-        (uses / visits).min(1.0)
+        (uses / self.weights[e.layer as usize]).min(1.0)
     }
 
     /// Layers from now to `layer`'s next visit: 1 for the next layer, the

@@ -175,6 +175,11 @@ pub struct MoeResult {
     pub verified_fetches: u64,
     /// Wall seconds on this machine.
     pub wall_seconds: f64,
+    /// Of `wall_seconds`, those spent inside the calls that start or drop
+    /// moves (`read_ahead`, `prefetch`, `cancel_prefetches`) on the
+    /// decoding thread: their submission only, room being made off it.
+    #[serde(default)]
+    pub call_seconds: f64,
 }
 
 /// The report.
@@ -539,6 +544,7 @@ fn run_config(
     let start = Instant::now();
     let mut verified = 0u64;
     let mut n = 0u64;
+    let mut call_seconds = 0.0;
     for (t, tok) in routes.iter().enumerate() {
         for l in 0..layers {
             let routed = &tok[l];
@@ -561,14 +567,16 @@ fn run_config(
                 for &e in &order[..resident] {
                     held.push(cache.fetch(l as u32, e)?);
                 }
+                let guess = (l + 1 < layers).then(|| match recorded {
+                    Some(r) => r[t][l + 1].clone(),
+                    None => pred.predict(l, routed, top_k, MIN_CONFIDENCE),
+                });
+                let called = Instant::now();
                 cache.read_ahead(l as u32, &order[resident..])?;
-                if l + 1 < layers {
-                    let guess = match recorded {
-                        Some(r) => r[t][l + 1].clone(),
-                        None => pred.predict(l, routed, top_k, MIN_CONFIDENCE),
-                    };
+                if let Some(guess) = guess {
                     cache.prefetch(l as u32 + 1, &guess)?;
                 }
+                call_seconds += called.elapsed().as_secs_f64();
             }
             let mut held = held.into_iter();
             for &e in &order {
@@ -596,7 +604,9 @@ fn run_config(
             if config == Config::Strata {
                 // Layer l has run: its prefetches still on the link came
                 // too late or were wrong.
+                let called = Instant::now();
                 cache.cancel_prefetches(l as u32)?;
+                call_seconds += called.elapsed().as_secs_f64();
             }
             pred.observe(l, (l > 0).then(|| &tok[l - 1][..]), routed);
             if config != Config::Strata {
@@ -636,6 +646,7 @@ fn run_config(
         },
         verified_fetches: verified,
         wall_seconds: start.elapsed().as_secs_f64(),
+        call_seconds,
     };
     Ok((result, cache.link()))
 }

@@ -228,6 +228,14 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
             x.wall_seconds
         );
     }
+    if let Some(x) = r.results.iter().find(|x| x.config == "strata") {
+        outln!(
+            "strata's read-ahead, prefetch and cancel calls: {:.1} ms of {:.2} s of wall on the decoding thread ({:.2}%: submission only)",
+            x.call_seconds * 1e3,
+            x.wall_seconds,
+            100.0 * x.call_seconds / x.wall_seconds.max(1e-12)
+        );
+    }
     let b = &r.bounds;
     outln!(
         "bounds, same fetches and {} slots in one pool (modelled; a transfer {:.1} µs, all compute {:.1} ms):",
