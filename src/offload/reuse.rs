@@ -211,4 +211,30 @@ mod tests {
         // Visits weigh 0.25, 0.5, 1: expert 1 has 1 / 1.75.
         assert!((d.probability(1) - 1.0 / 1.75).abs() < 1e-12);
     }
+
+    #[test]
+    fn the_table_of_powers_gives_what_powf_gives_past_its_end() {
+        // Expert 0 used at every third visit of layer 0, over more visits
+        // than the table holds; the share as the closed form computes it.
+        let decay = 0.5f64.powf(1.0 / 256.0);
+        let mut r = Reuse::new(decay);
+        r.add(0);
+        r.add(1);
+        let visits = POWERS as u64 + 500;
+        let mut uses = 0.0;
+        for v in 1..=visits {
+            r.at(0);
+            if v % 3 == 0 {
+                r.touch(0);
+                uses = uses * decay.powf(3.0) + 1.0;
+            }
+            r.at(1);
+        }
+        let last = visits - visits % 3;
+        let expected = uses * decay.powf((visits - last) as f64)
+            / ((1.0 - decay.powf(visits as f64)) / (1.0 - decay));
+        let got = r.probability(0);
+        assert!((got - expected).abs() < 1e-12, "{got} against {expected}");
+        assert!((got - 1.0 / 3.0).abs() < 0.01, "about a third: {got}");
+    }
 }
