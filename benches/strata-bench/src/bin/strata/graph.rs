@@ -261,12 +261,8 @@ fn print_table(r: &GraphReport) -> Result<(), Error> {
         );
     }
     for c in &r.results {
-        if let Some((paid, unpaid)) = c.promotions_paid {
-            outln!(
-                "{}: {paid} of {} promotions into device memory paid (the page was accessed there before it left)",
-                c.config,
-                paid + unpaid
-            );
+        if let Some(paid) = c.promotions_paid {
+            crate::out::promotions_paid(c.config, paid)?;
         }
     }
     for s in &r.skipped {

@@ -52,6 +52,15 @@ pub fn line(args: std::fmt::Arguments<'_>) -> Result<(), Error> {
     stdout_result(out.write_fmt(args).and_then(|()| out.write_all(b"\n")))
 }
 
+/// Prints a configuration's promotions into device memory that paid (the
+/// page was accessed there before it left) out of all of them, settled.
+pub fn promotions_paid(config: &str, (paid, unpaid): (u64, u64)) -> Result<(), Error> {
+    line(format_args!(
+        "{config}: {paid} of {} promotions into device memory paid (the page was accessed there before it left)",
+        paid + unpaid
+    ))
+}
+
 /// Flushes stdout at the end of a run.
 pub fn flush() -> Result<(), Error> {
     if STDOUT_GONE.load(Ordering::Relaxed) {

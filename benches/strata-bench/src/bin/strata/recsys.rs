@@ -131,12 +131,8 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
         );
     }
     for r in &report.results {
-        if let Some((paid, unpaid)) = r.promotions_paid {
-            outln!(
-                "{}: {paid} of {} promotions into device memory paid (the page was read there before it left)",
-                r.config,
-                paid + unpaid
-            );
+        if let Some(paid) = r.promotions_paid {
+            crate::out::promotions_paid(r.config, paid)?;
         }
     }
     for o in &report.static_optimum {
