@@ -559,20 +559,19 @@ fn run_config(
             let mut held = Vec::new();
             let mut order = routed.clone();
             if config == Config::Strata {
-                order.sort_by_key(|&e| !cache.is_resident(l as u32, e).unwrap_or(false));
-                let resident = order
+                let (resident, missing): (Vec<u32>, Vec<u32>) = routed
                     .iter()
-                    .take_while(|&&e| cache.is_resident(l as u32, e).unwrap_or(false))
-                    .count();
-                for &e in &order[..resident] {
+                    .partition(|&&e| cache.is_resident(l as u32, e).unwrap_or(false));
+                for &e in &resident {
                     held.push(cache.fetch(l as u32, e)?);
                 }
+                order = [&resident[..], &missing[..]].concat();
                 let guess = (l + 1 < layers).then(|| match recorded {
                     Some(r) => r[t][l + 1].clone(),
                     None => pred.predict(l, routed, top_k, MIN_CONFIDENCE),
                 });
                 let called = Instant::now();
-                cache.read_ahead(l as u32, &order[resident..])?;
+                cache.read_ahead(l as u32, &missing)?;
                 if let Some(guess) = guess {
                     cache.prefetch(l as u32 + 1, &guess)?;
                 }
