@@ -108,7 +108,7 @@ __device__ __forceinline__ unsigned long long warp_sum(unsigned long long x) {
     return x;
 }
 
-__device__ __forceinline__ double warp_sum_f64(double x) {
+__device__ __forceinline__ float warp_sum_f32(float x) {
     for (int o = 16; o > 0; o >>= 1) {
         x += __shfl_down_sync(GRAPH_FULL_WARP, x, o);
     }
@@ -333,26 +333,26 @@ extern "C" __global__ void graph_sssp_far_split(const unsigned int *far, unsigne
 
 /* ---- PageRank ----------------------------------------------------------- */
 
-extern "C" __global__ void graph_pr_init(double *scores, unsigned long long n, double value) {
+extern "C" __global__ void graph_pr_init(float *scores, unsigned long long n, float value) {
     for (unsigned long long v = graph_thread(); v < n; v += graph_threads()) {
         scores[v] = value;
     }
 }
 
 /* contrib[v] = score(v) / outdeg(v), 0 for vertices without out-edges. */
-extern "C" __global__ void graph_pr_contrib(graph_view g, const double *scores, double *contrib) {
+extern "C" __global__ void graph_pr_contrib(graph_view g, const float *scores, float *contrib) {
     strata_sampler s = graph_sampler(g);
     for (unsigned long long v = graph_thread(); v < g.vertices; v += graph_threads()) {
         unsigned long long deg = graph_load<unsigned long long>(g, GRAPH_OFFSETS, v + 1, &s) -
                                  graph_load<unsigned long long>(g, GRAPH_OFFSETS, v, &s);
-        contrib[v] = deg > 0 ? scores[v] / (double)deg : 0.0;
+        contrib[v] = deg > 0 ? scores[v] / (float)deg : 0.0f;
     }
 }
 
 /* score(v) = base + damping * sum of contrib over in-neighbours, one warp
  * per vertex; partial[blockIdx.x] = the block's L1 change. */
-extern "C" __global__ void graph_pr_pull(graph_view g, const double *contrib, double *scores,
-                                         double base, double damping, double *partial) {
+extern "C" __global__ void graph_pr_pull(graph_view g, const float *contrib, float *scores,
+                                         float base, float damping, double *partial) {
     __shared__ double warp_change[32];
     strata_sampler s = graph_sampler(g);
     unsigned long long lane = threadIdx.x & 31;
@@ -360,14 +360,14 @@ extern "C" __global__ void graph_pr_pull(graph_view g, const double *contrib, do
     for (unsigned long long v = graph_thread() >> 5; v < g.vertices; v += graph_threads() >> 5) {
         unsigned long long a, b;
         graph_range(g, GRAPH_IN_OFFSETS, v, &s, &a, &b);
-        double sum = 0.0;
+        float sum = 0.0f;
         for (unsigned long long i = a + lane; i < b; i += 32) {
             sum += contrib[graph_load<unsigned int>(g, GRAPH_IN_NEIGHBORS, i, &s)];
         }
-        sum = warp_sum_f64(sum);
+        sum = warp_sum_f32(sum);
         if (lane == 0) {
-            double next = base + damping * sum;
-            change += fabs(next - scores[v]);
+            float next = base + damping * sum;
+            change += fabs((double)(next - scores[v]));
             scores[v] = next;
         }
     }

@@ -241,7 +241,7 @@ pub enum Dump {
     /// SSSP distance (`u64::MAX` unreachable).
     Distance(Vec<u64>),
     /// PageRank score.
-    Score(Vec<f64>),
+    Score(Vec<f32>),
     /// CC label.
     Label(Vec<u32>),
 }

@@ -399,18 +399,19 @@ pub fn sssp(g: &mut dyn GpuGraph, source: usize, delta: u64) -> Result<SsspResul
 }
 
 /// Pull PageRank as GAP defines it and as
-/// [`algo::pagerank`](super::algo::pagerank) computes it (f64 scores).
+/// [`algo::pagerank`](super::algo::pagerank) computes it (f32 scores, the
+/// change summed in f64).
 pub fn pagerank(g: &mut dyn GpuGraph, tolerance: f64, max_iterations: u32) -> Result<PrResult> {
     let n = vertex_count(g)?;
     let k = g.kernels().clone();
     let s = k.stream();
     let n64 = n as u64;
-    let damping = 0.85f64;
-    let base = (1.0 - damping) / n as f64;
-    let mut scores = zeros::<f64>(s, n)?;
-    let mut contrib = zeros::<f64>(s, n)?;
+    let damping = 0.85f32;
+    let base = (1.0 - damping) / n as f32;
+    let mut scores = zeros::<f32>(s, n)?;
+    let mut contrib = zeros::<f32>(s, n)?;
     let mut partial = zeros::<f64>(s, MAX_BLOCKS as usize)?;
-    let init = 1.0 / n as f64;
+    let init = 1.0 / n as f32;
     launch!(k, "graph_pr_init", n64; &mut scores, &n64, &init);
     let mut iterations = 0;
     for _ in 0..max_iterations {

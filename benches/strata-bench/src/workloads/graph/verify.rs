@@ -141,14 +141,14 @@ pub fn pagerank_reference(g: &Csr, tolerance: f64, max_iterations: u32) -> Vec<f
 
 /// GAP's check: one more iteration from `scores` changes them by less than
 /// `tolerance` in L1 (a result stopped early fails it).
-pub fn pagerank_residual(g: &Csr, tolerance: f64, scores: &[f64]) -> Result<(), String> {
+pub fn pagerank_residual(g: &Csr, tolerance: f64, scores: &[f32]) -> Result<(), String> {
     let n = g.vertices();
     let d = 0.85;
     let base = (1.0 - d) / n as f64;
     let contrib: Vec<f64> = (0..n)
         .map(|v| match g.degree(v) {
             0 => 0.0,
-            k => scores[v] / k as f64,
+            k => f64::from(scores[v]) / k as f64,
         })
         .collect();
     let change: f64 = (0..n)
@@ -159,7 +159,7 @@ pub fn pagerank_residual(g: &Csr, tolerance: f64, scores: &[f64]) -> Result<(), 
                     .iter()
                     .map(|&u| contrib[u as usize])
                     .sum::<f64>();
-            (new - scores[v]).abs()
+            (new - f64::from(scores[v])).abs()
         })
         .sum();
     if change < tolerance {
@@ -173,7 +173,7 @@ pub fn pagerank_residual(g: &Csr, tolerance: f64, scores: &[f64]) -> Result<(), 
 
 /// Scores within 1e-6 of `reference`, vertex by vertex.
 pub fn pagerank_against(reference: &[f64], r: &PrResult) -> Result<(), String> {
-    match (0..reference.len()).find(|&v| (reference[v] - r.scores[v]).abs() > 1e-6) {
+    match (0..reference.len()).find(|&v| (reference[v] - f64::from(r.scores[v])).abs() > 1e-6) {
         Some(v) => Err(format!(
             "vertex {v}: score {} where the reference has {}",
             r.scores[v], reference[v]
