@@ -401,7 +401,7 @@ pub fn run_on(
                 // then holds the pages that sent the most.
                 let maps = tg.maps()?;
                 let mut mem = TieredMem::new(&tg, &maps, &platform, budget, true)?;
-                run_kernel(&mut mem, params.algo, source, g);
+                run_kernel(&mut mem, params.algo, source);
                 let weights = mem.weights().expect("profiling");
                 drop(mem);
                 drop(maps);
@@ -415,14 +415,16 @@ pub fn run_on(
             let (result, edges, iterations, wall_seconds, run) = if config == Config::Resident {
                 let mut mem = ResidentMem::new(&tg, &maps)?;
                 let wall = Instant::now();
-                let (result, edges, iterations) = run_kernel(&mut mem, params.algo, source, g);
+                let (result, iterations) = run_kernel(&mut mem, params.algo, source);
                 let wall_seconds = wall.elapsed().as_secs_f64();
+                let edges = traversed(g, &result);
                 (result, edges, iterations, wall_seconds, RunCost::default())
             } else {
                 let mut mem = TieredMem::new(&tg, &maps, &platform, budget, false)?;
                 let wall = Instant::now();
-                let (result, edges, iterations) = run_kernel(&mut mem, params.algo, source, g);
+                let (result, iterations) = run_kernel(&mut mem, params.algo, source);
                 let wall_seconds = wall.elapsed().as_secs_f64();
+                let edges = traversed(g, &result);
                 if let Some(e) = mem.errors.pop() {
                     return Err(e.context(format!("{} trial {t}", config.name())));
                 }
@@ -726,8 +728,9 @@ fn run_cuda(
                         let kernels = kernels.clone().expect("made with the tiered graph");
                         let mut run = StrataGpu::new(tg, kernels)?;
                         let wall = Instant::now();
-                        let (r, e, i) = run_gpu_kernel(&mut run, params.algo, source, g)?;
+                        let (r, i) = run_gpu_kernel(&mut run, params.algo, source)?;
                         let seconds = wall.elapsed().as_secs_f64();
+                        let e = traversed(g, &r);
                         let hit = run.hit_rate();
                         drop(run);
                         let after = tg.rt.stats().device_links.unwrap_or_default();
@@ -738,8 +741,9 @@ fn run_cuda(
                     (None, Some(p)) => {
                         p.reset()?;
                         let wall = Instant::now();
-                        let (r, e, i) = run_gpu_kernel(p, params.algo, source, g)?;
+                        let (r, i) = run_gpu_kernel(p, params.algo, source)?;
                         let seconds = wall.elapsed().as_secs_f64();
+                        let e = traversed(g, &r);
                         let (moved, hit) = match config {
                             Config::ZeroCopy => (Some(0), Some(0.0)),
                             Config::AllDevice => (Some(0), Some(1.0)),
@@ -806,27 +810,34 @@ fn run_gpu_kernel(
     gpu: &mut dyn crate::workloads::graph::cuda::GpuGraph,
     algo: Algo,
     source: Option<usize>,
-    g: &Csr,
-) -> Result<(Dump, Option<u64>, Option<u32>)> {
+) -> Result<(Dump, Option<u32>)> {
     use crate::workloads::graph::cuda;
     Ok(match algo {
         Algo::Bfs => {
             let r = cuda::bfs(gpu, source.expect("bfs has a source"))?;
-            let e = reached_edges(g, &|v| r.depth[v] >= 0);
-            (Dump::Depth(r.depth, r.parent), Some(e), None)
+            (Dump::Depth(r.depth, r.parent), None)
         }
         Algo::Sssp => {
             let r = cuda::sssp(gpu, source.expect("sssp has a source"), SSSP_DELTA)?;
-            let e = reached_edges(g, &|v| r.dist[v] != u64::MAX);
-            (Dump::Distance(r.dist), Some(e), None)
+            (Dump::Distance(r.dist), None)
         }
         Algo::Pr => {
             let r = cuda::pagerank(gpu, PR_TOLERANCE, PR_MAX_ITERATIONS)?;
             let it = r.iterations;
-            (Dump::Score(r.scores), None, Some(it))
+            (Dump::Score(r.scores), Some(it))
         }
-        Algo::Cc => (Dump::Label(cuda::cc(gpu)?), None, None),
+        Algo::Cc => (Dump::Label(cuda::cc(gpu)?), None),
     })
+}
+
+/// The edges a BFS or SSSP result traversed (those of the vertices it
+/// reached), for TEPS; counted after the timed run.
+fn traversed(g: &Csr, result: &Dump) -> Option<u64> {
+    match result {
+        Dump::Depth(depth, _) => Some(reached_edges(g, &|v| depth[v] >= 0)),
+        Dump::Distance(dist) => Some(reached_edges(g, &|v| dist[v] != u64::MAX)),
+        Dump::Score(_) | Dump::Label(_) => None,
+    }
 }
 
 /// The edges of the reached vertices, for TEPS (Graph500 counts an
@@ -843,32 +854,23 @@ fn reached_edges(g: &Csr, reached: &dyn Fn(usize) -> bool) -> u64 {
     }
 }
 
-/// Runs the kernel; returns its result, the edges it traversed (BFS, SSSP:
-/// those of the reached vertices, for TEPS) and its iterations (PR).
-fn run_kernel<M: Mem>(
-    mem: &mut M,
-    algo: Algo,
-    source: Option<usize>,
-    g: &Csr,
-) -> (Dump, Option<u64>, Option<u32>) {
-    let reached_edges = |reached: &dyn Fn(usize) -> bool| reached_edges(g, reached);
+/// Runs the kernel; returns its result and its iterations (PR).
+fn run_kernel<M: Mem>(mem: &mut M, algo: Algo, source: Option<usize>) -> (Dump, Option<u32>) {
     match algo {
         Algo::Bfs => {
             let r = algo::bfs(mem, source.expect("bfs has a source"));
-            let e = reached_edges(&|v| r.depth[v] >= 0);
-            (Dump::Depth(r.depth, r.parent), Some(e), None)
+            (Dump::Depth(r.depth, r.parent), None)
         }
         Algo::Sssp => {
             let r = algo::sssp(mem, source.expect("sssp has a source"), SSSP_DELTA);
-            let e = reached_edges(&|v| r.dist[v] != u64::MAX);
-            (Dump::Distance(r.dist), Some(e), None)
+            (Dump::Distance(r.dist), None)
         }
         Algo::Pr => {
             let r = algo::pagerank(mem, PR_TOLERANCE, PR_MAX_ITERATIONS);
             let it = r.iterations;
-            (Dump::Score(r.scores), None, Some(it))
+            (Dump::Score(r.scores), Some(it))
         }
-        Algo::Cc => (Dump::Label(algo::cc(mem)), None, None),
+        Algo::Cc => (Dump::Label(algo::cc(mem)), None),
     }
 }
 

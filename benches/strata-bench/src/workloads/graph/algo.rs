@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 /// Vertices per parallel task.
 const GRAIN: usize = 1024;
+const _: () = assert!(GRAIN % 64 == 0, "a task's vertices own whole bitmap words");
 
 /// How a kernel reads the graph. Each parallel task takes its own reader.
 pub trait Mem: Sync {
@@ -86,6 +87,16 @@ pub trait Read {
             *o = self.weight(i + k as u64);
         }
         n
+    }
+    /// `(offsets[v], offsets[v + 1])`: vertex `v`'s neighbours.
+    #[inline]
+    fn range(&mut self, v: usize) -> (u64, u64) {
+        (self.offset(v), self.offset(v + 1))
+    }
+    /// As [`range`](Self::range), of the incoming offsets.
+    #[inline]
+    fn in_range(&mut self, v: usize) -> (u64, u64) {
+        (self.in_offset(v), self.in_offset(v + 1))
     }
     /// Calls `f` with each of `neighbors[a..b]`, in order. The default
     /// loads them a warp at a time through [`neighbors`](Self::neighbors)
@@ -302,9 +313,13 @@ impl Bitmap {
     fn get(&self, i: usize) -> bool {
         self.0[i / 64].load(Ordering::Relaxed) >> (i % 64) & 1 != 0
     }
+    /// Sets bit `i`, whose word only the calling task writes (a task's
+    /// vertices are a whole number of words: [`GRAIN`] is a multiple of
+    /// 64): a plain read and write, not a locked one, as GAP's.
     #[inline]
-    fn set(&self, i: usize) {
-        self.0[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+    fn set_owned(&self, i: usize) {
+        let w = &self.0[i / 64];
+        w.store(w.load(Ordering::Relaxed) | 1 << (i % 64), Ordering::Relaxed);
     }
     fn set_mut(&mut self, i: usize) {
         *self.0[i / 64].get_mut() |= 1 << (i % 64);
@@ -393,7 +408,7 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                             if depth[v].load(Ordering::Relaxed) >= 0 {
                                 continue;
                             }
-                            let (a, b) = (r.in_offset(v), r.in_offset(v + 1));
+                            let (a, b) = r.in_range(v);
                             let in_front = r.find_in_neighbor(a, b, |r, u| {
                                 checked += 1;
                                 r.state(State::Front, u as usize);
@@ -405,7 +420,7 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                                 r.state(State::Front, v);
                                 parent[v].store(u, Ordering::Relaxed);
                                 depth[v].store(level + 1, Ordering::Relaxed);
-                                next_front.set(v);
+                                next_front.set_owned(v);
                                 found += 1;
                             }
                         }
@@ -438,7 +453,7 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                     let mut checked = 0u64;
                     for (j, &u) in chunk.iter().enumerate() {
                         r.state(State::Queue, c * GRAIN + j);
-                        let (a, b) = (r.offset(u as usize), r.offset(u as usize + 1));
+                        let (a, b) = r.range(u as usize);
                         checked += b - a;
                         r.each_neighbor(a, b, |r, v| {
                             let v = v as usize;
@@ -515,7 +530,7 @@ pub fn sssp<M: Mem>(g: &mut M, source: usize, delta: u64) -> SsspResult {
                         if du / delta < b as u64 {
                             continue;
                         }
-                        let (a, e) = (r.offset(u as usize), r.offset(u as usize + 1));
+                        let (a, e) = r.range(u as usize);
                         let (mut nb, mut wt) = ([0u32; WARP], [0u32; WARP]);
                         let mut i = a;
                         while i < e {
@@ -599,7 +614,7 @@ pub fn pagerank<M: Mem>(g: &mut M, tolerance: f64, max_iterations: u32) -> PrRes
                 let mut err = 0.0f64;
                 for (j, s) in chunk.iter_mut().enumerate() {
                     let v = c * GRAIN + j;
-                    let (a, b) = (r.in_offset(v), r.in_offset(v + 1));
+                    let (a, b) = r.in_range(v);
                     let mut sum = 0.0f32;
                     r.each_in_neighbor(a, b, |r, u| {
                         r.state(State::Contrib, u as usize);
@@ -655,7 +670,7 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
                     }
                 };
                 let mut buf = [0u32; WARP];
-                let (a, b) = (r.offset(u), r.offset(u + 1));
+                let (a, b) = r.range(u);
                 let mut i = a;
                 while i < b {
                     let k = r.neighbors(i, b, &mut buf);
@@ -665,7 +680,7 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
                     }
                 }
                 if directed {
-                    let (a, b) = (r.in_offset(u), r.in_offset(u + 1));
+                    let (a, b) = r.in_range(u);
                     let mut i = a;
                     while i < b {
                         let k = r.in_neighbors(i, b, &mut buf);

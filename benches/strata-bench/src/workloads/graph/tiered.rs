@@ -985,6 +985,34 @@ impl ResidentRead<'_> {
         load_warp_from(bytes, within, end - i, out)
     }
 
+    /// `array[v]` and `array[v + 1]` of a `u64` array, with one page
+    /// lookup where both lie in one page.
+    #[inline(always)]
+    fn pair(&mut self, array: usize, v: usize) -> (u64, u64) {
+        let off = v as u64 * 8;
+        let page = (off >> self.shift) as usize;
+        if page != self.pages[array].0 {
+            self.switch_page(array, page);
+        }
+        let within = (off & ((1u64 << self.shift) - 1)) as usize;
+        match self.pages[array].1.get(within..within + 16) {
+            Some(b) => {
+                let [x, y]: [u64; 2] = bytemuck::pod_read_unaligned(b);
+                (x, y)
+            }
+            None => (self.load(array, v as u64), self.load(array, v as u64 + 1)),
+        }
+    }
+
+    /// The array of incoming offsets.
+    fn in_offsets(&self) -> usize {
+        if self.directed {
+            IN_OFFSETS
+        } else {
+            OFFSETS
+        }
+    }
+
     /// The array of incoming neighbours.
     fn in_array(&self) -> usize {
         if self.directed {
@@ -1078,6 +1106,15 @@ impl Read for ResidentRead<'_> {
     #[inline(always)]
     fn weights(&mut self, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
         self.load_warp(WEIGHTS, i, end, out)
+    }
+    #[inline(always)]
+    fn range(&mut self, v: usize) -> (u64, u64) {
+        self.pair(OFFSETS, v)
+    }
+    #[inline(always)]
+    fn in_range(&mut self, v: usize) -> (u64, u64) {
+        let array = self.in_offsets();
+        self.pair(array, v)
     }
     #[inline(always)]
     fn each_neighbor(&mut self, a: u64, b: u64, mut f: impl FnMut(&mut Self, u32)) {
