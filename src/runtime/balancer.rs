@@ -302,9 +302,8 @@ impl Balancer {
         let tables = engine.tables().live();
         let by_id: ById<'_> = tables.iter().map(|t| (t.id, t)).collect();
 
-        // 1. What was touched, with counts; each buffer's payback.
-        let mut reused = HashSet::new();
-        let touched = self.touched(rt, &tables, &mut reused);
+        // 1. Each buffer's payback (its counts change as pages leave the
+        // fastest tier, not at harvests); what was touched, with counts.
         self.payback.retain(|id, _| by_id.contains_key(id));
         for t in &tables {
             self.payback.entry(t.id).or_default().update(
@@ -312,6 +311,8 @@ impl Balancer {
                 t.unpaid.load(Ordering::Relaxed),
             );
         }
+        let mut reused = HashSet::new();
+        let touched = self.touched(rt, &tables, &mut reused);
 
         // 2. Every level's policy decides (the prefetches since the last
         // round as hints, then the accesses); the last decision per page
@@ -360,8 +361,8 @@ impl Balancer {
 
     /// What was touched since the last round: (count, page id), counted at
     /// least `min_accesses` times (scaled for sampling), coldest first.
-    /// Pages whose decayed score still holds an access from the last few
-    /// rounds go to `reused` too.
+    /// Pages of a buffer held to reused pages whose decayed score still
+    /// holds an access from the last few rounds go to `reused` too.
     fn touched(
         &self,
         rt: &Shared,
@@ -391,6 +392,12 @@ impl Balancer {
                     touched.push((c, id | p))
                 },
             );
+            // Reuse is asked only of a buffer held to reused pages (a set
+            // of every touched page, every round, was most of a round's
+            // time on a large buffer).
+            if !self.payback.get(&t.id).is_some_and(|g| g.strict) {
+                continue;
+            }
             for &(c, page) in &touched[first..] {
                 let prior = scores[(page & 0xffff_ffff) as usize] - c as f32 * scale;
                 if prior >= memory * 0.999 {
