@@ -408,7 +408,7 @@ pub fn run_on(
                 tg.place_pages(&hottest(&weights, budget / tg.page_size() as u64))?;
             }
             let before = tg.rt.stats().device_links.unwrap_or_default();
-            if config == Config::Strata && std::env::var_os("NO_INITIAL").is_none() {
+            if config == Config::Strata {
                 tg.place_initial(budget)?;
             }
             let maps = tg.maps()?;
