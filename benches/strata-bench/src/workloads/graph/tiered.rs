@@ -1042,10 +1042,22 @@ impl ResidentRead<'_> {
             let within = (off & ((1u64 << self.shift) - 1)) as usize;
             let bytes = self.pages[array].1;
             let k = ((b - i) as usize).min((bytes.len() - within) / 4);
-            for e in bytes[within..within + 4 * k].chunks_exact(4) {
-                let x = u32::from_ne_bytes([e[0], e[1], e[2], e[3]]);
-                if f(self, x) {
-                    return Some(x);
+            let run = &bytes[within..within + 4 * k];
+            match bytemuck::try_cast_slice::<u8, u32>(run) {
+                Ok(xs) => {
+                    for &x in xs {
+                        if f(self, x) {
+                            return Some(x);
+                        }
+                    }
+                }
+                Err(_) => {
+                    for e in run.chunks_exact(4) {
+                        let x = u32::from_ne_bytes([e[0], e[1], e[2], e[3]]);
+                        if f(self, x) {
+                            return Some(x);
+                        }
+                    }
                 }
             }
             i += k as u64;
