@@ -243,10 +243,7 @@ impl Read for HostRead<'_> {
     }
     #[inline]
     fn in_neighbor(&mut self, i: u64) -> u32 {
-        match &self.0.incoming {
-            Some((_, n)) => n[i as usize],
-            None => self.0.neighbors[i as usize],
-        }
+        self.incoming()[i as usize]
     }
     #[inline]
     fn each_neighbor(&mut self, a: u64, b: u64, mut f: impl FnMut(&mut Self, u32)) {
@@ -257,12 +254,7 @@ impl Read for HostRead<'_> {
     }
     #[inline]
     fn each_in_neighbor(&mut self, a: u64, b: u64, mut f: impl FnMut(&mut Self, u32)) {
-        let g = self.0;
-        let n = match &g.incoming {
-            Some((_, n)) => n,
-            None => &g.neighbors,
-        };
-        for &v in &n[a as usize..b as usize] {
+        for &v in &self.incoming()[a as usize..b as usize] {
             f(self, v);
         }
     }
@@ -273,15 +265,22 @@ impl Read for HostRead<'_> {
         b: u64,
         mut f: impl FnMut(&mut Self, u32) -> bool,
     ) -> Option<u32> {
-        let g = self.0;
-        let n = match &g.incoming {
-            Some((_, n)) => n,
-            None => &g.neighbors,
-        };
-        n[a as usize..b as usize]
+        self.incoming()[a as usize..b as usize]
             .iter()
             .copied()
             .find(|&u| f(self, u))
+    }
+}
+
+impl<'g> HostRead<'g> {
+    /// The incoming neighbours' array (the outgoing one for an undirected
+    /// graph).
+    #[inline]
+    fn incoming(&self) -> &'g [u32] {
+        match &self.0.incoming {
+            Some((_, n)) => n,
+            None => &self.0.neighbors,
+        }
     }
 }
 

@@ -960,28 +960,28 @@ pub struct ResidentRead<'a> {
     directed: bool,
 }
 
-impl ResidentRead<'_> {
+impl<'a> ResidentRead<'a> {
+    /// The page holding byte `off` of `array` and the byte's offset in it.
     #[inline(always)]
-    fn load<T: bytemuck::Pod>(&mut self, array: usize, index: u64) -> T {
-        let size = std::mem::size_of::<T>();
-        let off = index * size as u64;
+    fn at(&mut self, array: usize, off: u64) -> (&'a [u8], usize) {
         let page = (off >> self.shift) as usize;
         if page != self.pages[array].0 {
             self.switch_page(array, page);
         }
         let within = (off & ((1u64 << self.shift) - 1)) as usize;
-        bytemuck::pod_read_unaligned(&self.pages[array].1[within..within + size])
+        (self.pages[array].1, within)
+    }
+
+    #[inline(always)]
+    fn load<T: bytemuck::Pod>(&mut self, array: usize, index: u64) -> T {
+        let size = std::mem::size_of::<T>();
+        let (bytes, within) = self.at(array, index * size as u64);
+        bytemuck::pod_read_unaligned(&bytes[within..within + size])
     }
 
     #[inline(always)]
     fn load_warp(&mut self, array: usize, i: u64, end: u64, out: &mut [u32; WARP]) -> usize {
-        let off = i * 4;
-        let page = (off >> self.shift) as usize;
-        if page != self.pages[array].0 {
-            self.switch_page(array, page);
-        }
-        let within = (off & ((1u64 << self.shift) - 1)) as usize;
-        let bytes = self.pages[array].1;
+        let (bytes, within) = self.at(array, i * 4);
         load_warp_from(bytes, within, end - i, out)
     }
 
@@ -989,13 +989,8 @@ impl ResidentRead<'_> {
     /// lookup where both lie in one page.
     #[inline(always)]
     fn pair(&mut self, array: usize, v: usize) -> (u64, u64) {
-        let off = v as u64 * 8;
-        let page = (off >> self.shift) as usize;
-        if page != self.pages[array].0 {
-            self.switch_page(array, page);
-        }
-        let within = (off & ((1u64 << self.shift) - 1)) as usize;
-        match self.pages[array].1.get(within..within + 16) {
+        let (bytes, within) = self.at(array, v as u64 * 8);
+        match bytes.get(within..within + 16) {
             Some(b) => {
                 let [x, y]: [u64; 2] = bytemuck::pod_read_unaligned(b);
                 (x, y)
@@ -1034,13 +1029,7 @@ impl ResidentRead<'_> {
     ) -> Option<u32> {
         let mut i = a;
         while i < b {
-            let off = i * 4;
-            let page = (off >> self.shift) as usize;
-            if page != self.pages[array].0 {
-                self.switch_page(array, page);
-            }
-            let within = (off & ((1u64 << self.shift) - 1)) as usize;
-            let bytes = self.pages[array].1;
+            let (bytes, within) = self.at(array, i * 4);
             let k = ((b - i) as usize).min((bytes.len() - within) / 4);
             let run = &bytes[within..within + 4 * k];
             match bytemuck::try_cast_slice::<u8, u32>(run) {
