@@ -104,36 +104,20 @@ pub trait Read {
     /// place instead: a copy through a warp buffer took 1.7× the time of
     /// PageRank's pull loop.
     #[inline]
-    fn each_neighbor(&mut self, a: u64, b: u64, mut f: impl FnMut(&mut Self, u32))
+    fn each_neighbor(&mut self, a: u64, b: u64, f: impl FnMut(&mut Self, u32))
     where
         Self: Sized,
     {
-        let mut buf = [0u32; WARP];
-        let mut i = a;
-        while i < b {
-            let k = self.neighbors(i, b, &mut buf);
-            i += k as u64;
-            for &v in &buf[..k] {
-                f(self, v);
-            }
-        }
+        each_by_warp(self, a, b, Self::neighbors, f)
     }
     /// As [`each_neighbor`](Self::each_neighbor), of the incoming
     /// neighbours.
     #[inline]
-    fn each_in_neighbor(&mut self, a: u64, b: u64, mut f: impl FnMut(&mut Self, u32))
+    fn each_in_neighbor(&mut self, a: u64, b: u64, f: impl FnMut(&mut Self, u32))
     where
         Self: Sized,
     {
-        let mut buf = [0u32; WARP];
-        let mut i = a;
-        while i < b {
-            let k = self.in_neighbors(i, b, &mut buf);
-            i += k as u64;
-            for &v in &buf[..k] {
-                f(self, v);
-            }
-        }
+        each_by_warp(self, a, b, Self::in_neighbors, f)
     }
     /// The first of the incoming `neighbors[a..b]`, in order, for which
     /// `f` holds (each loaded on its own, as a thread of a bottom-up step
@@ -297,6 +281,27 @@ impl Mem for HostMem<'_> {
     }
     fn directed(&self) -> bool {
         self.0.directed()
+    }
+}
+
+/// Calls `f` with each element of `a..b` that `load` (a warp load of
+/// [`Read`]) returns, a warp at a time: the default neighbour visits.
+#[inline]
+fn each_by_warp<R: Read>(
+    r: &mut R,
+    a: u64,
+    b: u64,
+    load: impl Fn(&mut R, u64, u64, &mut [u32; WARP]) -> usize,
+    mut f: impl FnMut(&mut R, u32),
+) {
+    let mut buf = [0u32; WARP];
+    let mut i = a;
+    while i < b {
+        let k = load(r, i, b, &mut buf);
+        i += k as u64;
+        for &v in &buf[..k] {
+            f(r, v);
+        }
     }
 }
 
