@@ -233,6 +233,10 @@ pub trait DeviceMemory: Send + Sync {
     /// [`host_arena`](Self::host_arena), taking `wall`, as crossing the
     /// host→device link.
     fn record_h2d(&self, _bytes: usize, _wall: std::time::Duration) {}
+    /// Backs the whole allocation with memory now. A GPU's allocation
+    /// always is (nothing to do); the simulated device's host arena is
+    /// otherwise backed page by page at first touch.
+    fn commit(&self) {}
     /// Several device→host copies issued together and waited for once.
     ///
     /// # Safety

@@ -148,6 +148,10 @@ impl DeviceMemory for SimMemory {
         self.h2d.record(bytes, wall, self.model.time(bytes));
     }
 
+    fn commit(&self) {
+        self.arena.populate();
+    }
+
     unsafe fn copy_in(&self, offset: usize, src: &[u8]) -> Result<()> {
         let t = Instant::now();
         // SAFETY: the caller guarantees `offset + src.len() <= len` and

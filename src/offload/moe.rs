@@ -506,6 +506,8 @@ impl ExpertCache {
             b = b.nvme(n.clone());
         }
         let rt = b.build()?;
+        // Every slot will hold experts: backed now, not by the first reads.
+        rt.commit_device_memory();
         Self::with_runtime(rt, config, false)
     }
 

@@ -506,6 +506,18 @@ impl Runtime {
         self.rt().tiers.device().map(|d| d.backend())
     }
 
+    /// Backs the device tier's memory with memory now. A GPU's always is;
+    /// the simulated device's host arena is otherwise backed page by page
+    /// at first touch, and an NVMe read into an untouched page then zeroes
+    /// it first, in the thread that submits the read. Call it where the
+    /// whole tier will be used (an expert cache's slots) and its first
+    /// touches would land in a timed run. No device tier: nothing to do.
+    pub fn commit_device_memory(&self) {
+        if let Some(d) = self.rt().tiers.device() {
+            d.commit();
+        }
+    }
+
     /// The link the device tier's simulated backend accounts its copies
     /// with; `None` without a device tier or on a real GPU.
     pub fn device_link_model(&self) -> Option<LinkModel> {

@@ -61,6 +61,12 @@ impl DeviceStore {
         })
     }
 
+    /// Backs the store's whole allocation with memory now (the simulated
+    /// device's arena; a GPU's allocation already is).
+    pub fn commit(&self) {
+        self.memory.commit();
+    }
+
     /// The backend (for reports: "simulated" or "cuda").
     pub fn backend(&self) -> BackendKind {
         self.backend.kind()
