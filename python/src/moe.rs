@@ -323,7 +323,9 @@ impl ExpertCache {
     /// "prefetches_cancelled", "evictions", "bytes_moved", "stall_seconds"
     /// (modelled on the simulated device, measured on a GPU),
     /// "stall_modelled", "displaced", "reads_ahead", "hit_rate",
-    /// "prefetch_accuracy".
+    /// "prefetch_accuracy", "moves" (experts moved into device memory:
+    /// misses and prefetches), "moves_paid" (of those, the ones fetched
+    /// before they left: every miss's, the prefetches used).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.cache.read().stats();
         let d = PyDict::new(py);
@@ -343,6 +345,8 @@ impl ExpertCache {
         d.set_item("reads_ahead", s.reads_ahead)?;
         d.set_item("hit_rate", s.hit_rate())?;
         d.set_item("prefetch_accuracy", s.prefetch_accuracy())?;
+        d.set_item("moves", s.moves())?;
+        d.set_item("moves_paid", s.moves_paid())?;
         Ok(d)
     }
 

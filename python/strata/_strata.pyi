@@ -473,7 +473,9 @@ class ExpertCache:
     def stats(self) -> Dict[str, Any]:
         """fetches, hits, late_prefetch_hits, prefetches, prefetches_used,
         prefetches_dropped, prefetches_cancelled, evictions, bytes_moved,
-        stall_seconds, stall_modelled, hit_rate, prefetch_accuracy."""
+        stall_seconds, stall_modelled, hit_rate, prefetch_accuracy, moves
+        (experts moved into device memory), moves_paid (of those, fetched
+        before they left)."""
     def runtime_stats_json(self) -> str: ...
 
 @final

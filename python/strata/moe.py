@@ -685,6 +685,11 @@ class OffloadedMoE:
         out = dict(c)
         out["hit_rate"] = c["hits"] / c["fetches"] if c["fetches"] else 0.0
         out["prefetch_accuracy"] = c["prefetches_used"] / c["prefetches"] if c["prefetches"] else 0.0
+        # Experts moved into device memory, and those fetched before they
+        # left (every miss's move; a prefetch only if it was used).
+        misses = c["fetches"] - c["hits"]
+        out["moves"] = misses + c["prefetches"]
+        out["moves_paid"] = misses + c["prefetches_used"]
         out["bytes_moved_per_token"] = c["bytes_moved"] / st.tokens if st.tokens else 0.0
         cache_stall = out.pop("stall_seconds")
         out["modelled_stall_seconds"] = cache_stall if st.modelled else None
@@ -697,7 +702,9 @@ class OffloadedMoE:
         """{"total": {...}, "layers": [{...} per MoE block], "tokens",
         "steps", "modelled", "expert_bytes", "device_slots"}. Each entry:
         fetches, hits, hit_rate, prefetches, prefetches_used,
-        prefetch_accuracy, prefetches_dropped, prefetches_cancelled,
+        prefetch_accuracy, moves (experts moved into device memory: misses
+        and prefetches), moves_paid (of those, the ones fetched before they
+        left), prefetches_dropped, prefetches_cancelled,
         evictions, bytes_moved, bytes_moved_per_token, stall_seconds (wall
         time spent in fetches), prefetch_call_seconds (wall time in the
         prefetch and cancel calls: their submission, since room is made off

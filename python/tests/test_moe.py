@@ -104,11 +104,15 @@ def test_offloaded_logits_and_tokens_equal_the_original(prefetch, page_size):
     assert 0.0 <= t["hit_rate"] <= 1.0
     if prefetch:
         assert t["prefetches"] > 0
+        # A prefetch pays only if its expert is fetched before it leaves.
+        assert t["moves"] - t["moves_paid"] == t["prefetches"] - t["prefetches_used"]
     else:
         assert t["prefetches"] == 0 and t["prefetch_accuracy"] == 0.0
+        # Every move is a miss's, and its own fetch uses it.
+        assert t["moves_paid"] == t["moves"] == t["fetches"] - t["hits"] > 0
     # The per-layer counters add up to the total and to the cache's own.
     c = moe.cache.stats()
-    for k in ("fetches", "hits", "prefetches", "prefetches_used", "bytes_moved", "evictions"):
+    for k in ("fetches", "hits", "prefetches", "prefetches_used", "bytes_moved", "evictions", "moves", "moves_paid"):
         assert sum(layer[k] for layer in s["layers"]) == t[k] == c[k], k
     assert t["bytes_moved"] >= (t["fetches"] - t["hits"]) * s["expert_bytes"]
     # The forward above, then generate's prefill and its 7 one-token steps.

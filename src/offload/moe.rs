@@ -202,6 +202,20 @@ impl MoeStats {
     pub fn prefetch_accuracy(&self) -> f64 {
         ratio(self.prefetches_used, self.prefetches)
     }
+
+    /// Experts moved into device memory: the misses' transfers (read ahead
+    /// or not) and the prefetches started.
+    pub fn moves(&self) -> u64 {
+        self.fetches - self.hits + self.prefetches
+    }
+
+    /// Of [`moves`](Self::moves), those whose expert was fetched before it
+    /// left device memory: every miss's (its fetch is the use) and each
+    /// prefetch that was used. A prefetch evicted, cancelled or never
+    /// fetched did not pay.
+    pub fn moves_paid(&self) -> u64 {
+        self.fetches - self.hits + self.prefetches_used
+    }
 }
 
 fn ratio(a: u64, b: u64) -> f64 {

@@ -158,6 +158,12 @@ pub struct MoeResult {
     pub bytes_written_back: u64,
     /// Prefetched and then used, over prefetched (0 without prefetch).
     pub prefetch_accuracy: f64,
+    /// Experts moved into device memory (misses and prefetches).
+    #[serde(default)]
+    pub moves: u64,
+    /// Of `moves`, those whose expert was fetched before it left.
+    #[serde(default)]
+    pub moves_paid: u64,
     /// Prefetches started.
     pub prefetches: u64,
     /// Hits that still waited for a prefetch in flight.
@@ -633,6 +639,8 @@ fn run_config(
             .device_links
             .map_or(0, |(_, d2h)| d2h.bytes),
         prefetch_accuracy: s.prefetch_accuracy(),
+        moves: s.moves(),
+        moves_paid: s.moves_paid(),
         prefetches: s.prefetches,
         late_prefetch_hits: s.late_prefetch_hits,
         fetches: s.fetches,
@@ -701,6 +709,15 @@ mod tests {
                 b.belady_prefetch_stall_floor_seconds
             );
             assert_eq!(x.fetches, (96 * 4 * 2) as u64);
+            // The moves counted are the experts moved: whole ones, but
+            // for a prefetch cancelled on its way.
+            assert!(x.moves > 0 && x.moves_paid <= x.moves, "{}", x.config);
+            assert!(x.bytes_moved <= x.moves * (64 << 10), "{}", x.config);
+            if x.config != "strata" {
+                // No prefetch: every move is a miss's, used by its fetch.
+                assert_eq!(x.moves_paid, x.moves, "{}", x.config);
+                assert_eq!(x.bytes_moved, x.moves * (64 << 10), "{}", x.config);
+            }
         }
     }
 

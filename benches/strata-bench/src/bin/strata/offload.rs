@@ -228,6 +228,14 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
             x.wall_seconds
         );
     }
+    for x in &r.results {
+        outln!(
+            "{}: {} of {} moves into device memory paid (the expert was fetched before it left)",
+            x.config,
+            x.moves_paid,
+            x.moves
+        );
+    }
     if let Some(x) = r.results.iter().find(|x| x.config == "strata") {
         outln!(
             "strata's read-ahead, prefetch and cancel calls: {:.1} ms of {:.2} s of wall on the decoding thread ({:.2}%: submission only)",
