@@ -95,6 +95,11 @@ pub struct GraphParams {
     pub device_budget: Budget,
     /// strata's policy.
     pub policy: PolicyKind,
+    /// strata's balancer: accesses a page needs in a round to be a
+    /// candidate for promotion (`None`: the page size, about four reads
+    /// through a page of 4-byte elements).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_accesses: Option<u64>,
     /// Trials per configuration (on the simulated device, one for a
     /// baseline whose trials share a source: its modelled run repeats).
     pub trials: u32,
@@ -514,7 +519,7 @@ pub fn run_on(
 fn sim_balancer(params: &GraphParams) -> BalancerConfig {
     BalancerConfig::default()
         .with_policy(params.policy)
-        .with_min_accesses(params.page_size as u64)
+        .with_min_accesses(params.min_accesses.unwrap_or(params.page_size as u64))
         .with_repeat(1)
 }
 

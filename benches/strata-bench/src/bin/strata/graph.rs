@@ -35,6 +35,11 @@ pub struct GraphArgs {
     /// strata's placement policy (default: the default policy).
     #[arg(long, default_value = "default")]
     policy: String,
+    /// strata's balancer: accesses a page needs in a round (between
+    /// kernel launches) to be a candidate for promotion (default: the page
+    /// size, about four reads through a page of 4-byte elements).
+    #[arg(long)]
+    min_accesses: Option<u64>,
     /// Trials per configuration (the median is reported). A baseline
     /// whose trials share one source (PageRank and CC have none, or
     /// --source fixes it) runs once on the simulated device: its modelled
@@ -142,6 +147,7 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         graph: spec.clone(),
         device_budget: budget,
         policy,
+        min_accesses: a.min_accesses,
         trials: a.trials,
         source: a.source,
         seed: a.seed,
