@@ -133,6 +133,10 @@ pub struct PagesParams {
     /// strata's balancer: accesses a round for a page to be a promotion
     /// candidate (`None`: the balancer's default).
     pub min_accesses: Option<u64>,
+    /// strata's balancer: its placement policy (named in the report's
+    /// note).
+    #[serde(skip, default = "default_policy")]
+    pub policy: strata::policy::PolicyKind,
     /// strata's balancer balances the pairs of tiers below DRAM too (CXL
     /// and NVMe), not only DRAM.
     #[serde(default)]
@@ -141,6 +145,10 @@ pub struct PagesParams {
     pub trials: usize,
     /// Seed of the content and the page sequence.
     pub seed: u64,
+}
+
+fn default_policy() -> strata::policy::PolicyKind {
+    strata::policy::PolicyKind::Default
 }
 
 impl PagesParams {
@@ -615,7 +623,9 @@ pub fn run_strata(
     // Cold, as the peers start: the data on disk, DRAM empty (the page
     // cache's file is dropped from it, foyer's cache starts empty).
     buf.evict(0..buf.len(), Tier::Nvme)?;
-    let mut balancer = BalancerConfig::default().with_lower_levels(p.lower_levels);
+    let mut balancer = BalancerConfig::default()
+        .with_policy(p.policy)
+        .with_lower_levels(p.lower_levels);
     if let Some(m) = p.min_accesses {
         balancer = balancer.with_min_accesses(m);
     }
@@ -646,8 +656,9 @@ pub fn run_strata(
     rt.check()?;
     let s = rt.stats();
     let note = format!(
-        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer default policy, min_accesses {min}, promotions from NVMe {}: {} promotions ({} by reads), {} demotions, {} back to their clean copy with no write; of the promotions settled, {} paid (read in DRAM before they left) and {} did not{}",
+        "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer policy {}, min_accesses {min}, promotions from NVMe {}: {} promotions ({} by reads), {} demotions, {} back to their clean copy with no write; of the promotions settled, {} paid (read in DRAM before they left) and {} did not{}",
         p.dram_pages(),
+        p.policy,
         p.cxl
             .map(|c| format!(", emulated CXL {} pages", c / ps as u64))
             .unwrap_or_default(),
@@ -969,6 +980,7 @@ mod tests {
             baselines: false,
             configs: None,
             min_accesses: None,
+            policy: default_policy(),
             lower_levels: false,
             trials: 1,
             seed: 7,

@@ -57,6 +57,9 @@ pub struct PagesArgs {
     /// (default: the balancer's own, 0).
     #[arg(long)]
     min_accesses: Option<u64>,
+    /// strata's balancer: its placement policy.
+    #[arg(long, default_value = "default")]
+    policy: String,
     /// strata's balancer: balance the pairs of tiers below DRAM too (a
     /// policy for DRAM + CXL: NVMe pages promoted into CXL), not only DRAM.
     #[arg(long)]
@@ -93,6 +96,10 @@ pub fn run(a: PagesArgs, config: Option<&std::path::Path>) -> Result<(), Error> 
             .configs
             .map(|c| c.split(',').map(|x| x.trim().to_string()).collect()),
         min_accesses: a.min_accesses,
+        policy: a
+            .policy
+            .parse()
+            .map_err(|e: strata::Error| e.context("--policy"))?,
         lower_levels: a.lower_levels,
         trials: a.trials,
         seed: a.seed,
