@@ -419,6 +419,97 @@ fn bench_graph_runs_a_baseline_once_where_its_trials_would_repeat() {
 }
 
 #[test]
+fn bench_graph_warm_trials_start_where_the_last_left_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("w.json");
+    let r = report(
+        &strata(&[
+            "bench",
+            "graph",
+            "--graph",
+            "kron:10",
+            "--algo",
+            "pr",
+            "--configs",
+            "strata,all-device,zero-copy",
+            "--device-budget",
+            "25%",
+            "--verify",
+            "--warm",
+            "--trials",
+            "3",
+            "--page-size",
+            "4k",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ]),
+        &json,
+    );
+    assert_eq!(r["params"]["warm"], true);
+    let results = r["results"].as_array().unwrap();
+    let of = |name: &str| results.iter().find(|c| c["config"] == name).unwrap();
+    for c in results {
+        let t = c["trials"].as_array().unwrap();
+        // Every trial runs (none repeats the one before), the first cold.
+        assert_eq!(t.len(), 3, "{c}");
+        assert_eq!(t[0]["cold"], true, "{c}");
+        assert!(t[1..].iter().all(|t| t.get("cold").is_none()), "{c}");
+        assert!(t.iter().all(|t| t["verified"] == true), "{c}");
+        // The medians are the warm trials'; the cold one is apart.
+        assert_eq!(c["cold_seconds"], t[0]["seconds"], "{c}");
+        let mut warm: Vec<f64> = t[1..]
+            .iter()
+            .map(|t| t["seconds"].as_f64().unwrap())
+            .collect();
+        warm.sort_by(f64::total_cmp);
+        let median = c["seconds"].as_f64().unwrap();
+        assert!(median >= warm[0] && median <= warm[1], "{c}");
+    }
+    // all-device uploads the graph once.
+    let d = of("all-device")["trials"].as_array().unwrap().clone();
+    assert!(d[0]["bytes_moved"].as_u64().unwrap() > 0);
+    assert!(d[1..]
+        .iter()
+        .all(|t| t["bytes_moved"] == 0 && t["cost"]["upload"] == 0.0));
+    // Unified Memory keeps what it holds: where the graph fits, the warm
+    // trial faults nothing in.
+    let json = dir.path().join("u.json");
+    let r = report(
+        &strata(&[
+            "bench",
+            "graph",
+            "--graph",
+            "kron:16",
+            "--algo",
+            "pr",
+            "--configs",
+            "uvm",
+            "--device-budget",
+            "100%",
+            "--warm",
+            "--trials",
+            "2",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ]),
+        &json,
+    );
+    let u = r["results"][0]["trials"].as_array().unwrap().clone();
+    assert!(u[0]["bytes_moved"].as_u64().unwrap() > 0, "{u:?}");
+    assert_eq!(u[1]["bytes_moved"], 0, "{u:?}");
+    assert_eq!(u[1]["cost"]["detail"]["uvm"]["faults"], 0, "{u:?}");
+    // One trial is no warm run.
+    assert_bad_input(
+        &strata(&[
+            "bench", "graph", "--graph", "kron:8", "--warm", "--trials", "1",
+        ]),
+        "--warm needs --trials 2",
+    );
+}
+
+#[test]
 fn bench_graph_compares_the_configurations_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("g.json");

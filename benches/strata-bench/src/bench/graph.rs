@@ -100,6 +100,13 @@ pub struct GraphParams {
     /// through a page of 4-byte elements).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_accesses: Option<u64>,
+    /// Trials after the first start where the one before left off (a
+    /// graph queried again and again): strata keeps its placement and its
+    /// balancer's history, Unified Memory what it holds, all-device its
+    /// upload. The first trial (cold) is reported apart
+    /// ([`ConfigResult::cold_seconds`]) and left out of the medians.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
     /// Trials per configuration (on the simulated device, one for a
     /// baseline whose trials share a source: its modelled run repeats).
     pub trials: u32,
@@ -153,6 +160,10 @@ pub struct Trial {
     /// What the modelled time is made of (simulated device).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<TrialCost>,
+    /// The first trial of a warm run (`--warm`): it starts cold, and the
+    /// medians leave it out.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cold: bool,
 }
 
 /// A modelled trial's time by mechanism, seconds.
@@ -183,8 +194,13 @@ pub struct ConfigResult {
     pub config: &'static str,
     /// The kernel.
     pub algo: Algo,
-    /// Median seconds (modelled on the simulated device).
+    /// Median seconds (modelled on the simulated device); of the warm
+    /// trials in a warm run.
     pub seconds: f64,
+    /// A warm run's first trial's seconds: the same work from a cold
+    /// start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cold_seconds: Option<f64>,
     /// Median wall seconds.
     pub wall_seconds: f64,
     /// Median TEPS (BFS, SSSP).
@@ -383,7 +399,8 @@ pub fn run_on(
     // resident kernels are timed on the wall: they run every trial.
     let same_source = sources.windows(2).all(|w| w[0] == w[1]);
     let runs = |config: Config| {
-        if same_source && !matches!(config, Config::Strata | Config::Resident) {
+        // A warm run's trials differ from its first: every one runs.
+        if same_source && !params.warm && !matches!(config, Config::Strata | Config::Resident) {
             1
         } else {
             sources.len()
@@ -395,11 +412,18 @@ pub fn run_on(
     for &config in &configs {
         let tg = TieredGraph::build(g, config, budget, params.page_size, weights)?;
         let mut trials = Vec::new();
+        // Unified Memory's residency, carried from trial to trial (warm).
+        let mut uvm = None;
         for (t, &source) in sources.iter().enumerate().take(runs(config)) {
             progress(config.name(), done as f64 / steps);
             done += 1;
-            // Every trial starts cold, in every configuration.
-            tg.reset(balancer)?;
+            // Every trial starts cold, in every configuration; in a warm
+            // run only the first does (the static optimum's placement is
+            // each trial's own hindsight, made afresh).
+            let resume = params.warm && t > 0;
+            if !resume || config == Config::StaticOptimum {
+                tg.reset(balancer)?;
+            }
             if config == Config::StaticOptimum {
                 // The same trial once with every page in host memory,
                 // recording what each page sent over the link; the budget
@@ -413,7 +437,7 @@ pub fn run_on(
                 tg.place_pages(&hottest(&weights, budget / tg.page_size() as u64))?;
             }
             let before = tg.rt.stats().device_links.unwrap_or_default();
-            if config == Config::Strata {
+            if config == Config::Strata && !resume {
                 tg.place_initial(budget)?;
             }
             let maps = tg.maps()?;
@@ -425,7 +449,8 @@ pub fn run_on(
                 let edges = traversed(g, &result);
                 (result, edges, iterations, wall_seconds, RunCost::default())
             } else {
-                let mut mem = TieredMem::new(&tg, &maps, &platform, budget, false)?;
+                let carried = if resume { uvm.take() } else { None };
+                let mut mem = TieredMem::resuming(&tg, &maps, &platform, budget, false, carried)?;
                 let wall = Instant::now();
                 let (result, iterations) = run_kernel(&mut mem, params.algo, source);
                 let wall_seconds = wall.elapsed().as_secs_f64();
@@ -433,14 +458,17 @@ pub fn run_on(
                 if let Some(e) = mem.errors.pop() {
                     return Err(e.context(format!("{} trial {t}", config.name())));
                 }
-                (result, edges, iterations, wall_seconds, mem.finish())
+                let cost = mem.finish();
+                uvm = mem.take_uvm();
+                (result, edges, iterations, wall_seconds, cost)
             };
             drop(maps);
             let after = tg.rt.stats().device_links.unwrap_or_default();
             let h2d = (after.0.bytes - before.0.bytes, after.0.ops - before.0.ops);
             let d2h = (after.1.bytes - before.1.bytes, after.1.ops - before.1.ops);
             let arrays = tg.buffers().iter().flatten().count() as u64;
-            let (cost, bytes_moved) = charge(config, &platform, run, h2d, d2h, footprint, arrays);
+            let (cost, bytes_moved) =
+                charge(config, &platform, run, h2d, d2h, footprint, arrays, !resume);
             let seconds = cost.kernels + cost.upload + cost.migrations + cost.balancer + cost.uvm;
             let tr = &run.traffic;
             let faults = run.uvm.map_or(0, |u| u.faults);
@@ -472,6 +500,7 @@ pub fn run_on(
                 iterations,
                 verified,
                 cost: modelled.then_some(cost),
+                cold: params.warm && t == 0,
             });
             if dump.is_none() || config == Config::Strata {
                 dump = Some(result);
@@ -555,7 +584,10 @@ fn hottest(weights: &[Vec<u64>], pages: u64) -> Vec<(usize, usize)> {
     all.into_iter().map(|(_, a, p)| (a, p)).collect()
 }
 
-/// A run's modelled time by mechanism, and the bytes it migrated.
+/// A run's modelled time by mechanism, and the bytes it migrated;
+/// `first`: all-device uploads the graph (a warm run's later trials find
+/// it there).
+#[allow(clippy::too_many_arguments)]
 fn charge(
     config: Config,
     p: &Platform,
@@ -564,6 +596,7 @@ fn charge(
     d2h: (u64, u64),
     footprint: u64,
     arrays: u64,
+    first: bool,
 ) -> (TrialCost, u64) {
     let mut cost = TrialCost {
         kernels: run.kernel_seconds,
@@ -579,11 +612,12 @@ fn charge(
             cost.balancer = run.balancer_seconds;
             h2d.0 + d2h.0
         }
-        Config::AllDevice => {
+        Config::AllDevice if first => {
             // The arrays uploaded in one batch each.
             cost.upload = p.h2d(footprint, arrays);
             footprint
         }
+        Config::AllDevice => 0,
         Config::Uvm | Config::UvmAdvised => run
             .uvm
             .map_or(0, |u| u.bytes_in + u.bytes_out + u.advised_bytes),
@@ -592,16 +626,25 @@ fn charge(
     (cost, moved)
 }
 
-/// The medians of a configuration's trials.
+/// The medians of a configuration's trials (of a warm run's warm ones:
+/// the cold first trial apart).
 fn summarize(config: Config, algo: Algo, trials: Vec<Trial>) -> ConfigResult {
-    let med = |f: &dyn Fn(&Trial) -> f64| median(&mut trials.iter().map(f).collect::<Vec<_>>());
+    let cold_seconds = trials.iter().find(|t| t.cold).map(|t| t.seconds);
+    let counted: Vec<&Trial> = if trials.iter().any(|t| !t.cold) {
+        trials.iter().filter(|t| !t.cold).collect()
+    } else {
+        trials.iter().collect()
+    };
+    let med =
+        |f: &dyn Fn(&Trial) -> f64| median(&mut counted.iter().map(|t| f(t)).collect::<Vec<_>>());
     let med_of = |f: &dyn Fn(&Trial) -> Option<f64>| {
-        let mut v: Vec<f64> = trials.iter().filter_map(f).collect();
+        let mut v: Vec<f64> = counted.iter().filter_map(|t| f(t)).collect();
         (!v.is_empty()).then(|| median(&mut v))
     };
     ConfigResult {
         config: config.name(),
         algo,
+        cold_seconds,
         seconds: med(&|t| t.seconds),
         wall_seconds: med(&|t| t.wall_seconds),
         teps: med_of(&|t| t.teps),
@@ -728,7 +771,9 @@ fn run_cuda(
             let (result, edges, iterations, seconds, bytes_moved, hit_rate) =
                 match (&tiered, &mut plain) {
                     (Some(tg), _) => {
-                        tg.reset(balancer)?;
+                        if !(params.warm && t > 0) {
+                            tg.reset(balancer)?;
+                        }
                         let before = tg.rt.stats().device_links.unwrap_or_default();
                         let kernels = kernels.clone().expect("made with the tiered graph");
                         let mut run = StrataGpu::new(tg, kernels)?;
@@ -744,7 +789,9 @@ fn run_cuda(
                         (r, e, i, seconds, Some(moved), Some(hit))
                     }
                     (None, Some(p)) => {
-                        p.reset()?;
+                        if !(params.warm && t > 0) {
+                            p.reset()?;
+                        }
                         let wall = Instant::now();
                         let (r, i) = run_gpu_kernel(p, params.algo, source)?;
                         let seconds = wall.elapsed().as_secs_f64();
@@ -782,6 +829,7 @@ fn run_cuda(
                 iterations,
                 verified,
                 cost: None,
+                cold: params.warm && t == 0,
             });
             if config == Config::Strata {
                 dump = Some(result);

@@ -40,6 +40,14 @@ pub struct GraphArgs {
     /// size, about four reads through a page of 4-byte elements).
     #[arg(long)]
     min_accesses: Option<u64>,
+    /// Trials after the first start where the one before left off: a
+    /// graph queried again and again. strata keeps its placement and its
+    /// balancer's history, Unified Memory what it holds, all-device its
+    /// upload (zero-copy and the static optimum are as in any trial). The
+    /// first trial, cold, is shown apart and left out of the medians;
+    /// needs --trials 2 or more
+    #[arg(long)]
+    warm: bool,
     /// Trials per configuration (the median is reported). A baseline
     /// whose trials share one source (PageRank and CC have none, or
     /// --source fixes it) runs once on the simulated device: its modelled
@@ -148,6 +156,7 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         device_budget: budget,
         policy,
         min_accesses: a.min_accesses,
+        warm: a.warm,
         trials: a.trials,
         source: a.source,
         seed: a.seed,
@@ -160,6 +169,11 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
     };
     if a.trials == 0 {
         return Err(Error::invalid("--trials must be at least 1"));
+    }
+    if a.warm && a.trials < 2 {
+        return Err(Error::invalid(
+            "--warm needs --trials 2 or more: the first trial is the cold one",
+        ));
     }
     strata::size::check_page_size(page_size).map_err(|e| e.context("--page-size"))?;
     // Output files open before the run: a bad path fails at once.
@@ -245,25 +259,32 @@ fn print_table(r: &GraphReport) -> Result<(), Error> {
             r.gpu.as_deref().unwrap_or("GPU")
         ),
     }
+    let warm = r.params.warm;
+    if warm {
+        outln!("warm: each trial after the first starts where the one before left off; the medians are of those, the first (cold) trial apart");
+    }
     outln!(
-        "{:<14} {:>12} {:>10} {:>12} {:>12} {:>9}",
+        "{:<14} {:>12} {:>10} {:>12} {:>12} {:>9}{}",
         "config",
         if r.modelled { "modelled" } else { "measured" },
         "wall",
         "GTEPS",
         "moved",
-        "hit rate"
+        "hit rate",
+        if warm { "         cold" } else { "" }
     );
     for c in &r.results {
         outln!(
-            "{:<14} {:>10.3}ms {:>9.3}s {:>12} {:>12} {:>9}",
+            "{:<14} {:>10.3}ms {:>9.3}s {:>12} {:>12} {:>9}{}",
             c.config,
             c.seconds * 1e3,
             c.wall_seconds,
             c.teps.map_or("-".into(), |t| format!("{:.2}", t / 1e9)),
             c.bytes_moved.map_or("-".into(), format_size),
             c.hit_rate
-                .map_or("-".into(), |h| format!("{:.1}%", 100.0 * h))
+                .map_or("-".into(), |h| format!("{:.1}%", 100.0 * h)),
+            c.cold_seconds
+                .map_or(String::new(), |s| format!(" {:>10.3}ms", s * 1e3))
         );
     }
     for c in &r.results {

@@ -695,6 +695,16 @@ impl Uvm {
         let s = self.state.lock();
         (s.stats, s.seconds)
     }
+
+    /// [`stats`](Self::stats), then zeroes them; what is resident stays
+    /// (a later run starts where this one left off).
+    pub fn take_stats(&self) -> (UvmStats, f64) {
+        let mut s = self.state.lock();
+        let out = (s.stats, s.seconds);
+        s.stats = UvmStats::default();
+        s.seconds = 0.0;
+        out
+    }
 }
 
 #[cfg(test)]

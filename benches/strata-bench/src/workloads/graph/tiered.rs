@@ -445,19 +445,36 @@ impl<'m> TieredMem<'m> {
         budget: u64,
         profile: bool,
     ) -> Result<Self> {
+        Self::resuming(graph, maps, platform, budget, profile, None)
+    }
+
+    /// [`new`](Self::new), Unified Memory starting from `uvm` (what an
+    /// earlier run left resident, from [`take_uvm`](Self::take_uvm))
+    /// instead of empty.
+    pub fn resuming(
+        graph: &'m TieredGraph,
+        maps: &'m [Option<DeviceMap>],
+        platform: &Platform,
+        budget: u64,
+        profile: bool,
+        uvm: Option<Uvm>,
+    ) -> Result<Self> {
         let config = graph.config;
-        let uvm = matches!(config, Config::Uvm | Config::UvmAdvised).then(|| {
-            let advised = config == Config::UvmAdvised;
-            let u = Uvm::new(
-                &graph.array_bytes(),
-                budget,
-                platform.uvm_batch_faults,
-                advised,
-            );
-            if advised {
-                u.prefetch_if_fits(platform);
-            }
-            u
+        let carried = uvm.filter(|_| matches!(config, Config::Uvm | Config::UvmAdvised));
+        let uvm = carried.or_else(|| {
+            matches!(config, Config::Uvm | Config::UvmAdvised).then(|| {
+                let advised = config == Config::UvmAdvised;
+                let u = Uvm::new(
+                    &graph.array_bytes(),
+                    budget,
+                    platform.uvm_batch_faults,
+                    advised,
+                );
+                if advised {
+                    u.prefetch_if_fits(platform);
+                }
+                u
+            })
         });
         let place = match config {
             Config::Strata | Config::StaticOptimum => Place::ByPage,
@@ -536,11 +553,17 @@ impl<'m> TieredMem<'m> {
         }
         if let Some(u) = &self.uvm {
             u.end_launch(&self.platform);
-            let (stats, seconds) = u.stats();
+            let (stats, seconds) = u.take_stats();
             self.cost.uvm = Some(stats);
             self.cost.uvm_seconds = seconds;
         }
         self.cost
+    }
+
+    /// Unified Memory's state after [`finish`](Self::finish), for a later
+    /// run to resume ([`resuming`](Self::resuming)).
+    pub fn take_uvm(&mut self) -> Option<Uvm> {
+        self.uvm.take()
     }
 
     /// The profile: per array, bytes each page sent over the link.
