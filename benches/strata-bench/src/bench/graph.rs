@@ -768,10 +768,11 @@ fn run_cuda(
                 config.name(),
                 (ci * params.trials as usize + t) as f64 / steps,
             );
+            // A warm run's later trials start where the one before left off.
+            let resume = params.warm && t > 0;
             let (result, edges, iterations, seconds, bytes_moved, hit_rate) =
                 match (&tiered, &mut plain) {
                     (Some(tg), _) => {
-                        let resume = params.warm && t > 0;
                         if !resume {
                             tg.reset(balancer)?;
                         }
@@ -797,7 +798,7 @@ fn run_cuda(
                         (r, e, i, seconds, Some(moved), Some(hit))
                     }
                     (None, Some(p)) => {
-                        if !(params.warm && t > 0) {
+                        if !resume {
                             p.reset()?;
                         }
                         let wall = Instant::now();
