@@ -492,12 +492,11 @@ impl Config {
                         Error::invalid(format!("nvme queue depth {d} is too large"))
                     })?,
                 };
+                let capacity = capacity.unwrap_or_else(|| default_nvme_capacity(&path, page_size));
                 Some(NvmeConfig {
-                    capacity: capacity.unwrap_or_else(|| default_nvme_capacity(&path, page_size)),
-                    path,
-                    page_size,
                     engine: s.nvme_engine.unwrap_or_default(),
                     queue_depth,
+                    ..NvmeConfig::new(path, capacity, page_size)
                 })
             }
         };

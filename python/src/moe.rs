@@ -190,7 +190,12 @@ impl ExpertCache {
                 if path.as_os_str().is_empty() {
                     return Err(invalid("nvme_path is empty (None means no NVMe tier)"));
                 }
-                cfg.nvme = Some(NvmeConfig::new(path, offset(cap, "nvme_capacity")?, page));
+                let mut n = NvmeConfig::new(path, offset(cap, "nvme_capacity")?, page);
+                // The cache's reads land in its device slots: the registered
+                // pool serves only the registration's writes, and a page of
+                // it is enough (an I/O beyond it takes a heap buffer).
+                n.pool_bytes = page as u64;
+                cfg.nvme = Some(n);
             }
             (None, None) => {}
             (Some(_), None) => return Err(invalid("nvme_path needs an nvme_capacity")),

@@ -47,6 +47,20 @@ pub struct NvmeConfig {
     pub engine: EngineChoice,
     /// Operations in flight per queue.
     pub queue_depth: usize,
+    /// Bytes of the store's registered I/O buffers, whole pages, at least
+    /// one (64 MiB by default): two per queue slot up to this. An I/O
+    /// beyond the pool takes a heap buffer of its own. A caller whose reads
+    /// land in its own memory (the expert cache's device slots) needs a
+    /// page or two; the pool is resident for the store's life.
+    #[serde(default = "default_pool_bytes")]
+    pub pool_bytes: u64,
+}
+
+/// The registered pool's default size.
+pub(crate) const DEFAULT_POOL_BYTES: u64 = 64 << 20;
+
+fn default_pool_bytes() -> u64 {
+    DEFAULT_POOL_BYTES
 }
 
 impl NvmeConfig {
@@ -58,6 +72,7 @@ impl NvmeConfig {
             page_size,
             engine: EngineChoice::Auto,
             queue_depth: 32,
+            pool_bytes: DEFAULT_POOL_BYTES,
         }
     }
 }
@@ -73,9 +88,10 @@ fn reserve_pages(pages: u32) -> u32 {
 }
 
 /// Buffers in a store's registered pool: two per queue slot (one in flight,
-/// one being filled or verified), at least 16, at most 64 MiB of them.
-fn pool_buffers(page_size: usize, queue_depth: usize) -> u32 {
-    let cap = ((64 << 20) / page_size).max(1);
+/// one being filled or verified), at least 16, at most `pool_bytes` of
+/// them, and at least one.
+fn pool_buffers(page_size: usize, queue_depth: usize, pool_bytes: u64) -> u32 {
+    let cap = (pool_bytes / page_size as u64).clamp(1, 1024) as usize;
     (2 * queue_depth).clamp(16, 1024).min(cap) as u32
 }
 
@@ -204,7 +220,7 @@ impl NvmeStore {
             sync_queues: Mutex::new(Vec::new()),
             pool: BufPool::new(
                 config.page_size,
-                pool_buffers(config.page_size, config.queue_depth),
+                pool_buffers(config.page_size, config.queue_depth, config.pool_bytes),
             )?,
             counters: Counters::default(),
         })
@@ -1084,6 +1100,54 @@ mod tests {
             s.read_page(&slot, &mut out).unwrap();
             assert!(out.iter().all(|&b| b == 2));
             s.free(slot).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_small_pool_serves_a_deep_queue_with_heap_buffers() {
+        // One page of registered buffers: the store holds no more, and a
+        // session of depth 8 still writes and reads back every page.
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = NvmeConfig::new(dir.path(), 16 * 4096, 4096);
+        cfg.queue_depth = 8;
+        cfg.pool_bytes = 4096;
+        let s = NvmeStore::new(&cfg).unwrap();
+        let pooled = s.buffer().unwrap();
+        let heap = s.buffer().unwrap();
+        assert!(pooled.registered_index().is_some());
+        assert!(heap.registered_index().is_none(), "one pooled buffer only");
+        drop((pooled, heap));
+        let slots: Vec<Slot> = (0..12).map(|_| s.alloc().unwrap()).collect();
+        let mut session = s.session().unwrap();
+        let mut done = Vec::new();
+        let mut back = Vec::new();
+        for (i, slot) in slots.into_iter().enumerate() {
+            let mut b = s.buffer().unwrap();
+            b.fill(i as u8 + 1);
+            while session.in_flight() == session.depth() {
+                session.reap(1, &mut done).unwrap();
+            }
+            session.submit_write(slot, b, i as u64).unwrap();
+        }
+        while session.in_flight() > 0 {
+            session.reap(1, &mut done).unwrap();
+        }
+        for c in done.drain(..) {
+            c.result.unwrap();
+            while session.in_flight() == session.depth() {
+                session.reap(1, &mut back).unwrap();
+            }
+            let mut buf = c.buf;
+            buf.fill(0);
+            session.submit_read(c.slot, buf, c.tag).unwrap();
+        }
+        while session.in_flight() > 0 {
+            session.reap(1, &mut back).unwrap();
+        }
+        assert_eq!(back.len(), 12);
+        for c in back {
+            c.result.unwrap();
+            assert!(c.buf.iter().all(|&x| x == c.tag as u8 + 1));
         }
     }
 

@@ -145,11 +145,9 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
         )));
     }
     let config = NvmeConfig {
-        path: params.path.clone(),
-        capacity: params.size,
-        page_size: params.bs,
         engine: params.engine,
         queue_depth: params.qd,
+        ..NvmeConfig::new(params.path.clone(), params.size, params.bs)
     };
     const MAX_BUFFER_BYTES: u64 = 1 << 30;
     if (params.qd.max(64) as u64).saturating_mul(params.bs as u64) > MAX_BUFFER_BYTES
