@@ -19,11 +19,14 @@ over --trials (a different order each trial):
   strata@F      the model without its experts, then strata.moe.offload(
                 checkpoint=..., max_memory={0: slots, "cpu": host},
                 offload_folder=...): F of the experts' bytes as simulated
-                device slots, the slack less --strata-buffers MiB for its
-                own buffers as the host tier (by default none of it: one
-                expert; the runtime's buffers take about 80 MiB, and a host
-                tier of 160 MiB thrashed the process's own pages at a slack
-                of 256 MiB), the rest on NVMe; lookahead prefetch;
+                device slots, the slack less --strata-buffers MiB as the
+                host tier (whole experts, at least one), the rest on NVMe;
+                lookahead prefetch. The 176 MiB left by default hold the
+                runtime's own buffers (about 16 MiB) and what torch's expert
+                arithmetic needs beyond the probe's footprint (about 60 MiB
+                in bfloat16), with room to spare: at a slack of 256 MiB a
+                host tier leaving 64 MiB (float32) or 128 MiB (bfloat16)
+                thrashed the process's own pages;
   strata-nopf@F the same without the lookahead;
   llama-dram    llama.cpp (llama-cpp-python, benches/peers/moe_llamacpp.py)
                 on a GGUF of the same checkpoint (f32 for float32, f16 for
@@ -56,8 +59,11 @@ disk's read bandwidth at the runtime's page size (`strata bench io
 --pattern randread --bs PAGE --qd 8` on a file of the experts' size in
 DIR); the routing strata@F recorded in its first trial is replayed with
 `strata bench moe --routing file: --link-gbps BW` for Belady's misses (and
-its stall bound, and the model's stall) at the run's slots and the
-measured bandwidth. A step's roofline time is the in-DRAM step (dram's
+its stall bound, and the model's stall) at the measured bandwidth, with
+as many slots as strata holds experts in DRAM: its device slots and its
+host tier (an expert in either is no disk read; the host tier's copy into
+a slot is not modelled). The roofline at the device slots alone, as F of
+the experts would give it, is reported beside it. A step's roofline time is the in-DRAM step (dram's
 median) overlapped with reading Belady's misses at that bandwidth: the
 larger of the two; tokens/s of the roofline = batch / that.
 
@@ -346,6 +352,9 @@ def worker(args):
             prefetch=(name == "strata"),
             record_routing=trace,
         )
+        page = moe.layout["page_size"]
+        padded = -(-moe.layout["expert_bytes"] // page) * page
+        extra.update(host_experts=max(eb, args.strata_host) // padded)
         extra.update(device_slots=moe.cache.device_slots, trace=str(trace) if trace else None,
                      layout_expert_bytes=moe.layout["expert_bytes"], page_size=moe.layout["page_size"])
     else:
@@ -478,7 +487,7 @@ def main():
     ap.add_argument("--strata-bin", default=str(ROOT / "target/release/strata"))
     ap.add_argument("--llama-python", default=str(ROOT / "target/llamaenv/bin/python"))
     ap.add_argument("--io-seconds", type=int, default=3)
-    ap.add_argument("--strata-buffers", type=int, default=256,
+    ap.add_argument("--strata-buffers", type=int, default=176,
                     help="MiB of the slack strata leaves for its own buffers; the rest is its host tier")
     ap.add_argument("--strata-host", type=int, default=0)
     ap.add_argument("--torch-threads", type=int, default=1,
@@ -587,13 +596,13 @@ def main():
     report(args, work, meta, probes, runs, fractions, experts_bytes)
 
 
-def belady(args, work, meta, r, bw, layer_seconds):
-    """strata bench moe on the routing `r` recorded: Belady's misses at its
-    slots, and the bench's model, with the link at the measured disk
+def belady(args, work, meta, r, bw, layer_seconds, slots):
+    """strata bench moe on the routing `r` recorded: Belady's misses at
+    `slots`, and the bench's model, with the link at the measured disk
     bandwidth and each layer's compute the in-DRAM step's share."""
-    out = work / (Path(r["trace"]).stem + "-bench.json")
+    out = work / (Path(r["trace"]).stem + f"-bench-{slots}.json")
     cmd = [args.strata_bin, "bench", "moe", "--routing", f"file:{r['trace']}",
-           "--expert-bytes", str(r["layout_expert_bytes"]), "--device-slots", str(r["device_slots"]),
+           "--expert-bytes", str(r["layout_expert_bytes"]), "--device-slots", str(slots),
            "--page-size", str(r["page_size"]), "--link-gbps", f"{bw / 1e9:.3f}",
            "--layer-compute-us", f"{layer_seconds * 1e6:.1f}",
            # strata.moe's default: a prefetch is protected for twice the
@@ -610,6 +619,7 @@ def belady(args, work, meta, r, bw, layer_seconds):
     misses = fetches * (1.0 - bd["belady_hit_rate"])
     return {
         "command": " ".join(cmd),
+        "slots": slots,
         "steps": steps,
         "belady_hit_rate": bd["belady_hit_rate"],
         "belady_miss_bytes_per_step": misses * r["layout_expert_bytes"] / steps,
@@ -618,6 +628,16 @@ def belady(args, work, meta, r, bw, layer_seconds):
         "bench_modelled_stall_seconds": res["stall_seconds"],
         "bench_hit_rate": res["hit_rate"],
     }
+
+
+def step_bound(batch, dram, bw, b):
+    """A step's roofline: the in-DRAM step or reading Belady's misses `b`,
+    whichever is longer."""
+    read = b["belady_miss_bytes_per_step"] / bw
+    step = max(batch / dram, read)
+    return {"tokens_per_s": batch / step, "dram_step_seconds": batch / dram, "read_step_seconds": read,
+            "slots": b["slots"], "belady_hit_rate": b["belady_hit_rate"],
+            "bound": "compute" if batch / dram >= read else "disk"}
 
 
 def spread(xs):
@@ -673,8 +693,9 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
         table[k] = row
 
     # The roofline per fraction: the in-DRAM step overlapped with reading
-    # Belady's misses (of strata's own routing at its slots) at the disk's
-    # measured bandwidth.
+    # Belady's misses (of strata's own routing, at as many slots as it holds
+    # experts in DRAM) at the disk's measured bandwidth; beside it the same
+    # at its device slots alone.
     dram = table.get("dram", {}).get("tokens_per_s")
     batch = meta["batch"]
     roofline, bounds = {}, {}
@@ -683,14 +704,17 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
                     and "error" not in r), None)
         if rec is None or bw is None or dram is None:
             continue
-        b = belady(args, work, meta, rec, bw, batch / dram / meta["config"]["num_hidden_layers"])
+        layer = batch / dram / meta["config"]["num_hidden_layers"]
+        in_dram = rec["device_slots"] + rec.get("host_experts", 0)
+        b = belady(args, work, meta, rec, bw, layer, in_dram)
         bounds[f"{f:g}"] = b
         if "error" in b:
             continue
-        step = max(batch / dram, b["belady_miss_bytes_per_step"] / bw)
-        roofline[f"{f:g}"] = {"tokens_per_s": batch / step, "dram_step_seconds": batch / dram,
-                              "read_step_seconds": b["belady_miss_bytes_per_step"] / bw,
-                              "bound": "compute" if batch / dram >= b["belady_miss_bytes_per_step"] / bw else "disk"}
+        roofline[f"{f:g}"] = roof = step_bound(batch, dram, bw, b)
+        if in_dram != rec["device_slots"]:
+            alone = belady(args, work, meta, rec, bw, layer, rec["device_slots"])
+            if "error" not in alone:
+                roof["device_slots_alone"] = step_bound(batch, dram, bw, alone)
     lld = table.get("llama-dram", {}).get("tokens_per_s")
     for k, row in table.items():
         if "tokens_per_s" not in row or "@" not in k:
@@ -734,7 +758,10 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
 
 def print_markdown(meta, bw, roofline, table):
     print(f"\n{meta['dtype']}, disk {bw / 1e9 if bw else float('nan'):.2f} GB/s; roofline: "
-          + ", ".join(f"{f}: {r['tokens_per_s']:.2f} tok/s ({r['bound']}-bound)" for f, r in roofline.items()))
+          + ", ".join(f"{f}: {r['tokens_per_s']:.2f} tok/s ({r['bound']}-bound, {r['slots']} experts in DRAM"
+                      + (f"; {r['device_slots_alone']['tokens_per_s']:.2f} at the device slots alone"
+                         if "device_slots_alone" in r else "") + ")"
+                      for f, r in roofline.items()))
     print("| configuration | tok/s (median) | trials | spread | of roofline | of own DRAM | read MiB/tok | "
           "written MiB/tok | failcnt | major faults | refaults | thrash | tokens identical |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
