@@ -1095,3 +1095,57 @@ fn the_reuse_estimate_declines_prefetches_worth_less_than_their_victim() {
     assert_eq!(c.stats().prefetches_declined, before + 1);
     assert!(c.is_resident(1, 0).unwrap());
 }
+
+/// A victim's loss is its reuse value times its miss's cost: an expert
+/// whose copy is in host memory comes back with a copy, one on NVMe with a
+/// read from the disk. Between an expert of the next layer kept in host
+/// memory and one of the layer being visited kept on NVMe (worth half as
+/// much by reuse alone), weighing every miss alike evicts the NVMe one; at
+/// the default cost of an NVMe miss the host one goes, its copy in host
+/// memory untouched.
+#[test]
+fn a_victim_kept_in_host_memory_is_cheaper_to_evict_than_one_on_nvme() {
+    const P: usize = 64 << 10;
+    let evicted = |nvme_miss_cost: f64| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = MoeConfig::new(2, P as u64, P as u64);
+        cfg.page_size = P;
+        cfg.layers = 2;
+        cfg.eviction = Eviction::Reuse { decay: 0.9 };
+        cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), 16 * P as u64, P));
+        cfg.nvme_miss_cost = nvme_miss_cost;
+        let mut c = ExpertCache::new(cfg).unwrap();
+        // (0, 0) fills the one-expert host tier; the others go to NVMe.
+        for (l, e) in [(0, 0), (1, 0), (1, 1)] {
+            c.register(l, e, &vec![(l * 2 + e) as u8 + 1; P]).unwrap();
+        }
+        for _ in 0..4 {
+            drop(c.fetch(0, 0).unwrap());
+            drop(c.fetch(1, 0).unwrap());
+        }
+        let pin = c.fetch(1, 1).unwrap();
+        let mut got = vec![0u8; P];
+        pin.buffer().read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 4));
+        drop(pin);
+        let gone: Vec<(u32, u32)> = [(0, 0), (1, 0)]
+            .into_iter()
+            .filter(|&(l, e)| !c.is_resident(l, e).unwrap())
+            .collect();
+        assert_eq!(gone.len(), 1, "one victim for one slot");
+        let mut back = vec![0u8; P];
+        drop(c.fetch(gone[0].0, gone[0].1).unwrap());
+        let pin = c.fetch(gone[0].0, gone[0].1).unwrap();
+        pin.buffer().read(0, &mut back).unwrap();
+        assert!(back
+            .iter()
+            .all(|&x| x == (gone[0].0 * 2 + gone[0].1) as u8 + 1));
+        gone[0]
+    };
+    assert_eq!(evicted(1.0), (1, 0), "by reuse alone");
+    assert_eq!(evicted(4.0), (0, 0), "its host copy is cheap to bring back");
+    let mut bad = MoeConfig::new(2, P as u64, P as u64);
+    bad.nvme_miss_cost = f64::NAN;
+    let e = ExpertCache::new(bad).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+}
