@@ -917,7 +917,9 @@ def offload(
         the default: the expert whose next use is expected farthest away,
         its layer's next visit or a later one with the share of that
         layer's visits that used it, decayed with a half-life of 256 visits
-        by default; prefetches whose victim is worth more are declined;
+        by default, times what its miss costs: an expert on NVMe counts
+        as four kept in host memory; prefetches whose victim is worth more
+        are declined;
         "lrfu":
         decayed use counts, a half-life of 16 passes over all experts'
         fetches by default; "lru"), and how many fetches a prefetched
