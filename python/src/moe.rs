@@ -348,6 +348,7 @@ impl ExpertCache {
         d.set_item("stall_modelled", s.stall_modelled)?;
         d.set_item("displaced", s.displaced)?;
         d.set_item("reads_ahead", s.reads_ahead)?;
+        d.set_item("moves_from_nvme", s.moves_from_nvme)?;
         d.set_item("hit_rate", s.hit_rate())?;
         d.set_item("prefetch_accuracy", s.prefetch_accuracy())?;
         d.set_item("moves", s.moves())?;

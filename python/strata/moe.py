@@ -86,6 +86,7 @@ _COUNTERS = (
     "bytes_moved",
     "stall_seconds",
     "reads_ahead",
+    "moves_from_nvme",
 )
 
 
@@ -704,7 +705,8 @@ class OffloadedMoE:
         fetches, hits, hit_rate, prefetches, prefetches_used,
         prefetch_accuracy, moves (experts moved into device memory: misses
         and prefetches), moves_paid (of those, the ones fetched before they
-        left), prefetches_dropped, prefetches_cancelled,
+        left), moves_from_nvme (of the moves, those read from the disk; the
+        others copied from host memory), prefetches_dropped, prefetches_cancelled,
         evictions, bytes_moved, bytes_moved_per_token, stall_seconds (wall
         time spent in fetches), prefetch_call_seconds (wall time in the
         prefetch and cancel calls: their submission, since room is made off

@@ -200,6 +200,10 @@ pub struct MoeStats {
     /// fetch: counted as misses (not hits, not prefetches); their fetch
     /// waits only for what is left of the read.
     pub reads_ahead: u64,
+    /// Moves into device memory (misses, reads ahead, prefetches) of
+    /// experts whose copy is on NVMe: the cache's disk reads. The others
+    /// came from host memory.
+    pub moves_from_nvme: u64,
 }
 
 impl MoeStats {
@@ -956,6 +960,7 @@ impl ExpertCache {
             s.stats.displaced += 1;
             s.meta[i].protected_since = None;
             s.meta[i].ahead = false;
+            s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
             Self::demand_transfer(s, i, bytes);
         } else if s.meta[i].resident {
             let m = &mut s.meta[i];
@@ -986,6 +991,7 @@ impl ExpertCache {
         } else {
             self.make_room(s, layer, true)?;
             self.mark_resident(s, i);
+            s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
             Self::demand_transfer(s, i, bytes);
         }
         s.ranking.touch(i as u64, tick);
@@ -1069,6 +1075,7 @@ impl ExpertCache {
     /// (the caller made room), protected from eviction until fetched.
     fn start_move(&self, s: &mut State, i: usize) {
         self.mark_resident(s, i);
+        s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
         let b = &self.experts[i].buffer;
         let tick = s.tick;
         let m = &mut s.meta[i];
