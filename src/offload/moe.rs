@@ -118,7 +118,7 @@ pub struct MoeConfig {
     pub per_layer: bool,
     /// A prefetched expert not yet used is protected for this many fetches.
     pub protect_fetches: u64,
-    /// With [`Eviction::Reuse`], a miss of an expert whose copy is on NVMe
+    /// With [`Eviction::Reuse`], a miss of an expert registered on NVMe
     /// counts as this many misses of one in host memory when a victim is
     /// chosen (a victim's loss is its reuse value times its miss's cost):
     /// about the ratio of the device link's bandwidth to the disk's. 4 by
@@ -201,8 +201,8 @@ pub struct MoeStats {
     /// waits only for what is left of the read.
     pub reads_ahead: u64,
     /// Moves into device memory (misses, reads ahead, prefetches) of
-    /// experts whose copy is on NVMe: the cache's disk reads. The others
-    /// came from host memory.
+    /// experts registered on NVMe: the cache's disk reads. The others came
+    /// from host memory.
     pub moves_from_nvme: u64,
 }
 
@@ -243,8 +243,10 @@ struct Expert {
     layer: u32,
     /// Shared with owned pins (see [`ExpertCache::fetch_owned`]).
     buffer: std::sync::Arc<Buffer>,
-    /// Its copy below the device is in NVMe (not host memory): a miss
-    /// reads it from the disk.
+    /// Registered on NVMe (beyond the host budget), not in host memory:
+    /// a miss reads it from the disk. Fixed at registration: on a shared
+    /// runtime ([`ExpertCache::on`]) other pressure may move its copy
+    /// since.
     on_nvme: bool,
 }
 
@@ -780,7 +782,7 @@ impl ExpertCache {
     }
 
     /// What a miss of expert `i` costs, in misses served from host memory:
-    /// [`MoeConfig::nvme_miss_cost`] for an expert whose copy is on NVMe.
+    /// [`MoeConfig::nvme_miss_cost`] for an expert registered on NVMe.
     fn miss_cost(&self, i: usize) -> f64 {
         if self.experts[i].on_nvme {
             self.config.nvme_miss_cost
