@@ -50,6 +50,10 @@ fn u32_of(value: i64, what: &str) -> PyResult<u32> {
 ///     same layer only (the mixtral-offloading design).
 /// protect_fetches: a prefetched expert not yet used is protected from
 ///     eviction for this many fetches.
+/// nvme_miss_cost: with "reuse", a miss of an expert registered on NVMe
+///     weighs this many misses of one in host memory when a victim is
+///     chosen (about the device link's bandwidth over the disk's; 1 weighs
+///     them alike).
 /// link_priority: on the simulated link, demand transfers go ahead of
 ///     queued prefetches (False: one FIFO of whole transfers).
 /// runtime: a strata.Runtime shared with your own buffers: the experts then
@@ -107,6 +111,7 @@ impl ExpertCache {
         per_layer = false,
         layers = 1,
         protect_fetches = 16,
+        nvme_miss_cost = 4.0,
         link_priority = true,
         runtime = None,
     ))]
@@ -126,6 +131,7 @@ impl ExpertCache {
         per_layer: bool,
         layers: i64,
         protect_fetches: i64,
+        nvme_miss_cost: f64,
         link_priority: bool,
         runtime: Option<PyRef<'_, crate::runtime::Runtime>>,
     ) -> PyResult<Self> {
@@ -184,6 +190,7 @@ impl ExpertCache {
         cfg.layers = usize::try_from(offset(layers, "layers")?)
             .map_err(|_| invalid("layers is too large"))?;
         cfg.protect_fetches = offset(protect_fetches, "protect_fetches")?;
+        cfg.nvme_miss_cost = nvme_miss_cost;
         cfg.link_priority = link_priority;
         match (nvme_path, nvme_capacity) {
             (Some(path), Some(cap)) => {

@@ -438,11 +438,12 @@ class ExpertCache:
         nvme_path: Union[str, "PathLike[str]", None] = None,
         nvme_capacity: Optional[int] = None,
         page_size: int = 65536,
-        eviction: Literal["lrfu", "lru", "no-cache"] = "lrfu",
+        eviction: Literal["lrfu", "reuse", "lru", "no-cache"] = "lrfu",
         decay: float = 0.999,
         per_layer: bool = False,
         layers: int = 1,
         protect_fetches: int = 16,
+        nvme_miss_cost: float = 4.0,
         link_priority: bool = True,
         runtime: Optional[Runtime] = None,
     ) -> "ExpertCache": ...

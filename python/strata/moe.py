@@ -883,6 +883,7 @@ def offload(
     eviction: str = "reuse",
     decay: Optional[float] = None,
     protect_fetches: Optional[int] = None,
+    nvme_miss_cost: float = 4.0,
     checkpoint: Optional[str] = None,
     max_memory: Optional[Dict[Any, Any]] = None,
     offload_folder: Optional[str] = None,
@@ -920,8 +921,8 @@ def offload(
         its layer's next visit or a later one with the share of that
         layer's visits that used it, decayed with a half-life of 256 visits
         by default, times what its miss costs: an expert on NVMe counts
-        as four kept in host memory; prefetches whose victim is worth more
-        are declined;
+        as nvme_miss_cost (4 by default) kept in host memory; prefetches
+        whose victim is worth more are declined;
         "lrfu":
         decayed use counts, a half-life of 16 passes over all experts'
         fetches by default; "lru"), and how many fetches a prefetched
@@ -1023,6 +1024,7 @@ def offload(
         decay=decay,
         layers=len(blocks),
         protect_fetches=protect_fetches,
+        nvme_miss_cost=nvme_miss_cost,
     )
     layout = {
         "experts": e,

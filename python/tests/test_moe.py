@@ -151,13 +151,16 @@ def test_lookahead_prefetch_is_used_with_room_to_spare():
     assert t["hit_rate"] > 0.5
 
 
-def test_experts_beyond_host_bytes_go_to_nvme(tmp_path):
+@pytest.mark.parametrize("nvme_miss_cost", [4.0, 1.0])
+def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost):
     ref = mixtral(seed=4)
     ids = prompts(seed=4)
     want = logits(ref, ids)
     m = mixtral(seed=4)
     page = 64 << 10  # each of an expert's two slices in a page (the default here)
-    moe = strata.moe.offload(m, device_slots=4, host_bytes=(ALL // 2) * 2 * page, nvme_path=tmp_path)
+    moe = strata.moe.offload(
+        m, device_slots=4, host_bytes=(ALL // 2) * 2 * page, nvme_path=tmp_path, nvme_miss_cost=nvme_miss_cost
+    )
     nvme = [t for t in json.loads(moe.cache.runtime_stats_json())["tiers"] if t["tier"] == "nvme"]
     assert nvme and nvme[0]["used_pages"] > 0
 
@@ -416,6 +419,8 @@ def test_bad_input_raises_clear_errors(tmp_path):
         strata.moe.offload(m, host_bytes=EXPERT_BYTES)
     with pytest.raises(strata.StrataError, match="missing"):
         strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path / "missing" / "swap")
+    with pytest.raises(strata.InvalidArgumentError, match="nvme_miss_cost"):
+        strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path, nvme_miss_cost=0.0)
     # A failed offload leaves the model as it was.
     assert m.model.layers[0].mlp.experts.gate_up_proj.shape == (EXPERTS, 2 * INTER, HIDDEN)
     dense = torch.nn.Sequential(torch.nn.Linear(4, 4))
