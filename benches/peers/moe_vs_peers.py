@@ -63,9 +63,10 @@ its stall bound, and the model's stall) at the measured bandwidth, with
 as many slots as strata holds experts in DRAM: its device slots and its
 host tier (an expert in either is no disk read; the host tier's copy into
 a slot is not modelled). The roofline at the device slots alone, as F of
-the experts would give it, is reported beside it. A step's roofline time is the in-DRAM step (dram's
-median) overlapped with reading Belady's misses at that bandwidth: the
-larger of the two; tokens/s of the roofline = batch / that.
+the experts would give it, is reported beside it. A step's roofline time
+is the in-DRAM step (dram's median) overlapped with reading Belady's
+misses at that bandwidth: the larger of the two; tokens/s of the roofline
+= batch / that.
 
 Set-up (not run by CI): as root on Linux with the cgroup v1 memory
 controller mounted at /sys/fs/cgroup/memory; a Python with torch,
@@ -352,11 +353,10 @@ def worker(args):
             prefetch=(name == "strata"),
             record_routing=trace,
         )
-        page = moe.layout["page_size"]
-        padded = -(-moe.layout["expert_bytes"] // page) * page
-        extra.update(host_experts=max(eb, args.strata_host) // padded)
+        page, expert = moe.layout["page_size"], moe.layout["expert_bytes"]
         extra.update(device_slots=moe.cache.device_slots, trace=str(trace) if trace else None,
-                     layout_expert_bytes=moe.layout["expert_bytes"], page_size=moe.layout["page_size"])
+                     layout_expert_bytes=expert, page_size=page,
+                     host_experts=max(eb, args.strata_host) // (-(-expert // page) * page))
     else:
         raise SystemExit(f"unknown configuration {name}")
     load_s = time.perf_counter() - t_load

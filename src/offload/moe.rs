@@ -863,7 +863,8 @@ impl ExpertCache {
 
     /// A fetch moves expert `i` (`bytes`) itself: counted, and on the
     /// modelled link a demand transfer the fetch stalls for.
-    fn demand_transfer(s: &mut State, i: usize, bytes: u64) {
+    fn demand_transfer(&self, s: &mut State, i: usize, bytes: u64) {
+        s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
         s.stats.bytes_moved += bytes;
         if let Some(c) = &mut s.clock {
             let done = c.demand(bytes, &mut s.meta);
@@ -962,8 +963,7 @@ impl ExpertCache {
             s.stats.displaced += 1;
             s.meta[i].protected_since = None;
             s.meta[i].ahead = false;
-            s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
-            Self::demand_transfer(s, i, bytes);
+            self.demand_transfer(s, i, bytes);
         } else if s.meta[i].resident {
             let m = &mut s.meta[i];
             let ahead = std::mem::take(&mut m.ahead);
@@ -993,8 +993,7 @@ impl ExpertCache {
         } else {
             self.make_room(s, layer, true)?;
             self.mark_resident(s, i);
-            s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
-            Self::demand_transfer(s, i, bytes);
+            self.demand_transfer(s, i, bytes);
         }
         s.ranking.touch(i as u64, tick);
         s.reuse.touch(i);
