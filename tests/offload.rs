@@ -1,6 +1,7 @@
 //! The offloading modules: the optimizer against a plain reference Adam on
 //! every tier, importance-aware convergence, the expert cache's contract.
 
+use strata::link::LinkModel;
 use strata::offload::moe::{parse_routing, parse_trace, Eviction, ExpertCache, MoeConfig};
 use strata::offload::optim::{
     AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier, Updater,
@@ -1152,6 +1153,62 @@ fn a_victim_kept_in_host_memory_is_cheaper_to_evict_than_one_on_nvme() {
     );
     let mut bad = MoeConfig::new(2, P as u64, P as u64);
     bad.nvme_miss_cost = f64::NAN;
+    let e = ExpertCache::new(bad).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+}
+
+/// On the simulated device a move from NVMe is modelled on the NVMe link
+/// where one is given: a fetch of an expert on the disk stalls for the
+/// disk's time, one of an expert in host memory for the device link's.
+#[test]
+fn a_move_from_nvme_is_modelled_on_the_disk_link() {
+    const P: usize = 64 << 10;
+    let stalls = |nvme_link: Option<LinkModel>| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = MoeConfig::new(2, P as u64, P as u64);
+        cfg.page_size = P;
+        cfg.layers = 2;
+        cfg.eviction = Eviction::Lru;
+        cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), 16 * P as u64, P));
+        cfg.sim_link = LinkModel {
+            bandwidth: 64.0 * P as f64,
+            latency_ns: 0,
+        };
+        cfg.sim_nvme_link = nvme_link;
+        let mut c = ExpertCache::new(cfg).unwrap();
+        // (0, 0) fills the one-expert host tier; (1, 0) goes to NVMe.
+        c.register(0, 0, &vec![1; P]).unwrap();
+        c.register(1, 0, &vec![2; P]).unwrap();
+        let mut out = Vec::new();
+        for (l, e) in [(0, 0), (1, 0)] {
+            let before = c.stats().stall_seconds;
+            let pin = c.fetch(l, e).unwrap();
+            let mut got = vec![0u8; P];
+            pin.buffer().read(0, &mut got).unwrap();
+            assert!(got.iter().all(|&x| x == l as u8 + 1));
+            out.push(c.stats().stall_seconds - before);
+        }
+        out
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    let alike = stalls(None);
+    assert!(
+        close(alike[0], 1.0 / 64.0) && close(alike[1], 1.0 / 64.0),
+        "{alike:?}"
+    );
+    let disk = stalls(Some(LinkModel {
+        bandwidth: 16.0 * P as f64,
+        latency_ns: 0,
+    }));
+    assert!(
+        close(disk[0], 1.0 / 64.0) && close(disk[1], 1.0 / 16.0),
+        "{disk:?}"
+    );
+    let mut bad = MoeConfig::new(2, P as u64, P as u64);
+    bad.sim_nvme_link = Some(LinkModel {
+        bandwidth: 0.0,
+        latency_ns: 0,
+    });
     let e = ExpertCache::new(bad).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
 }

@@ -34,7 +34,9 @@
 //! host→device transfers share one link — the device backend's own link
 //! model, the one the runtime accounts every simulated copy with
 //! ([`crate::device::sim`]; [`MoeConfig::sim_link`], by default PCIe Gen4
-//! x16, 25 GB/s and 5 µs per transfer, one transfer per expert) — the
+//! x16, 25 GB/s and 5 µs per transfer, one transfer per expert; an expert
+//! registered on NVMe crosses [`MoeConfig::sim_nvme_link`] where it is
+//! set, the disk's read being what its move waits for) — the
 //! caller advances the clock
 //! by its compute time ([`ExpertCache::advance`]), and a fetch stalls for
 //! the modelled time until the bytes it waits for have crossed the link
@@ -137,6 +139,12 @@ pub struct MoeConfig {
     /// models (default PCIe Gen4 x16); the cache's clock runs on it, the
     /// backend's own model. [`ExpertCache::on`] uses its runtime's device.
     pub sim_link: LinkModel,
+    /// On the simulated device, the link a move of an expert registered
+    /// on NVMe is modelled on (the disk's read bandwidth: its read is what
+    /// the move waits for); `None`, the default: [`sim_link`](Self::sim_link)
+    /// for every move. An expert registered in host memory crosses
+    /// `sim_link`.
+    pub sim_nvme_link: Option<LinkModel>,
 }
 
 impl MoeConfig {
@@ -157,6 +165,7 @@ impl MoeConfig {
             layers: 1,
             link_priority: true,
             sim_link: crate::device::sim::PCIE_GEN4_X16,
+            sim_nvme_link: None,
         }
     }
 }
@@ -272,6 +281,8 @@ struct Pending {
     left: u64,
     /// Modelled time it was queued.
     issued: f64,
+    /// It comes from NVMe (crosses the NVMe link).
+    nvme: bool,
 }
 
 /// The link model of `rt`'s device backend, for a simulated device (a real
@@ -299,6 +310,8 @@ struct Clock {
     /// prefetch chunk on the wire.
     link_free: f64,
     link: LinkModel,
+    /// The link of a move from NVMe, where it differs from `link`.
+    nvme: Option<LinkModel>,
     /// Bytes a prefetch crosses between preemption points.
     chunk: u64,
     priority: bool,
@@ -310,13 +323,18 @@ struct Clock {
 }
 
 impl Clock {
-    /// Link time of `bytes`, with or without the per-transfer latency.
-    fn time(&self, bytes: u64, setup: bool) -> f64 {
-        let t = self.link.time(bytes as usize).as_secs_f64();
+    /// Link time of `bytes` (from NVMe with `nvme`), with or without the
+    /// per-transfer latency.
+    fn time(&self, bytes: u64, setup: bool, nvme: bool) -> f64 {
+        let link = match self.nvme {
+            Some(l) if nvme => l,
+            _ => self.link,
+        };
+        let t = link.time(bytes as usize).as_secs_f64();
         if setup {
             t
         } else {
-            t - self.link.latency_ns as f64 * 1e-9
+            t - link.latency_ns as f64 * 1e-9
         }
     }
 
@@ -328,9 +346,9 @@ impl Clock {
             if start >= t {
                 break;
             }
-            let (expert, bytes) = (p.expert, p.left.min(self.chunk));
+            let (expert, bytes, nvme) = (p.expert, p.left.min(self.chunk), p.nvme);
             let setup = self.streaming != Some(expert);
-            self.link_free = start + self.time(bytes, setup);
+            self.link_free = start + self.time(bytes, setup, nvme);
             self.streaming = Some(expert);
             let p = self.queue.front_mut().expect("peeked");
             p.left -= bytes;
@@ -342,12 +360,12 @@ impl Clock {
         }
     }
 
-    /// A demand transfer of `bytes`, ahead of queued prefetches; returns
-    /// when it completes.
-    fn demand(&mut self, bytes: u64, meta: &mut [Meta]) -> f64 {
+    /// A demand transfer of `bytes` (from NVMe with `nvme`), ahead of
+    /// queued prefetches; returns when it completes.
+    fn demand(&mut self, bytes: u64, nvme: bool, meta: &mut [Meta]) -> f64 {
         self.run_until(self.now, meta);
         let start = self.now.max(self.link_free);
-        self.link_free = start + self.time(bytes, true);
+        self.link_free = start + self.time(bytes, true, nvme);
         self.streaming = None;
         self.link_free
     }
@@ -355,17 +373,18 @@ impl Clock {
     /// Queues a prefetch of `bytes` for `expert`. Without priority it
     /// crosses whole, in order with demand transfers; returns when it
     /// completes in that case.
-    fn prefetch(&mut self, expert: usize, bytes: u64, meta: &mut [Meta]) {
+    fn prefetch(&mut self, expert: usize, bytes: u64, nvme: bool, meta: &mut [Meta]) {
         if self.priority {
             self.run_until(self.now, meta);
             self.queue.push_back(Pending {
                 expert,
                 left: bytes,
                 issued: self.now,
+                nvme,
             });
             meta[expert].in_flight = true;
         } else {
-            let done = self.demand(bytes, meta);
+            let done = self.demand(bytes, nvme, meta);
             meta[expert].ready_at = done;
         }
     }
@@ -380,7 +399,7 @@ impl Clock {
         let p = self.queue.remove(at).expect("found");
         let setup = !(at == 0 && self.streaming == Some(expert) && self.link_free >= self.now);
         let start = self.now.max(self.link_free);
-        self.link_free = start + self.time(p.left, setup);
+        self.link_free = start + self.time(p.left, setup, p.nvme);
         self.streaming = None;
         meta[expert].in_flight = false;
         meta[expert].ready_at = self.link_free;
@@ -409,7 +428,7 @@ impl Clock {
     fn backlog(&self) -> f64 {
         let mut t = (self.link_free - self.now).max(0.0);
         for p in &self.queue {
-            t += self.time(p.left, self.streaming != Some(p.expert));
+            t += self.time(p.left, self.streaming != Some(p.expert), p.nvme);
         }
         t
     }
@@ -556,6 +575,9 @@ impl ExpertCache {
                 config.device_slots, config.layers
             )));
         }
+        if let Some(l) = config.sim_nvme_link {
+            l.check().map_err(|e| e.context("sim_nvme_link"))?;
+        }
         if !(config.nvme_miss_cost.is_finite() && config.nvme_miss_cost > 0.0) {
             return Err(Error::invalid(format!(
                 "nvme_miss_cost {} is not a positive number",
@@ -590,6 +612,7 @@ impl ExpertCache {
             now: 0.0,
             link_free: 0.0,
             link,
+            nvme: config.sim_nvme_link,
             chunk: config.page_size as u64,
             priority: config.link_priority,
             queue: VecDeque::new(),
@@ -867,7 +890,7 @@ impl ExpertCache {
         s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
         s.stats.bytes_moved += bytes;
         if let Some(c) = &mut s.clock {
-            let done = c.demand(bytes, &mut s.meta);
+            let done = c.demand(bytes, self.experts[i].on_nvme, &mut s.meta);
             s.stats.stall_seconds += done - c.now;
             c.now = done;
             s.meta[i].ready_at = done;
@@ -1083,7 +1106,7 @@ impl ExpertCache {
         m.protected_since = Some(tick);
         m.ticket = Some(b.prefetch(0..b.len(), Tier::Device));
         if let Some(c) = &mut s.clock {
-            c.prefetch(i, b.len(), &mut s.meta);
+            c.prefetch(i, b.len(), self.experts[i].on_nvme, &mut s.meta);
         }
         s.stats.bytes_moved += b.len();
     }

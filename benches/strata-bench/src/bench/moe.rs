@@ -10,7 +10,10 @@
 //! transfers on that backend's own model ([`ExpertCache::link`]; demand
 //! transfers ahead of queued prefetches, which cross a page at a time —
 //! `--fifo-link` for one FIFO of whole transfers; `--link-gbps` for a
-//! measured link in place of the preset's); per-layer compute is
+//! measured link in place of the preset's; `--host-experts N` keeps the
+//! first N experts registered in host memory and the rest on an NVMe tier,
+//! as `strata.moe` does under a memory limit, with `--nvme-gbps` the link a
+//! move from NVMe is modelled on); per-layer compute is
 //! [`GpuModel`] of the same preset (a launch plus reading the layer's
 //! active experts from HBM), or `--layer-compute-us`. The report carries offline bounds on the same fetch
 //! sequence ([`MoeBounds`]: Belady's MIN, the best fixed set of experts).
@@ -122,6 +125,15 @@ pub struct MoeParams {
     /// Fetches a prefetched expert not yet used is protected for (default:
     /// twice the most experts a token of the routing takes in a layer).
     pub protect_fetches: Option<u64>,
+    /// A host tier of this many experts (those registered first, as
+    /// `strata.moe` places them), the others on an NVMe tier in `path`;
+    /// `None`: every expert in host memory.
+    pub host_experts: Option<usize>,
+    /// The link a move from NVMe is modelled on (the disk's measured read
+    /// bandwidth), with `host_experts`; `None`: `link`'s.
+    pub nvme_link: Option<strata::link::LinkModel>,
+    /// The directory of the NVMe tier, with `host_experts`.
+    pub path: PathBuf,
 }
 
 fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -152,8 +164,9 @@ pub struct MoeResult {
     /// Bytes moved into device memory.
     pub bytes_moved: u64,
     /// Bytes copied back out of device memory by evictions (the runtime's
-    /// device→host link traffic): 0 for unmodified experts, whose host
-    /// copies stay valid while they are on the device.
+    /// device→host link traffic) while decoding: 0 for unmodified
+    /// experts, whose host (or NVMe) copies stay valid while they are on
+    /// the device.
     #[serde(default)]
     pub bytes_written_back: u64,
     /// Prefetched and then used, over prefetched (0 without prefetch).
@@ -164,6 +177,10 @@ pub struct MoeResult {
     /// Of `moves`, those whose expert was fetched before it left.
     #[serde(default)]
     pub moves_paid: u64,
+    /// Of `moves`, those of experts on NVMe (disk reads; 0 without a host
+    /// tier of `host_experts`).
+    #[serde(default)]
+    pub moves_from_nvme: u64,
     /// Prefetches started.
     pub prefetches: u64,
     /// Hits that still waited for a prefetch in flight.
@@ -227,7 +244,9 @@ pub struct MoeReport {
 }
 
 /// Offline bounds on the same fetch sequence and slot count (one pool of
-/// slots), in the same model.
+/// slots), in the same model. With a host tier (`host_experts`) the pool
+/// is every expert held in memory — the device slots and the host tier —
+/// and a miss is a read from NVMe on the NVMe link.
 ///
 /// No cache, with or without prefetch, moves fewer experts than Belady's
 /// MIN misses (a prefetch is a transfer too). The link carries one expert
@@ -405,8 +424,20 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
             "--device-slots {slots}: the per-layer baseline needs a slot per layer and a token's {top_k} experts must fit ({layers} layers)"
         )));
     }
-    // Every expert in the host tier, the device slots, the routes.
-    let experts_bytes = product(&[all as u64, params.expert_bytes]);
+    if let Some(h) = params.host_experts {
+        if h >= all {
+            return Err(Error::invalid(format!(
+                "--host-experts {h}: a host tier of all {all} experts leaves none on NVMe; leave it out"
+            )));
+        }
+    } else if params.nvme_link.is_some() {
+        return Err(Error::invalid(
+            "--nvme-gbps models moves from NVMe: give --host-experts, the experts held in host memory",
+        ));
+    }
+    let in_host = params.host_experts.unwrap_or(all);
+    // The experts in the host tier, the device slots, the routes.
+    let experts_bytes = product(&[in_host as u64, params.expert_bytes]);
     let memory = experts_bytes
         .saturating_add(product(&[slots as u64, params.expert_bytes]))
         .saturating_add(product(&[
@@ -419,7 +450,7 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
             "--layers {layers} --experts {experts} --expert-bytes {}",
             params.expert_bytes
         ),
-        "every expert in host memory and the device slots",
+        "the experts in host memory and the device slots",
         memory,
     )?;
     let model = GpuModel::from(&params.platform);
@@ -449,14 +480,24 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         results.push(result);
         link = modelled_on.unwrap_or(link);
     }
-    let bounds = bounds(
-        &routes,
-        experts,
-        slots,
-        params.expert_bytes,
-        (routes.len() * layers) as f64 * compute,
-        link,
-    );
+    let bounds = match params.host_experts {
+        Some(h) => bounds(
+            &routes,
+            experts,
+            slots + h,
+            params.expert_bytes,
+            (routes.len() * layers) as f64 * compute,
+            params.nvme_link.unwrap_or(link),
+        ),
+        None => bounds(
+            &routes,
+            experts,
+            slots,
+            params.expert_bytes,
+            (routes.len() * layers) as f64 * compute,
+            link,
+        ),
+    };
     progress("done", 1.0);
     let total = all as u64 * params.expert_bytes;
     let modelled = results.iter().all(|r| r.modelled);
@@ -481,6 +522,15 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         results,
         bounds,
     })
+}
+
+/// Bytes the cache's runtime copied out of device memory so far.
+fn d2h_bytes(cache: &ExpertCache) -> u64 {
+    cache
+        .runtime()
+        .stats()
+        .device_links
+        .map_or(0, |(_, d2h)| d2h.bytes)
 }
 
 /// `seconds` of compute: spun on a real GPU (while prefetches cross the
@@ -508,8 +558,24 @@ fn run_config(
     progress: &mut dyn FnMut(f64),
 ) -> Result<(MoeResult, Option<strata::link::LinkModel>)> {
     let page = p.page_size as u64;
-    let host = (layers * experts) as u64 * p.expert_bytes.div_ceil(page) * page + (4 << 20);
+    let expert_pages = p.expert_bytes.div_ceil(page);
+    let all = (layers * experts) as u64;
+    let host = match p.host_experts {
+        Some(h) => h as u64 * expert_pages * page,
+        None => all * expert_pages * page + (4 << 20),
+    };
     let mut cfg = MoeConfig::new(slots, p.expert_bytes, host);
+    if let Some(h) = p.host_experts {
+        // The experts beyond the host tier, and room to spare (the store
+        // holds slots back for new copies). Reads land in the device
+        // slots: one page of registered buffers.
+        let capacity = ((all - h as u64) * expert_pages + 64) * page;
+        cfg.nvme = Some(strata::NvmeConfig {
+            pool_bytes: page,
+            ..strata::NvmeConfig::new(&p.path, capacity, p.page_size)
+        });
+        cfg.sim_nvme_link = p.nvme_link;
+    }
     cfg.device = p.device;
     cfg.page_size = p.page_size;
     cfg.layers = layers;
@@ -547,6 +613,9 @@ fn run_config(
     }
     let mut pred = TransitionPredictor::new(layers, experts);
     let measured = cache.modelled_now().is_none();
+    // Registration moved the experts beyond the host tier down through the
+    // device (the fastest tier with room): not the decoding's traffic.
+    let written_before = d2h_bytes(&cache);
     let start = Instant::now();
     let mut verified = 0u64;
     let mut n = 0u64;
@@ -633,14 +702,12 @@ fn run_config(
         ready_rate: (s.hits - s.late_prefetch_hits) as f64 / s.fetches.max(1) as f64,
         stall_seconds: s.stall_seconds,
         bytes_moved: s.bytes_moved,
-        bytes_written_back: cache
-            .runtime()
-            .stats()
-            .device_links
-            .map_or(0, |(_, d2h)| d2h.bytes),
+        // Less the byte each check read back out of device memory.
+        bytes_written_back: (d2h_bytes(&cache) - written_before).saturating_sub(verified),
         prefetch_accuracy: s.prefetch_accuracy(),
         moves: s.moves(),
         moves_paid: s.moves_paid(),
+        moves_from_nvme: s.moves_from_nvme,
         prefetches: s.prefetches,
         late_prefetch_hits: s.late_prefetch_hits,
         fetches: s.fetches,
@@ -682,6 +749,9 @@ mod tests {
             lrfu: false,
             predictor: false,
             protect_fetches: None,
+            host_experts: None,
+            nvme_link: None,
+            path: PathBuf::from("."),
         }
     }
 
@@ -719,6 +789,57 @@ mod tests {
                 assert_eq!(x.bytes_moved, x.moves * (64 << 10), "{}", x.config);
             }
         }
+    }
+
+    #[test]
+    fn a_host_tier_sends_the_other_experts_to_nvme_at_the_disk_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |nvme_gbps: Option<f64>| {
+            run(
+                &MoeParams {
+                    host_experts: Some(24),
+                    nvme_link: nvme_gbps.map(|g| strata::link::LinkModel {
+                        bandwidth: g * 1e9,
+                        latency_ns: 0,
+                    }),
+                    path: dir.path().into(),
+                    baselines: false,
+                    ..params()
+                },
+                &mut |_, _| {},
+            )
+            .unwrap()
+        };
+        let alike = with(None);
+        let disk = with(Some(0.5));
+        let (a, d) = (&alike.results[0], &disk.results[0]);
+        // Each move from NVMe is slower on the disk link (which prefetches
+        // come too late, and are cancelled, follows the clock).
+        for x in [a, d] {
+            assert!(
+                x.moves_from_nvme > 0 && x.moves_from_nvme < x.moves,
+                "{x:?}"
+            );
+        }
+        assert!(d.stall_seconds > 2.0 * a.stall_seconds, "{a:?} {d:?}");
+        assert_eq!(d.bytes_written_back, 0, "unmodified experts stay clean");
+        assert!(d.verified_fetches > 0);
+        // The bounds pool the slots and the host tier, misses at the disk.
+        let every = run(&params(), &mut |_, _| {}).unwrap();
+        assert!(disk.bounds.belady_hit_rate > every.bounds.belady_hit_rate);
+        assert!(disk.bounds.transfer_seconds > every.bounds.transfer_seconds);
+        let bad = run(
+            &MoeParams {
+                host_experts: Some(64),
+                path: dir.path().into(),
+                ..params()
+            },
+            &mut |_, _| {},
+        );
+        assert!(
+            bad.is_err(),
+            "a host tier of every expert leaves none on NVMe"
+        );
     }
 
     #[test]

@@ -239,7 +239,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Bench(BenchCommand::Migrate(a)) => bench_migrate(a, config),
         Command::Bench(BenchCommand::Graph(a)) => graph::run(a),
         Command::Bench(BenchCommand::Recsys(a)) => recsys::run(a),
-        Command::Bench(BenchCommand::Moe(a)) => offload::run_moe(a),
+        Command::Bench(BenchCommand::Moe(a)) => offload::run_moe(a, config),
         Command::Bench(BenchCommand::Optim(a)) => offload::run_optim(a, config),
         Command::Bench(BenchCommand::Pages(a)) => pages::run(a, config),
         Command::Bench(BenchCommand::Priority(a)) => priority::run(a, config),
@@ -268,7 +268,10 @@ fn write_json<T: Serialize>(out: Option<OutputPath>, v: &T) -> Result<(), Error>
 /// The directory for a bench's NVMe tier: `--path`, else the configured
 /// NVMe path (`--config`, `$STRATA_CONFIG`, `STRATA_NVME_PATH`), else the
 /// current directory. Warns (one line, the run goes on) when it is RAM.
-fn nvme_path(flag_path: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, Error> {
+pub(crate) fn nvme_path(
+    flag_path: Option<PathBuf>,
+    config: Option<&Path>,
+) -> Result<PathBuf, Error> {
     let path = match flag_path {
         Some(p) => p,
         None => cli::configured_nvme_path(config)?.unwrap_or_else(|| PathBuf::from(".")),

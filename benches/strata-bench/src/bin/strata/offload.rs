@@ -79,6 +79,21 @@ pub struct MoeArgs {
     /// is twice the router's top-k)
     #[arg(long)]
     protect_fetches: Option<u64>,
+    /// A host tier of this many experts (those registered first, as
+    /// strata.moe places them), the others on an NVMe tier in --path; the
+    /// bounds then pool the device slots and the host tier, and a miss
+    /// reads from NVMe (default: every expert in host memory)
+    #[arg(long)]
+    host_experts: Option<usize>,
+    /// The disk's read bandwidth, GB/s: a move of an expert on NVMe is
+    /// modelled on it (with --host-experts; --link-gbps stays the link of
+    /// a move from host memory)
+    #[arg(long, requires = "host_experts")]
+    nvme_gbps: Option<f64>,
+    /// The directory of the NVMe tier with --host-experts (default: the
+    /// configured NVMe path, else the current directory)
+    #[arg(long)]
+    path: Option<PathBuf>,
     /// The device: sim (modelled time), cuda (a GPU: real device slots,
     /// measured stall) or auto.
     #[arg(long, default_value = "sim")]
@@ -95,7 +110,7 @@ fn size_arg(s: &str, flag: &str) -> Result<u64, Error> {
     parse_size(s).map_err(|e| e.context(flag))
 }
 
-pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
+pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error> {
     let link = match a.link_gbps {
         Some(g) => {
             let l = strata::link::LinkModel {
@@ -113,6 +128,26 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
             Some(l)
         }
         None => None,
+    };
+    let nvme_link = match a.nvme_gbps {
+        Some(g) => {
+            let l = strata::link::LinkModel {
+                bandwidth: g * 1e9,
+                latency_ns: 0,
+            };
+            l.check().map_err(|e| e.context("--nvme-gbps"))?;
+            Some(l)
+        }
+        None => None,
+    };
+    let path = match (a.host_experts, a.path) {
+        (Some(_), p) => crate::nvme_path(p, config)?,
+        (None, Some(_)) => {
+            return Err(Error::invalid(
+                "--path is the NVMe tier's directory: give --host-experts too",
+            ))
+        }
+        (None, None) => PathBuf::from("."),
     };
     let layer_compute = match a.layer_compute_us {
         Some(us) if us.is_finite() && us >= 0.0 => Some(us * 1e-6),
@@ -150,6 +185,9 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         lrfu: a.lrfu,
         predictor: a.predictor,
         protect_fetches: a.protect_fetches,
+        host_experts: a.host_experts,
+        nvme_link,
+        path,
     };
     if let moe::Routing::File { path } = &params.routing {
         crate::cli::input_file("--routing file:", path)?;
@@ -186,6 +224,17 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
         );
     } else {
         outln!("backend: cuda — stall and decode times measured on the GPU (each layer's compute a {:.1} µs spin); bounds below modelled", r.layer_compute_seconds * 1e6);
+    }
+    if let Some(h) = params.host_experts {
+        outln!(
+            "a host tier of {h} experts (registered first), {} on NVMe in {}; a move from NVMe modelled at {}",
+            r.layers * r.experts - h,
+            params.path.display(),
+            match params.nvme_link {
+                Some(l) => format!("{:.2} GB/s (--nvme-gbps)", l.bandwidth / 1e9),
+                None => "the link above".into(),
+            }
+        );
     }
     outln!(
         "strata's lookahead: {}",
@@ -230,10 +279,15 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
     }
     for x in &r.results {
         outln!(
-            "{}: {} of {} moves into device memory paid (the expert was fetched before it left)",
+            "{}: {} of {} moves into device memory paid (the expert was fetched before it left){}",
             x.config,
             x.moves_paid,
-            x.moves
+            x.moves,
+            if params.host_experts.is_some() {
+                format!("; {} from NVMe", x.moves_from_nvme)
+            } else {
+                String::new()
+            }
         );
     }
     if let Some(x) = r.results.iter().find(|x| x.config == "strata") {
@@ -246,8 +300,13 @@ pub fn run_moe(a: MoeArgs) -> Result<(), Error> {
     }
     let b = &r.bounds;
     outln!(
-        "bounds, same fetches and {} slots in one pool (modelled; a transfer {:.1} µs, all compute {:.1} ms):",
-        r.device_slots,
+        "bounds, same fetches and {} slots in one pool{} (modelled; a transfer {:.1} µs, all compute {:.1} ms):",
+        r.device_slots + params.host_experts.unwrap_or(0),
+        if params.host_experts.is_some() {
+            ": the device slots and the host tier, a miss read from NVMe"
+        } else {
+            ""
+        },
         b.transfer_seconds * 1e6,
         b.compute_seconds * 1e3
     );
