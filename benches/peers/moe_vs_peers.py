@@ -36,7 +36,9 @@ over --trials (a different order each trial):
 The limit of an F configuration is the same for every engine: its engine's
 non-expert footprint (the torch probe: a process that loads everything but
 the experts and generates with their output zeroed, its cgroup's rss +
-mapped_file after generating; for llama.cpp, llama-dram's rss +
+mapped_file after generating, in the second of two probes: the first,
+on a cold machine, charges torch's libraries to its own cgroup, which no
+later run does; for llama.cpp, llama-dram's rss +
 mapped_file less the GGUF's expert bytes), plus F of the experts' bytes,
 plus --slack MiB for the engine's own buffers (stated once, the same for
 all; an engine caching through the page cache uses what its buffers leave
@@ -57,13 +59,17 @@ equal the engine's in-DRAM tokens.
 The roofline, measured in the same run: each trial first measures the
 disk's read bandwidth at the runtime's page size (`strata bench io
 --pattern randread --bs PAGE --qd 8` on a file of the experts' size in
-DIR); the routing strata@F recorded in its first trial is replayed with
-`strata bench moe --routing file: --link-gbps BW` for Belady's misses (and
-its stall bound, and the model's stall) at the measured bandwidth, with
-as many slots as strata holds experts in DRAM: its device slots and its
-host tier (an expert in either is no disk read; the host tier's copy into
-a slot is not modelled). The roofline at the device slots alone, as F of
-the experts would give it, is reported beside it. A step's roofline time
+DIR) and the rate of a copy between host buffers of an expert's size
+(numpy, sources not in cache); the routing strata@F recorded in its first
+trial is replayed with `strata bench moe --routing file: --device-slots S
+--host-experts H --nvme-gbps BW --link-gbps COPY`: the library's own cache
+on strata's device slots and host tier (the experts registered first, the
+rest on NVMe), a move from NVMe modelled at the disk's bandwidth and one
+from host memory at the copy's — the model's stall — and Belady's misses
+(and its stall bound) with as many slots as strata holds experts in DRAM,
+the device slots and the host tier (an expert in either is no disk read).
+The roofline at the device slots alone, as F of the experts would give
+it, is reported beside it. A step's roofline time
 is the in-DRAM step (dram's median) overlapped with reading Belady's
 misses at that bandwidth: the larger of the two; tokens/s of the roofline
 = batch / that.
@@ -463,6 +469,23 @@ def disk_bandwidth(args, work, experts_bytes, page):
     return {"bytes_per_second": bw, "command": " ".join(cmd)}
 
 
+def host_copy_rate(expert_bytes, n=16, repeats=5):
+    """Bytes/s of a copy of an expert between host buffers (numpy; each
+    source copied once a round, the sources together beyond the CPU's
+    caches): the link a move from strata's host tier into a simulated
+    device slot crosses."""
+    import numpy as np
+    src = [np.full(expert_bytes, i, dtype=np.uint8) for i in range(n)]
+    dst = [np.zeros(expert_bytes, dtype=np.uint8) for _ in range(n)]
+    rates = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for a, b in zip(src, dst):
+            np.copyto(b, a)
+        rates.append(n * expert_bytes / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
 def label(r):
     return r["config"] if r["config"] in ("dram", "llama-dram") else f"{r['config']}@{r['fraction']:g}"
 
@@ -539,7 +562,13 @@ def main():
         probes = json.loads(probe_path.read_text())
         done = [json.loads(x) for x in runs_path.read_text().splitlines()]
     else:
-        probes = {"torch": run_worker(args, work, meta, "probe", 1.0, 0, None)}
+        # Twice: the first run of a cold machine reads torch's libraries
+        # into the page cache itself, and their pages are charged to its
+        # cgroup (its mapped_file); every later run finds them charged to
+        # another. The second probe measures what the runs will hold.
+        probes = {"torch": run_worker(args, work, meta, "probe", 1.0, -1, None)}
+        if "error" not in probes["torch"]:
+            probes["torch"] = run_worker(args, work, meta, "probe", 1.0, 0, None)
         if "error" in probes["torch"]:
             raise SystemExit(f"probe failed: {probes['torch']['error']}")
         probes["torch_base_bytes"] = probes["torch"]["resident_bytes"]
@@ -573,7 +602,8 @@ def main():
     for trial in range(args.trials):
         if not any(r["config"] == "io" and r["trial"] == trial for r in done):
             io = disk_bandwidth(args, work, experts_bytes, 2 << 20 if meta["dtype"] == "float32" else 1 << 20)
-            io.update(config="io", fraction=1.0, trial=trial)
+            io.update(config="io", fraction=1.0, trial=trial,
+                      copy_bytes_per_second=host_copy_rate(meta["expert_bytes"]))
             record(io)
             print(f"trial {trial} disk: " + (f"{io['bytes_per_second'] / 1e9:.2f} GB/s" if "error" not in io
                                               else io["error"]), flush=True)
@@ -596,14 +626,24 @@ def main():
     report(args, work, meta, probes, runs, fractions, experts_bytes)
 
 
-def belady(args, work, meta, r, bw, layer_seconds, slots):
-    """strata bench moe on the routing `r` recorded: Belady's misses at
-    `slots`, and the bench's model, with the link at the measured disk
-    bandwidth and each layer's compute the in-DRAM step's share."""
-    out = work / (Path(r["trace"]).stem + f"-bench-{slots}.json")
+def belady(args, work, meta, r, bw, layer_seconds, slots, host=0, copy_bw=None):
+    """strata bench moe on the routing `r` recorded, each layer's compute
+    the in-DRAM step's share: with a host tier of `host` experts, the
+    library's cache on `slots` device slots and that host tier, a move from
+    NVMe at the measured disk bandwidth `bw` and one from host memory at
+    `copy_bw` (the model), and Belady's misses at slots + host read at
+    `bw`; without one, both at `slots` with every move at `bw`."""
+    out = work / (Path(r["trace"]).stem + f"-bench-{slots}" + (f"-host-{host}" if host else "") + ".json")
+    if host:
+        nvme = work / "bench-nvme"
+        nvme.mkdir(exist_ok=True)
+        links = ["--host-experts", str(host), "--nvme-gbps", f"{bw / 1e9:.3f}", "--path", str(nvme),
+                 "--link-gbps", f"{copy_bw / 1e9:.3f}"]
+    else:
+        links = ["--link-gbps", f"{bw / 1e9:.3f}"]
     cmd = [args.strata_bin, "bench", "moe", "--routing", f"file:{r['trace']}",
-           "--expert-bytes", str(r["layout_expert_bytes"]), "--device-slots", str(slots),
-           "--page-size", str(r["page_size"]), "--link-gbps", f"{bw / 1e9:.3f}",
+           "--expert-bytes", str(r["layout_expert_bytes"]), "--device-slots", str(slots), *links,
+           "--page-size", str(r["page_size"]),
            "--layer-compute-us", f"{layer_seconds * 1e6:.1f}",
            # strata.moe's default: a prefetch is protected for twice the
            # router's top-k fetches (the trace's steps route more experts).
@@ -619,7 +659,7 @@ def belady(args, work, meta, r, bw, layer_seconds, slots):
     misses = fetches * (1.0 - bd["belady_hit_rate"])
     return {
         "command": " ".join(cmd),
-        "slots": slots,
+        "slots": slots + host,
         "steps": steps,
         "belady_hit_rate": bd["belady_hit_rate"],
         "belady_miss_bytes_per_step": misses * r["layout_expert_bytes"] / steps,
@@ -648,6 +688,8 @@ def spread(xs):
 def report(args, work, meta, probes, runs, fractions, experts_bytes):
     ios = [r["bytes_per_second"] for r in runs if r["config"] == "io" and "bytes_per_second" in r]
     bw = statistics.median(ios) if ios else None
+    copies = [r["copy_bytes_per_second"] for r in runs if r["config"] == "io" and "copy_bytes_per_second" in r]
+    copy_bw = statistics.median(copies) if copies else host_copy_rate(meta["expert_bytes"])
     groups = {}
     for r in runs:
         if r["config"] != "io":
@@ -705,13 +747,13 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
         if rec is None or bw is None or dram is None:
             continue
         layer = batch / dram / meta["config"]["num_hidden_layers"]
-        in_dram = rec["device_slots"] + rec.get("host_experts", 0)
-        b = belady(args, work, meta, rec, bw, layer, in_dram)
+        host = rec.get("host_experts", 0)
+        b = belady(args, work, meta, rec, bw, layer, rec["device_slots"], host, copy_bw)
         bounds[f"{f:g}"] = b
         if "error" in b:
             continue
         roofline[f"{f:g}"] = roof = step_bound(batch, dram, bw, b)
-        if in_dram != rec["device_slots"]:
+        if host:
             alone = belady(args, work, meta, rec, bw, layer, rec["device_slots"])
             if "error" not in alone:
                 roof["device_slots_alone"] = step_bound(batch, dram, bw, alone)
@@ -748,7 +790,8 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
                                                    if b.get("bench_modelled_stall_seconds") is not None
                                                    and t["strata"].get("stall_seconds") else None),
         }
-    out = {"meta": meta, "probes": probes, "disk_bytes_per_second": bw, "disk_trials": ios, "roofline": roofline,
+    out = {"meta": meta, "probes": probes, "disk_bytes_per_second": bw, "disk_trials": ios,
+           "host_copy_bytes_per_second": copy_bw, "roofline": roofline,
            "bounds": bounds, "table": table, "ratios": ratios}
     print(json.dumps({k: out[k] for k in ("disk_bytes_per_second", "roofline", "table", "ratios")}, indent=1))
     print_markdown(meta, bw, roofline, table)
