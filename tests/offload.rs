@@ -1212,3 +1212,64 @@ fn a_move_from_nvme_is_modelled_on_the_disk_link() {
     let e = ExpertCache::new(bad).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
 }
+
+/// Once the host tier cannot hold every expert it caches them: an expert
+/// never used gives its host slot to one that is, a fetch then copies that
+/// one from host memory instead of reading the disk, and nothing is written
+/// after registration.
+#[test]
+fn the_host_tier_caches_the_experts_worth_keeping() {
+    const P: usize = 64 << 10;
+    let run = |host_cache: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = MoeConfig::new(1, P as u64, P as u64);
+        cfg.page_size = P;
+        cfg.layers = 3;
+        cfg.eviction = Eviction::Reuse { decay: 0.9 };
+        cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), 16 * P as u64, P));
+        cfg.host_cache = host_cache;
+        let mut c = ExpertCache::new(cfg).unwrap();
+        // (2, 0), never used, fills the one-expert host tier; (0, 0) and
+        // (1, 0) go to NVMe.
+        for l in [2u32, 0, 1] {
+            c.register(l, 0, &vec![l as u8 + 1; P]).unwrap();
+        }
+        let nvme_written = |c: &ExpertCache| -> u64 {
+            c.runtime()
+                .stats()
+                .links
+                .iter()
+                .filter(|u| u.to == strata::Tier::Nvme)
+                .map(|u| u.stats.bytes)
+                .sum()
+        };
+        let written = nvme_written(&c);
+        for _ in 0..8 {
+            for l in [0u32, 1] {
+                let pin = c.fetch(l, 0).unwrap();
+                let mut got = vec![0u8; P];
+                pin.buffer().read(0, &mut got).unwrap();
+                assert!(got.iter().all(|&x| x == l as u8 + 1), "layer {l}");
+            }
+        }
+        assert_eq!(
+            nvme_written(&c),
+            written,
+            "nothing written after registration"
+        );
+        // The expert swapped out of host memory comes back intact.
+        let pin = c.fetch(2, 0).unwrap();
+        let mut got = vec![0u8; P];
+        pin.buffer().read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 3));
+        drop(pin);
+        let s = c.stats();
+        (s.moves_from_nvme, s.host_swaps)
+    };
+    // Kept: every fetch of the two experts in use reads the disk.
+    assert_eq!(run(false), (16, 0));
+    // Cached: after the first pass one of them is in host memory at a time.
+    let (reads, swaps) = run(true);
+    assert_eq!(swaps, 1, "the unused expert's slot, once");
+    assert_eq!(reads, 2 + 7 + 1, "one disk read a pass after the first");
+}

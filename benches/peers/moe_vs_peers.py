@@ -391,6 +391,9 @@ def worker(args):
             modelled_stall_seconds=t["modelled_stall_seconds"],
             bytes_moved_per_token=t["bytes_moved"] / s["tokens"],
             fetches=t["fetches"],
+            moves=t["moves"],
+            moves_from_nvme=t["moves_from_nvme"],
+            host_swaps=t["host_swaps"],
             breakdown=s["breakdown"],
             strata_steps=s["steps"],
             strata_tokens=s["tokens"],
@@ -725,6 +728,7 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
             row["thrash"] = bool(reads_experts and ok[0]["limit_bytes"] and row["major_faults"] > 100)
             row["spread_flag"] = row["spread"] > 0.30
             for key in ("hit_rate", "reads_ahead", "prefetch_accuracy", "stall_seconds", "prefetch_call_seconds",
+                        "moves", "moves_from_nvme", "host_swaps",
                         "modelled_stall_seconds", "bytes_moved_per_token", "expert_seconds"):
                 vals = [r[key] for r in ok if r.get(key) is not None]
                 if vals:

@@ -54,6 +54,12 @@ fn u32_of(value: i64, what: &str) -> PyResult<u32> {
 ///     weighs this many misses of one in host memory when a victim is
 ///     chosen (about the device link's bandwidth over the disk's; 1 weighs
 ///     them alike).
+/// host_cache: once the host tier cannot hold every expert, it caches
+///     them: the experts registered in it get an NVMe copy too (written
+///     once), an expert moved into device memory leaves host memory, and an
+///     evicted one is copied there, in place of the one least worth keeping
+///     (False, the default: the host tier keeps the experts registered
+///     first).
 /// link_priority: on the simulated link, demand transfers go ahead of
 ///     queued prefetches (False: one FIFO of whole transfers).
 /// runtime: a strata.Runtime shared with your own buffers: the experts then
@@ -112,6 +118,7 @@ impl ExpertCache {
         layers = 1,
         protect_fetches = 16,
         nvme_miss_cost = 4.0,
+        host_cache = false,
         link_priority = true,
         runtime = None,
     ))]
@@ -132,6 +139,7 @@ impl ExpertCache {
         layers: i64,
         protect_fetches: i64,
         nvme_miss_cost: f64,
+        host_cache: bool,
         link_priority: bool,
         runtime: Option<PyRef<'_, crate::runtime::Runtime>>,
     ) -> PyResult<Self> {
@@ -191,6 +199,7 @@ impl ExpertCache {
             .map_err(|_| invalid("layers is too large"))?;
         cfg.protect_fetches = offset(protect_fetches, "protect_fetches")?;
         cfg.nvme_miss_cost = nvme_miss_cost;
+        cfg.host_cache = host_cache;
         cfg.link_priority = link_priority;
         match (nvme_path, nvme_capacity) {
             (Some(path), Some(cap)) => {
@@ -356,6 +365,7 @@ impl ExpertCache {
         d.set_item("displaced", s.displaced)?;
         d.set_item("reads_ahead", s.reads_ahead)?;
         d.set_item("moves_from_nvme", s.moves_from_nvme)?;
+        d.set_item("host_swaps", s.host_swaps)?;
         d.set_item("hit_rate", s.hit_rate())?;
         d.set_item("prefetch_accuracy", s.prefetch_accuracy())?;
         d.set_item("moves", s.moves())?;

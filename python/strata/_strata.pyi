@@ -444,6 +444,7 @@ class ExpertCache:
         layers: int = 1,
         protect_fetches: int = 16,
         nvme_miss_cost: float = 4.0,
+        host_cache: bool = False,
         link_priority: bool = True,
         runtime: Optional[Runtime] = None,
     ) -> "ExpertCache": ...

@@ -87,6 +87,7 @@ _COUNTERS = (
     "stall_seconds",
     "reads_ahead",
     "moves_from_nvme",
+    "host_swaps",
 )
 
 
@@ -706,7 +707,8 @@ class OffloadedMoE:
         prefetch_accuracy, moves (experts moved into device memory: misses
         and prefetches), moves_paid (of those, the ones fetched before they
         left), moves_from_nvme (of the moves, those read from the disk; the
-        others copied from host memory), prefetches_dropped, prefetches_cancelled,
+        others copied from host memory), host_swaps (evictions that took the
+        host memory of an expert worth less there), prefetches_dropped, prefetches_cancelled,
         evictions, bytes_moved, bytes_moved_per_token, stall_seconds (wall
         time spent in fetches), prefetch_call_seconds (wall time in the
         prefetch and cancel calls: their submission, since room is made off
@@ -884,6 +886,7 @@ def offload(
     decay: Optional[float] = None,
     protect_fetches: Optional[int] = None,
     nvme_miss_cost: float = 4.0,
+    host_cache: bool = False,
     checkpoint: Optional[str] = None,
     max_memory: Optional[Dict[Any, Any]] = None,
     offload_folder: Optional[str] = None,
@@ -928,6 +931,13 @@ def offload(
         fetches by default; "lru"), and how many fetches a prefetched
         expert is protected for (default: two layers' worth of a token's
         experts).
+    host_cache: where the host budget holds fewer than every expert, host
+        memory caches them: an expert moved into device memory leaves it,
+        an evicted one is copied there in place of the one least worth
+        keeping, every expert has its copy on NVMe (written once, here).
+        False, the default: host memory keeps the experts placed first
+        (the copies on eviction cost about what the disk reads they save
+        on a CPU; docs/perf-log.md).
     checkpoint: a safetensors file or directory to read the experts from,
         one expert at a time, for a model whose experts were left on the
         meta device (built under accelerate.init_empty_weights(), say) so
@@ -1025,6 +1035,7 @@ def offload(
         layers=len(blocks),
         protect_fetches=protect_fetches,
         nvme_miss_cost=nvme_miss_cost,
+        host_cache=host_cache,
     )
     layout = {
         "experts": e,

@@ -151,15 +151,20 @@ def test_lookahead_prefetch_is_used_with_room_to_spare():
     assert t["hit_rate"] > 0.5
 
 
-@pytest.mark.parametrize("nvme_miss_cost", [4.0, 1.0])
-def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost):
+@pytest.mark.parametrize("nvme_miss_cost,host_cache", [(4.0, False), (1.0, False), (4.0, True)])
+def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost, host_cache):
     ref = mixtral(seed=4)
     ids = prompts(seed=4)
     want = logits(ref, ids)
     m = mixtral(seed=4)
     page = 64 << 10  # each of an expert's two slices in a page (the default here)
     moe = strata.moe.offload(
-        m, device_slots=4, host_bytes=(ALL // 2) * 2 * page, nvme_path=tmp_path, nvme_miss_cost=nvme_miss_cost
+        m,
+        device_slots=4,
+        host_bytes=(ALL // 2) * 2 * page,
+        nvme_path=tmp_path,
+        nvme_miss_cost=nvme_miss_cost,
+        host_cache=host_cache,
     )
     nvme = [t for t in json.loads(moe.cache.runtime_stats_json())["tiers"] if t["tier"] == "nvme"]
     assert nvme and nvme[0]["used_pages"] > 0
@@ -178,6 +183,9 @@ def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost):
     assert written() == before
     # Half the experts are on NVMe: some moves read the disk, not all.
     assert 0 < t["moves_from_nvme"] < t["moves"]
+    # A host tier that keeps its experts swaps none.
+    if not host_cache:
+        assert t["host_swaps"] == 0
 
 
 def test_experts_read_from_the_checkpoint_of_an_empty_model(tmp_path):

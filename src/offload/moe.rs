@@ -25,6 +25,13 @@
 //!   number (decay 1 is LFU, decay → 0 is LRU); the resident, unpinned,
 //!   unprotected expert the policy ranks lowest goes. [`Eviction::Lru`] with `per_layer` is the mixtral-offloading
 //!   baseline; [`Eviction::NoCache`] moves every fetch.
+//! - Where the host budget cannot hold every expert, host memory may cache
+//!   them ([`MoeConfig::host_cache`], off by default): every expert has its copy on NVMe,
+//!   one moved into device memory leaves host memory, and one evicted
+//!   takes the host slot of the expert there least worth keeping if it is
+//!   worth more, so the device slots and the host tier hold distinct
+//!   experts, those the reuse estimate values most, with no write after
+//!   registration.
 //!
 //! The cache's bookkeeping lock is held while a fetch moves its expert (and
 //! while a victim is evicted), so concurrent fetches serialize: slot counts
@@ -128,6 +135,20 @@ pub struct MoeConfig {
     /// simulated device a host copy against this machine's virtual disk);
     /// 1 weighs every miss alike.
     pub nvme_miss_cost: f64,
+    /// When the host tier cannot hold every expert (the first one goes to
+    /// NVMe), it becomes a cache: the experts registered in it get a copy
+    /// on NVMe too (written once, at that registration), an expert moved
+    /// into device memory gives up its host slot, and an evicted one takes
+    /// the host slot of the expert there least worth keeping (by the reuse
+    /// estimate) if it is worth more — an expert in host memory and one in
+    /// device memory are never the same one, and nothing is written after
+    /// registration. Each expert leaving device memory for host memory is
+    /// copied there on the evicting thread: on the simulated device at 25%
+    /// and 50% of a tiny Mixtral's experts in device slots this read 10%
+    /// less from the disk at 50% and waited 30% less for it, and spent as
+    /// much time copying (docs/perf-log.md). Off by default: the host tier
+    /// keeps the experts registered in it.
+    pub host_cache: bool,
     /// Number of layers (needed for `per_layer`).
     pub layers: usize,
     /// Modelled link (simulated device): demand transfers go ahead of
@@ -162,6 +183,7 @@ impl MoeConfig {
             per_layer: false,
             protect_fetches: 16,
             nvme_miss_cost: 4.0,
+            host_cache: false,
             layers: 1,
             link_priority: true,
             sim_link: crate::device::sim::PCIE_GEN4_X16,
@@ -210,9 +232,13 @@ pub struct MoeStats {
     /// waits only for what is left of the read.
     pub reads_ahead: u64,
     /// Moves into device memory (misses, reads ahead, prefetches) of
-    /// experts registered on NVMe: the cache's disk reads. The others came
-    /// from host memory.
+    /// experts on NVMe: the cache's disk reads. The others came from host
+    /// memory.
     pub moves_from_nvme: u64,
+    /// Evictions that kept the expert in host memory in place of one
+    /// worth less there ([`MoeConfig::host_cache`]), which went back to its
+    /// NVMe copy with no I/O.
+    pub host_swaps: u64,
 }
 
 impl MoeStats {
@@ -252,11 +278,6 @@ struct Expert {
     layer: u32,
     /// Shared with owned pins (see [`ExpertCache::fetch_owned`]).
     buffer: std::sync::Arc<Buffer>,
-    /// Registered on NVMe (beyond the host budget), not in host memory:
-    /// a miss reads it from the disk. Fixed at registration: on a shared
-    /// runtime ([`ExpertCache::on`]) other pressure may move its copy
-    /// since.
-    on_nvme: bool,
 }
 
 #[derive(Default)]
@@ -272,6 +293,14 @@ struct Meta {
     in_flight: bool,
     /// Its move was started by `read_ahead`: the next fetch is a miss.
     ahead: bool,
+    /// Held in host memory (its only copy there, or, in device memory,
+    /// the clean copy it came from): a miss copies it from there, no disk
+    /// read. As the cache placed it: on a shared runtime
+    /// ([`ExpertCache::on`]) other pressure may move it since.
+    in_host: bool,
+    /// It has a copy on NVMe (registered there, or given one when the host
+    /// tier became a cache): leaving host memory is free.
+    nvme_copy: bool,
 }
 
 /// A prefetch the modelled link has not finished.
@@ -443,6 +472,11 @@ struct State {
     tick: u64,
     resident: usize,
     resident_per_layer: Vec<usize>,
+    /// Experts with `in_host`.
+    in_host: usize,
+    /// Experts the host tier holds once it is a cache
+    /// ([`MoeConfig::host_cache`]); 0 before.
+    host_slots: usize,
     clock: Option<Clock>,
     stats: MoeStats,
 }
@@ -634,6 +668,8 @@ impl ExpertCache {
                 tick: 0,
                 resident: 0,
                 resident_per_layer: vec![0; layers],
+                in_host: 0,
+                host_slots: 0,
                 stats: MoeStats {
                     stall_modelled: clock.is_some(),
                     ..MoeStats::default()
@@ -726,17 +762,50 @@ impl ExpertCache {
         self.experts.push(Expert {
             layer,
             buffer: std::sync::Arc::new(buffer),
-            on_nvme,
         });
         self.index.insert((layer, expert), i);
         let st = self.state.get_mut();
-        st.meta.push(Meta::default());
+        st.meta.push(Meta {
+            in_host: !on_nvme,
+            nvme_copy: on_nvme,
+            ..Meta::default()
+        });
+        st.in_host += usize::from(!on_nvme);
         st.reuse.add(layer);
+        if on_nvme && self.config.host_cache && st.host_slots == 0 {
+            self.host_becomes_a_cache()?;
+        }
+        let st = self.state.get_mut();
         // One pool for all layers: any layer may register (per-layer slots
         // checked the layer above).
         if st.resident_per_layer.len() <= layer as usize {
             st.resident_per_layer.resize(layer as usize + 1, 0);
         }
+        Ok(())
+    }
+
+    /// The first expert registered on NVMe: the host tier cannot hold
+    /// them all, and becomes a cache ([`MoeConfig::host_cache`]). Each
+    /// expert in it, not in device memory, gets its copy on NVMe: written
+    /// there and read back, the NVMe copy kept clean.
+    fn host_becomes_a_cache(&mut self) -> Result<()> {
+        let st = self.state.get_mut();
+        for (i, e) in self.experts.iter().enumerate() {
+            let m = &mut st.meta[i];
+            if !m.in_host || m.nvme_copy || m.resident {
+                continue;
+            }
+            let b = &e.buffer;
+            b.evict(0..b.len(), Tier::Nvme)?;
+            b.prefetch(0..b.len(), Tier::Host).wait()?;
+            m.nvme_copy = true;
+            if !matches!(b.tier_of(0), Ok(Some(Tier::Host))) {
+                // No room came back for it (a shared runtime's others).
+                m.in_host = false;
+                st.in_host -= 1;
+            }
+        }
+        st.host_slots = st.in_host.max(1);
         Ok(())
     }
 
@@ -805,19 +874,19 @@ impl ExpertCache {
     }
 
     /// What a miss of expert `i` costs, in misses served from host memory:
-    /// [`MoeConfig::nvme_miss_cost`] for an expert registered on NVMe.
-    fn miss_cost(&self, i: usize) -> f64 {
-        if self.experts[i].on_nvme {
-            self.config.nvme_miss_cost
-        } else {
+    /// [`MoeConfig::nvme_miss_cost`] for an expert not held in host memory.
+    fn miss_cost(&self, s: &State, i: usize) -> f64 {
+        if s.meta[i].in_host {
             1.0
+        } else {
+            self.config.nvme_miss_cost
         }
     }
 
     /// What evicting expert `i` is expected to cost ([`Eviction::Reuse`]):
     /// its reuse value (the rate of its next uses) times its miss's cost.
     fn loss(&self, s: &State, i: usize) -> f64 {
-        s.reuse.value(i) * self.miss_cost(i)
+        s.reuse.value(i) * self.miss_cost(s, i)
     }
 
     /// Whether a prefetch of expert `i` of `layer` would evict an expert
@@ -838,11 +907,12 @@ impl ExpertCache {
         } else {
             1.0
         };
-        self.loss(s, v) >= s.reuse.worth(accuracy, layer) * self.miss_cost(i)
+        self.loss(s, v) >= s.reuse.worth(accuracy, layer) * self.miss_cost(s, i)
     }
 
-    /// Evicts `victim` back to the host tier (or below).
-    fn evict(&self, s: &mut State, victim: usize) -> Result<()> {
+    /// Evicts `victim` back to the host tier (or below); `incoming`, the
+    /// expert it makes room for, keeps its place in host memory.
+    fn evict(&self, s: &mut State, victim: usize, incoming: Option<usize>) -> Result<()> {
         if let (Some(c), true) = (&mut s.clock, s.meta[victim].in_flight) {
             s.stats.bytes_moved -= c.cancel(victim, &mut s.meta);
         }
@@ -862,14 +932,50 @@ impl ExpertCache {
         s.resident -= 1;
         s.resident_per_layer[self.experts[victim].layer as usize] -= 1;
         s.stats.evictions += 1;
+        if s.meta[victim].nvme_copy && s.host_slots > 0 && s.in_host >= s.host_slots {
+            self.swap_into_host(s, victim, incoming)?;
+        }
         let b = &self.experts[victim].buffer;
-        b.evict(0..b.len(), Tier::Host)
+        b.evict(0..b.len(), Tier::Host)?;
+        let m = &mut s.meta[victim];
+        if !m.in_host && matches!(b.tier_of(0), Ok(Some(Tier::Host))) {
+            m.in_host = true;
+            s.in_host += 1;
+        }
+        Ok(())
     }
 
-    fn make_room(&self, s: &mut State, layer: u32, demand: bool) -> Result<bool> {
+    /// The host tier is full as `victim` leaves device memory: the expert
+    /// there least worth keeping (by the reuse estimate; not `incoming`)
+    /// goes back to its NVMe copy, no I/O, if `victim` is worth more.
+    fn swap_into_host(&self, s: &mut State, victim: usize, incoming: Option<usize>) -> Result<()> {
+        let worth = s.reuse.value(victim);
+        let least = (0..self.experts.len())
+            .filter(|&j| {
+                let m = &s.meta[j];
+                m.in_host && m.nvme_copy && !m.resident && j != victim && Some(j) != incoming
+            })
+            .map(|j| (s.reuse.value(j), j))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let Some((value, h)) = least else {
+            return Ok(());
+        };
+        if value >= worth {
+            return Ok(());
+        }
+        let b = &self.experts[h].buffer;
+        b.evict(0..b.len(), Tier::Nvme)?;
+        s.meta[h].in_host = false;
+        s.in_host -= 1;
+        s.stats.host_swaps += 1;
+        Ok(())
+    }
+
+    /// Frees slots for `incoming`, of `layer`, until one is free.
+    fn make_room(&self, s: &mut State, layer: u32, incoming: usize, demand: bool) -> Result<bool> {
         while self.full(s, layer) {
             match self.victim(s, layer, demand) {
-                Some(v) => self.evict(s, v)?,
+                Some(v) => self.evict(s, v, Some(incoming))?,
                 None if demand => {
                     return Err(Error::new(
                         ErrorKind::OutOfCapacity,
@@ -884,13 +990,14 @@ impl ExpertCache {
         Ok(true)
     }
 
-    /// A fetch moves expert `i` (`bytes`) itself: counted, and on the
-    /// modelled link a demand transfer the fetch stalls for.
-    fn demand_transfer(&self, s: &mut State, i: usize, bytes: u64) {
-        s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
+    /// A fetch moves expert `i` (`bytes`; from NVMe with `from_nvme`)
+    /// itself: counted, and on the modelled link a demand transfer the
+    /// fetch stalls for.
+    fn demand_transfer(&self, s: &mut State, i: usize, bytes: u64, from_nvme: bool) {
+        s.stats.moves_from_nvme += u64::from(from_nvme);
         s.stats.bytes_moved += bytes;
         if let Some(c) = &mut s.clock {
-            let done = c.demand(bytes, self.experts[i].on_nvme, &mut s.meta);
+            let done = c.demand(bytes, from_nvme, &mut s.meta);
             s.stats.stall_seconds += done - c.now;
             c.now = done;
             s.meta[i].ready_at = done;
@@ -904,10 +1011,19 @@ impl ExpertCache {
         (0..pages).all(|p| matches!(b.tier_of(p), Ok(Some(Tier::Device))))
     }
 
-    fn mark_resident(&self, s: &mut State, i: usize) {
+    /// Marks expert `i` resident; returns whether it comes from NVMe. One
+    /// with a copy there gives up its host slot as it moves.
+    fn mark_resident(&self, s: &mut State, i: usize) -> bool {
+        let m = &mut s.meta[i];
+        let from_nvme = !m.in_host;
+        if m.in_host && m.nvme_copy {
+            m.in_host = false;
+            s.in_host -= 1;
+        }
         s.meta[i].resident = true;
         s.resident += 1;
         s.resident_per_layer[self.experts[i].layer as usize] += 1;
+        from_nvme
     }
 
     /// The expert in device memory, pinned until the guard drops. Blocks
@@ -958,7 +1074,7 @@ impl ExpertCache {
         s.reuse.at(layer);
         let tick = s.tick;
         if self.config.eviction == Eviction::NoCache && s.meta[i].resident && s.meta[i].pins == 0 {
-            self.evict(s, i)?;
+            self.evict(s, i, None)?;
         }
         let bytes = self.experts[i].buffer.len();
         // On a shared runtime, background eviction or the balancer may
@@ -986,7 +1102,8 @@ impl ExpertCache {
             s.stats.displaced += 1;
             s.meta[i].protected_since = None;
             s.meta[i].ahead = false;
-            self.demand_transfer(s, i, bytes);
+            let from_nvme = !s.meta[i].in_host;
+            self.demand_transfer(s, i, bytes, from_nvme);
         } else if s.meta[i].resident {
             let m = &mut s.meta[i];
             let ahead = std::mem::take(&mut m.ahead);
@@ -1014,9 +1131,9 @@ impl ExpertCache {
                 }
             }
         } else {
-            self.make_room(s, layer, true)?;
-            self.mark_resident(s, i);
-            self.demand_transfer(s, i, bytes);
+            self.make_room(s, layer, i, true)?;
+            let from_nvme = self.mark_resident(s, i);
+            self.demand_transfer(s, i, bytes, from_nvme);
         }
         s.ranking.touch(i as u64, tick);
         s.reuse.touch(i);
@@ -1054,7 +1171,7 @@ impl ExpertCache {
                 s.stats.prefetches_declined += 1;
                 continue;
             }
-            if !self.make_room(s, layer, false)? {
+            if !self.make_room(s, layer, i, false)? {
                 s.stats.prefetches_dropped += 1;
                 continue;
             }
@@ -1083,7 +1200,7 @@ impl ExpertCache {
         let mut started = 0;
         for &e in experts {
             let i = self.lookup(layer, e)?;
-            if s.meta[i].resident || !self.make_room(s, layer, false)? {
+            if s.meta[i].resident || !self.make_room(s, layer, i, false)? {
                 continue;
             }
             self.start_move(s, i);
@@ -1098,15 +1215,15 @@ impl ExpertCache {
     /// Marks expert `i` resident and starts its move into device memory
     /// (the caller made room), protected from eviction until fetched.
     fn start_move(&self, s: &mut State, i: usize) {
-        self.mark_resident(s, i);
-        s.stats.moves_from_nvme += u64::from(self.experts[i].on_nvme);
+        let from_nvme = self.mark_resident(s, i);
+        s.stats.moves_from_nvme += u64::from(from_nvme);
         let b = &self.experts[i].buffer;
         let tick = s.tick;
         let m = &mut s.meta[i];
         m.protected_since = Some(tick);
         m.ticket = Some(b.prefetch(0..b.len(), Tier::Device));
         if let Some(c) = &mut s.clock {
-            c.prefetch(i, b.len(), self.experts[i].on_nvme, &mut s.meta);
+            c.prefetch(i, b.len(), from_nvme, &mut s.meta);
         }
         s.stats.bytes_moved += b.len();
     }
@@ -1140,7 +1257,7 @@ impl ExpertCache {
                 None => m.ticket.as_ref().is_some_and(|t| t.poll().is_none()),
             };
             if unfinished {
-                self.evict(s, i)?;
+                self.evict(s, i, None)?;
                 s.stats.evictions -= 1;
                 s.stats.prefetches_cancelled += 1;
                 cancelled += 1;

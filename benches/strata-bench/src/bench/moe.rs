@@ -134,6 +134,9 @@ pub struct MoeParams {
     pub nvme_link: Option<strata::link::LinkModel>,
     /// The directory of the NVMe tier, with `host_experts`.
     pub path: PathBuf,
+    /// The host tier caches the experts ([`MoeConfig::host_cache`])
+    /// instead of keeping those registered in it.
+    pub host_cache: bool,
 }
 
 fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -181,6 +184,9 @@ pub struct MoeResult {
     /// tier of `host_experts`).
     #[serde(default)]
     pub moves_from_nvme: u64,
+    /// Evictions that took the host slot of an expert worth less there.
+    #[serde(default)]
+    pub host_swaps: u64,
     /// Prefetches started.
     pub prefetches: u64,
     /// Hits that still waited for a prefetch in flight.
@@ -575,6 +581,7 @@ fn run_config(
             ..strata::NvmeConfig::new(&p.path, capacity, p.page_size)
         });
         cfg.sim_nvme_link = p.nvme_link;
+        cfg.host_cache = p.host_cache;
     }
     cfg.device = p.device;
     cfg.page_size = p.page_size;
@@ -708,6 +715,7 @@ fn run_config(
         moves: s.moves(),
         moves_paid: s.moves_paid(),
         moves_from_nvme: s.moves_from_nvme,
+        host_swaps: s.host_swaps,
         prefetches: s.prefetches,
         late_prefetch_hits: s.late_prefetch_hits,
         fetches: s.fetches,
@@ -752,6 +760,7 @@ mod tests {
             host_experts: None,
             nvme_link: None,
             path: PathBuf::from("."),
+            host_cache: false,
         }
     }
 

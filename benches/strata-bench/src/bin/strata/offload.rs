@@ -94,6 +94,10 @@ pub struct MoeArgs {
     /// configured NVMe path, else the current directory)
     #[arg(long)]
     path: Option<PathBuf>,
+    /// With --host-experts, the host tier caches the experts (strata.moe's
+    /// host_cache=True) instead of keeping those registered in it
+    #[arg(long, requires = "host_experts")]
+    host_cache: bool,
     /// The device: sim (modelled time), cuda (a GPU: real device slots,
     /// measured stall) or auto.
     #[arg(long, default_value = "sim")]
@@ -188,6 +192,7 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
         host_experts: a.host_experts,
         nvme_link,
         path,
+        host_cache: a.host_cache,
     };
     if let moe::Routing::File { path } = &params.routing {
         crate::cli::input_file("--routing file:", path)?;
@@ -227,7 +232,12 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
     }
     if let Some(h) = params.host_experts {
         outln!(
-            "a host tier of {h} experts (registered first), {} on NVMe in {}; a move from NVMe modelled at {}",
+            "a host tier of {h} experts ({}), {} on NVMe in {}; a move from NVMe modelled at {}",
+            if params.host_cache {
+                "a cache of them all"
+            } else {
+                "those registered first, kept"
+            },
             r.layers * r.experts - h,
             params.path.display(),
             match params.nvme_link {
@@ -284,7 +294,10 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
             x.moves_paid,
             x.moves,
             if params.host_experts.is_some() {
-                format!("; {} from NVMe", x.moves_from_nvme)
+                format!(
+                    "; {} from NVMe, {} host-tier swaps",
+                    x.moves_from_nvme, x.host_swaps
+                )
             } else {
                 String::new()
             }
