@@ -66,11 +66,10 @@ use crate::size::{check_page_size, parse_size};
 use crate::sys::Topology;
 use crate::tier::{CxlBacking, CxlConfig, CxlMode, HostConfig, NvmeConfig};
 
-/// Default page size: 64 KiB.
-pub const DEFAULT_PAGE_SIZE: usize = 64 << 10;
+pub use crate::size::DEFAULT_PAGE_SIZE;
 
 /// The simulated GPU's default size.
-pub const DEFAULT_SIM_DEVICE_CAPACITY: u64 = 1 << 30;
+pub const DEFAULT_SIM_DEVICE_CAPACITY: u64 = crate::device::sim::DEFAULT_CAPACITY;
 
 /// Default NVMe operations in flight per queue.
 pub const DEFAULT_NVME_QUEUE_DEPTH: usize = 32;
@@ -556,11 +555,34 @@ impl Config {
     }
 
     /// A [`RuntimeBuilder`] for this configuration, every setting included
-    /// (background eviction and sampling as well as the tiers).
+    /// (background eviction and sampling as well as the tiers). Without a
+    /// configured device capacity the simulated device is
+    /// [`DEFAULT_SIM_DEVICE_CAPACITY`] and a GPU's own limit (its free
+    /// memory less a reserve) applies; `auto` is a GPU where one is present.
     pub fn builder(&self) -> RuntimeBuilder {
-        RuntimeBuilder::from_config(self)
+        let device_capacity = self.device_capacity.unwrap_or(match self.device {
+            DeviceChoice::Sim => DEFAULT_SIM_DEVICE_CAPACITY,
+            DeviceChoice::Cuda => u64::MAX,
+            DeviceChoice::Auto => match crate::device::probe_gpus() {
+                Ok(_) => u64::MAX,
+                Err(_) => DEFAULT_SIM_DEVICE_CAPACITY,
+            },
+        });
+        let mut b = RuntimeBuilder::default()
+            .page_size(self.page_size)
+            .device(self.device, device_capacity)
+            .host_config(self.host.clone())
+            .watermarks(self.watermarks)
+            .policy(self.policy)
             .background_eviction(self.background_eviction)
-            .sampling(self.sampling)
+            .sampling(self.sampling);
+        if let Some(cxl) = &self.cxl {
+            b = b.cxl(cxl.clone());
+        }
+        if let Some(nvme) = &self.nvme {
+            b = b.nvme(nvme.clone());
+        }
+        b
     }
 
     /// Opens the tiers of this configuration.

@@ -63,6 +63,8 @@ pub fn format_rate(bytes_per_sec: f64) -> String {
 
 /// The smallest and largest page sizes strata supports.
 pub const MIN_PAGE_SIZE: usize = 4096;
+/// Default page size: 64 KiB.
+pub const DEFAULT_PAGE_SIZE: usize = 64 << 10;
 /// See [`MIN_PAGE_SIZE`].
 pub const MAX_PAGE_SIZE: usize = 2 << 20;
 

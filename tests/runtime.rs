@@ -95,9 +95,7 @@ fn builds_from_the_config_file_form() {
     let config =
         strata::config::Config::resolve(Some(&toml), &|_| None, &strata::sys::Topology::default())
             .unwrap();
-    let rt = strata::runtime::RuntimeBuilder::from_config(&config)
-        .build()
-        .unwrap();
+    let rt = config.builder().build().unwrap();
     assert_eq!(rt.tiers(), vec![Tier::Device, Tier::Host, Tier::Nvme]);
     assert_eq!(rt.device_backend().unwrap().label(), "simulated");
     let b = rt.alloc(20 * PAGE as u64).unwrap();
@@ -887,10 +885,7 @@ fn a_config_without_nvme_builds_a_runtime_without_it() {
         Err(e) => panic!("{e}"),
     };
     assert!(c.nvme.is_none());
-    let rt = strata::RuntimeBuilder::from_config(&c)
-        .device(DeviceChoice::Sim, 0)
-        .build()
-        .unwrap();
+    let rt = c.builder().device(DeviceChoice::Sim, 0).build().unwrap();
     assert!(!rt.tiers().contains(&Tier::Nvme));
 }
 

@@ -13,6 +13,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::link::{LinkCounter, LinkModel, LinkStats};
 use crate::sys::Arena;
 
+/// The simulated GPU's default size: 1 GiB.
+pub const DEFAULT_CAPACITY: u64 = 1 << 30;
+
 /// PCIe Gen4 x16 as the simulation's default: 25 GB/s sustained, 5 µs per
 /// transfer (launch and DMA setup).
 pub const PCIE_GEN4_X16: LinkModel = LinkModel {

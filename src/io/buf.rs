@@ -192,7 +192,7 @@ impl BufPool {
             arena,
             buf_len,
             count,
-            id: crate::tier::slots::next_id(),
+            id: crate::sys::next_id(),
             free: Mutex::new((0..count).rev().collect()),
         }))
     }

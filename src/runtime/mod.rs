@@ -108,7 +108,7 @@ mod view;
 
 use std::sync::Arc;
 
-use crate::device::{self, BackendKind, DeviceChoice};
+use crate::device::{BackendKind, DeviceChoice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::IoEngine;
 use crate::link::LinkModel;
@@ -172,11 +172,11 @@ impl std::fmt::Debug for RuntimeBuilder {
 impl Default for RuntimeBuilder {
     fn default() -> Self {
         Self {
-            page_size: crate::config::DEFAULT_PAGE_SIZE,
+            page_size: crate::size::DEFAULT_PAGE_SIZE,
             device: DeviceChoice::Auto,
             device_capacity: 0,
             sim_link: crate::device::sim::PCIE_GEN4_X16,
-            host: HostConfig::new(256 << 20, crate::config::DEFAULT_PAGE_SIZE),
+            host: HostConfig::new(256 << 20, crate::size::DEFAULT_PAGE_SIZE),
             cxl: None,
             nvme: None,
             nvme_engine: None,
@@ -264,35 +264,6 @@ impl RuntimeBuilder {
     pub fn policy(mut self, policy: crate::policy::PolicyKind) -> Self {
         self.policy = policy;
         self
-    }
-
-    /// Builds the runtime from a resolved [`Config`](crate::config::Config).
-    pub fn from_config(config: &crate::config::Config) -> Self {
-        let device_capacity = config.device_capacity.unwrap_or(match config.device {
-            DeviceChoice::Sim => crate::config::DEFAULT_SIM_DEVICE_CAPACITY,
-            // A GPU's own limit (free memory less a reserve) applies.
-            DeviceChoice::Cuda => u64::MAX,
-            // Auto: a GPU where present (its limit applies), else the
-            // default simulated size.
-            DeviceChoice::Auto => match device::probe_gpus() {
-                Ok(_) => u64::MAX,
-                Err(_) => crate::config::DEFAULT_SIM_DEVICE_CAPACITY,
-            },
-        });
-        Self {
-            page_size: config.page_size,
-            device: config.device,
-            device_capacity,
-            sim_link: crate::device::sim::PCIE_GEN4_X16,
-            host: config.host.clone(),
-            cxl: config.cxl.clone(),
-            nvme: config.nvme.clone(),
-            nvme_engine: None,
-            watermarks: config.watermarks,
-            background_eviction: true,
-            sample_shift: Some(0),
-            policy: config.policy,
-        }
     }
 
     /// Opens every configured tier.

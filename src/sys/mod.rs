@@ -8,6 +8,14 @@ pub(crate) mod arena;
 pub(crate) mod numa;
 
 pub(crate) use arena::Arena;
+
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A process-unique id (64 bits: it never wraps): of a slot allocator, of
+/// a pool of I/O buffers.
+pub(crate) fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 pub use numa::{MemoryTierInfo, NumaNode, Topology};
 
 use std::ffi::CString;

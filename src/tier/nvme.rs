@@ -946,7 +946,7 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
                     let name = path.join(format!(
                         ".strata-swap-{}-{}",
                         std::process::id(),
-                        crate::tier::slots::next_id()
+                        crate::sys::next_id()
                     ));
                     create_unlinked(&opts, &name).map_err(open_error)?
                 }

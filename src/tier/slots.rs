@@ -6,20 +6,9 @@
 //! `&mut Slot` without data races, and a slot cannot be freed twice.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A process-unique id (64 bits: it never wraps). Slot allocators mint
-/// their own, so no caller can make a second allocator with an existing
-/// store's id and forge slots of that store.
-pub(crate) fn next_id() -> u64 {
-    NEXT_ID.fetch_add(1, Ordering::Relaxed)
-}
 
 /// Ownership of one slot of one store. Return it with the store's `free`.
 ///
@@ -86,7 +75,9 @@ impl SlotAllocator {
     /// [`SlotAllocator::alloc_reserve`] hands out.
     pub fn with_reserve(capacity: u32, reserve: u32) -> Self {
         Self {
-            store: next_id(),
+            // Minted here: no caller can make a second allocator with an
+            // existing store's id and forge slots of that store.
+            store: crate::sys::next_id(),
             capacity,
             reserve: reserve.min(capacity),
             list: Mutex::new(FreeList {
