@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::gen::Rng;
+use crate::random::Rng;
 use strata::error::{Error, Result};
 use strata::io::{AlignedBuf, EngineChoice, IoOp};
 use strata::lowlevel::NvmeCompletion;

@@ -8,8 +8,6 @@ pub mod migrate;
 pub mod moe;
 pub mod optim;
 pub mod pages;
-#[cfg(feature = "foyer")]
-mod pages_foyer;
 pub mod priority;
 pub mod recsys;
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::gen::Rng;
+use crate::random::Rng;
 use strata::error::{Error, Result};
 use strata::runtime::{Runtime, Watermarks};
 use strata::tier::{NvmeConfig, Tier};

@@ -16,7 +16,7 @@
 use strata::offload::moe::TokenRoute;
 use strata::{Error, Result};
 
-use crate::gen::{Rng, Zipf};
+use crate::random::{Rng, Zipf};
 
 /// The synthetic router of `strata bench moe`; see the module docs.
 pub struct SyntheticRouter {

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use strata::{Error, Result};
 
-use crate::gen::{Rng, Zipf};
+use crate::random::{Rng, Zipf};
 
 /// How indices are drawn.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

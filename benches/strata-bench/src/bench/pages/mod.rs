@@ -17,6 +17,9 @@
 //! cache and source reads with direct I/O.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "foyer")]
+mod foyer_peer;
+
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -26,7 +29,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gen::{Rng, Scramble, Zipf};
+use crate::random::{Rng, Scramble, Zipf};
 use strata::error::{Error, ErrorKind, Result};
 use strata::io::AlignedBuf;
 use strata::policy::belady::Belady;
@@ -935,7 +938,7 @@ pub fn run(
 
 #[cfg(feature = "foyer")]
 fn run_foyer(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesResult> {
-    super::pages_foyer::run(p, seq, trial)
+    foyer_peer::run(p, seq, trial)
 }
 
 #[cfg(not(feature = "foyer"))]

@@ -14,7 +14,7 @@ use foyer::{
     BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder, Source,
 };
 
-use super::pages::{data_file, drive, open_direct, read_source, PagesParams, PagesResult};
+use super::{data_file, drive, open_direct, read_source, PagesParams, PagesResult};
 use strata::error::{Error, ErrorKind, Result};
 use strata::io::AlignedBuf;
 
@@ -56,7 +56,7 @@ pub(super) fn run(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
     let (from_disk, refetched) = (AtomicU64::new(0), AtomicU64::new(0));
     let ps = p.page_size;
     let handle = runtime.handle().clone();
-    let disk0 = super::pages::DiskIo::now();
+    let disk0 = super::DiskIo::now();
     let run = drive(p, seq, &|| Ok(()), &|_, page, off, out| {
         let q = page as u32;
         let (file, params) = (source.clone(), p.clone());
@@ -96,7 +96,7 @@ pub(super) fn run(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
         from_disk.load(Ordering::Relaxed),
         lost
     );
-    Ok(super::pages::finish(
+    Ok(super::finish(
         "foyer", trial, tally, seconds, disk, lost, note,
     ))
 }
