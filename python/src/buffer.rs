@@ -191,7 +191,7 @@ impl Buffer {
         let pin = py
             .detach(|| self.buf.pin_owned(r.clone(), t))
             .map_err(raise)?;
-        Ok(Pin::new(self, pin, r, dtype, dt, true))
+        Ok(Pin::new(&self.rt, &self.buf, pin, r, dtype, dt, true))
     }
 
     fn __repr__(&self) -> String {

@@ -22,7 +22,6 @@ use strata::runtime::OwnedPin;
 use strata::{ErrorKind, Tier};
 use strata_ffi::{DLDataType, DLDataTypeCode, DLManagedTensor};
 
-use crate::buffer::Buffer;
 use crate::errors::{invalid, raise};
 
 const DLTENSOR: &CStr = c"dltensor";
@@ -85,21 +84,23 @@ pub(crate) struct Pin {
 }
 
 impl Pin {
+    /// A pin of `buf` (of runtime `rt`).
     pub(crate) fn new(
-        buf: &Buffer,
+        rt: &strata::Runtime,
+        buf: &Arc<strata::Buffer>,
         pin: OwnedPin,
         range: Range<u64>,
         dtype_name: &str,
         dtype: DLDataType,
         writable: bool,
     ) -> Self {
-        let page = buf.rt.page_size() as u64;
+        let page = rt.page_size() as u64;
         let addresses = pin.addresses().to_vec();
         // A pin of an empty range holds no page and has no address.
         let address = addresses.first().map_or(0, |a| a + range.start % page);
         Self {
-            rt: buf.rt.clone(),
-            buf: buf.buf.clone(),
+            rt: rt.clone(),
+            buf: buf.clone(),
             tier: pin.tier(),
             pages: pin.pages(),
             pin: Mutex::new(Some(pin)),

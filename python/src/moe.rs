@@ -501,7 +501,7 @@ impl ExpertSlot {
         let pin = py
             .detach(|| self.buf.pin_read_owned(r.clone(), Tier::Device))
             .map_err(raise)?;
-        Ok(Pin::new(&self.buffer(), pin, r, dtype, dt, false))
+        Ok(Pin::new(&self.rt, &self.buf, pin, r, dtype, dt, false))
     }
 
     /// Unpins the expert (a no-op if released already).

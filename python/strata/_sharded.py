@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ._bags import _bag_backward, _concat_bags
+
 Bag = Tuple[Tensor, Tensor, Optional[Tensor]]
 
 
@@ -130,8 +132,6 @@ class _Route(torch.autograd.Function):
         # The owner's pooling: every source's bags of each feature it
         # serves, one call per table (its features' updates then come as
         # one, as in one process).
-        from .nn import _concat_bags
-
         mine = plan.served(features, plan.rank)
         segments = {}  # (feature j, source s) -> its bags
         start = [0] * world  # each source's next id
@@ -192,8 +192,6 @@ class _Route(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from .nn import _bag_backward
-
         plan, coll, features = ctx.plan, ctx.coll, ctx.coll._features
         at, world = ctx.at, plan.world
         grad = grad.detach().to("cpu", torch.float32).clone()
