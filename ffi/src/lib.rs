@@ -42,12 +42,15 @@ mod offload;
 mod pin;
 mod runtime;
 mod status;
+// After status: cbindgen writes a module's functions in this order.
+mod last_error;
 
 pub use buffer::*;
 pub use dlpack::*;
 pub use embedding::*;
 pub use enums::*;
 pub use hotness::*;
+pub use last_error::*;
 pub use objects::{
     strata_buffer, strata_expert_pin, strata_launch, strata_map, strata_moe, strata_optim,
     strata_pin, strata_runtime, strata_ticket,
