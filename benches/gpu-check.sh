@@ -3,6 +3,8 @@
 #
 #   benches/gpu-check.sh            # here: builds into gpu-carry/ (git-ignored)
 #   gpu-carry/run.sh                # on the GPU machine (no Rust toolchain needed)
+#   gpu-carry/moe-gpu.sh            # there too, in a call of its own: strata.moe
+#                                   # on a Mixtral-shaped bf16 model (about 8 min)
 #
 # gpu-carry/ gets the CUDA-enabled CLI and the device (strata's CUDA layer,
 # src/device/cuda/, on its own and as the device tier), hotness, runtime,
@@ -26,6 +28,10 @@ for l in sys.stdin:
         print(m["executable"])' | tail -1)
     cp "$exe" "gpu-carry/test-$t"
 done
+# The Python package as a wheel (abi3: the GPU machine's python3 takes it),
+# installed there into gpu-carry/site by moe-gpu.sh.
+PY=${PYTHON:-$( [ -x target/pyenv/bin/python ] && echo target/pyenv/bin/python || echo python3 )}
+"$PY" -m pip wheel -q --no-deps -w gpu-carry ./python
 # Without debug info the folder is about 12 MiB (with it, about 170 MiB:
 # over the device tool's 64 MiB carry limit).
 strip gpu-carry/strata gpu-carry/test-*
@@ -82,4 +88,19 @@ done
 exit $status
 SH
 chmod +x gpu-carry/run.sh
+cat > gpu-carry/moe-gpu.sh <<'SH'
+#!/usr/bin/env bash
+# Run on the GPU machine from the repository root, in a call of its own:
+# strata.moe on a random Mixtral-shaped bf16 model (8 layers x 8 experts of
+# 336 MiB) with 25% and 50% of its experts in device slots, beside the
+# model wholly on the GPU and accelerate's CPU offload of the experts
+# (benches/peers/moe_gpu.py; transformers and accelerate are the image's).
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$here/site" "$here"/strata-*.whl || exit 1
+export PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+python3 benches/peers/moe_gpu.py --device cuda --trials 2 --json "${OUT:-/tmp}/moe-gpu.json"
+SH
+chmod +x gpu-carry/moe-gpu.sh
 echo "gpu-carry/ ($(du -sh gpu-carry | cut -f1)) is ready: pass it in the device tool's carry list and run gpu-carry/run.sh"
