@@ -156,7 +156,8 @@ def run(args, name, frac, device, ids, work):
 
         slots = max(1, int(frac * n_experts))
         trace = work / f"route-{name}-{frac}.txt"
-        moe = strata.moe.offload(m, device_slots=slots, host_bytes=(n_experts + 1) * eb,
+        # Every expert in host memory, whatever its padding to pages.
+        moe = strata.moe.offload(m, device_slots=slots, host_bytes=2 * (n_experts + 1) * eb,
                                  device="cuda" if device != "cpu" else "sim",
                                  prefetch=(name == "strata"), record_routing=str(trace))
         extra.update(device_slots=slots, trace=str(trace))

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -561,3 +562,25 @@ def test_expert_cache_on_a_shared_runtime(rt):
         strata.ExpertCache(slot_bytes=8192, device_slots=2)
     with pytest.raises(strata.OutOfCapacityError):
         strata.ExpertCache(slot_bytes=8192, device_slots=64, runtime=rt)
+
+
+def test_the_gpu_script_runs_dry_on_the_cpu(tmp_path):
+    """benches/peers/moe_gpu.py, which a lent GPU runs (benches/gpu-check.sh),
+    dry-run on the CPU at a tiny size: every configuration generates the
+    device run's tokens, and the report carries the roofline."""
+    out = tmp_path / "gpu.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benches/peers/moe_gpu.py"), "--device", "cpu", "--dtype", "float32",
+         "--hidden", "64", "--intermediate", "128", "--layers", "3", "--experts", "6", "--vocab", "128",
+         "--new-tokens", "4", "--trials", "1", "--fractions", "0.5", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    runs = {x["config"]: x for x in r["runs"]}
+    assert set(runs) == {"device", "strata", "strata-nopf", "accelerate"}
+    for c in ("strata", "strata-nopf", "accelerate"):
+        assert "error" not in runs[c], runs[c]
+        assert runs[c]["tokens_identical"], c
+    assert runs["strata"]["device_slots"] == 9
+    assert r["roofline"]["0.5"]["belady_misses"] > 0
