@@ -1003,6 +1003,41 @@ fn bench_moe_and_optim_reject_bad_input() {
         &strata(&["bench", "moe", "--layer-compute-us", "-1", "--quiet"]),
         "--layer-compute-us",
     );
+    // A host tier of every expert leaves none on NVMe.
+    assert_bad_input(
+        &strata(&[
+            "bench",
+            "moe",
+            "--layers",
+            "2",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--device-slots",
+            "4",
+            "--host-experts",
+            "16",
+            "--quiet",
+        ]),
+        "--host-experts",
+    );
+    assert_bad_input(
+        &strata(&["bench", "moe", "--path", ".", "--quiet"]),
+        "--host-experts",
+    );
+    assert_bad_input(
+        &strata(&[
+            "bench",
+            "moe",
+            "--host-experts",
+            "4",
+            "--nvme-gbps",
+            "0",
+            "--quiet",
+        ]),
+        "--nvme-gbps",
+    );
 }
 
 #[test]

@@ -486,24 +486,20 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         results.push(result);
         link = modelled_on.unwrap_or(link);
     }
-    let bounds = match params.host_experts {
-        Some(h) => bounds(
-            &routes,
-            experts,
-            slots + h,
-            params.expert_bytes,
-            (routes.len() * layers) as f64 * compute,
-            params.nvme_link.unwrap_or(link),
-        ),
-        None => bounds(
-            &routes,
-            experts,
-            slots,
-            params.expert_bytes,
-            (routes.len() * layers) as f64 * compute,
-            link,
-        ),
+    // With a host tier, the pool is every expert held in memory and a miss
+    // a read from NVMe.
+    let (pool, miss_link) = match params.host_experts {
+        Some(h) => (slots + h, params.nvme_link.unwrap_or(link)),
+        None => (slots, link),
     };
+    let bounds = bounds(
+        &routes,
+        experts,
+        pool,
+        params.expert_bytes,
+        (routes.len() * layers) as f64 * compute,
+        miss_link,
+    );
     progress("done", 1.0);
     let total = all as u64 * params.expert_bytes;
     let modelled = results.iter().all(|r| r.modelled);
