@@ -331,8 +331,9 @@ typedef enum DLDataTypeCode {
 typedef struct strata_buffer strata_buffer;
 
 /**
- * A tiered embedding table. Opaque; made by `strata_embedding_create`
- * or `strata_embedding_create_in`, ended by `strata_embedding_free`.
+ * A tiered embedding table. Opaque; made by `strata_embedding_create`,
+ * `strata_embedding_create_in` or `strata_embedding_create_cached`, ended
+ * by `strata_embedding_free`.
  */
 typedef struct strata_embedding strata_embedding;
 
@@ -484,6 +485,11 @@ typedef struct DLManagedTensor {
 #endif
 
 /**
+ * A placement policy for the balancer (`STRATA_POLICY_*`).
+ */
+typedef int32_t strata_policy;
+
+/**
  * How a bag's rows are combined (`STRATA_POOLING_*`).
  */
 typedef int32_t strata_pooling;
@@ -537,15 +543,19 @@ typedef struct strata_embedding_stats {
      */
     uint64_t lookups;
     /**
-     * Those whose row was in the runtime's fastest tier when gathered.
+     * Those whose row was in the runtime's fastest tier when gathered
+     * (the row cache's hits among them).
      */
     uint64_t fast_hits;
+    /**
+     * Those served from the table's row cache (0 without one).
+     */
+    uint64_t cache_hits;
+    /**
+     * Missed rows the row cache took in.
+     */
+    uint64_t cache_fills;
 } strata_embedding_stats;
-
-/**
- * A placement policy for the balancer (`STRATA_POLICY_*`).
- */
-typedef int32_t strata_policy;
 
 /**
  * What one balancer round did (`strata_balance_once`).
@@ -1291,6 +1301,34 @@ int strata_embedding_create_in(const struct strata_runtime *rt,
                                strata_tier preferred,
                                size_t threads,
                                struct strata_embedding **out);
+
+/**
+ * As `strata_embedding_create_in`, with a row cache of `cache_rows` rows
+ * (1 to 2^32 − 1) under `policy` (`STRATA_POLICY_*`; one that needs the
+ * future, Belady or lookahead, is refused): the rows a gather reads most
+ * are kept at their own granularity in the fastest memory tier — the
+ * simulated device's, or host memory on a runtime without a device — in
+ * whole pages held for the table's life, while the table's pages stay
+ * where the runtime places them (`preferred` first). A missed row is
+ * filled by its own read; rows written reach the table and the cached
+ * copies, an update of a cached row stays in the cache until the row
+ * leaves it (a write-back cache: reads and gathers see it at once). A
+ * row must fit in a page; a CUDA device is refused
+ * with `STRATA_ERR_UNSUPPORTED` (the cache's kernel is not built), a
+ * tier without room for the slots with `STRATA_ERR_OUT_OF_CAPACITY`.
+ * `strata_embedding_stats` counts the cache's hits and fills.
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `strata_embedding *`.
+ */
+int strata_embedding_create_cached(const struct strata_runtime *rt,
+                                   uint64_t rows,
+                                   size_t dim,
+                                   strata_tier preferred,
+                                   size_t threads,
+                                   size_t cache_rows,
+                                   strata_policy policy,
+                                   struct strata_embedding **out);
 
 /**
  * Ends an embedding table: its handle is dead at once, its rows' pages

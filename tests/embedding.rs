@@ -6,7 +6,7 @@
 
 use rand::{Rng, SeedableRng};
 use strata::device::DeviceChoice;
-use strata::offload::embedding::{Bags, EmbeddingTable, Pooling, TableOptions};
+use strata::offload::embedding::{Bags, EmbeddingTable, Pooling, RowCacheOptions, TableOptions};
 use strata::runtime::BalancerConfig;
 use strata::tier::NvmeConfig;
 use strata::{Runtime, Tier};
@@ -88,8 +88,10 @@ fn same(a: &[f32], b: &[f32]) -> bool {
 /// row size divides the page size), on a host tier of `host_pages`. With
 /// `mapped`, every fifth gather runs as the simulated kernel does (the
 /// memory tiers must then hold the whole table: the launch stages its
-/// NVMe pages in).
-fn run(dim: usize, seed: u64, host_pages: u64, mapped: bool) {
+/// NVMe pages in). With `cached` rows, the table keeps a row cache in a
+/// page of the device (every gather reads through it, and every update
+/// writes through it).
+fn run(dim: usize, seed: u64, host_pages: u64, mapped: bool, cached: Option<usize>) {
     let dir = tempfile::tempdir().unwrap();
     let rt = tiny(dir.path(), host_pages);
     let rows = 1500u64;
@@ -99,6 +101,7 @@ fn run(dim: usize, seed: u64, host_pages: u64, mapped: bool) {
         dim,
         TableOptions {
             threads: 4,
+            row_cache: cached.map(RowCacheOptions::new),
             ..TableOptions::default()
         },
     )
@@ -204,22 +207,40 @@ fn run(dim: usize, seed: u64, host_pages: u64, mapped: bool) {
     let mut back = vec![0f32; naive.w.len()];
     table.read_rows(&all, &mut back).unwrap();
     assert!(same(&back, &naive.w), "dim {dim}: the rows at the end");
+    if cached.is_some() {
+        let s = table.stats();
+        assert!(
+            s.cache_hits > 0 && s.cache_fills > 0,
+            "the hot rows were cached: {s:?}"
+        );
+    }
     rt.check().unwrap();
 }
 
 #[test]
 fn rows_that_fit_pages_match_the_naive_table_while_pages_move() {
-    run(16, 1, 2, false);
+    run(16, 1, 2, false, None);
 }
 
 #[test]
 fn rows_that_straddle_pages_match_the_naive_table_while_pages_move() {
-    run(7, 2, 2, false);
+    run(7, 2, 2, false, None);
 }
 
 #[test]
 fn mapped_gathers_stage_nvme_pages_and_match_the_naive_table() {
-    run(16, 3, 32, true);
+    run(16, 3, 32, true, None);
+}
+
+#[test]
+fn a_row_cache_matches_the_naive_table_while_pages_move_and_rows_update() {
+    run(16, 4, 2, false, Some(64));
+    run(7, 5, 2, false, Some(100));
+}
+
+#[test]
+fn a_row_cache_read_by_mapped_and_buffer_gathers_matches_the_naive_table() {
+    run(16, 6, 32, true, Some(64));
 }
 
 #[test]

@@ -972,6 +972,29 @@ fn a_failed_prefetch_on_a_shared_runtime_is_a_miss_not_an_error() {
     assert_eq!((s.fetches, s.hits, s.displaced), (1, 0, 1), "{s:?}");
 }
 
+/// Bytes the cache's runtime has written to its NVMe tier.
+fn nvme_written(c: &ExpertCache) -> u64 {
+    c.runtime()
+        .stats()
+        .links
+        .iter()
+        .filter(|l| l.to == strata::Tier::Nvme)
+        .map(|l| l.stats.bytes)
+        .sum()
+}
+
+/// `slots` device slots of one 64 KiB page, a one-expert host tier, the
+/// rest on an NVMe tier in `dir`; the reuse estimate over `layers` layers.
+fn one_page_experts(dir: &std::path::Path, slots: usize, layers: usize) -> MoeConfig {
+    const P: usize = 64 << 10;
+    let mut cfg = MoeConfig::new(slots, P as u64, P as u64);
+    cfg.page_size = P;
+    cfg.layers = layers;
+    cfg.eviction = Eviction::Reuse { decay: 0.9 };
+    cfg.nvme = Some(strata::NvmeConfig::new(dir, 16 * P as u64, P));
+    cfg
+}
+
 /// Experts that live on NVMe beyond a one-expert host budget, read ahead
 /// of their fetch and prefetched, are read back intact on every fetch and
 /// never written back: each eviction drops the device copy onto the clean
@@ -993,15 +1016,7 @@ fn experts_on_nvme_are_read_ahead_and_never_written_back() {
     for e in 0..8u32 {
         c.register(0, e, &weights(e)).unwrap();
     }
-    let written = |c: &ExpertCache| -> u64 {
-        let s = c.runtime().stats();
-        s.links
-            .iter()
-            .filter(|l| l.to == strata::Tier::Nvme)
-            .map(|l| l.stats.bytes)
-            .sum()
-    };
-    let after_register = written(&c);
+    let after_register = nvme_written(&c);
     let mut misses = 0;
     for round in 0..4u32 {
         for e0 in (0..8u32).step_by(2) {
@@ -1023,7 +1038,11 @@ fn experts_on_nvme_are_read_ahead_and_never_written_back() {
             c.cancel_prefetches(0).unwrap();
         }
     }
-    assert_eq!(written(&c), after_register, "evictions wrote experts back");
+    assert_eq!(
+        nvme_written(&c),
+        after_register,
+        "evictions wrote experts back"
+    );
     let s = c.stats();
     assert!(misses > 0);
     assert_eq!((s.fetches, s.reads_ahead), (32, misses));
@@ -1109,11 +1128,7 @@ fn a_victim_kept_in_host_memory_is_cheaper_to_evict_than_one_on_nvme() {
     const P: usize = 64 << 10;
     let evicted = |nvme_miss_cost: f64| {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = MoeConfig::new(2, P as u64, P as u64);
-        cfg.page_size = P;
-        cfg.layers = 2;
-        cfg.eviction = Eviction::Reuse { decay: 0.9 };
-        cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), 16 * P as u64, P));
+        let mut cfg = one_page_experts(dir.path(), 2, 2);
         cfg.nvme_miss_cost = nvme_miss_cost;
         let mut c = ExpertCache::new(cfg).unwrap();
         // (0, 0) fills the one-expert host tier; the others go to NVMe.
@@ -1222,11 +1237,7 @@ fn the_host_tier_caches_the_experts_worth_keeping() {
     const P: usize = 64 << 10;
     let run = |host_cache: bool| {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = MoeConfig::new(1, P as u64, P as u64);
-        cfg.page_size = P;
-        cfg.layers = 3;
-        cfg.eviction = Eviction::Reuse { decay: 0.9 };
-        cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), 16 * P as u64, P));
+        let mut cfg = one_page_experts(dir.path(), 1, 3);
         cfg.host_cache = host_cache;
         let mut c = ExpertCache::new(cfg).unwrap();
         // (2, 0), never used, fills the one-expert host tier; (0, 0) and
@@ -1234,15 +1245,6 @@ fn the_host_tier_caches_the_experts_worth_keeping() {
         for l in [2u32, 0, 1] {
             c.register(l, 0, &vec![l as u8 + 1; P]).unwrap();
         }
-        let nvme_written = |c: &ExpertCache| -> u64 {
-            c.runtime()
-                .stats()
-                .links
-                .iter()
-                .filter(|u| u.to == strata::Tier::Nvme)
-                .map(|u| u.stats.bytes)
-                .sum()
-        };
         let written = nvme_written(&c);
         for _ in 0..8 {
             for l in [0u32, 1] {
@@ -1272,4 +1274,60 @@ fn the_host_tier_caches_the_experts_worth_keeping() {
     let (reads, swaps) = run(true);
     assert_eq!(swaps, 1, "the unused expert's slot, once");
     assert_eq!(reads, 2 + 7 + 1, "one disk read a pass after the first");
+}
+
+/// With `host_in_place`, an expert in host memory is read where it is: no
+/// slot, no move, no eviction; the one device slot keeps the expert read
+/// from NVMe, which then hits every time, and nothing is written.
+#[test]
+fn host_experts_are_read_in_place_and_leave_the_slots_to_experts_from_nvme() {
+    const P: usize = 64 << 10;
+    let run = |in_place: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = one_page_experts(dir.path(), 1, 2);
+        cfg.host_in_place = in_place;
+        let mut c = ExpertCache::new(cfg).unwrap();
+        // (0, 0) fills the one-expert host tier; (1, 0) goes to NVMe.
+        for l in [0u32, 1] {
+            c.register(l, 0, &vec![l as u8 + 1; P]).unwrap();
+        }
+        let before = nvme_written(&c);
+        assert_eq!(c.is_ready(0, 0).unwrap(), in_place);
+        assert!(!c.is_resident(0, 0).unwrap());
+        for _ in 0..8 {
+            for l in [0u32, 1] {
+                let pin = c.fetch(l, 0).unwrap();
+                let want = if in_place && l == 0 {
+                    strata::Tier::Host
+                } else {
+                    strata::Tier::Device
+                };
+                assert_eq!(pin.tier(), want, "layer {l}");
+                assert_eq!(pin.buffer().tier_of(0).unwrap(), Some(want));
+                let mut got = vec![0u8; P];
+                pin.buffer().read(0, &mut got).unwrap();
+                assert!(got.iter().all(|&x| x == l as u8 + 1), "layer {l}");
+            }
+            // Nothing to read ahead for an expert read in place.
+            assert_eq!(c.read_ahead(0, &[0]).unwrap(), usize::from(!in_place));
+            c.cancel_prefetches(0).unwrap();
+        }
+        assert_eq!(
+            nvme_written(&c),
+            before,
+            "nothing written after registration"
+        );
+        c.stats()
+    };
+    let s = run(true);
+    assert_eq!(
+        (s.served_in_place, s.hits, s.moves_from_nvme, s.evictions),
+        (8, 7, 1, 0)
+    );
+    assert_eq!(s.misses(), 1);
+    assert_eq!(s.moves(), 1);
+    // Without: the two share the slot, and the NVMe expert is read again.
+    let s = run(false);
+    assert_eq!(s.served_in_place, 0);
+    assert!(s.moves_from_nvme > 1, "{s:?}");
 }

@@ -17,6 +17,18 @@ use common::{engines, pattern};
 
 const PAGE: usize = 16 << 10;
 
+/// A runtime of `device` pages of simulated device and `host` of host
+/// memory, no background eviction.
+fn sim_and_host(device: u64, host: u64) -> Runtime {
+    Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, device * PAGE as u64)
+        .host(host * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap()
+}
+
 /// device 4 pages (simulated), host 4, emulated CXL 4, NVMe `nvme_pages`;
 /// no background eviction, so pages stay where the test puts them.
 fn tiny(dir: &std::path::Path, engine: Arc<dyn IoEngine>, nvme_pages: u64) -> Runtime {
@@ -802,13 +814,7 @@ fn batches_respect_a_shallow_queue_and_a_full_slowest_tier_is_an_error() {
 
 #[test]
 fn typed_views_and_residency_report_what_users_see() {
-    let rt = Runtime::builder()
-        .page_size(PAGE)
-        .device(DeviceChoice::Sim, 2 * PAGE as u64)
-        .host(16 * PAGE as u64)
-        .background_eviction(false)
-        .build()
-        .unwrap();
+    let rt = sim_and_host(2, 16);
     let b = rt
         .alloc_with(8 * PAGE as u64, Placement::Prefer(Tier::Device))
         .unwrap();
@@ -928,14 +934,78 @@ fn pages_lost_to_a_broken_engine_are_counted_and_refused() {
 }
 
 #[test]
-fn views_lend_pinned_host_pages_as_slices() {
-    let rt = Runtime::builder()
+fn the_simulated_devices_memory_is_lent_as_slices_without_crossing_the_link() {
+    let rt = sim_and_host(4, 16);
+    let len = 2 * PAGE as u64;
+    let mut b = rt.alloc_with(len, Placement::Prefer(Tier::Device)).unwrap();
+    let data = pattern(7, 3, len as usize);
+    b.write(0, &data).unwrap();
+    assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Device));
+    let links = || rt.stats().device_links.unwrap();
+    let before = links();
+    {
+        let v = b.view(0..len, Tier::Device).unwrap();
+        assert_eq!(v.page(1).unwrap(), &data[PAGE..]);
+        assert!(b.write(0, b"x").is_err(), "writes wait for the view");
+    }
+    {
+        let mut v = b.view_mut(0..len, Tier::Device).unwrap();
+        v.page_mut(1).unwrap()[..4].copy_from_slice(b"kern");
+    }
+    let after = links();
+    assert_eq!(
+        (after.0.bytes, after.1.bytes),
+        (before.0.bytes, before.1.bytes),
+        "device memory read and written in place, as a kernel does"
+    );
+    let mut out = [0u8; 4];
+    b.read(PAGE as u64, &mut out).unwrap();
+    assert_eq!(&out, b"kern");
+}
+
+#[test]
+fn an_owned_view_holds_its_buffer_in_its_tier_until_it_drops() {
+    let rt = sim_and_host(4, 16);
+    let b = rt
+        .alloc_with(2 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    let mut v = b.into_view_mut(Tier::Device).unwrap();
+    assert_eq!(v.pages(), 0..2);
+    for (p, bytes) in v.pages_mut() {
+        assert_eq!(bytes.len(), PAGE);
+        bytes[..2].copy_from_slice(&[b'v', p as u8]);
+    }
+    // Its two pages stay in device memory: another buffer gets the rest,
+    // and evicting the device cannot take them.
+    let other = rt
+        .alloc_with(4 * PAGE as u64, Placement::Prefer(Tier::Device))
+        .unwrap();
+    other.write(0, &vec![1u8; 4 * PAGE]).unwrap();
+    assert_eq!(other.residency().pages[Tier::Device as usize], 2);
+    let t = other.prefetch(0..4 * PAGE as u64, Tier::Device);
+    let _ = t.wait();
+    assert_eq!(other.residency().pages[Tier::Device as usize], 2);
+    assert_eq!(v.pages_mut()[1].1[..2], [b'v', 1]);
+    // Dropped, the buffer is freed and its device pages with it.
+    drop(v);
+    other
+        .prefetch(0..4 * PAGE as u64, Tier::Device)
+        .wait()
+        .unwrap();
+    assert_eq!(other.residency().pages[Tier::Device as usize], 4);
+    // A host-only tier list refuses a device view.
+    let host_only = Runtime::builder()
         .page_size(PAGE)
-        .device(DeviceChoice::Sim, 4 * PAGE as u64)
-        .host(16 * PAGE as u64)
-        .background_eviction(false)
+        .host(4 * PAGE as u64)
         .build()
         .unwrap();
+    let b = host_only.alloc(PAGE as u64).unwrap();
+    assert!(b.into_view_mut(Tier::Device).is_err());
+}
+
+#[test]
+fn views_lend_pinned_host_pages_as_slices() {
+    let rt = sim_and_host(4, 16);
     // Three and a half pages, first written onto the device.
     let len = 3 * PAGE as u64 + 100;
     let mut b = rt.alloc_with(len, Placement::Prefer(Tier::Device)).unwrap();
@@ -968,7 +1038,10 @@ fn views_lend_pinned_host_pages_as_slices() {
         // Two shared views at once are fine.
         let w = b.view(0..PAGE as u64, Tier::Host).unwrap();
         assert_eq!(w.iter().count(), 1);
-        assert!(b.view(0..1, Tier::Device).is_err());
+        assert!(
+            b.view(0..1, Tier::Device).is_err(),
+            "page 0 is pinned in host memory by the views above"
+        );
         assert!(b.view(0..1, Tier::Nvme).is_err());
     }
     b.write(0, b"after").unwrap();

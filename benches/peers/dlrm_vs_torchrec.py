@@ -39,6 +39,10 @@ Configurations, each trial in its own process, interleaved:
                   private NVMe file under --dir, the balancer in the
                   background; the process in a cgroup v1 memory group whose
                   limit is table bytes / 4, set once the model is built
+  strata-nvme-rows  the same, the fast tier given to row caches instead
+                  (row_cache=: each table an equal share of its whole
+                  pages, the default policy; the tables' pages below it,
+                  updates of cached rows held in the caches)
   torchrec-nvme   not run: TorchRec has no tier below DRAM on a CPU (its
                   caches need a GPU); reported as such
   strata-dram-2p  strata.nn sharded over 2 processes (gloo, --sharding
@@ -73,7 +77,9 @@ from cgroups import Group, apply_limit, cgroup_stat, drop_caches
 SPARSE = 26
 DENSE = 13
 PAGE = 4096
-CONFIGS = ["torchrec", "strata-dram", "strata-nvme", "torchrec-nvme", "strata-dram-2p"]
+CONFIGS = ["torchrec", "strata-dram", "strata-nvme", "strata-nvme-rows", "torchrec-nvme", "strata-dram-2p"]
+# The configurations under the memory limit, with a fast tier and NVMe.
+LIMITED = ("strata-nvme", "strata-nvme-rows")
 
 
 # -- data --------------------------------------------------------------------
@@ -209,8 +215,12 @@ def build(args, name, rank=0, world=1):
         import strata.nn
 
         kw = dict(optimizer="rowwise_adagrad", lr=args.lr, eps=1e-8, seed=args.seed)
-        if name == "strata-nvme":
+        if name in LIMITED:
             kw.update(fast_bytes=args.fast_bytes, nvme_path=args.dir)
+        if name == "strata-nvme-rows":
+            # The fast tier's whole pages, shared equally by the tables.
+            kw.update(row_cache=(args.fast_bytes // PAGE // SPARSE) * (PAGE // (args.dim * 4)),
+                      row_cache_policy=args.row_cache_policy)
         if name == "strata-dram-2p":
             kw.update(sharding=args.sharding)
         ebc = strata.nn.EmbeddingBagCollection(cfgs, **kw)
@@ -386,7 +396,7 @@ def lookups_worker(args):
 
 def child_args(args, name):
     keep = ["rows", "dim", "alpha", "batch", "steps", "warmup", "eval_batches", "lr", "seed",
-            "dir", "sharding", "mode", "lookup_pooling", "fast_bytes"]
+            "dir", "sharding", "mode", "lookup_pooling", "fast_bytes", "row_cache_policy"]
     out = []
     for k in keep:
         v = getattr(args, k)
@@ -398,7 +408,7 @@ def child_args(args, name):
 def run_one(args, name, trial):
     """One trial of one configuration: its processes, in a cgroup of their own."""
     world = 2 if name == "strata-dram-2p" else 1
-    limit = args.limit if name == "strata-nvme" else 0
+    limit = args.limit if name in LIMITED else 0
     rendezvous = Path(args.dir) / f"rendezvous-{os.getpid()}-{trial}"
     rendezvous.unlink(missing_ok=True)
     drop_caches()
@@ -496,7 +506,7 @@ def summarize(args, records):
             rss_txt = f"{rss:.0f}"
         hits = [r["hit_rate"] for r in rs if r.get("hit_rate") is not None]
         hit = f"{statistics.median(hits):.4f}" if hits else ""
-        limited = name == "strata-nvme"
+        limited = name in LIMITED
         failcnt = max(r["cgroup_failcnt"] or 0 for r in rs) if limited else ""
         majors = statistics.median(r["major_faults"] for r in rs) if limited else ""
         refaults = statistics.median(r["refaults"] for r in rs) if limited else ""
@@ -505,24 +515,26 @@ def summarize(args, records):
               f"{rss_txt} | {hit} | {failcnt} | {majors} | {refaults} |")
     if "torchrec" in med and "strata-dram" in med:
         print(f"- strata-dram / torchrec samples/s: {med['strata-dram'] / med['torchrec']:.3f}x (target >= 0.9x)")
-    if "strata-nvme" in med and "strata-dram" in med:
-        print(f"- strata-nvme / strata-dram samples/s: {med['strata-nvme'] / med['strata-dram']:.3f}x (target >= 0.5x)")
+    for name in LIMITED:
+        if name in med and "strata-dram" in med:
+            print(f"- {name} / strata-dram samples/s: {med[name] / med['strata-dram']:.3f}x (target >= 0.5x)")
     if "strata-dram-2p" in med and "strata-dram" in med:
         print(f"- 2 processes / 1 process samples/s (this machine's 2 cores): "
               f"{med['strata-dram-2p'] / med['strata-dram']:.3f}x")
-    for a, b in (("strata-dram", "torchrec"), ("strata-nvme", "strata-dram"), ("strata-dram-2p", "strata-dram")):
+    for a, b in (("strata-dram", "torchrec"), ("strata-nvme", "strata-dram"), ("strata-nvme-rows", "strata-dram"),
+                 ("strata-dram-2p", "strata-dram")):
         ra = [r for r in by.get(a, []) if "error" not in r]
         rb = [r for r in by.get(b, []) if "error" not in r]
         if ra and rb:
             la = statistics.median(r["eval_loss"] for r in ra)
             lb = statistics.median(r["eval_loss"] for r in rb)
             print(f"- eval loss {a} vs {b}: {100 * (la - lb) / lb:+.2f}% (target within 0.5%)")
-    if "strata-nvme" in args.configs:
+    if any(name in args.configs for name in LIMITED):
         opt = static_optimum(args)
         print(f"- strata-nvme's fast tier ({args.fast_bytes / 2**20:.0f} MiB): the best fixed placement serves, "
               f"in hindsight over the timed steps, {opt['rows']:.4f} of the lookups by rows and {opt['pages']:.4f} "
               f"by 4 KiB pages; under the Zipf law {opt['law']['rows']:.4f} by rows and {opt['law']['pages']:.4f} by pages")
-        rs = [r for r in by.get("strata-nvme", []) if "error" not in r]
+        rs = [r for name in LIMITED for r in by.get(name, []) if "error" not in r]
         if rs:
             peak = max(r["cgroup_peak_bytes"] or 0 for r in rs)
             print(f"- strata-nvme's limit {args.limit / 2**20:.0f} MiB (a quarter of the tables), its cgroup's peak "
@@ -556,6 +568,8 @@ def main():
     ap.add_argument("--footprint", type=int, default=1200,
                     help="MiB the process holds without its tables (torch, the model, strata's runtime)")
     ap.add_argument("--lookup-pooling", type=int, default=8, help="ids per bag in --mode lookups")
+    ap.add_argument("--row-cache-policy", default=None,
+                    help="strata-nvme-rows: the row caches' policy (a strata policy name; default: strata's default)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -578,7 +592,7 @@ def main():
     # leaves after the process's own footprint and the slack.
     args.limit = table_bytes(args) // 4
     args.fast_bytes = args.limit - (args.footprint + args.slack) * 2**20
-    if args.mode == "train" and "strata-nvme" in args.configs and args.fast_bytes < 16 * PAGE:
+    if args.mode == "train" and any(n in args.configs for n in LIMITED) and args.fast_bytes < 16 * PAGE:
         ap.error(f"a limit of {args.limit >> 20} MiB (a quarter of the tables) leaves no fast tier "
                  f"after {args.footprint} + {args.slack} MiB: use more --rows")
     records = []

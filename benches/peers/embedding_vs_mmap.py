@@ -30,6 +30,10 @@ favours the peer; strata's fast tier stays at 20%:
           tables in DRAM (the simulated device tier, a host arena), NVMe
           below in a private file under --dir, the balancer in the
           background at its defaults; fused SGD.
+  strata-rows  the same collection with the fast tier given to row caches
+          (row_cache=: each table an equal share of the fast tier's
+          pages, rows kept at their own granularity under the default
+          policy; the tables' pages on NVMe below).
   mmap    torch.nn.EmbeddingBag.from_pretrained(torch.from_file(path,
           shared=True, size=...), sparse=True) per table over fresh copies
           of the tables' files under --dir (its updates write them), torch.optim.SGD on its sparse gradients (torch's own
@@ -157,20 +161,29 @@ def child(args):
     lr = 0.01
     result = {"config": args.config}
     t0 = time.perf_counter()
-    if args.config == "strata":
+    strata_config = args.config in ("strata", "strata-rows")
+    if strata_config:
         import strata.nn
 
         table_bytes = TABLES * args.rows * args.dim * 4
         nvme = os.path.join(args.dir, "strata-nvme")
         os.makedirs(nvme, exist_ok=True)
+        fast_bytes = int(table_bytes * args.fast_share)
+        extra = {}
+        if args.config == "strata-rows":
+            # The fast tier's whole pages, shared equally by the tables.
+            page = 4096
+            extra["row_cache"] = (fast_bytes // page // TABLES) * (page // (args.dim * 4))
+            result["row_cache_rows_per_table"] = extra["row_cache"]
         model = strata.nn.EmbeddingBagCollection(
             [(args.rows, args.dim)] * TABLES,
             mode="sum",
-            fast_bytes=int(table_bytes * args.fast_share),
+            fast_bytes=fast_bytes,
             nvme_path=nvme,
             optimizer="sgd",
             lr=lr,
             balance="manual",
+            **extra,
         )
         for t, emb in enumerate(model.tables):
             chunk = 1 << 16
@@ -216,7 +229,7 @@ def child(args):
     for b in warm:
         step(b)
     result["warmup_seconds"] = time.perf_counter() - t0
-    if args.config == "strata":
+    if strata_config:
         model.reset_stats()
     lookups = sum(x.size for b in fwd for x in b)
     t0 = time.perf_counter()
@@ -225,8 +238,10 @@ def child(args):
             forward(b)
     result["forward_seconds"] = time.perf_counter() - t0
     result["lookups_per_sec"] = lookups / result["forward_seconds"]
-    if args.config == "strata":
-        result["hit_rate"] = model.stats()["hit_rate"]
+    if strata_config:
+        stats = model.stats()
+        result["hit_rate"] = stats["hit_rate"]
+        result["cache_hits"] = stats["cache_hits"]
         result["runtime_stats"] = {k: v for k, v in model.runtime.stats().items() if k in ("promotions", "demotions", "moves", "tiers")}
     times = []
     for b in train:
@@ -390,7 +405,7 @@ def main():
             r["trial"] = trial
             trials.append(r)
             print(
-                f"trial {trial} {config:6s} lookups/s {r['lookups_per_sec']:12.0f}  train s/batch "
+                f"trial {trial} {config:11s} lookups/s {r['lookups_per_sec']:12.0f}  train s/batch "
                 f"{r['train_seconds_per_batch']:.4f}  hit {r.get('hit_rate', float('nan')):.4f}  "
                 f"peak {r.get('cgroup_max_usage_bytes', 0) / 2**20:.0f} MiB  checksum {r['checksum_before']:.3f}",
                 flush=True,

@@ -28,6 +28,11 @@ over --trials (a different order each trial):
                 host tier leaving 64 MiB (float32) or 128 MiB (bfloat16)
                 thrashed the process's own pages;
   strata-nopf@F the same without the lookahead;
+  strata-slots@F strata with every expert read through a device slot
+                (host_in_place=False: an expert in the host tier is
+                copied into a slot, as on a GPU), to compare with strata,
+                which reads the host tier's experts where they are (the
+                default on a CPU);
   llama-dram    llama.cpp (llama-cpp-python, benches/peers/moe_llamacpp.py)
                 on a GGUF of the same checkpoint (f32 for float32, f16 for
                 bfloat16), mmap as llama.cpp's default, no limit;
@@ -340,7 +345,7 @@ def worker(args):
             m, str(ckpt), device_map=dmap, offload_folder=str(off), strict=True, dtype=dtype
         ).eval()
         extra["experts_in_dram_layers"] = in_dram
-    elif name in ("strata", "strata-nopf"):
+    elif name in ("strata", "strata-nopf", "strata-slots"):
         import strata.moe
 
         m = empty_model(meta, ckpt)
@@ -356,12 +361,14 @@ def worker(args):
             max_memory={0: slots * eb, "cpu": max(eb, args.strata_host)},
             offload_folder=nvme,
             checkpoint=ckpt,
-            prefetch=(name == "strata"),
+            prefetch=(name != "strata-nopf"),
             record_routing=trace,
+            host_in_place=False if name == "strata-slots" else None,
         )
         page, expert = moe.layout["page_size"], moe.layout["expert_bytes"]
         extra.update(device_slots=moe.cache.device_slots, trace=str(trace) if trace else None,
                      layout_expert_bytes=expert, page_size=page,
+                     host_in_place=moe.layout["host_in_place"],
                      host_experts=max(eb, args.strata_host) // (-(-expert // page) * page))
     else:
         raise SystemExit(f"unknown configuration {name}")
@@ -394,6 +401,7 @@ def worker(args):
             moves=t["moves"],
             moves_from_nvme=t["moves_from_nvme"],
             host_swaps=t["host_swaps"],
+            served_in_place=t["served_in_place"],
             breakdown=s["breakdown"],
             strata_steps=s["steps"],
             strata_tokens=s["tokens"],
@@ -550,7 +558,7 @@ def main():
     experts_bytes = meta["expert_bytes"] * meta["experts_total"]
     fractions = [float(f) for f in args.fractions.split(",")]
     configs = args.configs.split(",")
-    unknown = set(configs) - {"accelerate", "mmap", "strata", "strata-nopf", "llama"}
+    unknown = set(configs) - {"accelerate", "mmap", "strata", "strata-nopf", "strata-slots", "llama"}
     if unknown:
         raise SystemExit(f"unknown configurations: {', '.join(sorted(unknown))}")
     if "llama" in configs and not Path(args.llama_python).exists():
@@ -644,6 +652,8 @@ def belady(args, work, meta, r, bw, layer_seconds, slots, host=0, copy_bw=None):
                  "--link-gbps", f"{copy_bw / 1e9:.3f}"]
     else:
         links = ["--link-gbps", f"{bw / 1e9:.3f}"]
+    if host and r.get("host_in_place"):
+        links.append("--host-in-place")
     cmd = [args.strata_bin, "bench", "moe", "--routing", f"file:{r['trace']}",
            "--expert-bytes", str(r["layout_expert_bytes"]), "--device-slots", str(slots), *links,
            "--page-size", str(r["page_size"]),
@@ -708,7 +718,7 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
         if ok:
             tps = [r["tokens_per_s"] for r in ok]
             eng = "llama" if k.startswith("llama") else "torch"
-            reads_experts = k.split("@")[0] in ("accelerate", "strata", "strata-nopf")
+            reads_experts = k.split("@")[0] in ("accelerate", "strata", "strata-nopf", "strata-slots")
             row.update(
                 tokens_per_s=statistics.median(tps),
                 tokens_per_s_all=[round(x, 3) for x in tps],
@@ -728,7 +738,7 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
             row["thrash"] = bool(reads_experts and ok[0]["limit_bytes"] and row["major_faults"] > 100)
             row["spread_flag"] = row["spread"] > 0.30
             for key in ("hit_rate", "reads_ahead", "prefetch_accuracy", "stall_seconds", "prefetch_call_seconds",
-                        "moves", "moves_from_nvme", "host_swaps",
+                        "moves", "moves_from_nvme", "host_swaps", "served_in_place",
                         "modelled_stall_seconds", "bytes_moved_per_token", "expert_seconds"):
                 vals = [r[key] for r in ok if r.get(key) is not None]
                 if vals:
@@ -773,7 +783,8 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
     ratios = {}
     for f in fractions:
         g = f"{f:g}"
-        t = {c: table.get(f"{c}@{g}", {}) for c in ("strata", "strata-nopf", "accelerate", "mmap", "llama")}
+        t = {c: table.get(f"{c}@{g}", {})
+             for c in ("strata", "strata-nopf", "strata-slots", "accelerate", "mmap", "llama")}
         s = t["strata"].get("tokens_per_s")
 
         def over(c):
@@ -786,6 +797,7 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
             "strata_over_accelerate": over("accelerate"),
             "strata_over_mmap": over("mmap"),
             "lookahead_over_nopf": over("strata-nopf"),
+            "in_place_over_slots": over("strata-slots"),
             "strata_of_dram_vs_llama_of_own_dram": (t["strata"].get("of_own_dram"), t["llama"].get("of_own_dram")),
             "measured_stall_over_belady": (t["strata"]["stall_seconds"] / b["belady_stall_seconds"]
                                            if t["strata"].get("stall_seconds") is not None and b.get("belady_stall_seconds")

@@ -6,18 +6,19 @@
 use std::ffi::c_int;
 
 use strata::offload::embedding::{
-    Bags, EmbeddingError, EmbeddingTable, Lookups, Pooling, TableOptions,
+    Bags, EmbeddingError, EmbeddingTable, Lookups, Pooling, RowCacheOptions, TableOptions,
 };
 use strata::Placement;
 
 use crate::cast::{self, SetOpt};
-use crate::enums::{self, strata_tier};
+use crate::enums::{self, strata_policy, strata_tier};
 use crate::handle::Handles;
 use crate::objects::{self, Handle};
 use crate::status::{boundary, Fail, R, STRATA_OK};
 
-/// A tiered embedding table. Opaque; made by `strata_embedding_create`
-/// or `strata_embedding_create_in`, ended by `strata_embedding_free`.
+/// A tiered embedding table. Opaque; made by `strata_embedding_create`,
+/// `strata_embedding_create_in` or `strata_embedding_create_cached`, ended
+/// by `strata_embedding_free`.
 pub struct strata_embedding {
     _opaque: [u8; 0],
 }
@@ -76,8 +77,13 @@ pub struct strata_bags {
 pub struct strata_embedding_stats {
     /// Row lookups (padding included).
     pub lookups: u64,
-    /// Those whose row was in the runtime's fastest tier when gathered.
+    /// Those whose row was in the runtime's fastest tier when gathered
+    /// (the row cache's hits among them).
     pub fast_hits: u64,
+    /// Those served from the table's row cache (0 without one).
+    pub cache_hits: u64,
+    /// Missed rows the row cache took in.
+    pub cache_fills: u64,
 }
 
 impl From<Lookups> for strata_embedding_stats {
@@ -85,6 +91,8 @@ impl From<Lookups> for strata_embedding_stats {
         Self {
             lookups: l.lookups,
             fast_hits: l.fast_hits,
+            cache_hits: l.cache_hits,
+            cache_fills: l.cache_fills,
         }
     }
 }
@@ -95,10 +103,15 @@ fn create(
     dim: usize,
     placement: Placement,
     threads: usize,
+    row_cache: Option<RowCacheOptions>,
     out: cast::Out<*mut strata_embedding>,
 ) -> R {
     let runtime = objects::get(rt)?;
-    let options = TableOptions { placement, threads };
+    let options = TableOptions {
+        placement,
+        threads,
+        row_cache,
+    };
     let table = EmbeddingTable::with_options(&runtime.rt, rows, dim, options)?;
     // Not a runtime's child: owner 0 is never swept.
     let bits = EMBEDDINGS.insert(table, 0)?;
@@ -129,7 +142,7 @@ pub unsafe extern "C" fn strata_embedding_create(
     boundary("strata_embedding_create", || {
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(out, "out") }?;
-        create(rt, rows, dim, Placement::Fastest, threads, out)
+        create(rt, rows, dim, Placement::Fastest, threads, None, out)
     })
 }
 
@@ -152,7 +165,48 @@ pub unsafe extern "C" fn strata_embedding_create_in(
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(out, "out") }?;
         let placement = Placement::Prefer(enums::tier(preferred)?);
-        create(rt, rows, dim, placement, threads, out)
+        create(rt, rows, dim, placement, threads, None, out)
+    })
+}
+
+/// As `strata_embedding_create_in`, with a row cache of `cache_rows` rows
+/// (1 to 2^32 − 1) under `policy` (`STRATA_POLICY_*`; one that needs the
+/// future, Belady or lookahead, is refused): the rows a gather reads most
+/// are kept at their own granularity in the fastest memory tier — the
+/// simulated device's, or host memory on a runtime without a device — in
+/// whole pages held for the table's life, while the table's pages stay
+/// where the runtime places them (`preferred` first). A missed row is
+/// filled by its own read; rows written reach the table and the cached
+/// copies, an update of a cached row stays in the cache until the row
+/// leaves it (a write-back cache: reads and gathers see it at once). A
+/// row must fit in a page; a CUDA device is refused
+/// with `STRATA_ERR_UNSUPPORTED` (the cache's kernel is not built), a
+/// tier without room for the slots with `STRATA_ERR_OUT_OF_CAPACITY`.
+/// `strata_embedding_stats` counts the cache's hits and fills.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `strata_embedding *`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn strata_embedding_create_cached(
+    rt: *const objects::strata_runtime,
+    rows: u64,
+    dim: usize,
+    preferred: strata_tier,
+    threads: usize,
+    cache_rows: usize,
+    policy: strata_policy,
+    out: *mut *mut strata_embedding,
+) -> c_int {
+    boundary("strata_embedding_create_cached", || {
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out(out, "out") }?;
+        let placement = Placement::Prefer(enums::tier(preferred)?);
+        let row_cache = RowCacheOptions {
+            rows: cache_rows,
+            policy: enums::policy(policy)?,
+        };
+        create(rt, rows, dim, placement, threads, Some(row_cache), out)
     })
 }
 

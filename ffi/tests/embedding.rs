@@ -421,3 +421,135 @@ fn bad_input_gets_a_status_and_changes_nothing() {
     assert_eq!(strata_embedding_free(e), STRATA_OK);
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
 }
+
+/// A table with a row cache through the C ABI pools what the Rust table
+/// with the same cache pools, bit for bit, counts the same hits and
+/// fills, keeps the cached copies current through an update, and refuses
+/// a bad cache with a status.
+#[test]
+fn a_row_cached_table_matches_the_rust_one() {
+    use strata::device::DeviceChoice;
+    use strata::offload::embedding::{RowCacheOptions, TableOptions};
+    use strata::policy::PolicyKind;
+    let dir = tempfile::tempdir().unwrap();
+    let path = c_path(dir.path());
+    let mut c = config(2, 4, 8, &path);
+    c.background_eviction = 0;
+    let rt = common::create(&c);
+    let create = |cache_rows: usize, policy: i32, e: &mut *mut strata_embedding| {
+        // SAFETY: a writable out-pointer.
+        unsafe {
+            strata_embedding_create_cached(
+                rt,
+                ROWS,
+                DIM,
+                STRATA_TIER_HOST,
+                4,
+                cache_rows,
+                policy,
+                e,
+            )
+        }
+    };
+    let mut e = null_mut();
+    let s = create(500, STRATA_POLICY_LRU, &mut e);
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    let rust_rt = strata::Runtime::builder()
+        .page_size(PAGE as usize)
+        .device(DeviceChoice::Sim, 2 * PAGE)
+        .host(4 * PAGE)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let options = TableOptions {
+        placement: strata::Placement::Prefer(strata::tier::Tier::Host),
+        threads: 4,
+        row_cache: Some(RowCacheOptions {
+            rows: 500,
+            policy: PolicyKind::Lru,
+        }),
+    };
+    let reference = EmbeddingTable::with_options(&rust_rt, ROWS, DIM, options).unwrap();
+    let w = weights();
+    // SAFETY: readable floats.
+    let s = unsafe { strata_embedding_write_rows(e, 0, w.as_ptr(), w.len()) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    reference.write_rows(0, &w).unwrap();
+    // Skewed lookups: 40 hot rows spread over the table, and a tail.
+    let idx: Vec<i64> = (0..2000u64)
+        .map(|i| {
+            let h = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
+            (if h % 4 != 0 { h % 40 * 71 } else { h % ROWS }) as i64
+        })
+        .collect();
+    let off: Vec<i64> = (0..=100).map(|b| b * 20).collect();
+    let check = |round: &str| {
+        let b = bags(&idx, &off, None, 0);
+        let mut got = vec![0f32; 100 * DIM];
+        let mut st = strata_embedding_stats::default();
+        // SAFETY: `b`'s arrays live for the call; writable out and stats.
+        let s = unsafe { strata_embedding_forward(e, &b, got.as_mut_ptr(), got.len(), &mut st) };
+        assert_eq!(s, STRATA_OK, "{}", last_error());
+        let mut want = vec![0f32; 100 * DIM];
+        let l = reference.gather(&Bags::new(&idx, &off), &mut want).unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{round}: pooled as the Rust table"
+        );
+        assert_eq!(
+            (st.lookups, st.cache_hits, st.cache_fills),
+            (l.lookups, l.cache_hits, l.cache_fills),
+            "{round}"
+        );
+        st
+    };
+    let first = check("cold");
+    assert!(
+        first.cache_fills > 0 && first.cache_hits > 1000,
+        "{first:?}"
+    );
+    let warm = check("warm");
+    assert!(warm.cache_hits > first.cache_hits, "{warm:?}");
+    // An update of cached rows reaches their copies.
+    let rows = [0i64, 71, 142, 2999];
+    let grads: Vec<f32> = (0..rows.len() * DIM).map(|i| i as f32 * 0.5).collect();
+    // SAFETY: readable rows and gradients.
+    let s = unsafe {
+        strata_embedding_sgd(
+            e,
+            rows.as_ptr(),
+            rows.len(),
+            grads.as_ptr(),
+            grads.len(),
+            0.25,
+        )
+    };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    reference.sgd(&rows, &grads, 0.25).unwrap();
+    check("after sgd");
+    assert_eq!(strata_embedding_free(e), STRATA_OK);
+    // Refusals, each with a status and no handle.
+    let mut e = null_mut();
+    for (cache_rows, policy, want, says) in [
+        (
+            0,
+            STRATA_POLICY_LRU,
+            STRATA_ERR_INVALID_ARGUMENT,
+            "row cache holds",
+        ),
+        (500, 99, STRATA_ERR_INVALID_ARGUMENT, "policy"),
+        (
+            500,
+            STRATA_POLICY_BELADY,
+            STRATA_ERR_INVALID_ARGUMENT,
+            "belady",
+        ),
+        (1 << 20, STRATA_POLICY_LRU, STRATA_ERR_OUT_OF_CAPACITY, ""),
+    ] {
+        fails(create(cache_rows, policy, &mut e), want, says);
+        assert!(e.is_null(), "no handle on failure");
+    }
+    assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
+}

@@ -365,6 +365,15 @@ fuzz_target!(init: warm_up(), |input: Input| {
                 let s = st(unsafe {
                     if prefer < 0 {
                         strata_embedding_create(rt, rows as u64, dim, usize::from(threads % 6), &mut h)
+                    } else if prefer >= 64 {
+                        // A row cache of up to 63 rows under one of the
+                        // policies (the last two need the future: refused).
+                        let tier = i32::from(prefer % 5);
+                        let cache = usize::from(prefer as u8 % 64);
+                        let policy = i32::from(threads / 6 % 12);
+                        strata_embedding_create_cached(
+                            rt, rows as u64, dim, tier, usize::from(threads % 6), cache, policy, &mut h,
+                        )
                     } else {
                         let tier = i32::from(prefer % 5);
                         strata_embedding_create_in(rt, rows as u64, dim, tier, usize::from(threads % 6), &mut h)
@@ -556,6 +565,7 @@ fuzz_target!(init: warm_up(), |input: Input| {
                 assert_eq!(st(unsafe { strata_embedding_get_stats(t.h, &mut s) }), STRATA_OK);
                 assert_eq!(s.lookups, t.lookups);
                 assert!(s.fast_hits <= s.lookups);
+                assert!(s.cache_hits <= s.fast_hits && s.cache_fills <= s.lookups);
             }
             Op::EmbFree { e } => {
                 if !tables.is_empty() {

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use strata::offload::embedding::{
-    Bags, EmbeddingError, EmbeddingTable, Lookups, Pooling, TableOptions, Update,
+    Bags, EmbeddingError, EmbeddingTable, Lookups, Pooling, RowCacheOptions, TableOptions, Update,
 };
 use strata::runtime::BalancerConfig;
 use strata::PolicyKind;
@@ -79,13 +79,15 @@ pub(crate) struct RowTable {
 #[pymethods]
 impl RowTable {
     #[new]
-    #[pyo3(signature = (runtime, rows, dim, *, prefer = None, threads = 16))]
+    #[pyo3(signature = (runtime, rows, dim, *, prefer = None, threads = 16, row_cache = 0, row_cache_policy = None))]
     fn new(
         runtime: &Runtime,
         rows: i64,
         dim: i64,
         prefer: Option<&str>,
         threads: i64,
+        row_cache: i64,
+        row_cache_policy: Option<&str>,
     ) -> PyResult<Self> {
         if rows < 0 || dim < 0 {
             return Err(invalid(format!(
@@ -100,6 +102,18 @@ impl RowTable {
             placement,
             threads: usize::try_from(threads)
                 .map_err(|_| invalid(format!("threads {threads} is not in 1..=1024")))?,
+            row_cache: match usize::try_from(row_cache) {
+                Ok(0) => None,
+                Ok(rows) => Some(RowCacheOptions {
+                    rows,
+                    policy: policy(row_cache_policy)?,
+                }),
+                Err(_) => {
+                    return Err(invalid(format!(
+                        "row_cache {row_cache} must be a number of rows (0: none)"
+                    )))
+                }
+            },
         };
         let table = EmbeddingTable::with_options(&runtime.rt, rows as u64, dim as usize, options)
             .map_err(raise_table)?;
@@ -118,7 +132,10 @@ impl RowTable {
         self.table.dim()
     }
 
-    /// The strata buffer holding the rows.
+    /// The strata buffer holding the rows. With a row cache, a row updated
+    /// in the cache reaches the buffer when it leaves the cache or at
+    /// flush(); read_rows and the gathers see it at once (a buffer kept
+    /// past the table holds what was written back by then: flush first).
     #[getter]
     fn buffer(&self) -> Buffer {
         Buffer {
@@ -142,6 +159,13 @@ impl RowTable {
     fn tier_of_row(&self, row: i64) -> PyResult<Option<&'static str>> {
         let tier = self.table.tier_of_row(row).map_err(raise_table)?;
         Ok(tier.map(strata::Tier::name))
+    }
+
+    /// Writes back every row the row cache holds changed, so that the
+    /// buffer holds every row as the gathers see it (a no-op without a row
+    /// cache).
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.table.flush()).map_err(raise_table)
     }
 
     /// Writes data (float32, a whole number of rows) as rows start, start+1, ...
@@ -300,13 +324,21 @@ impl RowTable {
         .map_err(raise_table)
     }
 
-    /// {"lookups": n, "fast_hits": n}: since the table was made or
-    /// reset_stats() last ran.
+    /// {"lookups": n, "fast_hits": n, "cache_hits": n, "cache_fills": n}:
+    /// since the table was made or reset_stats() last ran (the row
+    /// cache's hits are among the fast hits).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let Lookups { lookups, fast_hits } = self.table.stats();
+        let Lookups {
+            lookups,
+            fast_hits,
+            cache_hits,
+            cache_fills,
+        } = self.table.stats();
         let d = PyDict::new(py);
         d.set_item("lookups", lookups)?;
         d.set_item("fast_hits", fast_hits)?;
+        d.set_item("cache_hits", cache_hits)?;
+        d.set_item("cache_fills", cache_fills)?;
         Ok(d)
     }
 

@@ -60,6 +60,10 @@ fn u32_of(value: i64, what: &str) -> PyResult<u32> {
 ///     evicted one is copied there, in place of the one least worth keeping
 ///     (False, the default: the host tier keeps the experts registered
 ///     first).
+/// host_in_place: an expert in host memory and not in a slot is fetched
+///     where it is (ExpertSlot.tier "host"): no slot taken, nothing moved
+///     (stats()["served_in_place"]). Only on the simulated device, whose
+///     slots are host memory too; UnsupportedError on a GPU.
 /// link_priority: on the simulated link, demand transfers go ahead of
 ///     queued prefetches (False: one FIFO of whole transfers).
 /// runtime: a strata.Runtime shared with your own buffers: the experts then
@@ -119,6 +123,7 @@ impl ExpertCache {
         protect_fetches = 16,
         nvme_miss_cost = 4.0,
         host_cache = false,
+        host_in_place = false,
         link_priority = true,
         runtime = None,
     ))]
@@ -140,6 +145,7 @@ impl ExpertCache {
         protect_fetches: i64,
         nvme_miss_cost: f64,
         host_cache: bool,
+        host_in_place: bool,
         link_priority: bool,
         runtime: Option<PyRef<'_, crate::runtime::Runtime>>,
     ) -> PyResult<Self> {
@@ -200,6 +206,7 @@ impl ExpertCache {
         cfg.protect_fetches = offset(protect_fetches, "protect_fetches")?;
         cfg.nvme_miss_cost = nvme_miss_cost;
         cfg.host_cache = host_cache;
+        cfg.host_in_place = host_in_place;
         cfg.link_priority = link_priority;
         match (nvme_path, nvme_capacity) {
             (Some(path), Some(cap)) => {
@@ -339,6 +346,14 @@ impl ExpertCache {
         self.cache.read().is_resident(l, e).map_err(raise)
     }
 
+    /// Whether a fetch of the expert needs no read of its own: it is in
+    /// device memory (or on its way), or read in place from host memory
+    /// (host_in_place).
+    fn is_ready(&self, layer: i64, expert: i64) -> PyResult<bool> {
+        let (l, e) = (u32_of(layer, "layer")?, u32_of(expert, "expert")?);
+        self.cache.read().is_ready(l, e).map_err(raise)
+    }
+
     /// Counters so far: "fetches", "hits", "late_prefetch_hits",
     /// "prefetches", "prefetches_used", "prefetches_dropped",
     /// "prefetches_cancelled", "evictions", "bytes_moved", "stall_seconds"
@@ -346,7 +361,9 @@ impl ExpertCache {
     /// "stall_modelled", "displaced", "reads_ahead", "hit_rate",
     /// "prefetch_accuracy", "moves" (experts moved into device memory:
     /// misses and prefetches), "moves_paid" (of those, the ones fetched
-    /// before they left: every miss's, the prefetches used).
+    /// before they left: every miss's, the prefetches used),
+    /// "served_in_place" (fetches read from host memory where the expert
+    /// is, host_in_place: neither hits nor moves).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.cache.read().stats();
         let d = PyDict::new(py);
@@ -366,6 +383,7 @@ impl ExpertCache {
         d.set_item("reads_ahead", s.reads_ahead)?;
         d.set_item("moves_from_nvme", s.moves_from_nvme)?;
         d.set_item("host_swaps", s.host_swaps)?;
+        d.set_item("served_in_place", s.served_in_place)?;
         d.set_item("hit_rate", s.hit_rate())?;
         d.set_item("prefetch_accuracy", s.prefetch_accuracy())?;
         d.set_item("moves", s.moves())?;
@@ -408,6 +426,7 @@ pub(crate) struct ExpertSlot {
     rt: strata::Runtime,
     buf: Arc<strata::Buffer>,
     addresses: Vec<u64>,
+    tier: Tier,
     pin: Mutex<Option<OwnedExpertPin>>,
 }
 
@@ -419,6 +438,7 @@ impl ExpertSlot {
             rt: pin.cache().runtime().clone(),
             buf: pin.buffer().clone(),
             addresses: pin.addresses().to_vec(),
+            tier: pin.tier(),
             pin: Mutex::new(Some(pin)),
         }
     }
@@ -444,10 +464,17 @@ impl ExpertSlot {
         self.rt.page_size()
     }
 
-    /// The device address of each page of the expert, in order.
+    /// The address of each page of the expert in its tier, in order.
     #[getter]
     fn addresses(&self) -> Vec<u64> {
         self.addresses.clone()
+    }
+
+    /// Where the expert is read from: "device", or "host" for an expert
+    /// read in place from host memory (host_in_place).
+    #[getter]
+    fn tier(&self) -> &'static str {
+        self.tier.name()
     }
 
     /// Whether every page follows the one before in device memory (then
@@ -473,7 +500,7 @@ impl ExpertSlot {
         }
     }
 
-    /// A strata.Pin over `range` of the expert in device memory, exporting
+    /// A strata.Pin over `range` of the expert in its tier, exporting
     /// it through DLPack as a 1-D tensor of dtype. ClosedError after
     /// release().
     #[pyo3(signature = (range = None, dtype = "uint8"))]
@@ -499,7 +526,7 @@ impl ExpertSlot {
         let dt = dlpack::dtype(dtype)?;
         strata_ffi::dlpack_elements(r.start, r.end - r.start, dt).map_err(raise)?;
         let pin = py
-            .detach(|| self.buf.pin_read_owned(r.clone(), Tier::Device))
+            .detach(|| self.buf.pin_read_owned(r.clone(), self.tier))
             .map_err(raise)?;
         Ok(Pin::new(&self.rt, &self.buf, pin, r, dtype, dt, false))
     }

@@ -445,6 +445,7 @@ class ExpertCache:
         protect_fetches: int = 16,
         nvme_miss_cost: float = 4.0,
         host_cache: bool = False,
+        host_in_place: bool = False,
         link_priority: bool = True,
         runtime: Optional[Runtime] = None,
     ) -> "ExpertCache": ...
@@ -460,7 +461,8 @@ class ExpertCache:
         """Copies 1 to slot_bytes bytes of weights in as this expert's;
         refused while a fetched ExpertSlot is held."""
     def fetch(self, layer: int, expert: int) -> "ExpertSlot":
-        """The expert pinned in device memory until the slot is released."""
+        """The expert pinned in device memory (in host memory when read in
+        place: host_in_place) until the slot is released."""
     def prefetch(self, layer: int, experts: List[int]) -> int:
         """Starts background moves into device memory; returns how many started."""
     def read_ahead(self, layer: int, experts: List[int]) -> int:
@@ -472,12 +474,15 @@ class ExpertCache:
         """Advances the simulated device's modelled clock by compute time."""
     def modelled_now(self) -> Optional[float]: ...
     def is_resident(self, layer: int, expert: int) -> bool: ...
+    def is_ready(self, layer: int, expert: int) -> bool:
+        """Resident (or on its way), or read in place from host memory."""
     def stats(self) -> Dict[str, Any]:
         """fetches, hits, late_prefetch_hits, prefetches, prefetches_used,
         prefetches_dropped, prefetches_cancelled, evictions, bytes_moved,
         stall_seconds, stall_modelled, hit_rate, prefetch_accuracy, moves
         (experts moved into device memory), moves_paid (of those, fetched
-        before they left)."""
+        before they left), served_in_place (read from host memory where
+        they are: host_in_place)."""
     def runtime_stats_json(self) -> str: ...
 
 @final
@@ -494,13 +499,15 @@ class ExpertSlot:
     @property
     def addresses(self) -> List[int]: ...
     @property
+    def tier(self) -> Literal["device", "host"]: ...
+    @property
     def contiguous(self) -> bool: ...
     @property
     def held(self) -> bool: ...
     @property
     def buffer(self) -> Buffer: ...
     def pin(self, range: _Range = None, dtype: _DType = "uint8") -> Pin:
-        """A strata.Pin (DLPack) over a range of the expert in device memory."""
+        """A strata.Pin (DLPack) over a range of the expert in its tier."""
     def release(self) -> None: ...
     def __enter__(self) -> "ExpertSlot": ...
     def __exit__(

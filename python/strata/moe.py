@@ -10,8 +10,10 @@ original tensors are freed, and ``device_slots`` experts live in device
 memory at once (host memory on the simulated device of a machine without a
 GPU). Every MoE block keeps its router; its expert computation fetches the
 experts the router picked through the cache, computes on the cache's slots
-in place (DLPack, no copy), and unpins them. Everything else in the model is
-left as it was::
+in place (DLPack, no copy), and unpins them. On the simulated device (a
+model on the CPU) an expert held in host memory is computed on where it
+is, taking no slot (``host_in_place``), so the slots hold the experts read
+from NVMe. Everything else in the model is left as it was::
 
     import strata.moe
     moe = strata.moe.offload(model, device_slots=16, host_bytes=8 << 30,
@@ -88,6 +90,7 @@ _COUNTERS = (
     "reads_ahead",
     "moves_from_nvme",
     "host_swaps",
+    "served_in_place",
 )
 
 
@@ -580,11 +583,11 @@ class StrataExperts(nn.Module):
         layer = self.layer
         slots = cache.device_slots
         # Resident experts first: their compute hides the first reads.
-        hit = sorted(hit, key=lambda e: not cache.is_resident(layer, e))
+        hit = sorted(hit, key=lambda e: not cache.is_ready(layer, e))
         order = []
         for w0 in range(0, len(hit), slots):
             wave = hit[w0 : w0 + slots]
-            resident = [e for e in wave if cache.is_resident(layer, e)]
+            resident = [e for e in wave if cache.is_ready(layer, e)]
             held = {}
             try:
                 for e in resident:
@@ -689,7 +692,7 @@ class OffloadedMoE:
         out["prefetch_accuracy"] = c["prefetches_used"] / c["prefetches"] if c["prefetches"] else 0.0
         # Experts moved into device memory, and those fetched before they
         # left (every miss's move; a prefetch only if it was used).
-        misses = c["fetches"] - c["hits"]
+        misses = c["fetches"] - c["hits"] - c["served_in_place"]
         out["moves"] = misses + c["prefetches"]
         out["moves_paid"] = misses + c["prefetches_used"]
         out["bytes_moved_per_token"] = c["bytes_moved"] / st.tokens if st.tokens else 0.0
@@ -708,7 +711,9 @@ class OffloadedMoE:
         and prefetches), moves_paid (of those, the ones fetched before they
         left), moves_from_nvme (of the moves, those read from the disk; the
         others copied from host memory), host_swaps (evictions that took the
-        host memory of an expert worth less there), prefetches_dropped, prefetches_cancelled,
+        host memory of an expert worth less there), served_in_place (fetches
+        read from host memory where the expert is: host_in_place; neither
+        hits nor moves), prefetches_dropped, prefetches_cancelled,
         evictions, bytes_moved, bytes_moved_per_token, stall_seconds (wall
         time spent in fetches), prefetch_call_seconds (wall time in the
         prefetch and cancel calls: their submission, since room is made off
@@ -887,6 +892,7 @@ def offload(
     protect_fetches: Optional[int] = None,
     nvme_miss_cost: float = 4.0,
     host_cache: bool = False,
+    host_in_place: Optional[bool] = None,
     checkpoint: Optional[str] = None,
     max_memory: Optional[Dict[Any, Any]] = None,
     offload_folder: Optional[str] = None,
@@ -899,7 +905,8 @@ def offload(
         them; default: a quarter of all experts, at least one).
     host_bytes: host memory for the experts; the rest goes to an NVMe tier
         at nvme_path (a directory or a new file name), of nvme_capacity
-        bytes (default: every expert's bytes). Default: what this machine
+        bytes (default: every expert's bytes and the store's reserve of
+        64 pages, so that every expert keeps its NVMe copy). Default: what this machine
         can spare (four fifths of the smaller of MemAvailable and the
         memory cgroup's headroom), at most every expert; without nvme_path
         the experts must fit in it.
@@ -938,6 +945,11 @@ def offload(
         False, the default: host memory keeps the experts placed first
         (the copies on eviction cost about what the disk reads they save
         on a CPU; docs/perf-log.md).
+    host_in_place: an expert in host memory and not in a device slot is
+        read where it is, taking no slot and moving nothing, so the slots
+        hold experts read from NVMe. Default: on for the simulated device
+        (its slots are host memory too), off on a GPU (where it is refused:
+        its kernels would need the host tier mapped, not built).
     checkpoint: a safetensors file or directory to read the experts from,
         one expert at a time, for a model whose experts were left on the
         meta device (built under accelerate.init_empty_weights(), say) so
@@ -1008,12 +1020,18 @@ def offload(
             f"({padded} bytes each): give nvme_path for the rest, or more host_bytes"
         )
     if nvme_path is not None and nvme_capacity is None:
-        nvme_capacity = total
+        # The store holds back up to 64 slots for copy-then-commit writes:
+        # sized to the experts alone, it could not keep every expert's
+        # copy, and an evicted expert whose copy was dropped for room
+        # would be written back.
+        nvme_capacity = total + 64 * page_size
     if nvme_capacity is not None:
         nvme_capacity = -(-nvme_capacity // page_size) * page_size
     dev = _model_device(model)
     if device is None:
         device = "cuda" if dev.type == "cuda" else "sim"
+    if host_in_place is None:
+        host_in_place = device == "sim" and dev.type == "cpu"
     if decay is None:
         # A half-life of 16 passes over all experts' fetches for LRFU, of
         # 256 visits of a layer for the reuse estimate.
@@ -1036,6 +1054,7 @@ def offload(
         protect_fetches=protect_fetches,
         nvme_miss_cost=nvme_miss_cost,
         host_cache=host_cache,
+        host_in_place=host_in_place,
     )
     layout = {
         "experts": e,
@@ -1049,6 +1068,7 @@ def offload(
         "layers": len(blocks),
         "transposed": blocks[0].transposed,
         "dense": blocks[0].dense,
+        "host_in_place": host_in_place,
     }
     # Register every expert: [gate_up | pad to a page | down].
     staging = torch.zeros(expert_bytes, dtype=torch.uint8)

@@ -43,6 +43,8 @@ fastest tier when the batch was gathered.
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -132,9 +134,11 @@ def _make_runtime(
         kw["host_capacity"] = _HOST_PAGES * page_size
         kw["nvme_path"] = nvme_path
         # An NVMe page is rewritten copy-then-commit into one of the store's
-        # reserve slots (1/64 of it, at most 64): the default leaves room
-        # for _NVME_WRITERS concurrent writes of an update.
-        kw["nvme_capacity"] = max(total, 64 * _NVME_WRITERS * page_size) if nvme_bytes is None else nvme_bytes
+        # reserve slots (1/64 of it, at most 64), beyond what it holds: the
+        # default holds every page of the tables (all of them, where row
+        # caches take the fast tier) and room for _NVME_WRITERS concurrent
+        # writes of an update.
+        kw["nvme_capacity"] = total + 64 * _NVME_WRITERS * page_size if nvme_bytes is None else nvme_bytes
     return Runtime(**kw)
 
 
@@ -171,20 +175,45 @@ def _bags(
     return idx, torch.cat([off, torch.tensor([idx.numel()], dtype=torch.int64)])
 
 
+def _gather(module, idx: Tensor, off: Tensor, weights: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+    """module's table pools the bags (the GIL released while it reads):
+    the pooled rows and the float32 weights it used."""
+    b = off.numel() - 1
+    out = torch.empty(b, module.embedding_dim, dtype=torch.float32)
+    w = None if weights is None else weights.detach().to("cpu", torch.float32).contiguous()
+    module._table.bag(
+        idx.numpy(),
+        off.numpy(),
+        out.numpy(),
+        weights=None if w is None else w.numpy(),
+        mean=module.mode == "mean",
+        padding_idx=module.padding_idx,
+    )
+    return out, w
+
+
+# Threads that gather a collection's tables at once, where their rows may
+# be on NVMe: each table's reads wait on the disk with the GIL released,
+# so several tables keep more reads in flight than one.
+_GATHERERS = 8
+_gather_pool: Optional[ThreadPoolExecutor] = None
+_gather_pool_lock = threading.Lock()
+
+
+def _gather_all(jobs):
+    """_gather of every (module, idx, off, weights) of jobs, at once."""
+    global _gather_pool
+    with _gather_pool_lock:
+        if _gather_pool is None:
+            _gather_pool = ThreadPoolExecutor(_GATHERERS, thread_name_prefix="strata-gather")
+    return list(_gather_pool.map(lambda job: _gather(*job), jobs))
+
+
 class _BagFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, anchor, weights, module, idx, off):  # noqa: D401
-        b = off.numel() - 1
-        out = torch.empty(b, module.embedding_dim, dtype=torch.float32)
-        w = None if weights is None else weights.detach().to("cpu", torch.float32).contiguous()
-        module._table.bag(
-            idx.numpy(),
-            off.numpy(),
-            out.numpy(),
-            weights=None if w is None else w.numpy(),
-            mean=module.mode == "mean",
-            padding_idx=module.padding_idx,
-        )
+    def forward(ctx, anchor, weights, module, idx, off, gathered=None):  # noqa: D401
+        # gathered: the pooled rows and weights _gather gave already.
+        out, w = gathered if gathered is not None else _gather(module, idx, off, weights)
         ctx.module = module
         ctx.save_for_backward(idx, off, w)
         ctx.has_weights = weights is not None
@@ -202,7 +231,7 @@ class _BagFunction(torch.autograd.Function):
             rows_grad=ctx.needs_input_grad[0],
             weights_grad=ctx.has_weights and ctx.needs_input_grad[1],
         )
-        return None, grad_w, None, None, None
+        return None, grad_w, None, None, None, None
 
 
 class EmbeddingBag(nn.Module):
@@ -230,6 +259,16 @@ class EmbeddingBag(nn.Module):
     U(init[0], init[1]) where init is given, chunk by chunk (generator: a
     torch.Generator for them), or init(start, stop) where init is a
     function giving rows [start, stop). threads: NVMe reads in flight.
+    row_cache: rows kept in the fast tier at their own granularity (a row
+    cache, as FBGEMM's UVM caching; 0, the default: none), chosen by
+    row_cache_policy (a strata policy name; the default policy when None).
+    The cache takes row_cache rows of the fast tier's memory, in whole
+    pages, for as long as the table lives; every lookup reads through it,
+    and an update of a cached row stays in it until the row leaves it
+    (a write-back cache; read_rows and the forward see it at once).
+    stats() counts its hits
+    ("cache_hits", among "fast_hits") and the rows it took in
+    ("cache_fills").
     """
 
     def __init__(
@@ -258,10 +297,14 @@ class EmbeddingBag(nn.Module):
         generator: Optional[torch.Generator] = None,
         threads: int = _NVME_WRITERS,
         init: Optional[Tuple[float, float]] = None,
+        row_cache: int = 0,
+        row_cache_policy: Optional[str] = None,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ValueError(f'mode {mode!r} is not offered (use "sum" or "mean")')
+        if not (isinstance(row_cache, int) and row_cache >= 0):
+            raise ValueError(f"row_cache {row_cache!r} must be a number of rows (0: none)")
         if max_norm is not None or scale_grad_by_freq:
             raise ValueError("max_norm and scale_grad_by_freq are not offered")
         if optimizer not in _OPTIMIZERS:
@@ -295,7 +338,14 @@ class EmbeddingBag(nn.Module):
         elif fast_bytes is not None or nvme_path is not None or nvme_bytes is not None:
             raise ValueError("give either runtime or fast_bytes/nvme_path/nvme_bytes, not both")
         self.runtime = runtime
-        self._table = RowTable(runtime, num_embeddings, embedding_dim, threads=threads)
+        self._table = RowTable(
+            runtime,
+            num_embeddings,
+            embedding_dim,
+            threads=threads,
+            row_cache=row_cache,
+            row_cache_policy=row_cache_policy,
+        )
         # The graph's handle on the table: autograd calls backward only
         # for outputs that depend on something requiring a gradient.
         self._anchor = torch.zeros((), requires_grad=True)
@@ -371,6 +421,15 @@ class EmbeddingBag(nn.Module):
         offsets: Optional[Tensor] = None,
         per_sample_weights: Optional[Tensor] = None,
     ) -> Tensor:
+        idx, off, per_sample_weights = self._inputs(input, offsets, per_sample_weights)
+        out = self._pool(idx, off, per_sample_weights)
+        if input.device.type != "cpu":
+            out = out.to(input.device)
+        return out
+
+    def _inputs(self, input: Tensor, offsets: Optional[Tensor], per_sample_weights: Optional[Tensor]):
+        """forward's arguments, checked, as flat idx, off (one entry more
+        than the bags) and weights."""
         idx, off = _bags(input, offsets, self.include_last_offset)
         if per_sample_weights is not None:
             if self.mode != "sum":
@@ -381,16 +440,13 @@ class EmbeddingBag(nn.Module):
                     f"input {tuple(input.shape)}"
                 )
             per_sample_weights = per_sample_weights.reshape(-1)
-        out = self._pool(idx, off, per_sample_weights)
-        if input.device.type != "cpu":
-            out = out.to(input.device)
-        return out
+        return idx, off, per_sample_weights
 
-    def _pool(self, idx: Tensor, off: Tensor, weights: Optional[Tensor]) -> Tensor:
+    def _pool(self, idx: Tensor, off: Tensor, weights: Optional[Tensor], gathered=None) -> Tensor:
         """The bags of flat int64 idx and off (one entry more than the
-        bags), with autograd."""
+        bags), with autograd; gathered: what _gather gave for them already."""
         anchor = self._anchor if not self._frozen else self._anchor.detach()
-        return _BagFunction.apply(anchor, weights, self, idx, off)
+        return _BagFunction.apply(anchor, weights, self, idx, off, gathered)
 
     def _apply_grad(self, rows: Tensor, grads: Tensor) -> None:
         rows = rows.contiguous()
@@ -426,6 +482,13 @@ class EmbeddingBag(nn.Module):
         """The whole table as a dense tensor (a copy: for small tables and tests)."""
         return self.read_rows(torch.arange(self.num_embeddings))
 
+    def flush(self) -> None:
+        """Writes the rows the row cache holds changed back to the table's
+        buffer (updates of cached rows wait in the cache until their rows
+        leave it); a no-op without a row cache. read_rows and the forward
+        never need it."""
+        self._table.flush()
+
     def tier_of(self, row: int) -> Optional[str]:
         """The tier ("device", "host", "nvme") holding row's (first) page."""
         return self._table.tier_of_row(row)
@@ -440,7 +503,8 @@ class EmbeddingBag(nn.Module):
         return balance_once(self.runtime)
 
     def stats(self) -> dict:
-        """{"lookups", "fast_hits", "hit_rate"} since creation or reset_stats()."""
+        """{"lookups", "fast_hits", "hit_rate", "cache_hits", "cache_fills"}
+        since creation or reset_stats()."""
         s = self._table.stats()
         s["hit_rate"] = s["fast_hits"] / s["lookups"] if s["lookups"] else 0.0
         return s
@@ -701,12 +765,14 @@ class EmbeddingBagCollection(nn.Module):
         once a step with the sum of its features' gradients (as FBGEMM's
         table-batched kernels do)."""
         blocks: List[Optional[Tensor]] = [None] * len(bags)
+        jobs = []
         for k, table in enumerate(self.tables):
             mine = [i for i, (_, t) in enumerate(self._features) if t == k]
-            if not mine:
-                continue
-            idx, off, w = _concat_bags([bags[i] for i in mine])
-            out = table._pool(idx, off, w)
+            if mine:
+                jobs.append((table, mine, *_concat_bags([bags[i] for i in mine])))
+        gathered = self._gathered([(table, idx, off, w) for table, _, idx, off, w in jobs])
+        for (table, mine, idx, off, w), got in zip(jobs, gathered):
+            out = table._pool(idx, off, w, got)
             for j, i in enumerate(mine):
                 blocks[i] = out[j * batch : (j + 1) * batch]
         return torch.cat(blocks, dim=1) if blocks else torch.zeros(batch, 0)
@@ -743,8 +809,22 @@ class EmbeddingBagCollection(nn.Module):
         psw = [None] * n if per_sample_weights is None else list(per_sample_weights)
         if len(offsets) != n or len(psw) != n:
             raise ValueError(f"offsets and per_sample_weights need one entry per table ({n})")
-        outs = [t(x, o, w) for t, x, o, w in zip(self.tables, inputs, offsets, psw)]
+        jobs = [(t, *t._inputs(x, o, w)) for t, x, o, w in zip(self.tables, inputs, offsets, psw)]
+        outs = []
+        for (t, idx, off, w), got, x in zip(jobs, self._gathered(jobs), inputs):
+            out = t._pool(idx, off, w, got)
+            outs.append(out.to(x.device) if x.device.type != "cpu" else out)
         return torch.cat(outs, dim=1) if self.concat else outs
+
+    def _gathered(self, jobs) -> list:
+        """The tables' gathers of jobs ((table, idx, off, weights) each)
+        run at once where rows may be on NVMe: each waits on the disk with
+        the GIL released, so together they keep more reads in flight.
+        Otherwise (all in memory) Nones: each gathers as it pools. Autograd's
+        part stays on the calling thread either way."""
+        if len(jobs) > 1 and "nvme" in self.runtime.tiers:
+            return _gather_all(jobs)
+        return [None] * len(jobs)
 
     def balance(self) -> dict:
         """Runs one balancer round now (balance="manual")."""
@@ -752,12 +832,14 @@ class EmbeddingBagCollection(nn.Module):
 
     def stats(self) -> dict:
         """Lookups and fast-tier hits over all tables (this rank's shards)."""
-        lookups = hits = 0
+        total = {"lookups": 0, "fast_hits": 0, "cache_hits": 0, "cache_fills": 0}
         for t in self.tables:
             s = t._table.stats()
-            lookups += s["lookups"]
-            hits += s["fast_hits"]
-        return {"lookups": lookups, "fast_hits": hits, "hit_rate": hits / lookups if lookups else 0.0}
+            for k in total:
+                total[k] += s[k]
+        lookups = total["lookups"]
+        total["hit_rate"] = total["fast_hits"] / lookups if lookups else 0.0
+        return total
 
     def reset_stats(self) -> None:
         for t in self.tables:

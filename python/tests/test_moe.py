@@ -90,7 +90,9 @@ def test_offloaded_logits_and_tokens_equal_the_original(prefetch, page_size):
     ids = prompts()
     want_logits, want_tokens = logits(ref, ids), generate(ref, ids)
     m = mixtral()
-    moe = strata.moe.offload(m, device_slots=EXPERTS - 1, prefetch=prefetch, page_size=page_size)
+    moe = strata.moe.offload(
+        m, device_slots=EXPERTS - 1, prefetch=prefetch, page_size=page_size, host_in_place=False
+    )
     assert not any("experts.gate_up_proj" in k for k in m.state_dict())
     # The same expert loop in the same order over the same float32 values:
     # equal to the eager implementation bit for bit. Over scattered pages a
@@ -144,7 +146,7 @@ def test_lookahead_prefetch_is_used_with_room_to_spare():
     """With slots for every expert but one layer's, the lookahead through
     the next router finds experts before the block asks for them."""
     m = mixtral()
-    moe = strata.moe.offload(m, device_slots=ALL - EXPERTS)
+    moe = strata.moe.offload(m, device_slots=ALL - EXPERTS, host_in_place=False)
     generate(m, prompts(batch=1), n=16)
     t = moe.stats()["total"]
     assert t["prefetches"] > 0 and t["prefetches_used"] > 0
@@ -152,8 +154,10 @@ def test_lookahead_prefetch_is_used_with_room_to_spare():
     assert t["hit_rate"] > 0.5
 
 
-@pytest.mark.parametrize("nvme_miss_cost,host_cache", [(4.0, False), (1.0, False), (4.0, True)])
-def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost, host_cache):
+@pytest.mark.parametrize(
+    "nvme_miss_cost,host_cache,in_place", [(4.0, False, False), (1.0, False, False), (4.0, True, False), (4.0, False, True)]
+)
+def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost, host_cache, in_place):
     ref = mixtral(seed=4)
     ids = prompts(seed=4)
     want = logits(ref, ids)
@@ -166,6 +170,7 @@ def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost, host_cac
         nvme_path=tmp_path,
         nvme_miss_cost=nvme_miss_cost,
         host_cache=host_cache,
+        host_in_place=in_place,
     )
     nvme = [t for t in json.loads(moe.cache.runtime_stats_json())["tiers"] if t["tier"] == "nvme"]
     assert nvme and nvme[0]["used_pages"] > 0
@@ -182,11 +187,36 @@ def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost, host_cac
     t = moe.stats()["total"]
     assert t["evictions"] > 0 and t["reads_ahead"] > 0
     assert written() == before
-    # Half the experts are on NVMe: some moves read the disk, not all.
-    assert 0 < t["moves_from_nvme"] < t["moves"]
+    if in_place:
+        # The experts in host memory are read there: every move into a
+        # device slot reads the disk.
+        assert t["served_in_place"] > 0 and 0 < t["moves_from_nvme"] == t["moves"]
+        assert t["fetches"] == t["hits"] + t["served_in_place"] + t["reads_ahead"]
+    else:
+        # Half the experts are on NVMe: some moves read the disk, not all.
+        assert t["served_in_place"] == 0 and 0 < t["moves_from_nvme"] < t["moves"]
     # A host tier that keeps its experts swaps none.
     if not host_cache:
         assert t["host_swaps"] == 0
+
+
+def test_on_the_simulated_device_experts_in_host_memory_are_read_in_place():
+    """The default on a CPU: every expert fits in host memory, so every
+    fetch reads it there (the slot's tier "host"), nothing moves, and the
+    logits are the original's bit for bit."""
+    ref = mixtral()
+    ids = prompts()
+    want_logits, want_tokens = logits(ref, ids), generate(ref, ids)
+    m = mixtral()
+    moe = strata.moe.offload(m, device_slots=EXPERTS - 1)
+    torch.testing.assert_close(logits(m, ids), want_logits, rtol=0, atol=0)
+    assert torch.equal(generate(m, ids), want_tokens)
+    t = moe.stats()["total"]
+    assert t["fetches"] > 0 and t["served_in_place"] == t["fetches"]
+    assert t["hits"] == t["moves"] == t["bytes_moved"] == t["evictions"] == t["prefetches"] == 0
+    slot = moe.cache.fetch(0, 0)
+    assert slot.tier == "host" and moe.cache.is_ready(0, 0) and not moe.cache.is_resident(0, 0)
+    slot.release()
 
 
 def test_experts_read_from_the_checkpoint_of_an_empty_model(tmp_path):
@@ -441,7 +471,7 @@ def test_recorded_routing_parses_as_the_bench_reads_it(tmp_path):
     m = mixtral()
     ids = prompts()
     step_trace, token_trace = tmp_path / "steps.txt", tmp_path / "tokens.txt"
-    moe = strata.moe.offload(m, device_slots=EXPERTS - 1, record_routing=step_trace)
+    moe = strata.moe.offload(m, device_slots=EXPERTS - 1, record_routing=step_trace, host_in_place=False)
     generate(m, ids, n=6)
     moe.close()
     routes, layers, experts = strata.parse_moe_trace(step_trace.read_text(), str(step_trace))
@@ -455,7 +485,9 @@ def test_recorded_routing_parses_as_the_bench_reads_it(tmp_path):
     assert len(guesses) >= s["total"]["prefetches"] > 0
 
     m = mixtral()
-    moe = strata.moe.offload(m, device_slots=EXPERTS - 1, record_routing=token_trace, record_per_token=True)
+    moe = strata.moe.offload(
+        m, device_slots=EXPERTS - 1, record_routing=token_trace, record_per_token=True, host_in_place=False
+    )
     generate(m, ids, n=6)
     moe.close()
     routes, layers, _ = strata.parse_moe_trace(token_trace.read_text())

@@ -146,10 +146,13 @@ def adagrad_reference(w, batches, lr, eps, mode):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_training_steps_equal_a_plain_torch_reference(optimizer, mode, tmp_path):
+@pytest.mark.parametrize("row_cache", [0, 128])
+def test_training_steps_equal_a_plain_torch_reference(optimizer, mode, row_cache, tmp_path):
     w = table(seed=9)
     batches = [bags(seed=10 + s) for s in range(4)]
-    emb = tiered(w, tmp_path, mode=mode, optimizer=optimizer, lr=0.05, eps=1e-6)
+    emb = tiered(
+        w, tmp_path, mode=mode, optimizer=optimizer, lr=0.05, eps=1e-6, row_cache=row_cache
+    )
     for i, (idx, off) in enumerate(batches):
         (emb(idx, off) ** 2).sum().backward()
         if i == 1:
@@ -161,6 +164,34 @@ def test_training_steps_equal_a_plain_torch_reference(optimizer, mode, tmp_path)
         expect, state = adagrad_reference(w, batches, 0.05, 1e-6, mode)
         torch.testing.assert_close(emb.momentum, state, **TOL)
     torch.testing.assert_close(emb.weight, expect, **TOL)
+    # The table's own pages hold every update once the row cache's
+    # changed rows are written back.
+    emb.flush()
+    raw = emb._table.buffer.read(0, w.numel() * 4)
+    torch.testing.assert_close(torch.frombuffer(bytearray(raw), dtype=torch.float32).view_as(w), expect, **TOL)
+
+
+def test_a_row_cache_serves_the_hot_rows_and_pools_as_torch(tmp_path):
+    w = table(seed=3)
+    ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), mode="sum")
+    emb = tiered(w, tmp_path, row_cache=256, row_cache_policy="lru")
+    g = torch.Generator().manual_seed(4)
+    for _ in range(5):
+        # Half the lookups on 100 hot rows spread over the table.
+        hot = torch.randint(0, 100, (200,), generator=g) * 29
+        cold = torch.randint(0, ROWS, (200,), generator=g)
+        idx = torch.cat([hot, cold])[torch.randperm(400, generator=g)]
+        off = torch.arange(0, 400, 8)
+        torch.testing.assert_close(emb(idx, off), ref(idx, off), **TOL)
+    s = emb.stats()
+    assert s["lookups"] == 2000
+    assert s["cache_hits"] > 800, s  # the hot rows, after their first look
+    assert 0 < s["cache_fills"] <= s["lookups"] - s["cache_hits"], s
+    assert s["fast_hits"] >= s["cache_hits"]
+    with pytest.raises(ValueError, match="row_cache"):
+        tiered(w, tmp_path, row_cache=-1)
+    with pytest.raises(strata.InvalidArgumentError, match="mru"):
+        tiered(w, tmp_path, row_cache=8, row_cache_policy="mru")
 
 
 def test_collection_shares_one_runtime_and_concatenates(tmp_path):

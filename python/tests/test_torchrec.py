@@ -56,8 +56,14 @@ def _weighted(kjt):
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_outputs_and_gradients_equal_torchrecs(weighted):
-    cfgs, ref, ours = _pair(weighted)
+@pytest.mark.parametrize("tiered", [False, True])
+def test_outputs_and_gradients_equal_torchrecs(weighted, tiered, tmp_path):
+    # tiered: one page of fast tier, the rest on NVMe (the tables then
+    # gather at once, on threads of their own).
+    kw = dict(fast_bytes=4096, nvme_path=str(tmp_path)) if tiered else {}
+    cfgs, ref, ours = _pair(weighted, **kw)
+    if tiered:
+        assert "nvme" in ours.runtime.tiers
     kjt, mix = ebc_worker.batch(0)
     if weighted:
         kjt = _weighted(kjt)

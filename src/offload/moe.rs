@@ -32,6 +32,11 @@
 //!   worth more, so the device slots and the host tier hold distinct
 //!   experts, those the reuse estimate values most, with no write after
 //!   registration.
+//! - Where the device's memory is the host's (the simulated device), an
+//!   expert in host memory may be read where it is
+//!   ([`MoeConfig::host_in_place`]): its fetch pins it in the host tier,
+//!   takes no slot and moves nothing, and the slots hold only experts read
+//!   from NVMe.
 //!
 //! The cache's bookkeeping lock is held while a fetch moves its expert (and
 //! while a victim is evicted), so concurrent fetches serialize: slot counts
@@ -69,7 +74,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::device::DeviceChoice;
+use crate::device::{BackendKind, DeviceChoice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::link::LinkModel;
 use crate::policy::lrfu::{self, Ranking};
@@ -149,6 +154,19 @@ pub struct MoeConfig {
     /// much time copying (docs/perf-log.md). Off by default: the host tier
     /// keeps the experts registered in it.
     pub host_cache: bool,
+    /// An expert held in host memory and not in a device slot is fetched
+    /// where it is: pinned in the host tier, its addresses host memory, no
+    /// slot taken, no victim evicted and nothing moved
+    /// ([`MoeStats::served_in_place`]); the device slots then hold only
+    /// experts read from NVMe. For a device whose memory is the host's —
+    /// the simulated device, where the expert arithmetic reads host memory
+    /// either way — this is the cheaper place to read a host expert from,
+    /// and the modelled clock charges it nothing (no transfer happens; a
+    /// GPU reading host memory in place would pay the link on every use).
+    /// Refused on a CUDA device (`Unsupported`): its kernels would need the
+    /// host tier mapped into the device's address space, which is not
+    /// built. Off by default.
+    pub host_in_place: bool,
     /// Number of layers (needed for `per_layer`).
     pub layers: usize,
     /// Modelled link (simulated device): demand transfers go ahead of
@@ -184,6 +202,7 @@ impl MoeConfig {
             protect_fetches: 16,
             nvme_miss_cost: 4.0,
             host_cache: false,
+            host_in_place: false,
             layers: 1,
             link_priority: true,
             sim_link: crate::device::sim::PCIE_GEN4_X16,
@@ -239,6 +258,9 @@ pub struct MoeStats {
     /// worth less there ([`MoeConfig::host_cache`]), which went back to its
     /// NVMe copy with no I/O.
     pub host_swaps: u64,
+    /// Fetches served from the expert's copy in host memory, where it is
+    /// ([`MoeConfig::host_in_place`]): neither hits nor moves.
+    pub served_in_place: u64,
 }
 
 impl MoeStats {
@@ -254,7 +276,13 @@ impl MoeStats {
     /// Experts moved into device memory: the misses' transfers (read ahead
     /// or not) and the prefetches started.
     pub fn moves(&self) -> u64 {
-        self.fetches - self.hits + self.prefetches
+        self.misses() + self.prefetches
+    }
+
+    /// Fetches whose expert was moved into device memory for them (read
+    /// ahead or not): neither hits nor served in place.
+    pub fn misses(&self) -> u64 {
+        self.fetches - self.hits - self.served_in_place
     }
 
     /// Of [`moves`](Self::moves), those whose expert was fetched before it
@@ -262,7 +290,7 @@ impl MoeStats {
     /// prefetch that was used. A prefetch evicted, cancelled or never
     /// fetched did not pay.
     pub fn moves_paid(&self) -> u64 {
-        self.fetches - self.hits + self.prefetches_used
+        self.misses() + self.prefetches_used
     }
 }
 
@@ -510,12 +538,18 @@ pub struct ExpertPin<'a> {
 }
 
 impl ExpertPin<'_> {
-    /// Device address of each page of the expert, in order (one address
-    /// when the expert fits in a page). Valid until the guard drops.
+    /// Address of each page of the expert in [`tier`](Self::tier), in
+    /// order (one address when the expert fits in a page). Valid until the
+    /// guard drops.
     pub fn addresses(&self) -> &[u64] {
         self.pin.addresses()
     }
-    /// The first page's device address.
+    /// Where the expert is read from: the device, or host memory for an
+    /// expert served in place ([`MoeConfig::host_in_place`]).
+    pub fn tier(&self) -> Tier {
+        self.pin.tier()
+    }
+    /// The first page's address.
     pub fn address(&self) -> u64 {
         self.pin.addresses()[0]
     }
@@ -549,9 +583,14 @@ impl std::fmt::Debug for OwnedExpertPin {
 }
 
 impl OwnedExpertPin {
-    /// Device address of each page of the expert, in order.
+    /// Address of each page of the expert in [`tier`](Self::tier), in
+    /// order.
     pub fn addresses(&self) -> &[u64] {
         self.pin.addresses()
+    }
+    /// Where the expert is read from (see [`ExpertPin::tier`]).
+    pub fn tier(&self) -> Tier {
+        self.pin.tier()
     }
     /// The runtime buffer holding the expert (shared: a holder may pin
     /// ranges of it again, e.g. to export them through DLPack).
@@ -642,6 +681,13 @@ impl ExpertCache {
     /// use `rt` too.
     fn with_runtime(rt: Runtime, config: MoeConfig, shared: bool) -> Result<Self> {
         Self::check(&config)?;
+        if config.host_in_place && rt.device_backend() != Some(BackendKind::Sim) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "host_in_place needs a device whose memory is the host's (the simulated device): \
+                 a GPU's kernels cannot read the host tier in place yet",
+            ));
+        }
         let clock = device_link(&rt).map(|link| Clock {
             now: 0.0,
             link_free: 0.0,
@@ -757,7 +803,10 @@ impl ExpertCache {
         // A full host tier places pages in the fastest tier with room — the
         // device; they belong below it until fetched.
         buffer.evict(0..buffer.len(), Tier::Host)?;
-        let on_nvme = matches!(buffer.tier_of(0), Ok(Some(Tier::Nvme)));
+        // An expert the host tier took only some pages of is read from
+        // NVMe all the same: counted as on NVMe.
+        let pages = buffer.len().div_ceil(self.rt.page_size() as u64) as usize;
+        let on_nvme = !(0..pages).all(|p| matches!(buffer.tier_of(p), Ok(Some(Tier::Host))));
         let i = self.experts.len();
         self.experts.push(Expert {
             layer,
@@ -938,7 +987,7 @@ impl ExpertCache {
         let b = &self.experts[victim].buffer;
         b.evict(0..b.len(), Tier::Host)?;
         let m = &mut s.meta[victim];
-        if !m.in_host && matches!(b.tier_of(0), Ok(Some(Tier::Host))) {
+        if !m.in_host && self.all_in(victim, Tier::Host) {
             m.in_host = true;
             s.in_host += 1;
         }
@@ -953,7 +1002,12 @@ impl ExpertCache {
         let least = (0..self.experts.len())
             .filter(|&j| {
                 let m = &s.meta[j];
-                m.in_host && m.nvme_copy && !m.resident && j != victim && Some(j) != incoming
+                m.in_host
+                    && m.nvme_copy
+                    && !m.resident
+                    && m.pins == 0
+                    && j != victim
+                    && Some(j) != incoming
             })
             .map(|j| (s.reuse.value(j), j))
             .min_by(|a, b| a.0.total_cmp(&b.0));
@@ -1004,11 +1058,23 @@ impl ExpertCache {
         }
     }
 
-    /// Whether every page of expert `i` is in device memory now.
-    fn in_device(&self, i: usize) -> bool {
+    /// Whether every page of expert `i` is in `tier` now.
+    fn all_in(&self, i: usize, tier: Tier) -> bool {
         let b = &self.experts[i].buffer;
         let pages = b.len().div_ceil(self.rt.page_size() as u64) as usize;
-        (0..pages).all(|p| matches!(b.tier_of(p), Ok(Some(Tier::Device))))
+        (0..pages).all(|p| b.tier_of(p).ok().flatten() == Some(tier))
+    }
+
+    /// Whether every page of expert `i` is in device memory now.
+    fn in_device(&self, i: usize) -> bool {
+        self.all_in(i, Tier::Device)
+    }
+
+    /// Whether a fetch of expert `i` reads it where it is, in host memory
+    /// ([`MoeConfig::host_in_place`]): not in a slot, every page there.
+    fn in_place(&self, s: &State, i: usize) -> bool {
+        let m = &s.meta[i];
+        self.config.host_in_place && m.in_host && !m.resident && self.all_in(i, Tier::Host)
     }
 
     /// Marks expert `i` resident; returns whether it comes from NVMe. One
@@ -1033,7 +1099,7 @@ impl ExpertCache {
     /// so evicting it again moves nothing. Change an expert's weights
     /// through its buffer's `write`, never through the pinned address.
     pub fn fetch(&self, layer: u32, expert: u32) -> Result<ExpertPin<'_>> {
-        self.fetch_with(layer, expert, |b| b.pin_read(0..b.len(), Tier::Device))
+        self.fetch_with(layer, expert, |b, tier| b.pin_read(0..b.len(), tier))
             .map(|(index, pin)| ExpertPin {
                 cache: self,
                 index,
@@ -1048,22 +1114,21 @@ impl ExpertCache {
         layer: u32,
         expert: u32,
     ) -> Result<OwnedExpertPin> {
-        self.fetch_with(layer, expert, |b| {
-            b.pin_read_owned(0..b.len(), Tier::Device)
-        })
-        .map(|(index, pin)| OwnedExpertPin {
-            cache: self.clone(),
-            index,
-            pin,
-        })
+        self.fetch_with(layer, expert, |b, tier| b.pin_read_owned(0..b.len(), tier))
+            .map(|(index, pin)| OwnedExpertPin {
+                cache: self.clone(),
+                index,
+                pin,
+            })
     }
 
-    /// The bookkeeping of a fetch; `pin` pins the expert's buffer.
+    /// The bookkeeping of a fetch; `pin` pins the expert's buffer in the
+    /// tier it is read from.
     fn fetch_with<'a, P>(
         &'a self,
         layer: u32,
         expert: u32,
-        pin: impl FnOnce(&'a std::sync::Arc<Buffer>) -> Result<P>,
+        pin: impl FnOnce(&'a std::sync::Arc<Buffer>, Tier) -> Result<P>,
     ) -> Result<(usize, P)> {
         let i = self.lookup(layer, expert)?;
         let start = Instant::now();
@@ -1084,6 +1149,7 @@ impl ExpertCache {
         // one that failed (its room taken by others) is no error: the pin
         // below moves the expert.
         let mut prefetch_failed = false;
+        let mut tier = Tier::Device;
         if s.meta[i].resident {
             if let Some(t) = s.meta[i].ticket.take() {
                 if let Err(e) = t.wait() {
@@ -1130,6 +1196,12 @@ impl ExpertCache {
                     c.now = ready;
                 }
             }
+        } else if self.in_place(s, i) {
+            // No transfer: the simulated device's memory is the host's,
+            // and the expert arithmetic reads the host tier as it reads a
+            // slot.
+            tier = Tier::Host;
+            s.stats.served_in_place += 1;
         } else {
             self.make_room(s, layer, i, true)?;
             let from_nvme = self.mark_resident(s, i);
@@ -1138,7 +1210,7 @@ impl ExpertCache {
         s.ranking.touch(i as u64, tick);
         s.reuse.touch(i);
         s.meta[i].pins += 1;
-        let pinned = pin(&self.experts[i].buffer);
+        let pinned = pin(&self.experts[i].buffer, tier);
         if s.clock.is_none() {
             s.stats.stall_seconds += start.elapsed().as_secs_f64();
         }
@@ -1164,7 +1236,7 @@ impl ExpertCache {
         let s = &mut *s;
         for &e in experts {
             let i = self.lookup(layer, e)?;
-            if s.meta[i].resident {
+            if s.meta[i].resident || self.in_place(s, i) {
                 continue;
             }
             if self.declines(s, layer, i) {
@@ -1200,7 +1272,7 @@ impl ExpertCache {
         let mut started = 0;
         for &e in experts {
             let i = self.lookup(layer, e)?;
-            if s.meta[i].resident || !self.make_room(s, layer, i, false)? {
+            if s.meta[i].resident || self.in_place(s, i) || !self.make_room(s, layer, i, false)? {
                 continue;
             }
             self.start_move(s, i);
@@ -1299,6 +1371,15 @@ impl ExpertCache {
     pub fn is_resident(&self, layer: u32, expert: u32) -> Result<bool> {
         let i = self.lookup(layer, expert)?;
         Ok(self.state.lock().meta[i].resident)
+    }
+
+    /// Whether a fetch of the expert needs no read of its own: it is in
+    /// device memory (or on its way), or read in place from host memory
+    /// ([`MoeConfig::host_in_place`]).
+    pub fn is_ready(&self, layer: u32, expert: u32) -> Result<bool> {
+        let i = self.lookup(layer, expert)?;
+        let s = self.state.lock();
+        Ok(s.meta[i].resident || self.in_place(&s, i))
     }
 
     /// Counters so far.

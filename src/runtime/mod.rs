@@ -124,7 +124,7 @@ pub use stats::{LinkUse, PriorityUse, Stats, TierStats};
 pub use table::Placement;
 pub use ticket::Ticket;
 pub use tiers::Watermarks;
-pub use view::{View, ViewMut};
+pub use view::{OwnedViewMut, View, ViewMut};
 // Guards that own their buffer or map, for the C ABI.
 pub use map::OwnedLaunch;
 pub use pin::OwnedPin;

@@ -1,7 +1,9 @@
 //! Borrowed views: a range of a buffer pinned in host memory (the host or
-//! CXL tier) and lent to Rust code as `&[u8]` or `&mut [u8]`, one slice per
+//! CXL tier, or the simulated device's, which is host memory behind a link
+//! model) and lent to Rust code as `&[u8]` or `&mut [u8]`, one slice per
 //! page (a page's slot is contiguous; neighbouring pages' slots need not
-//! be).
+//! be). On the simulated device a device view is what a kernel reads and
+//! writes in device memory: no copy crosses the modelled link.
 //!
 //! What makes the slices sound is what the runtime refuses while a view
 //! lives, checked under the buffer's launch lock:
@@ -19,9 +21,10 @@
 #![allow(unsafe_code)]
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::buffer::Buffer;
-use super::pin::Pin;
+use super::pin::{OwnedPin, Pin};
 use crate::error::{Error, Result};
 use crate::tier::Tier;
 
@@ -43,11 +46,12 @@ pub struct ViewMut<'a> {
     page_size: usize,
 }
 
-fn check_tier(tier: Tier) -> Result<()> {
+fn check_tier(buffer: &Buffer, tier: Tier) -> Result<()> {
     match tier {
         Tier::Host | Tier::Cxl => Ok(()),
+        Tier::Device if buffer.device_in_host_memory() => Ok(()),
         _ => Err(Error::invalid(format!(
-            "a view lends host memory: pin in the host or cxl tier, not {tier}"
+            "a view lends host memory: pin in the host or cxl tier (or the simulated device's), not {tier}"
         ))),
     }
 }
@@ -62,7 +66,18 @@ fn locate(
     p: usize,
 ) -> Option<(u64, usize)> {
     let pin = pin?;
-    let address = *pin.addresses().get(p.checked_sub(pin.pages().start)?)?;
+    locate_in(pin.addresses(), pin.pages(), buffer, page_size, p)
+}
+
+/// As [`locate`], from a pin's addresses and pages.
+fn locate_in(
+    addresses: &[u64],
+    pages: Range<usize>,
+    buffer: &Buffer,
+    page_size: usize,
+    p: usize,
+) -> Option<(u64, usize)> {
+    let address = *addresses.get(p.checked_sub(pages.start)?)?;
     let start = p as u64 * page_size as u64;
     Some((
         address,
@@ -71,14 +86,15 @@ fn locate(
 }
 
 impl Buffer {
-    /// Pins the pages of `range` in `tier` (host or CXL) and lends them as
-    /// slices ([`View::page`], [`View::pages`]). While the view lives,
+    /// Pins the pages of `range` in `tier` (host or CXL, or the device
+    /// when it is the simulated one) and lends them as slices
+    /// ([`View::page`], [`View::pages`]). While the view lives,
     /// writes to the buffer through the runtime fail with
     /// `InvalidArgument` and read-write kernel launches are refused (reads
     /// and read-only launches go on); the pin's own errors are
     /// [`pin`](Self::pin)'s. Refused while a read-write launch is live.
     pub fn view(&self, range: Range<u64>, tier: Tier) -> Result<View<'_>> {
-        check_tier(tier)?;
+        check_tier(self, tier)?;
         {
             let mut l = self.table().launches.lock();
             if l.read_write > 0 {
@@ -103,17 +119,7 @@ impl Buffer {
     /// else reads or writes it through this handle meanwhile, and kernel
     /// launches of it are refused. Refused while a launch is live.
     pub fn view_mut(&mut self, range: Range<u64>, tier: Tier) -> Result<ViewMut<'_>> {
-        check_tier(tier)?;
-        {
-            let mut l = self.table().launches.lock();
-            if l.read_only + l.read_write > 0 {
-                return Err(Error::invalid(
-                    "a kernel launch of this buffer is live: a mutable view waits until it ends",
-                ));
-            }
-            l.views += 1;
-            l.exclusive = true;
-        }
+        self.hold_exclusive(tier)?;
         let page_size = self.table().rt.page_size();
         let this: &Buffer = self;
         let mut view = ViewMut {
@@ -136,8 +142,10 @@ impl View<'_> {
     /// last page may be shorter than a page), or `None` for another page.
     pub fn page(&self, p: usize) -> Option<&[u8]> {
         let (address, len) = locate(self.pin.as_ref(), self.buffer, self.page_size, p)?;
-        // SAFETY: `address` is the start of page `p`'s slot in a host-memory
-        // tier (`check_tier`), `page_size` bytes long and at least `len`;
+        // SAFETY: `address` is the start of page `p`'s slot in host memory
+        // (`check_tier`: a host-memory tier, or the simulated device's
+        // arena, whose pinned addresses are host addresses), `page_size`
+        // bytes long and at least `len`;
         // the pin keeps the page in that slot and the slot allocated for as
         // long as `self` lives, which bounds the returned borrow; no safe
         // code writes those bytes meanwhile: runtime writes are refused
@@ -183,6 +191,111 @@ impl ViewMut<'_> {
             }
         }
         out
+    }
+}
+
+impl Buffer {
+    /// A mutable view's hold: refused where `tier` cannot be lent or a
+    /// launch is live; then launches are refused until
+    /// [`release`](release) gives it back.
+    fn hold_exclusive(&self, tier: Tier) -> Result<()> {
+        check_tier(self, tier)?;
+        let mut l = self.table().launches.lock();
+        if l.read_only + l.read_write > 0 {
+            return Err(Error::invalid(
+                "a kernel launch of this buffer is live: a mutable view waits until it ends",
+            ));
+        }
+        l.views += 1;
+        l.exclusive = true;
+        Ok(())
+    }
+
+    /// Whether the device tier's memory is host memory (the simulated
+    /// device), so that its pinned pages can be lent as slices.
+    fn device_in_host_memory(&self) -> bool {
+        self.table()
+            .rt
+            .tiers
+            .device()
+            .is_some_and(|d| d.backend() == crate::device::BackendKind::Sim)
+    }
+}
+
+/// Every page of a buffer pinned in one tier and lent writable for as long
+/// as the guard lives; see [`Buffer::into_view_mut`].
+#[derive(Debug)]
+#[must_use = "the pages are unpinned, and the buffer freed, when the view drops"]
+pub struct OwnedViewMut {
+    pin: Option<OwnedPin>,
+    buffer: Arc<Buffer>,
+    page_size: usize,
+}
+
+impl Buffer {
+    /// As [`view_mut`](Self::view_mut) of the whole buffer, for as long as
+    /// the returned guard lives, which owns the buffer: memory a component
+    /// keeps to itself (a row cache's slots), its pages held in `tier`
+    /// and nothing else able to read, write, launch over or move them.
+    /// Dropping the guard frees the buffer.
+    pub fn into_view_mut(self, tier: Tier) -> Result<OwnedViewMut> {
+        self.hold_exclusive(tier)?;
+        let page_size = self.table().rt.page_size();
+        let mut view = OwnedViewMut {
+            pin: None,
+            buffer: Arc::new(self),
+            page_size,
+        };
+        // On an error the view drops here and gives its hold back.
+        let len = view.buffer.len();
+        view.pin = Some(view.buffer.pin_owned(0..len, tier)?);
+        Ok(view)
+    }
+}
+
+impl OwnedViewMut {
+    /// The pages lent (every page of the buffer).
+    pub fn pages(&self) -> Range<usize> {
+        self.pin.as_ref().map_or(0..0, OwnedPin::pages)
+    }
+
+    /// Every page, each writable at once, in page order (as
+    /// [`ViewMut::pages_mut`]).
+    pub fn pages_mut(&mut self) -> Vec<(usize, &mut [u8])> {
+        let Some(pin) = self.pin.as_ref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(pin.pages().len());
+        for p in pin.pages() {
+            if let Some((address, len)) = locate_in(
+                pin.addresses(),
+                pin.pages(),
+                &self.buffer,
+                self.page_size,
+                p,
+            ) {
+                // SAFETY: `address` is the start of page `p`'s slot in host
+                // memory (`check_tier`), at least `len` bytes; the pin keeps
+                // the page in that slot while `self` lives, which bounds
+                // the returned borrows (they hold `&mut self`). Nothing else
+                // reads or writes those bytes: the buffer was moved into
+                // this guard (no other handle to it exists, and `Buffer` is
+                // not `Clone`), launches of it are refused while
+                // `exclusive` is set, and distinct pages are distinct slots,
+                // so the slices do not alias one another.
+                out.push((p, unsafe {
+                    std::slice::from_raw_parts_mut(address as *mut u8, len)
+                }));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for OwnedViewMut {
+    fn drop(&mut self) {
+        drop(self.pin.take());
+        release(&self.buffer, true);
     }
 }
 

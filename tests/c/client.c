@@ -104,7 +104,7 @@ static void embedding(const char *dir, int psync) {
         on_device += t == STRATA_TIER_DEVICE;
     }
     strata_bags bags = {idx, N, off, BAGS + 1, NULL, STRATA_POOLING_SUM, -1};
-    strata_embedding_stats st = {0, 0};
+    strata_embedding_stats st = {0, 0, 0, 0};
     OK(strata_embedding_forward(emb, &bags, out, BAGS * DIM, &st));
     CHECK(memcmp(out, want, sizeof out) == 0, "pooled sums");
     CHECK(st.lookups == N && st.fast_hits == on_device && on_device > 0, "%llu lookups, %llu fast",
@@ -154,6 +154,38 @@ static void embedding(const char *dir, int psync) {
     OK(strata_embedding_get_stats(emb, &st));
     CHECK(st.lookups == N, "refused calls count nothing: %llu", (unsigned long long)st.lookups);
     OK(strata_embedding_free(NULL));
+
+    /* A table with a row cache of 100 rows: its slots take the device's
+     * page (the first table's page there moves down), its pages go to
+     * NVMe; it pools what the first table pools, bit for bit. */
+    strata_embedding *cached = NULL;
+    FAILS(strata_embedding_create_cached(rt, ROWS, DIM, STRATA_TIER_NVME, 4, 0,
+                                         STRATA_POLICY_DEFAULT, &cached),
+          STRATA_ERR_INVALID_ARGUMENT, "row cache");
+    CHECK(cached == NULL, "no handle on failure");
+    OK(strata_embedding_create_cached(rt, ROWS, DIM, STRATA_TIER_NVME, 4, 100, STRATA_POLICY_LRU,
+                                      &cached));
+    if (cached != NULL) {
+        int64_t *all = malloc(sizeof(int64_t) * ROWS);
+        float *now = malloc(sizeof(float) * ROWS * DIM);
+        for (int64_t r = 0; r < ROWS; r++) all[r] = r;
+        OK(strata_embedding_read_rows(emb, all, ROWS, now, (size_t)ROWS * DIM));
+        OK(strata_embedding_write_rows(cached, 0, now, (size_t)ROWS * DIM));
+        float from_cache[BAGS * DIM];
+        strata_embedding_stats cs = {0, 0, 0, 0};
+        for (int round = 0; round < 2; round++) {
+            OK(strata_embedding_forward(emb, &bags, out, BAGS * DIM, NULL));
+            OK(strata_embedding_forward(cached, &bags, from_cache, BAGS * DIM, &cs));
+            CHECK(memcmp(out, from_cache, sizeof out) == 0, "pooled through the row cache");
+        }
+        /* LRU admits every miss: the second round's lookups all hit. */
+        CHECK(cs.lookups == N && cs.cache_hits == N && cs.cache_fills == 0,
+              "%llu lookups, %llu cached, %llu filled", (unsigned long long)cs.lookups,
+              (unsigned long long)cs.cache_hits, (unsigned long long)cs.cache_fills);
+        OK(strata_embedding_free(cached));
+        free(now);
+        free(all);
+    }
 
     /* The table outlives its runtime's handle; freeing it ends both. */
     OK(strata_runtime_destroy(rt));

@@ -657,9 +657,11 @@ fn bench_graph_reads_edge_lists_and_names_bad_lines() {
 
 #[test]
 fn bench_recsys_charges_strata_moves_on_the_presets_link() {
-    // The same moves (the run is deterministic) cost what each preset's
-    // DMA engine takes: H200's PCIe Gen5 moves the bytes about twice as
-    // fast as A100's Gen4, so the migrations' share differs between them.
+    // The same moves of strata's page placement (the run is
+    // deterministic) cost what each preset's DMA engine takes: H200's PCIe
+    // Gen5 moves the bytes about twice as fast as A100's Gen4, so the
+    // migrations' share differs between them. strata's row cache moves
+    // nothing between batches: its fills are its misses' own reads.
     let dir = tempfile::tempdir().unwrap();
     let run = |platform: &str| {
         let json = dir.path().join(format!("{platform}.json"));
@@ -680,13 +682,17 @@ fn bench_recsys_charges_strata_moves_on_the_presets_link() {
             "6",
             "--platform",
             platform,
+            "--baselines",
             "--quiet",
             "--json",
             json.to_str().unwrap(),
         ]);
         let r = report(&out, &json);
-        let s = &r["results"][0];
-        assert_eq!(s["config"], "strata");
+        let rows = &r["results"][0];
+        assert_eq!(rows["config"], "strata");
+        assert_eq!(rows["migration_seconds"], 0.0, "{rows}");
+        let s = &r["results"][1];
+        assert_eq!(s["config"], "strata-pages");
         (
             s["bytes_moved"].as_u64().unwrap(),
             s["migration_seconds"].as_f64().unwrap(),
@@ -738,12 +744,34 @@ fn bench_recsys_compares_the_configurations() {
         .iter()
         .map(|c| c["config"].as_str().unwrap())
         .collect();
-    assert_eq!(configs, ["strata", "lru-cache", "zero-copy", "all-device"]);
-    // strata's promotions, settled: (paid, not paid); none for the others.
-    let paid = &r["results"][0]["promotions_paid"];
+    assert_eq!(
+        configs,
+        [
+            "strata",
+            "strata-pages",
+            "lru-cache",
+            "zero-copy",
+            "all-device"
+        ]
+    );
+    // The page placement's promotions, settled: (paid, not paid); none for
+    // the others.
+    let paid = &r["results"][1]["promotions_paid"];
     let (p, u) = (paid[0].as_u64().unwrap(), paid[1].as_u64().unwrap());
     assert!(p > 0, "hot pages promoted are read again: {paid} ({u} not)");
-    assert!(r["results"][1]["promotions_paid"].is_null());
+    assert!(r["results"][0]["promotions_paid"].is_null());
+    assert!(r["results"][2]["promotions_paid"].is_null());
+    // strata's row cache: hot rows served from device memory, every byte
+    // it moved a missed row's own read (16 floats a row).
+    let rows = &r["results"][0];
+    let hit = rows["hit_rate"].as_f64().unwrap();
+    let lookups = r["lookups"].as_f64().unwrap();
+    let moved = rows["bytes_moved"].as_f64().unwrap();
+    assert!(hit > 0.2, "{rows}");
+    assert!(
+        moved > 0.0 && moved <= (1.0 - hit) * lookups * 64.0 + 0.5,
+        "{rows}"
+    );
     for c in r["results"].as_array().unwrap() {
         for key in ["lookups_per_sec", "hit_rate", "bytes_moved", "seconds"] {
             assert!(c[key].is_number(), "{key} in {c}");
@@ -1404,6 +1432,18 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
         case(
             &["bench", "graph", "--page-size", "0", "--quiet"],
             Expect::Bad("--page-size"),
+        ),
+        case(
+            &[
+                "bench",
+                "recsys",
+                "--rows",
+                "64",
+                "--batches",
+                "1",
+                "--quiet",
+            ],
+            Expect::Bad("less than a page"),
         ),
         case(
             &["bench", "graph", "--device-budget", "-5%", "--quiet"],

@@ -29,6 +29,7 @@
 
 mod error;
 mod pages;
+mod rows;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,6 +42,8 @@ use crate::tier::Tier;
 
 pub use error::{EmbeddingError, Result};
 use pages::{Fetched, Rows, Rule};
+pub use rows::RowCacheOptions;
+use rows::{Look, RowCache};
 
 /// The update a fused [`EmbeddingTable::backward`] applies to each row.
 #[derive(Debug)]
@@ -79,6 +82,16 @@ pub struct TableOptions {
     /// Worker threads for page reads and updates: the NVMe reads a batch
     /// keeps in flight (1..=[`MAX_THREADS`]).
     pub threads: usize,
+    /// Rows kept in the fastest memory tier at their own granularity (a
+    /// row cache, as FBGEMM's UVM caching): the simulated device's memory,
+    /// or host memory on a runtime without a device (refused on a CUDA
+    /// device); both gathers read through it, and updates of cached rows
+    /// stay in it until the rows leave it or
+    /// [`flush`](EmbeddingTable::flush) (a write-back cache: gathers
+    /// write the changed rows they evict, so they fail while the table's
+    /// buffer is held read-only, by a view or a launch). Changes not
+    /// written back when the table drops go with it. None by default.
+    pub row_cache: Option<RowCacheOptions>,
 }
 
 impl Default for TableOptions {
@@ -86,6 +99,7 @@ impl Default for TableOptions {
         Self {
             placement: Placement::Fastest,
             threads: DEFAULT_THREADS,
+            row_cache: None,
         }
     }
 }
@@ -165,8 +179,13 @@ pub struct Lookups {
     /// Row lookups (padding included).
     pub lookups: u64,
     /// Those whose row (its first page) was in the runtime's fastest tier
-    /// when the batch was gathered.
+    /// when the batch was gathered, or in the row cache.
     pub fast_hits: u64,
+    /// Of `fast_hits`, those the row cache served.
+    pub cache_hits: u64,
+    /// Missed rows the row cache took in (each filled by the miss's own
+    /// read).
+    pub cache_fills: u64,
 }
 
 /// An embedding table of `rows` rows of `dim` fp32 values in a buffer of a
@@ -183,6 +202,11 @@ pub struct EmbeddingTable {
     threads: usize,
     lookups: AtomicU64,
     fast_hits: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_fills: AtomicU64,
+    /// The row cache, if any: every call that reads or writes the table
+    /// through it holds it for the whole call.
+    cache: Option<parking_lot::Mutex<RowCache>>,
 }
 
 impl std::fmt::Debug for EmbeddingTable {
@@ -226,6 +250,10 @@ impl EmbeddingTable {
             .ok_or_else(|| {
                 EmbeddingError::Invalid(format!("{rows} rows of {dim} float32 overflow a size"))
             })?;
+        let cache = options
+            .row_cache
+            .map(|o| RowCache::new(rt, o, dim * 4).map(parking_lot::Mutex::new))
+            .transpose()?;
         let buf = rt.alloc_with(bytes, options.placement)?;
         Ok(Self {
             rt: rt.clone(),
@@ -237,6 +265,9 @@ impl EmbeddingTable {
             threads: options.threads,
             lookups: AtomicU64::new(0),
             fast_hits: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            cache_fills: AtomicU64::new(0),
+            cache,
         })
     }
 
@@ -250,7 +281,11 @@ impl EmbeddingTable {
         self.dim
     }
 
-    /// The buffer holding the rows.
+    /// The buffer holding the rows. With a row cache, a row updated in the
+    /// cache reaches the buffer when it leaves the cache or at
+    /// [`flush`](Self::flush); [`read_rows`](Self::read_rows) and the
+    /// gathers see it at once. A buffer kept past the table's drop holds
+    /// what was written back by then: flush first.
     pub fn buffer(&self) -> &Arc<Buffer> {
         &self.buf
     }
@@ -320,7 +355,55 @@ impl EmbeddingTable {
             });
         }
         let at = start as u64 * self.row_bytes();
-        Ok(self.io().write_parallel(at, bytemuck::cast_slice(data))?)
+        let Some(cache) = &self.cache else {
+            return Ok(self.io().write_parallel(at, bytemuck::cast_slice(data))?);
+        };
+        let mut cache = cache.lock();
+        self.write_back(&mut cache)?;
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let written = self.io().write_parallel(at, bytes);
+        // A write that failed part way leaves the cached copies holding
+        // the new rows, dirty: the table's may be either.
+        cache.refresh(
+            bytes
+                .chunks_exact(self.dim * 4)
+                .enumerate()
+                .map(|(k, b)| (start as u64 + k as u64, b)),
+            written.is_ok(),
+        );
+        Ok(written?)
+    }
+
+    /// Writes back every row the row cache holds changed (updates of
+    /// cached rows wait in it until their rows leave it): afterwards the
+    /// table's [`buffer`](Self::buffer) holds every row as the gathers see
+    /// it. A no-op without a row cache. A write that fails keeps the
+    /// changes in the cache, to be written by a later call.
+    pub fn flush(&self) -> Result<()> {
+        let Some(cache) = &self.cache else {
+            return Ok(());
+        };
+        let mut cache = cache.lock();
+        self.write_back(&mut cache)?;
+        let (rows, data, slots) = cache.dirty_rows();
+        if !rows.is_empty() {
+            self.io().put(&rows, &data)?;
+            cache.mark_clean(&slots);
+        }
+        Ok(())
+    }
+
+    /// Writes the row cache's orphans (rows changed in it that left it)
+    /// to the table; every call through the cache but `read_rows` begins
+    /// with this, and a call that fails here changes nothing. Orphans are
+    /// read in the table's place until it succeeds.
+    fn write_back(&self, cache: &mut RowCache) -> Result<()> {
+        if cache.has_orphans() {
+            let (rows, data) = cache.orphans();
+            self.io().put(&rows, &data)?;
+            cache.orphans_written();
+        }
+        Ok(())
     }
 
     /// Reads the rows of `indices` into `out` (`indices.len()` rows),
@@ -331,8 +414,14 @@ impl EmbeddingTable {
         self.check_rows_len("out", out.len(), indices.len())?;
         let offsets: Vec<i64> = (0..=indices.len() as i64).collect();
         let bags = Bags::new(indices, &offsets);
+        // Held across the read: the rows it overlays stay as they are.
+        let mut cache = self.cache.as_ref().map(|c| c.lock());
         let (fetched, _) = self.io().fetch(indices, self.fastest)?;
-        self.pool(&fetched, &bags, 0, out)
+        self.pool(&fetched, &bags, 0, out)?;
+        if let Some(cache) = &mut cache {
+            cache.overlay(indices, out);
+        }
+        Ok(())
     }
 
     /// Checks `bags` and `out` against the table: indices in range,
@@ -387,6 +476,9 @@ impl EmbeddingTable {
     /// [`stats`](Self::stats).
     pub fn gather(&self, bags: &Bags<'_>, out: &mut [f32]) -> Result<Lookups> {
         self.check_bags(bags, out, "out")?;
+        if let Some(cache) = &self.cache {
+            return self.gather_through_cache(&mut cache.lock(), bags, out);
+        }
         let (fetched, hits) = self.io().fetch(bags.indices, self.fastest)?;
         // Two pooling workers for a large batch: the rows are copied and
         // summed by the CPU, which the NVMe reads above no longer wait on
@@ -403,6 +495,7 @@ impl EmbeddingTable {
             return Ok(self.count(Lookups {
                 lookups: bags.indices.len() as u64,
                 fast_hits: hits,
+                ..Lookups::default()
             }));
         }
         let errors: Vec<EmbeddingError> = std::thread::scope(|s| {
@@ -424,6 +517,7 @@ impl EmbeddingTable {
         Ok(self.count(Lookups {
             lookups: bags.indices.len() as u64,
             fast_hits: hits,
+            ..Lookups::default()
         }))
     }
 
@@ -471,6 +565,9 @@ impl EmbeddingTable {
             )
             .into());
         }
+        if let Some(cache) = &self.cache {
+            return self.gather_cached(&mut cache.lock(), bags, seed, out);
+        }
         let map = self.buf.device_map()?;
         let launch = map.prepare(Access::ReadOnly)?;
         let dim = self.dim;
@@ -502,12 +599,232 @@ impl EmbeddingTable {
         Ok(self.count(Lookups {
             lookups: bags.indices.len() as u64,
             fast_hits: hits,
+            ..Lookups::default()
         }))
+    }
+
+    /// [`gather_mapped`](Self::gather_mapped) through the row cache: the
+    /// lookups in order, as the row cache's kernel takes them (bag by bag,
+    /// each bag's rows in index order). A cached row is read from its slot
+    /// in device memory; a missed one through the table's map (a device
+    /// hit where its page is on the device), and copied into the slot the
+    /// policy gives it. Bags run one after another: the policy's state is
+    /// one sequence.
+    fn gather_cached(
+        &self,
+        cache: &mut RowCache,
+        bags: &Bags<'_>,
+        seed: u64,
+        out: &mut [f32],
+    ) -> Result<Lookups> {
+        self.write_back(cache)?;
+        let map = self.buf.device_map()?;
+        let launch = map.prepare(Access::ReadOnly)?;
+        let dim = self.dim;
+        let mut reader = launch.reader(seed);
+        let mut row = vec![0f32; dim];
+        let mut table_hits = 0u64;
+        let served = cache.with_slots(|slots| {
+            for (b, dst) in out.chunks_mut(dim).enumerate() {
+                dst.fill(0.0);
+                let mut kept = 0usize;
+                for (r, w) in bag_rows(bags, b) {
+                    match slots.lookup(r) {
+                        Look::Cached(s) => slots.read(s, &mut row),
+                        look => {
+                            if let Some(v) = slots.orphan(r) {
+                                // Evicted changed by this call: the table's
+                                // row is older.
+                                row.copy_from_slice(v);
+                            } else {
+                                let base = r * dim as u64;
+                                for (d, x) in row.iter_mut().enumerate() {
+                                    let (v, _, on_device) = reader.load_at::<f32>(base + d as u64);
+                                    if d == 0 {
+                                        table_hits += u64::from(on_device);
+                                    }
+                                    *x = v;
+                                }
+                            }
+                            if let Look::Fill(s) = look {
+                                slots.fill(s, r, &row);
+                            }
+                        }
+                    }
+                    // `w * v` is `v` exactly for w = 1, as the uncached path.
+                    let w = w.unwrap_or(1.0);
+                    dst.iter_mut().zip(&row).for_each(|(o, &v)| *o += w * v);
+                    kept += 1;
+                }
+                finish_bag(dst, kept, bags.pooling);
+            }
+            Ok(slots.served())
+        })?;
+        drop(launch);
+        // The rows this call evicted changed (the launch refused writes).
+        self.write_back(cache)?;
+        Ok(self.count(Lookups {
+            lookups: bags.indices.len() as u64,
+            fast_hits: table_hits + served.hits,
+            cache_hits: served.hits,
+            cache_fills: served.fills,
+        }))
+    }
+
+    /// [`gather`](Self::gather) through the row cache. The lookups are
+    /// decided in order first (a cached row copied out of its slot; a
+    /// missed one noted, with the slot the policy gave it); the pages of
+    /// the rows to read from the table are then fetched as
+    /// [`gather`](Self::gather) fetches them (every NVMe page whole, once);
+    /// the missed rows go into their slots; and the bags are pooled in
+    /// order, so the sums are the uncached gather's bit for bit. A row
+    /// looked up again after its miss in the same call counts as a cached
+    /// hit and is read from the page its miss fetched.
+    fn gather_through_cache(
+        &self,
+        cache: &mut RowCache,
+        bags: &Bags<'_>,
+        out: &mut [f32],
+    ) -> Result<Lookups> {
+        self.write_back(cache)?;
+        let dim = self.dim;
+        let mut looks: Vec<Look> = Vec::with_capacity(bags.indices.len());
+        let mut staged: Vec<f32> = Vec::new();
+        let mut need: Vec<i64> = Vec::new();
+        let mut filled: Vec<(u32, u64)> = Vec::new();
+        let mut row = vec![0f32; dim];
+        let served = cache.with_slots(|slots| {
+            let mut fresh = std::collections::HashSet::new();
+            for b in 0..bags.len() {
+                for (r, _) in bag_rows(bags, b) {
+                    let look = match slots.lookup(r) {
+                        Look::Cached(s) if !fresh.contains(&s) => {
+                            slots.read(s, &mut row);
+                            staged.extend_from_slice(&row);
+                            Look::Cached(s)
+                        }
+                        // Admitted earlier in this call: its miss fetched it.
+                        Look::Cached(_) => Look::Table,
+                        Look::Fill(s) => {
+                            fresh.insert(s);
+                            filled.push((s, r));
+                            need.push(r as i64);
+                            Look::Fill(s)
+                        }
+                        Look::Table => {
+                            need.push(r as i64);
+                            Look::Table
+                        }
+                    };
+                    looks.push(look);
+                }
+            }
+            Ok(slots.served())
+        })?;
+        let io = self.io();
+        let mut rows: Vec<f32> = Vec::with_capacity(filled.len() * dim);
+        // The rows evicted changed go to the table before it is read (a
+        // row may be read again after its eviction). The slots of the
+        // misses are given to their rows already: a write-back or fetch
+        // that fails leaves them holding other rows' bytes, so the cache
+        // forgets every row (the changed ones kept as orphans) before the
+        // error goes back.
+        let fetched = self.write_back(cache).and_then(|()| {
+            let (fetched, hits) = io.fetch(&need, self.fastest)?;
+            for &(_, r) in &filled {
+                io.row(&fetched, r, &mut row)?;
+                rows.extend_from_slice(&row);
+            }
+            Ok((fetched, hits))
+        });
+        let fetched = match fetched {
+            Ok(f) => f,
+            Err(e) => {
+                cache.forget()?;
+                return Err(e);
+            }
+        };
+        let (fetched, table_hits) = fetched;
+        cache.with_slots(|slots| {
+            for (k, &(s, r)) in filled.iter().enumerate() {
+                slots.fill(s, r, &rows[k * dim..(k + 1) * dim]);
+            }
+            Ok(())
+        })?;
+        let (mut i, mut k) = (0usize, 0usize);
+        for (b, dst) in out.chunks_mut(dim).enumerate() {
+            dst.fill(0.0);
+            let mut kept = 0;
+            for (r, w) in bag_rows(bags, b) {
+                match looks[i] {
+                    Look::Cached(_) => {
+                        row.copy_from_slice(&staged[k * dim..(k + 1) * dim]);
+                        k += 1;
+                    }
+                    _ => io.row(&fetched, r, &mut row)?,
+                }
+                add_row(dst, &row, w);
+                kept += 1;
+                i += 1;
+            }
+            finish_bag(dst, kept, bags.pooling);
+        }
+        Ok(self.count(Lookups {
+            lookups: bags.indices.len() as u64,
+            fast_hits: served.hits + table_hits,
+            cache_hits: served.hits,
+            cache_fills: filled.len() as u64,
+        }))
+    }
+
+    /// Rows the row cache holds now and at most (None: no row cache).
+    pub fn row_cache_len(&self) -> Option<(usize, usize)> {
+        let c = self.cache.as_ref()?.lock();
+        Some((c.len(), c.capacity()))
+    }
+
+    /// A fused update of `rows`: a cached row's copy takes its step in
+    /// the row cache (dirty there until it is written back), the other
+    /// rows in the table. Row-wise Adagrad's accumulators take every
+    /// row's step first. A table write that fails part way leaves the
+    /// accumulators and the cached rows stepped and some of the other rows
+    /// not (which is not known), as without a cache.
+    fn update_through(
+        &self,
+        rows: &[i64],
+        grads: &[f32],
+        rule: Rule,
+        state: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let io = self.io();
+        let Some(cache) = &self.cache else {
+            let scale = io.steps(rows, grads, rule, state);
+            return Ok(io.apply(rows, grads, &scale)?);
+        };
+        let mut cache = cache.lock();
+        self.write_back(&mut cache)?;
+        let scale = io.steps(rows, grads, rule, state);
+        let d = self.dim;
+        let rest = cache.update(rows, |k, w| {
+            pages::step(w, &grads[k * d..(k + 1) * d], scale[k])
+        });
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let table_rows: Vec<i64> = rest.iter().map(|&k| rows[k]).collect();
+        let table_grads: Vec<f32> = rest
+            .iter()
+            .flat_map(|&k| grads[k * d..(k + 1) * d].iter().copied())
+            .collect();
+        let table_scale: Vec<f32> = rest.iter().map(|&k| scale[k]).collect();
+        Ok(io.apply(&table_rows, &table_grads, &table_scale)?)
     }
 
     fn count(&self, l: Lookups) -> Lookups {
         self.lookups.fetch_add(l.lookups, Ordering::Relaxed);
         self.fast_hits.fetch_add(l.fast_hits, Ordering::Relaxed);
+        self.cache_hits.fetch_add(l.cache_hits, Ordering::Relaxed);
+        self.cache_fills.fetch_add(l.cache_fills, Ordering::Relaxed);
         l
     }
 
@@ -547,7 +864,7 @@ impl EmbeddingTable {
             )));
         }
         self.check_update(rows, grads)?;
-        Ok(self.io().update(rows, grads, Rule::Sgd { lr }, None)?)
+        self.update_through(rows, grads, Rule::Sgd { lr }, None)
     }
 
     /// Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD) on the distinct
@@ -580,7 +897,7 @@ impl EmbeddingTable {
             });
         }
         let rule = Rule::RowwiseAdagrad { lr, eps };
-        Ok(self.io().update(rows, grads, rule, Some(state))?)
+        self.update_through(rows, grads, rule, Some(state))
     }
 
     /// The fused backward of pooling `bags`: each bag's gradient (`grad`,
@@ -643,6 +960,8 @@ impl EmbeddingTable {
         Lookups {
             lookups: self.lookups.load(Ordering::Relaxed),
             fast_hits: self.fast_hits.load(Ordering::Relaxed),
+            cache_hits: self.cache_hits.load(Ordering::Relaxed),
+            cache_fills: self.cache_fills.load(Ordering::Relaxed),
         }
     }
 
@@ -650,6 +969,8 @@ impl EmbeddingTable {
     pub fn reset_stats(&self) {
         self.lookups.store(0, Ordering::Relaxed);
         self.fast_hits.store(0, Ordering::Relaxed);
+        self.cache_hits.store(0, Ordering::Relaxed);
+        self.cache_fills.store(0, Ordering::Relaxed);
     }
 }
 

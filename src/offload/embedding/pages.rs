@@ -171,18 +171,40 @@ impl Rows<'_> {
         Ok(())
     }
 
-    /// Applies `rule` to the distinct rows `rows` with their gradients,
-    /// writing each back in place. Rows sharing NVMe pages are read and
-    /// written as whole pages, once each; `state` holds one row-wise
-    /// Adagrad accumulator per table row.
-    pub(super) fn update(
+    /// Each row's step under `rule` for the distinct rows `rows` with
+    /// their gradients: row `i` becomes `w - step[i] * grads[i]`. Row-wise
+    /// Adagrad's accumulators (`state`, one per table row) are updated
+    /// here.
+    pub(super) fn steps(
         &self,
         rows: &[i64],
         grads: &[f32],
         rule: Rule,
         state: Option<&mut [f32]>,
-    ) -> Result<()> {
+    ) -> Vec<f32> {
+        scales(rows, grads, self.dim, rule, state)
+    }
+
+    /// Applies the steps `scale` (from [`steps`](Self::steps)) to the
+    /// distinct rows `rows` with their gradients, writing each back in
+    /// place. Rows sharing NVMe pages are read and written as whole pages,
+    /// once each.
+    pub(super) fn apply(&self, rows: &[i64], grads: &[f32], scale: &[f32]) -> Result<()> {
         let d = self.dim;
+        self.apply_with(rows, |w, i| step(w, &grads[i * d..(i + 1) * d], scale[i]))
+    }
+
+    /// Writes `data` (one row each) as the distinct rows `rows`, grouped
+    /// by page as updates are: a row cache's write-back.
+    pub(super) fn put(&self, rows: &[i64], data: &[f32]) -> Result<()> {
+        let d = self.dim;
+        self.apply_with(rows, |w, i| w.copy_from_slice(&data[i * d..(i + 1) * d]))
+    }
+
+    /// Runs `apply(values, i)` on each of the distinct rows `rows` (row
+    /// `rows[i]`) and writes it back in place; rows sharing NVMe pages are
+    /// read and written as whole pages, once each, on the worker threads.
+    fn apply_with(&self, rows: &[i64], apply: impl Fn(&mut [f32], usize) + Sync) -> Result<()> {
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.sort_unstable_by_key(|&i| rows[i]);
         // Runs of rows whose pages overlap: (first, last) positions in order.
@@ -194,14 +216,6 @@ impl Rows<'_> {
                 _ => groups.push((k, k)),
             }
         }
-        let scale = scales(rows, grads, d, rule, state);
-        let apply = |w: &mut [f32], i: usize| {
-            let g = &grads[i * d..(i + 1) * d];
-            let s = scale[i];
-            for (x, &gx) in w.iter_mut().zip(g) {
-                *x -= s * gx;
-            }
-        };
         // Groups in memory are updated here; those on NVMe (a read and a
         // write each) on the worker threads.
         let mut on_disk = Vec::new();
@@ -289,6 +303,13 @@ impl Rows<'_> {
             bytes.copy_from_slice(bytemuck::cast_slice(&row));
         }
         self.buf.write(start, &span)
+    }
+}
+
+/// `w -= s * g`: one row's update (the table's, and its cached copy's).
+pub(super) fn step(w: &mut [f32], g: &[f32], s: f32) {
+    for (x, &gx) in w.iter_mut().zip(g) {
+        *x -= s * gx;
     }
 }
 

@@ -15,6 +15,18 @@ fn host(pages: u64) -> Runtime {
         .unwrap()
 }
 
+/// A simulated device of 8 pages over 64 of host memory, no background
+/// eviction.
+fn sim() -> Runtime {
+    Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 8 * PAGE as u64)
+        .host(64 * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap()
+}
+
 /// A deterministic value of element `d` of row `r`.
 fn value(r: u64, d: usize) -> f32 {
     (crate::hotness::mix(r << 16 ^ d as u64) >> 40) as f32 / (1u64 << 24) as f32 - 0.5
@@ -286,13 +298,7 @@ fn sgd_and_rowwise_adagrad_update_rows_in_place() {
 #[test]
 fn mapped_gather_equals_the_buffer_gather_and_counts_device_hits() {
     let (rows, dim) = (2048u64, 16usize); // 64 B rows: 64 a page, 32 pages
-    let rt = Runtime::builder()
-        .page_size(PAGE)
-        .device(DeviceChoice::Sim, 8 * PAGE as u64)
-        .host(64 * PAGE as u64)
-        .background_eviction(false)
-        .build()
-        .unwrap();
+    let rt = sim();
     let (t, w) = filled(&rt, rows, dim);
     assert_eq!(t.fast_tier(), Tier::Device);
     // The pages were written in parallel: 8 of them (any) on the device.
@@ -405,4 +411,349 @@ fn fused_backward_equals_summing_the_bags_gradients_then_updating() {
         )
         .unwrap_err();
     assert!(e.to_string().contains("grad"), "{e}");
+}
+
+/// A table whose pages stay in host memory and whose device holds a row
+/// cache of `cached` rows under `policy`.
+fn row_cached(
+    rows: u64,
+    dim: usize,
+    cached: usize,
+    policy: crate::policy::PolicyKind,
+) -> (Runtime, EmbeddingTable, Vec<f32>) {
+    let rt = sim();
+    let options = TableOptions {
+        placement: Placement::Prefer(Tier::Host),
+        row_cache: Some(RowCacheOptions {
+            rows: cached,
+            policy,
+        }),
+        ..TableOptions::default()
+    };
+    let t = EmbeddingTable::with_options(&rt, rows, dim, options).unwrap();
+    let w: Vec<f32> = (0..rows)
+        .flat_map(|r| (0..dim).map(move |d| value(r, d)))
+        .collect();
+    t.write_rows(0, &w).unwrap();
+    (rt, t, w)
+}
+
+/// The row cache serves the rows it holds from device memory, fills a
+/// missed row with the miss's own read (nothing else crosses the link),
+/// keeps what its policy keeps, and pools exactly what the table holds.
+#[test]
+fn the_row_cache_serves_hot_rows_from_device_memory_and_pools_exactly() {
+    use crate::policy::{lru::Lru, Policy, PolicyKind};
+    let (rows, dim, cached) = (2048u64, 16usize, 100usize);
+    let (rt, t, w) = row_cached(rows, dim, cached, PolicyKind::Lru);
+    assert_eq!(t.buffer().residency().pages[Tier::Device as usize], 0);
+    assert_eq!(t.row_cache_len(), Some((0, cached)));
+    // Skewed lookups: a few hot rows (spread over many pages) and a tail.
+    let idx: Vec<i64> = (0..4096u64)
+        .map(|i| {
+            let h = crate::hotness::mix(i);
+            (if h % 4 != 0 { h % 40 * 37 } else { h % rows }) as i64
+        })
+        .collect();
+    let offsets: Vec<i64> = (0..=256).map(|b| b * 16).collect();
+    let bags = Bags::new(&idx, &offsets).weights(&[0.5; 4096][..]);
+    let links = || rt.stats().device_links.unwrap();
+    let before = links();
+    let mut out = vec![0f32; 256 * dim];
+    let l = t.gather_mapped(&bags, 3, &mut out).unwrap();
+    let after = links();
+    assert_eq!(
+        out,
+        naive(&w, dim, &bags),
+        "pooled bitwise as the table holds"
+    );
+    // What an LRU of the same rows serves, lookup by lookup.
+    let mut lru = Lru::new(cached);
+    let want = idx
+        .iter()
+        .filter(|&&r| lru.access(r as u64).is_hit())
+        .count() as u64;
+    assert!(want > 2000, "the hot rows are hits ({want})");
+    assert_eq!((l.cache_hits, l.fast_hits), (want, want));
+    assert_eq!(
+        l.cache_fills,
+        4096 - want,
+        "every miss fills a slot (LRU admits all)"
+    );
+    assert_eq!(
+        (after.0.bytes, after.1.bytes),
+        (before.0.bytes, before.1.bytes),
+        "fills are the misses' own reads: no move crosses the link"
+    );
+    assert_eq!(t.row_cache_len(), Some((cached, cached)));
+    assert_eq!(t.stats().cache_hits, want);
+    // The same bags again: the cache is warm, the output the same.
+    let mut again = vec![0f32; 256 * dim];
+    let l2 = t.gather_mapped(&bags, 3, &mut again).unwrap();
+    assert_eq!(again, out);
+    assert!(l2.cache_hits >= l.cache_hits);
+}
+
+/// A write to the table reaches the cached copies before it returns: rows
+/// written, and sparse updates (SGD, row-wise Adagrad, the fused
+/// backward, held in the cache); no gather after them reads an old value.
+#[test]
+fn writes_reach_the_row_caches_copies_before_they_return() {
+    use crate::policy::PolicyKind;
+    let (rows, dim) = (512u64, 8usize);
+    let (_rt, t, mut w) = row_cached(rows, dim, 64, PolicyKind::Default);
+    let idx: Vec<i64> = (0..64).map(|i| i * 7 % 512).collect();
+    let offsets: Vec<i64> = (0..=64).collect();
+    let bags = Bags::new(&idx, &offsets);
+    let mut out = vec![0f32; 64 * dim];
+    // Twice, so that the default policy (which may admit on a second
+    // look) caches them.
+    t.gather_mapped(&bags, 1, &mut out).unwrap();
+    t.gather_mapped(&bags, 1, &mut out).unwrap();
+    assert!(t.stats().cache_hits > 0, "{:?}", t.stats());
+    // Rows written.
+    let new: Vec<f32> = (0..dim).map(|d| 100.0 + d as f32).collect();
+    t.write_rows(7, &new).unwrap();
+    w[7 * dim..8 * dim].copy_from_slice(&new);
+    t.gather_mapped(&bags, 1, &mut out).unwrap();
+    assert_eq!(out, naive(&w, dim, &bags));
+    // SGD on cached and uncached rows.
+    let upd: Vec<i64> = vec![0, 7, 14, 300];
+    let grads: Vec<f32> = (0..upd.len() * dim).map(|i| i as f32 * 0.25).collect();
+    t.sgd(&upd, &grads, 0.5).unwrap();
+    for (k, &r) in upd.iter().enumerate() {
+        for d in 0..dim {
+            w[r as usize * dim + d] -= 0.5 * grads[k * dim + d];
+        }
+    }
+    t.gather_mapped(&bags, 1, &mut out).unwrap();
+    assert_eq!(out, naive(&w, dim, &bags));
+    // Row-wise Adagrad through the fused backward.
+    let mut state = vec![0f32; rows as usize];
+    let grad = vec![1.0f32; 64 * dim];
+    t.backward(
+        &bags,
+        &grad,
+        Update::RowwiseAdagrad {
+            lr: 0.1,
+            eps: 1e-8,
+            state: &mut state,
+        },
+    )
+    .unwrap();
+    let mut fresh = vec![0f32; rows as usize * dim];
+    let all: Vec<i64> = (0..rows as i64).collect();
+    t.read_rows(&all, &mut fresh).unwrap();
+    t.gather_mapped(&bags, 1, &mut out).unwrap();
+    assert_eq!(out, naive(&fresh, dim, &bags));
+    assert_ne!(fresh, w, "the update changed rows");
+}
+
+#[test]
+fn a_row_cache_needs_rows_that_fit_a_page_and_room_in_its_tier() {
+    // Without a device, the cache lives in host memory and gathers read
+    // through it.
+    let rt = host(16);
+    let options = TableOptions {
+        row_cache: Some(RowCacheOptions::new(8)),
+        ..TableOptions::default()
+    };
+    let t = EmbeddingTable::with_options(&rt, 16, 4, options).unwrap();
+    let w: Vec<f32> = (0..16 * 4).map(|i| i as f32).collect();
+    t.write_rows(0, &w).unwrap();
+    let idx = [3i64, 5, 3, 3, 9];
+    let bags = Bags::new(&idx, &[0, 2, 5]);
+    for _ in 0..3 {
+        let mut out = vec![0f32; 2 * 4];
+        t.gather(&bags, &mut out).unwrap();
+        assert_eq!(out, naive(&w, 4, &bags));
+    }
+    assert!(t.stats().cache_hits > 0, "{:?}", t.stats());
+    let rt = sim();
+    let e = EmbeddingTable::with_options(&rt, 16, PAGE, options).unwrap_err();
+    assert!(e.to_string().contains("does not fit in a page"), "{e}");
+    let none = TableOptions {
+        row_cache: Some(RowCacheOptions::new(0)),
+        ..TableOptions::default()
+    };
+    assert!(EmbeddingTable::with_options(&rt, 16, 4, none).is_err());
+    // More rows than the device holds: refused when the table is made.
+    let big = TableOptions {
+        row_cache: Some(RowCacheOptions::new(100_000)),
+        ..TableOptions::default()
+    };
+    assert!(EmbeddingTable::with_options(&rt, 16, 4, big).is_err());
+}
+
+/// A table of 512 rows × 8 on NVMe whose engine injects the faults of the
+/// plan returned, with a row cache of 32 rows under LRU in host memory
+/// (no device), and the rows written.
+fn faulty_cached(
+    dir: &std::path::Path,
+) -> (
+    Runtime,
+    Arc<crate::io::fault::FaultPlan>,
+    EmbeddingTable,
+    Vec<f32>,
+) {
+    use crate::io::fault::{FaultEngine, FaultPlan};
+    use crate::tier::NvmeConfig;
+    let plan = FaultPlan::new();
+    let engine = crate::io::engine(crate::io::EngineChoice::Psync).unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(16 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir, 256 * PAGE as u64, PAGE))
+        .nvme_engine(Arc::new(FaultEngine::new(engine, plan.clone())))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let options = TableOptions {
+        placement: Placement::Prefer(Tier::Nvme),
+        row_cache: Some(RowCacheOptions {
+            rows: 32,
+            policy: crate::policy::PolicyKind::Lru,
+        }),
+        ..TableOptions::default()
+    };
+    let t = EmbeddingTable::with_options(&rt, 512, 8, options).unwrap();
+    let w: Vec<f32> = (0..512)
+        .flat_map(|r| (0..8).map(move |d| value(r, d)))
+        .collect();
+    t.write_rows(0, &w).unwrap();
+    (rt, plan, t, w)
+}
+
+/// A gather whose table read fails leaves no row cached in a slot it did
+/// not fill: the gather after it pools what the table holds.
+#[test]
+fn a_failed_read_leaves_the_row_cache_holding_no_row_it_did_not_fill() {
+    use crate::io::fault::Fault;
+    use crate::io::IoOp;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, plan, t, w) = faulty_cached(dir.path());
+    let dim = 8usize;
+    assert!(t.tier_of_row(0).unwrap() == Some(Tier::Nvme));
+    let bags_of = |first: i64| -> (Vec<i64>, Vec<i64>) {
+        let idx: Vec<i64> = (0..32).map(|i| first + i * 13).collect();
+        (idx, (0..=32).collect())
+    };
+    // Rows a fill the cache; rows b, whose read fails, take their slots.
+    let (a, offsets) = bags_of(0);
+    let (b, _) = bags_of(100);
+    let mut out = vec![0f32; 32 * dim];
+    t.gather(&Bags::new(&a, &offsets), &mut out).unwrap();
+    assert_eq!(t.stats().cache_fills, 32);
+    plan.inject(IoOp::Read, 0, Fault::Errno(libc::EIO));
+    t.gather(&Bags::new(&b, &offsets), &mut out).unwrap_err();
+    plan.clear();
+    for idx in [&b, &a, &b] {
+        let bags = Bags::new(idx, &offsets);
+        t.gather(&bags, &mut out).unwrap();
+        assert_eq!(
+            out,
+            naive(&w, dim, &bags),
+            "every row as the table holds it"
+        );
+    }
+}
+
+/// An update of a cached row changes the cached copy only: the table's
+/// buffer gets it when the row leaves the cache (written back by the call
+/// that evicted it) or at `flush`, and reads see it at once.
+#[test]
+fn updates_of_cached_rows_reach_the_table_when_they_leave_the_cache_or_at_flush() {
+    use crate::policy::PolicyKind;
+    let (rows, dim) = (1024u64, 8usize);
+    let (_rt, t, mut w) = row_cached(rows, dim, 16, PolicyKind::Lru);
+    let in_buffer = |r: i64| -> Vec<f32> {
+        let mut v = vec![0f32; dim];
+        t.buffer()
+            .read_as(r as u64 * dim as u64 * 4, &mut v)
+            .unwrap();
+        v
+    };
+    let hot: Vec<i64> = (0..16).map(|i| i * 61).collect();
+    let offsets: Vec<i64> = (0..=16).collect();
+    let mut out = vec![0f32; 16 * dim];
+    t.gather_mapped(&Bags::new(&hot, &offsets), 1, &mut out)
+        .unwrap();
+    let grads: Vec<f32> = (0..16 * dim).map(|i| (i % 7) as f32 - 3.0).collect();
+    t.sgd(&hot, &grads, 0.5).unwrap();
+    for (k, &r) in hot.iter().enumerate() {
+        for d in 0..dim {
+            w[r as usize * dim + d] -= 0.5 * grads[k * dim + d];
+        }
+    }
+    let row = |w: &[f32], r: i64| w[r as usize * dim..(r as usize + 1) * dim].to_vec();
+    assert_ne!(in_buffer(hot[0]), row(&w, hot[0]), "held in the cache");
+    let mut got = vec![0f32; 16 * dim];
+    t.read_rows(&hot, &mut got).unwrap();
+    assert_eq!(
+        got,
+        hot.iter().flat_map(|&r| row(&w, r)).collect::<Vec<_>>()
+    );
+    // Half of the hot rows leave the cache (LRU: the oldest first).
+    let cold: Vec<i64> = (0..8).map(|i| 1 + i * 97).collect();
+    let mut out8 = vec![0f32; 8 * dim];
+    let bags = Bags::new(&cold, &offsets[..9]);
+    t.gather_mapped(&bags, 2, &mut out8).unwrap();
+    assert_eq!(out8, naive(&w, dim, &bags));
+    for &r in &hot[..8] {
+        assert_eq!(
+            in_buffer(r),
+            row(&w, r),
+            "row {r} written back when evicted"
+        );
+    }
+    assert_ne!(in_buffer(hot[15]), row(&w, hot[15]), "still cached");
+    // The same through the buffer gather, then flush.
+    let bags = Bags::new(&hot, &offsets);
+    t.gather(&bags, &mut out).unwrap();
+    assert_eq!(out, naive(&w, dim, &bags));
+    t.flush().unwrap();
+    for &r in &hot {
+        assert_eq!(in_buffer(r), row(&w, r), "row {r} after flush");
+    }
+}
+
+/// A write-back that fails fails the call and loses nothing: the rows
+/// changed in the cache are read as changed, and reach the table once
+/// the disk works again.
+#[test]
+fn a_failed_write_back_loses_no_update() {
+    use crate::io::fault::Fault;
+    use crate::io::IoOp;
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, plan, t, mut w) = faulty_cached(dir.path());
+    let (rows, dim) = (512u64, 8usize);
+    let a: Vec<i64> = (0..32).map(|i| i * 13).collect();
+    let b: Vec<i64> = (0..32).map(|i| 5 + i * 13).collect();
+    let offsets: Vec<i64> = (0..=32).collect();
+    let mut out = vec![0f32; 32 * dim];
+    t.gather(&Bags::new(&a, &offsets), &mut out).unwrap();
+    let grads = vec![0.25f32; 32 * dim];
+    t.sgd(&a, &grads, 1.0).unwrap();
+    for &r in &a {
+        w[r as usize * dim..(r as usize + 1) * dim]
+            .iter_mut()
+            .for_each(|x| *x -= 0.25);
+    }
+    // Rows b evict every row of a; writing them back fails.
+    plan.inject(IoOp::Write, 0, Fault::Errno(libc::EIO));
+    t.gather(&Bags::new(&b, &offsets), &mut out).unwrap_err();
+    let all: Vec<i64> = (0..rows as i64).collect();
+    let mut got = vec![0f32; w.len()];
+    t.read_rows(&all, &mut got).unwrap();
+    assert_eq!(got, w, "the updates are read while they wait");
+    plan.clear();
+    for idx in [&b, &a] {
+        let bags = Bags::new(idx, &offsets);
+        t.gather(&bags, &mut out).unwrap();
+        assert_eq!(out, naive(&w, dim, &bags));
+    }
+    t.flush().unwrap();
+    let mut raw = vec![0f32; w.len()];
+    t.buffer().read_as(0, &mut raw).unwrap();
+    assert_eq!(raw, w, "every update reached the table");
 }

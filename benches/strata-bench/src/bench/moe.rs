@@ -137,6 +137,9 @@ pub struct MoeParams {
     /// The host tier caches the experts ([`MoeConfig::host_cache`])
     /// instead of keeping those registered in it.
     pub host_cache: bool,
+    /// Experts in host memory are read there, taking no slot
+    /// ([`MoeConfig::host_in_place`]; strata's configuration only).
+    pub host_in_place: bool,
 }
 
 fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -187,6 +190,9 @@ pub struct MoeResult {
     /// Evictions that took the host slot of an expert worth less there.
     #[serde(default)]
     pub host_swaps: u64,
+    /// Fetches read in place from host memory (`host_in_place`).
+    #[serde(default)]
+    pub served_in_place: u64,
     /// Prefetches started.
     pub prefetches: u64,
     /// Hits that still waited for a prefetch in flight.
@@ -579,6 +585,7 @@ fn run_config(
         cfg.sim_nvme_link = p.nvme_link;
         cfg.host_cache = p.host_cache;
     }
+    cfg.host_in_place = p.host_in_place && config == Config::Strata;
     cfg.device = p.device;
     cfg.page_size = p.page_size;
     cfg.layers = layers;
@@ -639,7 +646,7 @@ fn run_config(
             if config == Config::Strata {
                 let (resident, missing): (Vec<u32>, Vec<u32>) = routed
                     .iter()
-                    .partition(|&&e| cache.is_resident(l as u32, e).unwrap_or(false));
+                    .partition(|&&e| cache.is_ready(l as u32, e).unwrap_or(false));
                 for &e in &resident {
                     held.push(cache.fetch(l as u32, e)?);
                 }
@@ -711,6 +718,7 @@ fn run_config(
         moves: s.moves(),
         moves_paid: s.moves_paid(),
         moves_from_nvme: s.moves_from_nvme,
+        served_in_place: s.served_in_place,
         host_swaps: s.host_swaps,
         prefetches: s.prefetches,
         late_prefetch_hits: s.late_prefetch_hits,
@@ -757,6 +765,7 @@ mod tests {
             nvme_link: None,
             path: PathBuf::from("."),
             host_cache: false,
+            host_in_place: false,
         }
     }
 
@@ -829,6 +838,25 @@ mod tests {
         assert!(d.stall_seconds > 2.0 * a.stall_seconds, "{a:?} {d:?}");
         assert_eq!(d.bytes_written_back, 0, "unmodified experts stay clean");
         assert!(d.verified_fetches > 0);
+        // Read in place, the host tier's experts take no slot: every move
+        // reads the disk, and the verified reads still match.
+        let in_place = run(
+            &MoeParams {
+                host_experts: Some(24),
+                host_in_place: true,
+                path: dir.path().into(),
+                baselines: false,
+                ..params()
+            },
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let x = &in_place.results[0];
+        assert!(
+            x.served_in_place > 0 && x.moves_from_nvme == x.moves,
+            "{x:?}"
+        );
+        assert!(x.verified_fetches > 0 && x.bytes_written_back == 0);
         // The bounds pool the slots and the host tier, misses at the disk.
         let every = run(&params(), &mut |_, _| {}).unwrap();
         assert!(disk.bounds.belady_hit_rate > every.bounds.belady_hit_rate);

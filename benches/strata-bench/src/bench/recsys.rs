@@ -1,6 +1,8 @@
 //! `strata bench recsys`: DLRM-style embedding-bag forward (sum pooling)
 //! over tiered embedding tables ([`EmbeddingTable`], pooled through their
-//! device maps as a kernel does) on the simulated device, beside an
+//! device maps as a kernel does) on the simulated device: strata's row
+//! cache in device memory (the tables' pages in host memory), strata's
+//! placement of whole pages by the balancer (`strata-pages`), beside an
 //! FBGEMM-style LRU row cache (cache_load_factor 0.2), zero-copy and
 //! everything on the device. Times are **modelled** GPU time (the graph
 //! benchmark's [`GpuModel`]).
@@ -16,7 +18,7 @@ use crate::workloads::graph::tiered::GpuModel;
 use crate::workloads::recsys::{self, Batch, Dist};
 use strata::device::DeviceChoice;
 use strata::error::{Error, ErrorKind, Result};
-use strata::offload::embedding::{Bags, EmbeddingTable, Lookups, TableOptions};
+use strata::offload::embedding::{Bags, EmbeddingTable, Lookups, RowCacheOptions, TableOptions};
 use strata::policy::{lru::Lru, Policy, PolicyKind};
 use strata::runtime::{BalancerConfig, Placement, Runtime};
 
@@ -61,7 +63,7 @@ fn platform_name<S: serde::Serializer>(p: &Platform, s: S) -> std::result::Resul
 /// One configuration's results.
 #[derive(Debug, Clone, Serialize)]
 pub struct RecsysResult {
-    /// `strata`, `lru-cache`, `zero-copy` or `all-device`.
+    /// `strata`, `strata-pages`, `lru-cache`, `zero-copy` or `all-device`.
     pub config: &'static str,
     /// Row lookups per modelled second.
     pub lookups_per_sec: f64,
@@ -78,8 +80,9 @@ pub struct RecsysResult {
     pub wall_seconds: f64,
     /// Batches whose outputs were checked against a direct computation.
     pub verified_batches: usize,
-    /// strata: of its promotions into device memory, (those whose page was
-    /// read there before it left, those that were not); settled at the end.
+    /// strata-pages: of its promotions into device memory, (those whose
+    /// page was read there before it left, those that were not); settled
+    /// at the end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub promotions_paid: Option<(u64, u64)>,
 }
@@ -127,7 +130,10 @@ pub struct StaticOptimum {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Config {
+    /// strata's row cache.
     Strata,
+    /// strata's placement of whole pages.
+    StrataPages,
     LruCache,
     ZeroCopy,
     AllDevice,
@@ -137,6 +143,7 @@ impl Config {
     fn name(self) -> &'static str {
         match self {
             Config::Strata => "strata",
+            Config::StrataPages => "strata-pages",
             Config::LruCache => "lru-cache",
             Config::ZeroCopy => "zero-copy",
             Config::AllDevice => "all-device",
@@ -206,6 +213,14 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
         params.batches,
         params.seed,
     )?;
+    if budget / (params.page_size as u64) < params.tables as u64 {
+        return Err(Error::invalid(format!(
+            "--device-budget {} is less than a page of {} for each of the {} tables (strata's row caches)",
+            strata::size::format_size(budget),
+            strata::size::format_size(params.page_size as u64),
+            params.tables
+        )));
+    }
     let lookups: u64 = batches
         .iter()
         .map(|b| b.iter().map(Vec::len).sum::<usize>() as u64)
@@ -213,7 +228,12 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
     let model = GpuModel::from(&params.platform);
     let mut configs = vec![Config::Strata];
     if params.baselines {
-        configs.extend([Config::LruCache, Config::ZeroCopy, Config::AllDevice]);
+        configs.extend([
+            Config::StrataPages,
+            Config::LruCache,
+            Config::ZeroCopy,
+            Config::AllDevice,
+        ]);
     }
     let mut results = Vec::new();
     for (i, &config) in configs.iter().enumerate() {
@@ -293,7 +313,7 @@ fn run_config(
     let table_bytes = (p.rows * row_bytes) as u64;
     let total = table_bytes * p.tables as u64 + p.tables as u64 * p.page_size as u64;
     let device = match config {
-        Config::Strata => budget,
+        Config::Strata | Config::StrataPages => budget,
         Config::AllDevice => total,
         Config::LruCache | Config::ZeroCopy => 0,
     };
@@ -302,18 +322,29 @@ fn run_config(
         .device(DeviceChoice::Sim, device)
         .host(total)
         .background_eviction(false)
-        .sampling((config == Config::Strata).then_some(2))
+        .sampling((config == Config::StrataPages).then_some(2))
         .build()?;
     let tables: Vec<EmbeddingTable> = (0..p.tables)
         .map(|t| {
-            // strata starts with the device empty, as the row cache does,
-            // and lets the balancer fill it with what the batches touch.
+            // strata starts with the device empty, as the row cache does:
+            // its row cache fills with the rows the batches miss
+            // (`strata`), or the balancer fills the device with the pages
+            // they touch (`strata-pages`). Each table has a row cache of
+            // its own, an equal share of the budget's whole pages (the
+            // tables draw their rows from the same law); the LRU row cache
+            // is one over every table.
             let placement = match config {
-                Config::Strata => Placement::Prefer(strata::tier::Tier::Host),
+                Config::Strata | Config::StrataPages => Placement::Prefer(strata::tier::Tier::Host),
                 _ => Placement::Fastest,
             };
+            let row_cache = (config == Config::Strata).then(|| RowCacheOptions {
+                rows: ((budget / p.page_size as u64) as usize / p.tables).max(1)
+                    * (p.page_size / row_bytes),
+                policy: p.policy,
+            });
             let options = TableOptions {
                 placement,
+                row_cache,
                 ..TableOptions::default()
             };
             let table = EmbeddingTable::with_options(&rt, p.rows as u64, p.dim, options)?;
@@ -328,7 +359,7 @@ fn run_config(
             Ok(table)
         })
         .collect::<Result<_>>()?;
-    if config == Config::Strata {
+    if config == Config::StrataPages {
         rt.configure_balancer(
             BalancerConfig::default()
                 .with_policy(p.policy)
@@ -380,6 +411,7 @@ fn run_config(
         for l in &lookups {
             d += l.fast_hits;
             h += l.lookups - l.fast_hits;
+            fills += l.cache_fills;
         }
         if let Some(c) = &mut cache {
             // The row cache in its own accounting: a hit is served from
@@ -397,7 +429,7 @@ fn run_config(
             })?;
             verified += 1;
         }
-        if config == Config::Strata {
+        if config == Config::StrataPages {
             rt.balance_once()?;
         }
         let after = rt.stats().device_links.unwrap_or_default();
@@ -416,7 +448,7 @@ fn run_config(
         migration_seconds += migration;
     }
     let wall_seconds = wall.elapsed().as_secs_f64();
-    let promotions_paid = if config == Config::Strata {
+    let promotions_paid = if config == Config::StrataPages {
         // The pages still in device memory leave (uncharged), so every
         // promotion is settled.
         for t in &tables {
@@ -429,12 +461,9 @@ fn run_config(
         None
     };
     let (d, h) = (device_rows, host_rows);
-    let bytes_moved = match config {
-        // Fills of the row cache cross PCIe (already in `seconds`: a miss
-        // is a host read).
-        Config::LruCache => fills * row_bytes as u64,
-        _ => moved,
-    };
+    // Fills of a row cache cross PCIe (already in `seconds`: a miss is a
+    // host read, the fill its own read).
+    let bytes_moved = moved + fills * row_bytes as u64;
     Ok(RecsysResult {
         config: config.name(),
         lookups_per_sec: (d + h) as f64 / seconds.max(1e-12),

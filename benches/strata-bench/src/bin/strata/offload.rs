@@ -98,6 +98,10 @@ pub struct MoeArgs {
     /// host_cache=True) instead of keeping those registered in it
     #[arg(long, requires = "host_experts")]
     host_cache: bool,
+    /// strata reads the experts in host memory where they are, taking no
+    /// device slot (strata.moe's host_in_place=True, its default on a CPU)
+    #[arg(long)]
+    host_in_place: bool,
     /// The device: sim (modelled time), cuda (a GPU: real device slots,
     /// measured stall) or auto.
     #[arg(long, default_value = "sim")]
@@ -193,6 +197,7 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
         nvme_link,
         path,
         host_cache: a.host_cache,
+        host_in_place: a.host_in_place,
     };
     if let moe::Routing::File { path } = &params.routing {
         crate::cli::input_file("--routing file:", path)?;
@@ -233,10 +238,11 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
     if let Some(h) = params.host_experts {
         outln!(
             "a host tier of {h} experts ({}), {} on NVMe in {}; a move from NVMe modelled at {}",
-            if params.host_cache {
-                "a cache of them all"
-            } else {
-                "those registered first, kept"
+            match (params.host_cache, params.host_in_place) {
+                (true, false) => "a cache of them all",
+                (true, true) => "a cache of them all, strata reading them in place",
+                (false, false) => "those registered first, kept",
+                (false, true) => "those registered first, kept, strata reading them in place",
             },
             r.layers * r.experts - h,
             params.path.display(),
@@ -295,8 +301,8 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
             x.moves,
             if params.host_experts.is_some() {
                 format!(
-                    "; {} from NVMe, {} host-tier swaps",
-                    x.moves_from_nvme, x.host_swaps
+                    "; {} from NVMe, {} host-tier swaps, {} fetches read in place from host memory",
+                    x.moves_from_nvme, x.host_swaps, x.served_in_place
                 )
             } else {
                 String::new()

@@ -36,10 +36,12 @@ pub struct RecsysArgs {
     /// Device memory for the tables: bytes or a percentage.
     #[arg(long, default_value = "20%")]
     device_budget: String,
-    /// strata's placement policy.
+    /// strata's policy: which rows its row cache keeps (and, in
+    /// strata-pages, which pages the balancer places).
     #[arg(long, default_value = "default")]
     policy: String,
-    /// Also run lru-cache, zero-copy and all-device.
+    /// Also run strata-pages (whole pages placed by the balancer),
+    /// lru-cache, zero-copy and all-device.
     #[arg(long)]
     baselines: bool,
     /// Seed of the indices.
@@ -111,7 +113,7 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
         report.model.platform
     );
     outln!(
-        "{:<11} {:>14} {:>9} {:>10} {:>12} {:>9}",
+        "{:<12} {:>14} {:>9} {:>10} {:>12} {:>9}",
         "config",
         "lookups/s",
         "hit rate",
@@ -121,7 +123,7 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
     );
     for r in &report.results {
         outln!(
-            "{:<11} {:>14.3e} {:>8.1}% {:>10} {:>10.3}ms {:>8.2}s",
+            "{:<12} {:>14.3e} {:>8.1}% {:>10} {:>10.3}ms {:>8.2}s",
             r.config,
             r.lookups_per_sec,
             100.0 * r.hit_rate,
@@ -137,7 +139,7 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
     }
     for o in &report.static_optimum {
         outln!(
-            "{:<11} {:>14.3e} {:>8.1}%   (best fixed placement by {}, in hindsight, free)",
+            "{:<12} {:>14.3e} {:>8.1}%   (best fixed placement by {}, in hindsight, free)",
             "static-opt",
             o.lookups_per_sec,
             100.0 * o.hit_rate,

@@ -325,6 +325,26 @@ impl Bitmap {
         let w = &self.0[i / 64];
         w.store(w.load(Ordering::Relaxed) | 1 << (i % 64), Ordering::Relaxed);
     }
+    /// The set bits' indices, in order (GAP's `BitmapToQueue`): a word
+    /// at a time, each task's words in one vector.
+    fn to_queue(&self) -> Vec<u32> {
+        self.0
+            .par_chunks(GRAIN / 64)
+            .enumerate()
+            .flat_map_iter(|(c, words)| {
+                let mut out = Vec::new();
+                for (k, w) in words.iter().enumerate() {
+                    let mut bits = w.load(Ordering::Relaxed);
+                    let base = ((c * GRAIN / 64 + k) * 64) as u32;
+                    while bits != 0 {
+                        out.push(base + bits.trailing_zeros());
+                        bits &= bits - 1;
+                    }
+                }
+                out
+            })
+            .collect()
+    }
     fn set_mut(&mut self, i: usize) {
         *self.0[i / 64].get_mut() |= 1 << (i % 64);
     }
@@ -441,10 +461,7 @@ pub fn bfs<M: Mem>(g: &mut M, source: usize) -> BfsResult {
                 }
             }
             // Back to top-down with the last bottom-up frontier.
-            let f: Vec<u32> = (0..n as u32)
-                .into_par_iter()
-                .filter(|&v| front.get(v as usize))
-                .collect();
+            let f = front.to_queue();
             edges_unexplored = edges_unexplored.saturating_sub(frontier_edges);
             f
         } else {
@@ -716,4 +733,23 @@ pub fn cc<M: Mem>(g: &mut M) -> Vec<u32> {
         }
     }
     comp.into_iter().map(AtomicU32::into_inner).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bitmap_lists_its_set_bits_in_order_across_tasks() {
+        let n = 3 * GRAIN + 77;
+        let mut b = Bitmap::new(n);
+        let set: Vec<u32> = (0..n as u32)
+            .filter(|v| v % 7 == 3 || *v == n as u32 - 1)
+            .collect();
+        for &v in &set {
+            b.set_mut(v as usize);
+        }
+        assert_eq!(b.to_queue(), set);
+        assert!(Bitmap::new(n).to_queue().is_empty());
+    }
 }
