@@ -24,6 +24,8 @@ pub enum Fault {
     /// Flip one bit of the data: after a read lands in memory, or on its way
     /// to the medium for a write (the caller's buffer is restored after).
     FlipBit,
+    /// Hold the operation this long before passing it on (a slow disk).
+    Delay(std::time::Duration),
 }
 
 #[derive(Debug, Default)]
@@ -166,6 +168,7 @@ unsafe impl RawQueue for FaultQueue {
             }
             Some(Fault::Short(max)) if max < op.len => op.len = max,
             Some(Fault::Short(_)) => {}
+            Some(Fault::Delay(d)) => std::thread::sleep(d),
             Some(Fault::FlipBit) => {
                 if op.op == IoOp::Write {
                     flip(&op);

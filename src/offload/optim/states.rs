@@ -299,13 +299,20 @@ impl States {
                     next += 1;
                 }
                 let t = Instant::now();
+                // Every ticket of the group is waited for, also after one
+                // failed: a move left running would hold its pages past
+                // the step's return.
+                let mut failed = Ok(());
                 for ticket in reads.pop_front().expect("read ahead") {
                     match ticket.wait() {
                         // The pins below bring what did not fit.
-                        Err(e) if e.kind() != ErrorKind::OutOfCapacity => return Err(e),
+                        Err(e) if e.kind() != ErrorKind::OutOfCapacity => {
+                            failed = failed.and(Err(e));
+                        }
                         _ => {}
                     }
                 }
+                failed?;
                 let bytes = (pages.start * self.page) as u64..(pages.end * self.page) as u64;
                 let lane = &mut self.lanes[*l];
                 let first = lane.first;
@@ -504,6 +511,31 @@ mod tests {
             .zip(&w0[cut..])
             .all(|(b, w)| *b == w + 1.0));
         whole(&rt, 24);
+    }
+
+    /// A step whose read of one array fails returns only once the reads of
+    /// the group's other arrays have ended: no move outlives it.
+    #[test]
+    fn a_failed_read_returns_after_the_group_s_other_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rt, plan) = super::super::tests::faulty_runtime(dir.path());
+        let w0 = weights(PAGE / 4);
+        let mut st = States::lay_out(rt.clone(), Tier::Nvme, &w0, 4).unwrap();
+        // One group: three reads, one per array, on two workers. The first
+        // fails at once, the others are slow.
+        plan.inject(IoOp::Read, 0, Fault::Errno(libc::EIO));
+        for skip in 1..3 {
+            plan.inject(IoOp::Read, skip, Fault::Delay(Duration::from_millis(200)));
+        }
+        let e = st.step(&mut [()], false, false, &add_one).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        whole(&rt, 3);
+        assert_eq!(plan.injected(), 3);
+        let mut back = vec![0f32; w0.len()];
+        st.read(0, &mut back).unwrap();
+        assert_eq!(back, w0);
+        st.step(&mut [()], false, false, &add_one).unwrap();
+        whole(&rt, 3);
     }
 
     /// A read from NVMe that fails leaves every page in the runtime,
