@@ -1276,6 +1276,99 @@ fn the_host_tier_caches_the_experts_worth_keeping() {
     assert_eq!(reads, 2 + 7 + 1, "one disk read a pass after the first");
 }
 
+/// An expert the host tier took only part of at registration has no NVMe
+/// copy of its pages in host memory: once whole in host memory it is never
+/// the one swapped back to NVMe, where that would write it. Every fetch
+/// reads the expert intact, and nothing is written after registration.
+#[test]
+fn an_expert_split_between_host_and_nvme_is_never_written_back() {
+    const P: usize = 64 << 10;
+    for in_place in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let expert = 2 * P;
+        let mut cfg = MoeConfig::new(1, expert as u64, 3 * P as u64);
+        cfg.page_size = P;
+        cfg.layers = 3;
+        cfg.eviction = Eviction::Reuse { decay: 0.9 };
+        cfg.host_cache = true;
+        cfg.host_in_place = in_place;
+        cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), 32 * P as u64, P));
+        let mut c = ExpertCache::new(cfg).unwrap();
+        let weights =
+            |l: u32| -> Vec<u8> { (0..expert).map(|i| (i as u32 * 3 + l) as u8).collect() };
+        // Layer 0's expert fits the host tier whole, layer 1's only half
+        // of it, layer 2's goes to NVMe.
+        for l in 0..3u32 {
+            c.register(l, 0, &weights(l)).unwrap();
+        }
+        let written = nvme_written(&c);
+        for pass in 0..6 {
+            for l in [1u32, 2, 1, 0, 2, 1] {
+                let pin = c.fetch(l, 0).unwrap();
+                let mut got = vec![0u8; expert];
+                pin.buffer().read(0, &mut got).unwrap();
+                assert!(
+                    got == weights(l),
+                    "layer {l}, pass {pass}, in place {in_place}"
+                );
+            }
+        }
+        assert_eq!(
+            nvme_written(&c),
+            written,
+            "written after registration (in place {in_place}): {:?}",
+            c.stats()
+        );
+    }
+}
+
+/// An expert read in place whose pages someone still pins after the
+/// cache's pin has gone (a tensor over them) stays in host memory: it is
+/// not the one swapped out to make room, and every later fetch of it, and
+/// of the others, reads the expert intact.
+#[test]
+fn an_expert_pinned_outside_the_cache_is_not_swapped_out_of_host_memory() {
+    const P: usize = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = one_page_experts(dir.path(), 1, 3);
+    cfg.host_cache = true;
+    cfg.host_in_place = true;
+    let c = std::sync::Arc::new({
+        let mut c = ExpertCache::new(cfg).unwrap();
+        // (0, 0) fills the one-expert host tier; (1, 0) and (2, 0) go to
+        // NVMe.
+        for l in 0..3u32 {
+            c.register(l, 0, &vec![l as u8 + 1; P]).unwrap();
+        }
+        c
+    });
+    let pin = c.clone().fetch_owned(0, 0).unwrap();
+    assert_eq!(pin.tier(), strata::Tier::Host);
+    let held = pin
+        .buffer()
+        .pin_read_owned(0..P as u64, strata::Tier::Host)
+        .unwrap();
+    drop(pin);
+    let check = |l: u32| {
+        let pin = c.fetch(l, 0).unwrap();
+        let mut got = vec![0u8; P];
+        pin.buffer().read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == l as u8 + 1), "layer {l}");
+    };
+    // Layers 1 and 2 take turns in the one slot, each evicted with the
+    // host tier full; layer 1 is used most.
+    for _ in 0..4 {
+        for l in [1u32, 1, 2, 1, 0] {
+            check(l);
+        }
+    }
+    assert_eq!(c.stats().host_swaps, 0, "{:?}", c.stats());
+    drop(held);
+    for l in [1u32, 2, 0, 1, 0] {
+        check(l);
+    }
+}
+
 /// With `host_in_place`, an expert in host memory is read where it is: no
 /// slot, no move, no eviction; the one device slot keeps the expert read
 /// from NVMe, which then hits every time, and nothing is written.

@@ -11,10 +11,11 @@
 //! the cache's share of the device tier (an expert the runtime moved away
 //! between fetches is found gone and moved again). Either way:
 //!
-//! - [`ExpertCache::fetch`] pins the expert's pages in the device tier and
-//!   returns their device addresses; it blocks only when the expert is not
-//!   there yet (a miss, or a prefetch still in flight). A full cache first
-//!   evicts a victim back to the host tier.
+//! - [`ExpertCache::fetch`] pins the expert's pages where it is read — the
+//!   device tier, or the host tier for an expert read in place (below) —
+//!   and returns their addresses there; it blocks only when the expert is
+//!   not there yet (a miss, or a prefetch still in flight). A full cache
+//!   first evicts a victim back to the host tier.
 //! - [`ExpertCache::prefetch`] starts asynchronous moves (runtime prefetch
 //!   tickets) for experts a router predicts for an upcoming layer. A
 //!   prefetched expert is protected from eviction until it is used or
@@ -24,7 +25,8 @@
 //!   `decay^(age in fetches)` — which weighs frequency and recency in one
 //!   number (decay 1 is LFU, decay → 0 is LRU); the resident, unpinned,
 //!   unprotected expert the policy ranks lowest goes. [`Eviction::Lru`] with `per_layer` is the mixtral-offloading
-//!   baseline; [`Eviction::NoCache`] moves every fetch.
+//!   baseline; [`Eviction::NoCache`] moves every fetch into a slot (a
+//!   read in place still moves nothing).
 //! - Where the host budget cannot hold every expert, host memory may cache
 //!   them ([`MoeConfig::host_cache`], off by default): every expert has its copy on NVMe,
 //!   one moved into device memory leaves host memory, and one evicted
@@ -804,9 +806,12 @@ impl ExpertCache {
         // device; they belong below it until fetched.
         buffer.evict(0..buffer.len(), Tier::Host)?;
         // An expert the host tier took only some pages of is read from
-        // NVMe all the same: counted as on NVMe.
+        // NVMe all the same: counted as on NVMe. Only one wholly there has
+        // a copy on NVMe of every page (its pages in host memory have none).
         let pages = buffer.len().div_ceil(self.rt.page_size() as u64) as usize;
-        let on_nvme = !(0..pages).all(|p| matches!(buffer.tier_of(p), Ok(Some(Tier::Host))));
+        let wholly = |tier| (0..pages).all(|p| buffer.tier_of(p).ok().flatten() == Some(tier));
+        let on_nvme = !wholly(Tier::Host);
+        let nvme_copy = wholly(Tier::Nvme);
         let i = self.experts.len();
         self.experts.push(Expert {
             layer,
@@ -816,7 +821,7 @@ impl ExpertCache {
         let st = self.state.get_mut();
         st.meta.push(Meta {
             in_host: !on_nvme,
-            nvme_copy: on_nvme,
+            nvme_copy,
             ..Meta::default()
         });
         st.in_host += usize::from(!on_nvme);
@@ -848,7 +853,8 @@ impl ExpertCache {
             b.evict(0..b.len(), Tier::Nvme)?;
             b.prefetch(0..b.len(), Tier::Host).wait()?;
             m.nvme_copy = true;
-            if !matches!(b.tier_of(0), Ok(Some(Tier::Host))) {
+            let pages = b.len().div_ceil(self.rt.page_size() as u64) as usize;
+            if !(0..pages).all(|p| matches!(b.tier_of(p), Ok(Some(Tier::Host)))) {
                 // No room came back for it (a shared runtime's others).
                 m.in_host = false;
                 st.in_host -= 1;
@@ -1008,6 +1014,9 @@ impl ExpertCache {
                     && m.pins == 0
                     && j != victim
                     && Some(j) != incoming
+                    // Pages someone outside the cache still holds (a
+                    // tensor over an expert read in place) cannot leave.
+                    && !self.experts[j].buffer.any_pinned()
             })
             .map(|j| (s.reuse.value(j), j))
             .min_by(|a, b| a.0.total_cmp(&b.0));
@@ -1092,9 +1101,11 @@ impl ExpertCache {
         from_nvme
     }
 
-    /// The expert in device memory, pinned until the guard drops. Blocks
-    /// only if it is not resident yet (a miss: evict a victim, move it) or
-    /// its prefetch is still in flight. The pin is for reading
+    /// The expert pinned where it is read until the guard drops: in
+    /// device memory, or in host memory where it is read in place
+    /// ([`MoeConfig::host_in_place`]; [`ExpertPin::tier`] says which).
+    /// Blocks only if it is not resident yet (a miss: evict a victim, move
+    /// it) or its prefetch is still in flight. The pin is for reading
     /// ([`Buffer::pin_read`]): the expert's copy in host memory stays valid,
     /// so evicting it again moves nothing. Change an expert's weights
     /// through its buffer's `write`, never through the pinned address.

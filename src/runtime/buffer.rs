@@ -108,6 +108,13 @@ impl Buffer {
         r
     }
 
+    /// Whether any page of the buffer is pinned now (a view, a launch, a
+    /// pin someone still holds): such pages stay where they are when the
+    /// buffer is moved.
+    pub(crate) fn any_pinned(&self) -> bool {
+        self.table.pages.iter().any(|e| e.lock().pins > 0)
+    }
+
     /// Whether `ptr..ptr + len` overlaps the host or CXL memory of this
     /// buffer's runtime: memory strata lent out (a pin's addresses, a DLPack
     /// view of one). Passing such memory back as `read`'s destination or
