@@ -4,8 +4,9 @@
 //! `parse_moe_trace`, the parser of the routing traces that
 //! `strata bench moe --routing file:PATH` replays.
 //!
-//! A fetched expert is an `ExpertSlot`: the expert pinned in device memory
-//! until the slot is released. Its bytes reach torch without a copy
+//! A fetched expert is an `ExpertSlot`: the expert pinned where it is read
+//! (device memory, or host memory for one read in place) until the slot is
+//! released. Its bytes reach torch without a copy
 //! through `ExpertSlot.pin(range, dtype)`, a `strata.Pin` over a range of
 //! the slot (DLPack), so the pinning and export code is `Pin`'s.
 
@@ -290,9 +291,10 @@ impl ExpertCache {
         py.detach(|| c.register(l, e, src)).map_err(raise)
     }
 
-    /// The expert in device memory, pinned there until the returned
-    /// ExpertSlot is released. Blocks (without the GIL) only on a miss or
-    /// a prefetch still in flight.
+    /// The expert pinned where it is read until the returned ExpertSlot is
+    /// released: in device memory, or in host memory for an expert read
+    /// in place (host_in_place; the slot's tier says which). Blocks
+    /// (without the GIL) only on a miss or a prefetch still in flight.
     fn fetch(&self, py: Python<'_>, layer: i64, expert: i64) -> PyResult<ExpertSlot> {
         let (l, e) = (u32_of(layer, "layer")?, u32_of(expert, "expert")?);
         let c = self.cache.read().clone();
@@ -406,19 +408,20 @@ impl ExpertCache {
     }
 }
 
-/// A fetched expert, pinned in device memory until release() (or the end
-/// of its with block, or its collection).
+/// A fetched expert, pinned where it is read (tier: the device, or the
+/// host for an expert read in place) until release() (or the end of its
+/// with block, or its collection).
 ///
 /// pin(range, dtype) exports a byte range of it through DLPack
 /// (torch.from_dlpack(slot.pin((0, n), "float32"))) without a copy; a
-/// range must lie on pages adjacent in device memory (see addresses; a
-/// range within one page always does). Tensors so made hold their own pins
-/// of the pages: drop them before releasing the slot, or the cache cannot
-/// evict those pages and a later fetch may find no free slot. The tensors
-/// are for reading: the expert's copy in host memory stays valid while it
-/// is on the device, so evicting it moves nothing, and a write through
-/// such a tensor would be lost at the next eviction (write the expert's
-/// buffer instead).
+/// range must lie on pages adjacent in that tier's memory (see addresses;
+/// a range within one page always does). Tensors so made hold their own
+/// pins of the pages: drop them before releasing the slot, or the cache
+/// cannot evict those pages and a later fetch may find no free slot. The
+/// tensors are for reading: the expert's copy in host memory stays valid
+/// while it is on the device, so evicting it moves nothing, and a write
+/// through such a tensor would be lost at the next eviction (write the
+/// expert's buffer instead).
 #[pyclass(module = "strata", frozen)]
 pub(crate) struct ExpertSlot {
     layer: u32,
@@ -477,8 +480,9 @@ impl ExpertSlot {
         self.tier.name()
     }
 
-    /// Whether every page follows the one before in device memory (then
-    /// pin(None, ...) exports the whole expert as one tensor).
+    /// Whether every page follows the one before in the memory of the
+    /// slot's tier (then pin(None, ...) exports the whole expert as one
+    /// tensor).
     #[getter]
     fn contiguous(&self) -> bool {
         let page = self.rt.page_size() as u64;

@@ -487,8 +487,9 @@ class ExpertCache:
 
 @final
 class ExpertSlot:
-    """A fetched expert, pinned in device memory until release(). Tensors
-    from pin() hold their own pins: drop them before releasing."""
+    """A fetched expert, pinned where it is read (tier: device memory, or
+    host memory when read in place) until release(). Tensors from pin()
+    hold their own pins: drop them before releasing."""
 
     @property
     def key(self) -> Tuple[int, int]: ...

@@ -155,7 +155,8 @@ def test_lookahead_prefetch_is_used_with_room_to_spare():
 
 
 @pytest.mark.parametrize(
-    "nvme_miss_cost,host_cache,in_place", [(4.0, False, False), (1.0, False, False), (4.0, True, False), (4.0, False, True)]
+    "nvme_miss_cost,host_cache,in_place",
+    [(4.0, False, False), (1.0, False, False), (4.0, True, False), (4.0, False, True), (4.0, True, True)],
 )
 def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost, host_cache, in_place):
     ref = mixtral(seed=4)
@@ -373,9 +374,14 @@ FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "minimax",
             "gpt_oss", "llama4_text"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+# Each dtype the default way (on a CPU every expert is read in place from
+# host memory), and bf16 through the device slots too (the GPU's way).
+@pytest.mark.parametrize(
+    "dtype,in_place",
+    [(torch.float32, None), (torch.bfloat16, None), (torch.float16, None), (torch.bfloat16, False)],
+)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_fused_family_offloads_with_identical_logits_and_tokens(family, dtype):
+def test_every_fused_family_offloads_with_identical_logits_and_tokens(family, dtype, in_place):
     try:
         ref = tiny_family(family, dtype)
     except (ValueError, KeyError) as e:
@@ -383,9 +389,11 @@ def test_every_fused_family_offloads_with_identical_logits_and_tokens(family, dt
     ids = prompts(seed=3)
     want, tokens = logits(ref, ids), generate(ref, ids, n=4)
     m = tiny_family(family, dtype)
-    strata.moe.offload(m, device_slots=2)
+    moe = strata.moe.offload(m, device_slots=2, host_in_place=in_place)
     assert torch.equal(logits(m, ids), want)
     assert torch.equal(generate(m, ids, n=4), tokens)
+    t = moe.stats()["total"]
+    assert (t["served_in_place"] == t["fetches"]) if in_place is None else (t["served_in_place"] == 0 < t["moves"])
 
 
 def test_llama4_records_the_experts_its_tokens_chose(tmp_path):
@@ -402,9 +410,9 @@ def test_llama4_records_the_experts_its_tokens_chose(tmp_path):
 
 
 def test_gpt_oss_experts_over_small_pages_and_from_a_checkpoint(tmp_path):
-    """Its matrices over many 4 KiB pages (x @ W copied whole where the
-    pages are apart), and its experts and biases read from the checkpoint
-    of a model built on the meta device."""
+    """Its matrices over many 4 KiB pages of the device slots (x @ W
+    copied whole where the pages are apart), and its experts and biases
+    read from the checkpoint of a model built on the meta device."""
     accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
     from safetensors.torch import load_file
 
@@ -412,7 +420,7 @@ def test_gpt_oss_experts_over_small_pages_and_from_a_checkpoint(tmp_path):
     ids = prompts(seed=2)
     want = logits(ref, ids)
     m = tiny_family("gpt_oss", seed=2)
-    strata.moe.offload(m, device_slots=3, page_size=4096)
+    strata.moe.offload(m, device_slots=3, page_size=4096, host_in_place=False)
     assert torch.equal(logits(m, ids), want)
     ref.save_pretrained(tmp_path, save_original_format=False)
     with accelerate.init_empty_weights():
