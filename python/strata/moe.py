@@ -3,7 +3,9 @@
 ``strata.moe.offload(model, ...)`` moves the expert weights of a
 transformers MoE model (Mixtral, Qwen2-MoE: every module holding a layer's
 experts as fused 3-D tensors, ``gate_up_proj`` of shape ``[E, 2I, H]`` and
-``down_proj`` of shape ``[E, H, I]``, as transformers 5 keeps them) into a
+``down_proj`` of shape ``[E, H, I]``, as transformers 5 keeps them; the
+transposed ones of GPT-OSS and Llama 4; DBRX's ``w1``, ``v1`` and ``w2``
+of ``[E * I, H]`` each) into a
 strata expert cache (``strata.ExpertCache``): each expert's two slices are
 registered as one entry in the host tier (NVMe beyond ``host_bytes``), the
 original tensors are freed, and ``device_slots`` experts live in device
@@ -184,7 +186,7 @@ def _unsupported_experts(model: nn.Module) -> Optional[str]:
     for name, m in model.named_modules():
         cls = type(m).__name__
         if name.endswith("experts") or "Experts" in cls:
-            if not _is_fused_experts(m):
+            if not (_is_fused_experts(m) or _is_split_glu(m)):
                 return f"{cls} at {name}"
         elif blocks is None and cls.endswith(("MoE", "Moe", "MoeBlock", "SparseMoeBlock")):
             blocks = f"{cls} at {name}"
@@ -235,6 +237,26 @@ def _is_gpt_oss(m: nn.Module) -> bool:
     )
 
 
+def _is_split_glu(m: nn.Module) -> bool:
+    """DBRX's experts: an ``mlp`` holding ``w1`` (gate), ``v1`` (up) and
+    ``w2`` (down), each ``[E * I, H]``, called as the fused families' are
+    (``forward(hidden_states, top_k_index, top_k_weights)``)."""
+    import inspect
+
+    mlp = getattr(m, "mlp", None)
+    ts = [getattr(mlp, n, None) for n in ("w1", "v1", "w2")]
+    e = getattr(m, "num_experts", None)
+    if not (all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in ts) and isinstance(e, int) and e > 0):
+        return False
+    if not callable(getattr(mlp, "activation_fn", None)):
+        return False
+    try:
+        params = list(inspect.signature(type(m).forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params[:4] == ["self", "hidden_states", "top_k_index", "top_k_weights"]
+
+
 def _is_fused_experts(m: nn.Module) -> bool:
     gu = getattr(m, "gate_up_proj", None)
     dp = getattr(m, "down_proj", None)
@@ -249,7 +271,7 @@ def _is_fused_experts(m: nn.Module) -> bool:
 class _Block:
     """One MoE block found in the model."""
 
-    def __init__(self, index, name, decoder_layer, block, experts, transposed=False, dense=False):
+    def __init__(self, index, name, decoder_layer, block, experts, transposed=False, dense=False, split=False):
         self.index = index
         self.name = name
         self.decoder_layer = decoder_layer
@@ -258,6 +280,12 @@ class _Block:
         gate = getattr(block, "gate", None)
         self.gate = gate if gate is not None else getattr(block, "router", None)
         self.norm = getattr(decoder_layer, "post_attention_layernorm", None)
+        # DBRX's layout: gate, up and down as separate [E * I, H] tensors
+        # under the experts' `mlp`; its norm before the block is the second
+        # of its attention's pair.
+        self.split = split
+        if split and self.norm is None:
+            self.norm = getattr(getattr(decoder_layer, "norm_attn_norm", None), "norm_2", None)
         # GPT-OSS's layout: gate_up_proj [E, H, 2I] (gate and up interleaved)
         # and down_proj [E, I, H], used as x @ W, with biases and the
         # module's own gate function.
@@ -268,23 +296,59 @@ class _Block:
 
     def dims(self):
         """(experts, 2 * intermediate, hidden) of the experts."""
+        if self.split:
+            e = self.experts.num_experts
+            ei, h = self.experts.mlp.w1.shape
+            return (e, 2 * (ei // e), h)
         e, a, b = self.experts.gate_up_proj.shape
         return (e, b, a) if self.transposed else (e, a, b)
+
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        """The experts' weight tensors by their names under the block."""
+        if self.split:
+            return {f"mlp.{n}": getattr(self.experts.mlp, n) for n in ("w1", "v1", "w2")}
+        return {n: getattr(self.experts, n) for n in ("gate_up_proj", "down_proj")}
+
+    def expert(self, tensors, x):
+        """(gate_up [2I, H] or its transpose, down) of expert `x`, from
+        `tensors` (the block's own, or slices of the checkpoint's, by
+        name): DBRX's w1 and v1 rows stacked, its w2 rows ([I, H])."""
+        if self.split:
+            i = self.dims()[1] // 2
+            rows = slice(x * i, (x + 1) * i)
+            w1, v1, w2 = (tensors[f"mlp.{n}"][rows] for n in ("w1", "v1", "w2"))
+            return torch.cat([w1, v1]), w2
+        return tensors["gate_up_proj"][x], tensors["down_proj"][x]
 
 
 def find_moe_blocks(model: nn.Module) -> List[_Block]:
     """The MoE blocks of a transformers model, in model order: modules
     holding fused experts (``gate_up_proj`` ``[E, 2I, H]`` and
-    ``down_proj`` ``[E, H, I]``) as the ``experts`` child of a block with a
-    router ``gate``. Raises InvalidArgumentError for a layout strata.moe
-    cannot run (biases, transposed or interleaved experts)."""
+    ``down_proj`` ``[E, H, I]``; GPT-OSS's and Llama 4's transposed ones;
+    DBRX's ``mlp.w1``, ``mlp.v1`` and ``mlp.w2``, ``[E * I, H]`` each) as
+    the ``experts`` child of a block with a router ``gate`` or ``router``.
+    Raises InvalidArgumentError for a layout strata.moe cannot run (biases
+    other than GPT-OSS's, transposed or interleaved experts of another
+    kind)."""
     modules = dict(model.named_modules())
     found = []
     for name, m in model.named_modules():
-        if not _is_fused_experts(m) or "." not in name:
+        if not (_is_fused_experts(m) or _is_split_glu(m)) or "." not in name:
             continue
         parent_name, attr = name.rsplit(".", 1)
         block = modules[parent_name]
+        if _is_split_glu(m):
+            if attr != "experts" or not (hasattr(block, "gate") or hasattr(block, "router")):
+                continue
+            layer_name = parent_name.rsplit(".", 1)[0] if "." in parent_name else ""
+            w1, v1, w2 = m.mlp.w1, m.mlp.v1, m.mlp.w2
+            if not (w1.shape == v1.shape == w2.shape) or w1.shape[0] % m.num_experts:
+                raise InvalidArgumentError(
+                    f"strata.moe cannot offload {type(m).__name__} at {name}: w1 {tuple(w1.shape)}, v1 "
+                    f"{tuple(v1.shape)} and w2 {tuple(w2.shape)} are not each [E * I, H] for {m.num_experts} experts"
+                )
+            found.append(_Block(len(found), name, modules[layer_name], block, m, split=True))
+            continue
         # The router: `gate` (Mixtral, Qwen) or `router` (PhiMoE, GraniteMoE).
         if attr != "experts" or not (hasattr(block, "gate") or hasattr(block, "router")):
             continue
@@ -390,7 +454,11 @@ class StrataExperts(nn.Module):
         self.intermediate_dim = layout["intermediate"]
         self.transposed = layout["transposed"]
         self.dense = layout["dense"]
-        if self.transposed and not self.dense:
+        self.split = layout.get("split", False)
+        if self.split:
+            # DBRX: its gate function is its GLU module's.
+            self.act_fn = src.mlp.activation_fn
+        elif self.transposed and not self.dense:
             # The biases stay in memory (2I + H values an expert); the gate
             # function is the family's own, on a shell holding its settings.
             self.gate_up_bias, self.down_bias = biases
@@ -469,6 +537,12 @@ class StrataExperts(nn.Module):
 
     def _expert(self, x, slot, e):
         i, h = self.intermediate_dim, self.hidden_dim
+        if self.split:
+            # DBRX's own arithmetic: x @ w1.T and x @ v1.T apart, then the
+            # product with w2 ([I, H]) as it is.
+            gate = x.matmul(self._matrix(slot, 0, i, h).T)
+            up = x.matmul(self._matrix(slot, i * h * self._elt, i, h).T)
+            return (self.act_fn(gate) * up).matmul(self._matrix(slot, self._down_at, i, h))
         if self.dense:
             # Llama 4's own arithmetic (its batched product, one expert).
             gate, up = (x @ self._matrix(slot, 0, h, 2 * i)).chunk(2, dim=-1)
@@ -485,14 +559,16 @@ class StrataExperts(nn.Module):
     def _predict_next(self, st: _State) -> List[int]:
         nxt = st.blocks[self.layer + 1]
         resid = st.residual[self.layer]
-        if resid is None or nxt.gate is None or not hasattr(nxt.gate, "weight"):
+        # The router's own weight, or its linear layer's (DBRX's `layer`).
+        router = nxt.gate if hasattr(nxt.gate, "weight") else getattr(nxt.gate, "layer", None)
+        if resid is None or router is None or not isinstance(getattr(router, "weight", None), torch.Tensor):
             return []
         h = resid.reshape(-1, resid.shape[-1])
         if nxt.norm is not None:
             h = nxt.norm.forward(h)  # not through hooks (ours among them)
         # The router's scores without calling the router module (its hooks
         # record router logits for outputs).
-        logits = F.linear(h.to(nxt.gate.weight.dtype), nxt.gate.weight, getattr(nxt.gate, "bias", None))
+        logits = F.linear(h.to(router.weight.dtype), router.weight, getattr(router, "bias", None))
         k = int(getattr(nxt.gate, "top_k", 0) or getattr(nxt.block, "top_k", 1))
         idx = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices.reshape(-1)
         counts = torch.bincount(idx, minlength=logits.shape[-1])
@@ -507,6 +583,9 @@ class StrataExperts(nn.Module):
         if self.dense:
             return self._forward_dense(hidden_states)
         st = self._state
+        # DBRX hands over [B, T, H]; the others [tokens, H].
+        shape = hidden_states.shape
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
         self._begin(hidden_states.shape[0])
         with torch.no_grad():
             final = torch.zeros_like(hidden_states)
@@ -528,7 +607,7 @@ class StrataExperts(nn.Module):
             if st.writer is not None:
                 self._record(st, top_k_index, order)
         self._end()
-        return final
+        return final.view(shape)
 
     def _forward_dense(self, routed_in):
         """Llama 4's call: every expert's copy of every token, [E * T, H],
@@ -810,7 +889,7 @@ _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch
 
 def _checkpoint_dtype(checkpoint, block) -> torch.dtype:
     """The dtype of `block`'s experts in the checkpoint."""
-    key = f"{block.name}.gate_up_proj"
+    key = f"{block.name}.{next(iter(block.tensors()))}"
     where = _checkpoint(checkpoint)
     if key not in where:
         raise InvalidArgumentError(f"checkpoint {os.fspath(checkpoint)!r} has no tensor {key!r}")
@@ -824,17 +903,17 @@ def _expert_source(blocks, checkpoint):
     """A function (block, expert) -> (gate_up [2I, H], down [H, I]) reading
     the model's own tensors or, for experts on the meta device, the
     checkpoint (one expert at a time)."""
-    meta = [b.name for b in blocks if b.experts.gate_up_proj.device.type == "meta"]
+    meta = [b.name for b in blocks if any(t.device.type == "meta" for t in b.tensors().values())]
     if checkpoint is None:
         if meta:
             raise InvalidArgumentError(
                 f"the experts of {meta[0]} are on the meta device: pass checkpoint= (the "
                 "safetensors the model was saved to) to read them from"
             )
-        return lambda b, x: (b.experts.gate_up_proj.detach()[x], b.experts.down_proj.detach()[x])
+        return lambda b, x: b.expert({n: t.detach() for n, t in b.tensors().items()}, x)
     where = _checkpoint(checkpoint)
     for b in blocks:
-        for t in ("gate_up_proj", "down_proj"):
+        for t, own in b.tensors().items():
             key = f"{b.name}.{t}"
             if key not in where:
                 raise InvalidArgumentError(
@@ -842,14 +921,21 @@ def _expert_source(blocks, checkpoint):
                     "fused experts under these names with save_pretrained(..., save_original_format=False))"
                 )
             shape = tuple(where[key].get_slice(key).get_shape())
-            if shape != tuple(getattr(b.experts, t).shape):
-                raise InvalidArgumentError(
-                    f"checkpoint tensor {key!r} has shape {shape}, the model's {tuple(getattr(b.experts, t).shape)}"
-                )
+            if shape != tuple(own.shape):
+                raise InvalidArgumentError(f"checkpoint tensor {key!r} has shape {shape}, the model's {tuple(own.shape)}")
+
+    class _Slices:
+        """The checkpoint's tensors of one block, sliced as they are read."""
+
+        def __init__(self, b):
+            self.b = b
+
+        def __getitem__(self, name):
+            key = f"{self.b.name}.{name}"
+            return where[key].get_slice(key)
 
     def read(b, x):
-        gu, dp = f"{b.name}.gate_up_proj", f"{b.name}.down_proj"
-        return where[gu].get_slice(gu)[x], where[dp].get_slice(dp)[x]
+        return b.expert(_Slices(b), x)
 
     return read
 
@@ -963,8 +1049,8 @@ def offload(
         if other is not None:
             raise InvalidArgumentError(
                 f"strata.moe cannot offload {other} of {type(model).__name__}: it runs experts modules "
-                "with fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] tensors under a block with a "
-                "router (`gate` or `router`)"
+                "with fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] tensors (or their transposes, or "
+                "DBRX's w1, v1 and w2 [E * I, H]) under a block with a router (`gate` or `router`)"
             )
         raise InvalidArgumentError(
             f"{type(model).__name__} has no MoE block strata.moe can offload: it looks for experts "
@@ -972,20 +1058,21 @@ def offload(
             "block with a router `gate` (Mixtral, Qwen2-MoE in transformers 5)"
         )
     device_bytes, host_bytes, nvme_path = _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path)
-    first = blocks[0].experts
+    first = next(iter(blocks[0].tensors().values()))
     e, two_i, h = blocks[0].dims()
     i = two_i // 2
-    on_meta = first.gate_up_proj.device.type == "meta"
+    on_meta = first.device.type == "meta"
     # Experts left on the meta device take the checkpoint's dtype (a model
     # built under init_empty_weights has the config's default there).
-    dtype = _checkpoint_dtype(checkpoint, blocks[0]) if on_meta and checkpoint is not None else first.gate_up_proj.dtype
+    dtype = _checkpoint_dtype(checkpoint, blocks[0]) if on_meta and checkpoint is not None else first.dtype
     if dtype not in _DTYPES:
         raise InvalidArgumentError(f"experts of dtype {dtype} are not supported (use float32, float16 or bfloat16)")
     for b in blocks:
+        own = next(iter(b.tensors().values()))
         if (
-            b.experts.gate_up_proj.shape != first.gate_up_proj.shape
-            or (not on_meta and b.experts.gate_up_proj.dtype != dtype)
-            or b.transposed != blocks[0].transposed
+            b.dims() != blocks[0].dims()
+            or (not on_meta and own.dtype != dtype)
+            or (b.transposed, b.dense, b.split) != (blocks[0].transposed, blocks[0].dense, blocks[0].split)
         ):
             raise InvalidArgumentError(f"{b.name}: every MoE block must have experts of the same layout and dtype")
     source = _expert_source(blocks, checkpoint)
@@ -1068,6 +1155,7 @@ def offload(
         "layers": len(blocks),
         "transposed": blocks[0].transposed,
         "dense": blocks[0].dense,
+        "split": blocks[0].split,
         "host_in_place": host_in_place,
     }
     # Register every expert: [gate_up | pad to a page | down].

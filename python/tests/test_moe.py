@@ -343,7 +343,15 @@ def tiny_family(model_type, dtype=torch.float32, seed=0):
     """A tiny random model of a transformers MoE family, eager experts."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(model_type)
+    if model_type == "dbrx":
+        # Its attention and experts take their sizes from dicts of their own.
+        cfg = AutoConfig.for_model(
+            "dbrx", d_model=64, n_heads=4, n_layers=2, max_seq_len=64, vocab_size=VOCAB, initializer_range=0.1,
+            attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000.0),
+            ffn_config=dict(ffn_hidden_size=128, moe_num_experts=EXPERTS, moe_top_k=TOP_K),
+        )
+    else:
+        cfg = AutoConfig.for_model(model_type)
     small = dict(
         hidden_size=64, intermediate_size=128, moe_intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=EXPERTS,
@@ -371,7 +379,7 @@ def tiny_family(model_type, dtype=torch.float32, seed=0):
 # Llama 4: transposed experts given every token, and a shared expert.
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "minimax", "phimoe", "granitemoe",
             "granitemoeshared", "hunyuan_v1_moe", "ernie4_5_moe", "dots1", "afmoe", "deepseek_v2", "deepseek_v3",
-            "gpt_oss", "llama4_text"]
+            "gpt_oss", "llama4_text", "dbrx"]
 
 
 # Each dtype the default way (on a CPU every expert is read in place from
@@ -429,6 +437,32 @@ def test_gpt_oss_experts_over_small_pages_and_from_a_checkpoint(tmp_path):
     m.load_state_dict(sd, strict=False, assign=True)
     strata.moe.offload(m, device_slots=3, checkpoint=tmp_path)
     assert torch.equal(logits(m, ids), want)
+
+
+def test_dbrx_experts_from_a_checkpoint_with_the_lookahead(tmp_path):
+    """DBRX keeps its experts as w1, v1 and w2 [E * I, H] under the
+    experts' mlp: read from the checkpoint of a model built on the meta
+    device, one expert's rows at a time, and prefetched through its
+    router's linear layer with room to spare."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
+    from safetensors.torch import load_file
+
+    try:
+        ref = tiny_family("dbrx", seed=2)
+    except (ValueError, KeyError) as e:
+        pytest.skip(f"this transformers has no dbrx: {e}")
+    ids = prompts(seed=2, batch=1)
+    want, tokens = logits(ref, ids), generate(ref, ids, n=8)
+    ref.save_pretrained(tmp_path, save_original_format=False)
+    with accelerate.init_empty_weights():
+        m = tiny_family("dbrx", seed=2)
+    sd = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".experts." not in k}
+    m.load_state_dict(sd, strict=False, assign=True)
+    moe = strata.moe.offload(m, device_slots=EXPERTS, checkpoint=tmp_path, host_in_place=False)
+    assert torch.equal(logits(m, ids), want)
+    assert torch.equal(generate(m, ids, n=8), tokens)
+    t = moe.stats()["total"]
+    assert t["prefetches"] > 0 and t["prefetches_used"] > 0
 
 
 @pytest.mark.parametrize("family,cls", [("jetmoe", "JetMoeParallelExperts")])
