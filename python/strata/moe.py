@@ -5,7 +5,9 @@ transformers MoE model (Mixtral, Qwen2-MoE: every module holding a layer's
 experts as fused 3-D tensors, ``gate_up_proj`` of shape ``[E, 2I, H]`` and
 ``down_proj`` of shape ``[E, H, I]``, as transformers 5 keeps them; the
 transposed ones of GPT-OSS and Llama 4; DBRX's ``w1``, ``v1`` and ``w2``
-of ``[E * I, H]`` each) into a
+of ``[E * I, H]`` each; JetMoE's ``input_linear`` and ``output_linear``,
+whose blocks are replaced whole, their attention's experts left as they
+are) into a
 strata expert cache (``strata.ExpertCache``): each expert's two slices are
 registered as one entry in the host tier (NVMe beyond ``host_bytes``), the
 original tensors are freed, and ``device_slots`` experts live in device
@@ -63,7 +65,7 @@ from torch import nn
 
 from ._strata import ExpertCache, InvalidArgumentError
 
-__all__ = ["offload", "OffloadedMoE", "StrataExperts", "find_moe_blocks"]
+__all__ = ["offload", "OffloadedMoE", "StrataExperts", "StrataGroupedMoE", "find_moe_blocks"]
 
 _MIB = 1 << 20
 _MAX_PAGE = 2 << 20
@@ -186,7 +188,7 @@ def _unsupported_experts(model: nn.Module) -> Optional[str]:
     for name, m in model.named_modules():
         cls = type(m).__name__
         if name.endswith("experts") or "Experts" in cls:
-            if not (_is_fused_experts(m) or _is_split_glu(m)):
+            if not (_is_fused_experts(m) or _is_split_glu(m) or _is_grouped_moe(m)):
                 return f"{cls} at {name}"
         elif blocks is None and cls.endswith(("MoE", "Moe", "MoeBlock", "SparseMoeBlock")):
             blocks = f"{cls} at {name}"
@@ -257,6 +259,33 @@ def _is_split_glu(m: nn.Module) -> bool:
     return params[:4] == ["self", "hidden_states", "top_k_index", "top_k_weights"]
 
 
+def _is_grouped_moe(m: nn.Module) -> bool:
+    """JetMoE's MoE block: the experts as two ``JetMoeParallelExperts``
+    (``input_linear.weight`` ``[E, 2I, H]``, ``output_linear.weight``
+    ``[E, H, I]``) called with the rows grouped by expert and their counts,
+    a ``router`` whose ``layer`` scores the experts, an ``activation`` and a
+    ``bias`` added to the block's output. (Its attention's experts, which
+    have no activation, are not matched: they stay in the model.)"""
+    import inspect
+
+    w_in = getattr(getattr(m, "input_linear", None), "weight", None)
+    w_out = getattr(getattr(m, "output_linear", None), "weight", None)
+    router = getattr(m, "router", None)
+    bias = getattr(m, "bias", None)
+    if not (isinstance(w_in, torch.Tensor) and isinstance(w_out, torch.Tensor) and w_in.dim() == 3 == w_out.dim()):
+        return False
+    if not (callable(getattr(m, "activation", None)) and isinstance(bias, torch.Tensor)):
+        return False
+    scores = getattr(getattr(router, "layer", None), "weight", None)
+    if not (isinstance(scores, torch.Tensor) and hasattr(router, "top_k")):
+        return False
+    try:
+        params = list(inspect.signature(type(m).forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 2
+
+
 def _is_fused_experts(m: nn.Module) -> bool:
     gu = getattr(m, "gate_up_proj", None)
     dp = getattr(m, "down_proj", None)
@@ -271,7 +300,9 @@ def _is_fused_experts(m: nn.Module) -> bool:
 class _Block:
     """One MoE block found in the model."""
 
-    def __init__(self, index, name, decoder_layer, block, experts, transposed=False, dense=False, split=False):
+    def __init__(
+        self, index, name, decoder_layer, block, experts, transposed=False, dense=False, split=False, grouped=False
+    ):
         self.index = index
         self.name = name
         self.decoder_layer = decoder_layer
@@ -293,6 +324,9 @@ class _Block:
         # Llama 4's experts take every token for every expert ([E * T, H],
         # scaled by the router's scores) and run one batched product.
         self.dense = dense
+        # JetMoE's: the block is its own experts module (input_linear and
+        # output_linear, [E, 2I, H] and [E, H, I]), replaced whole.
+        self.grouped = grouped
 
     def dims(self):
         """(experts, 2 * intermediate, hidden) of the experts."""
@@ -300,6 +334,8 @@ class _Block:
             e = self.experts.num_experts
             ei, h = self.experts.mlp.w1.shape
             return (e, 2 * (ei // e), h)
+        if self.grouped:
+            return tuple(self.experts.input_linear.weight.shape)
         e, a, b = self.experts.gate_up_proj.shape
         return (e, b, a) if self.transposed else (e, a, b)
 
@@ -307,6 +343,8 @@ class _Block:
         """The experts' weight tensors by their names under the block."""
         if self.split:
             return {f"mlp.{n}": getattr(self.experts.mlp, n) for n in ("w1", "v1", "w2")}
+        if self.grouped:
+            return {f"{n}.weight": getattr(self.experts, n).weight for n in ("input_linear", "output_linear")}
         return {n: getattr(self.experts, n) for n in ("gate_up_proj", "down_proj")}
 
     def expert(self, tensors, x):
@@ -318,6 +356,8 @@ class _Block:
             rows = slice(x * i, (x + 1) * i)
             w1, v1, w2 = (tensors[f"mlp.{n}"][rows] for n in ("w1", "v1", "w2"))
             return torch.cat([w1, v1]), w2
+        if self.grouped:
+            return tensors["input_linear.weight"][x], tensors["output_linear.weight"][x]
         return tensors["gate_up_proj"][x], tensors["down_proj"][x]
 
 
@@ -326,13 +366,28 @@ def find_moe_blocks(model: nn.Module) -> List[_Block]:
     holding fused experts (``gate_up_proj`` ``[E, 2I, H]`` and
     ``down_proj`` ``[E, H, I]``; GPT-OSS's and Llama 4's transposed ones;
     DBRX's ``mlp.w1``, ``mlp.v1`` and ``mlp.w2``, ``[E * I, H]`` each) as
-    the ``experts`` child of a block with a router ``gate`` or ``router``.
+    the ``experts`` child of a block with a router ``gate`` or ``router``;
+    and JetMoE's blocks, their experts ``input_linear`` and
+    ``output_linear`` (``[E, 2I, H]``, ``[E, H, I]``) called with the rows
+    grouped by expert.
     Raises InvalidArgumentError for a layout strata.moe cannot run (biases
     other than GPT-OSS's, transposed or interleaved experts of another
     kind)."""
     modules = dict(model.named_modules())
     found = []
     for name, m in model.named_modules():
+        if _is_grouped_moe(m) and "." in name:
+            cls = f"{type(m).__name__} at {name}"
+            e, two_i, h = m.input_linear.weight.shape
+            if m.output_linear.weight.shape != (e, h, two_i // 2) or two_i % 2 or m.bias.shape != (h,):
+                raise InvalidArgumentError(
+                    f"strata.moe cannot offload {cls}: input_linear {tuple(m.input_linear.weight.shape)}, "
+                    f"output_linear {tuple(m.output_linear.weight.shape)} and bias {tuple(m.bias.shape)} are not "
+                    "[E, 2I, H], [E, H, I] and [H]"
+                )
+            layer_name = name.rsplit(".", 1)[0]
+            found.append(_Block(len(found), name, modules[layer_name], m, m, grouped=True))
+            continue
         if not (_is_fused_experts(m) or _is_split_glu(m)) or "." not in name:
             continue
         parent_name, attr = name.rsplit(".", 1)
@@ -455,9 +510,13 @@ class StrataExperts(nn.Module):
         self.transposed = layout["transposed"]
         self.dense = layout["dense"]
         self.split = layout.get("split", False)
+        self.grouped = layout.get("grouped", False)
         if self.split:
             # DBRX: its gate function is its GLU module's.
             self.act_fn = src.mlp.activation_fn
+        elif self.grouped:
+            # JetMoE: its block's activation.
+            self.act_fn = src.activation
         elif self.transposed and not self.dense:
             # The biases stay in memory (2I + H values an expert); the gate
             # function is the family's own, on a shell holding its settings.
@@ -609,6 +668,43 @@ class StrataExperts(nn.Module):
         self._end()
         return final.view(shape)
 
+    def forward_grouped(self, x, index_sorted_experts, batch_index, batch_gates, expert_size):
+        """JetMoE's call: `x` [T, H] and its router's grouping (the first
+        four of what ``JetMoeTopKGating`` returns: the token-expert pairs in
+        expert order, their tokens, their gates, the rows of each expert).
+        Each expert computes its group's rows as the model's own
+        input_linear and output_linear would, and the gated outputs are
+        summed into [T, H] in one index_add in that order, as the model's
+        block does (its bias is the caller's)."""
+        st = self._state
+        self._begin(x.shape[0])
+        with torch.no_grad():
+            sizes = [int(n) for n in expert_size]
+            starts = [0]
+            for n in sizes:
+                starts.append(starts[-1] + n)
+            hit = [e for e in range(self.num_experts) if sizes[e] > 0]
+            outputs = {}
+
+            def work(e, slot):
+                outputs[e] = self._expert(x[batch_index[starts[e] : starts[e + 1]]], slot, e)
+
+            order = self._visit(hit, work)
+            if outputs:
+                y = torch.cat([outputs[e] for e in hit]) * batch_gates[:, None]
+            else:
+                y = x.new_zeros((0, self.hidden_dim))
+            final = torch.zeros((x.shape[0], self.hidden_dim), dtype=y.dtype, device=y.device)
+            final = final.index_add(0, batch_index, y)
+            if st.writer is not None:
+                # Each token's experts, in its top-k order.
+                chosen = torch.repeat_interleave(torch.arange(self.num_experts), torch.tensor(sizes))
+                index = torch.empty_like(chosen)
+                index[index_sorted_experts] = chosen
+                self._record(st, index.view(x.shape[0], -1), order)
+        self._end()
+        return final
+
     def _forward_dense(self, routed_in):
         """Llama 4's call: every expert's copy of every token, [E * T, H],
         the rows of tokens an expert was not chosen for all zero (scaled by
@@ -745,6 +841,26 @@ class StrataExperts(nn.Module):
         else:
             step = st.steps - 1
             st.pending.extend(f"{step} {self.layer} {e}\n" for e in order)
+
+
+class StrataGroupedMoE(nn.Module):
+    """JetMoE's MoE block with its experts in a strata ExpertCache: the
+    block's own router and bias, its experts' arithmetic through
+    ``StrataExperts.forward_grouped``. Made by ``offload`` in place of the
+    block."""
+
+    def __init__(self, block: nn.Module, experts: StrataExperts):
+        super().__init__()
+        self.router = block.router
+        self.bias = block.bias
+        self.experts = experts
+
+    def forward(self, layer_input):
+        bsz, length, emb_size = layer_input.size()
+        x = layer_input.reshape(-1, emb_size)
+        index_sorted_experts, batch_index, batch_gates, expert_size, _ = self.router(x)
+        out = self.experts.forward_grouped(x, index_sorted_experts, batch_index, batch_gates, expert_size)
+        return out.view(bsz, length, emb_size) + self.bias
 
 
 class OffloadedMoE:
@@ -1050,7 +1166,8 @@ def offload(
             raise InvalidArgumentError(
                 f"strata.moe cannot offload {other} of {type(model).__name__}: it runs experts modules "
                 "with fused gate_up_proj [E, 2I, H] and down_proj [E, H, I] tensors (or their transposes, or "
-                "DBRX's w1, v1 and w2 [E * I, H]) under a block with a router (`gate` or `router`)"
+                "DBRX's w1, v1 and w2 [E * I, H]) under a block with a router (`gate` or `router`), or "
+                "JetMoE's blocks (input_linear [E, 2I, H] and output_linear [E, H, I])"
             )
         raise InvalidArgumentError(
             f"{type(model).__name__} has no MoE block strata.moe can offload: it looks for experts "
@@ -1072,7 +1189,8 @@ def offload(
         if (
             b.dims() != blocks[0].dims()
             or (not on_meta and own.dtype != dtype)
-            or (b.transposed, b.dense, b.split) != (blocks[0].transposed, blocks[0].dense, blocks[0].split)
+            or (b.transposed, b.dense, b.split, b.grouped)
+            != (blocks[0].transposed, blocks[0].dense, blocks[0].split, blocks[0].grouped)
         ):
             raise InvalidArgumentError(f"{b.name}: every MoE block must have experts of the same layout and dtype")
     source = _expert_source(blocks, checkpoint)
@@ -1156,6 +1274,7 @@ def offload(
         "transposed": blocks[0].transposed,
         "dense": blocks[0].dense,
         "split": blocks[0].split,
+        "grouped": blocks[0].grouped,
         "host_in_place": host_in_place,
     }
     # Register every expert: [gate_up | pad to a page | down].
@@ -1180,7 +1299,13 @@ def offload(
         biases = _biases(b, checkpoint) if b.transposed and not b.dense else None
         new = StrataExperts(state, b.index, b.experts, layout, biases)
         # Frees the original tensors (the model held their only references).
-        b.block.experts = new
+        if b.grouped:
+            parent, attr = b.name.rsplit(".", 1)
+            wrapper = StrataGroupedMoE(b.block, new)
+            setattr(model.get_submodule(parent), attr, wrapper)
+            b.block = wrapper
+        else:
+            b.block.experts = new
         b.experts = new
         if b.norm is not None:
 

@@ -370,6 +370,11 @@ def tiny_family(model_type, dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
     m = AutoModelForCausalLM.from_config(cfg).eval().to(dtype)
     m.set_experts_implementation("eager")
+    if model_type == "jetmoe":
+        # Its blocks' output biases start at zero: random ones are seen.
+        with torch.no_grad():
+            for layer in m.model.layers:
+                layer.mlp.bias.normal_(0.0, 0.1)
     return m
 
 
@@ -379,7 +384,7 @@ def tiny_family(model_type, dtype=torch.float32, seed=0):
 # Llama 4: transposed experts given every token, and a shared expert.
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "minimax", "phimoe", "granitemoe",
             "granitemoeshared", "hunyuan_v1_moe", "ernie4_5_moe", "dots1", "afmoe", "deepseek_v2", "deepseek_v3",
-            "gpt_oss", "llama4_text", "dbrx"]
+            "gpt_oss", "llama4_text", "dbrx", "jetmoe"]
 
 
 # Each dtype the default way (on a CPU every expert is read in place from
@@ -465,14 +470,56 @@ def test_dbrx_experts_from_a_checkpoint_with_the_lookahead(tmp_path):
     assert t["prefetches"] > 0 and t["prefetches_used"] > 0
 
 
-@pytest.mark.parametrize("family,cls", [("jetmoe", "JetMoeParallelExperts")])
-def test_a_family_in_another_layout_is_refused_naming_its_class(family, cls):
+def test_jetmoe_experts_from_a_checkpoint_with_the_lookahead_and_its_attention_experts_kept(tmp_path):
+    """JetMoE's MoE blocks (input_linear and output_linear, called with
+    the rows grouped by expert) are replaced whole: read from the
+    checkpoint of a model built on the meta device, prefetched through
+    its router's linear layer, the routing recorded per token; the
+    experts of its attention stay in the model."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
+    from safetensors.torch import load_file
+
     try:
-        m = tiny_family(family)
+        ref = tiny_family("jetmoe", seed=2)
     except (ValueError, KeyError) as e:
-        pytest.skip(f"this transformers has no {family}: {e}")
-    with pytest.raises(strata.InvalidArgumentError, match=f"cannot offload {cls} at "):
-        strata.moe.offload(m)
+        pytest.skip(f"this transformers has no jetmoe: {e}")
+    ids = prompts(seed=2, batch=1)
+    want, tokens = logits(ref, ids), generate(ref, ids, n=8)
+    ref.save_pretrained(tmp_path, save_original_format=False)
+    with accelerate.init_empty_weights():
+        m = tiny_family("jetmoe", seed=2)
+    sd = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".mlp.input_linear." not in k
+          and ".mlp.output_linear." not in k}
+    m.load_state_dict(sd, strict=False, assign=True)
+    m.tie_weights()  # its lm_head is the embedding's (assign=True replaced that one alone)
+    trace = tmp_path / "route.txt"
+    moe = strata.moe.offload(m, device_slots=EXPERTS, checkpoint=tmp_path, host_in_place=False,
+                             record_routing=trace, record_per_token=True)
+    assert isinstance(m.model.layers[0].mlp, strata.moe.StrataGroupedMoE)
+    assert m.model.layers[0].self_attention.experts.input_linear.weight.device.type == "cpu"
+    assert torch.equal(logits(m, ids), want)
+    assert torch.equal(generate(m, ids, n=8), tokens)
+    t = moe.stats()["total"]
+    assert t["prefetches"] > 0 and t["prefetches_used"] > 0
+    moe.flush()
+    # The first forward's tokens chose, in each layer, the experts its own
+    # router picks in the original model.
+    picks = {}
+
+    def pick(i):
+        def hook(module, args, out):
+            picks.setdefault(i, out[4].topk(TOP_K).indices.tolist())
+
+        return hook
+
+    hooks = [ref.model.layers[i].mlp.router.register_forward_hook(pick(i)) for i in range(2)]
+    logits(ref, ids)
+    for h in hooks:
+        h.remove()
+    lines = [line.split() for line in trace.read_text().splitlines() if not line.startswith("#")]
+    for layer in range(2):
+        got = [sorted(int(e) for tok, lay, e in lines if (int(tok), int(lay)) == (t, layer)) for t in range(len(ids[0]))]
+        assert got == [sorted(w) for w in picks[layer]]
 
 
 def test_an_unsupported_experts_module_is_named():
