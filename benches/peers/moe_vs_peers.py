@@ -74,7 +74,12 @@ from host memory at the copy's — the model's stall — and Belady's misses
 (and its stall bound) with as many slots as strata holds experts in DRAM,
 the device slots and the host tier (an expert in either is no disk read).
 The roofline at the device slots alone, as F of the experts would give
-it, is reported beside it. A step's roofline time
+it, is reported beside it. The same replay runs again on each strata@F run's
+own rates — the disk as strata's reads got it (the bytes its NVMe tier
+read over the time it had reads in flight: ExpertCache.nvme_stats()) and
+each layer's time between fetches as that run spent it — against that
+run's measured stall (every trial records its routing): the disk's rate drifts within a run by more than the
+model's error, and this replay separates the two. A step's roofline time
 is the in-DRAM step (dram's median) overlapped with reading Belady's
 misses at that bandwidth: the larger of the two; tokens/s of the roofline
 = batch / that.
@@ -353,7 +358,7 @@ def worker(args):
         slots = int(frac * meta["experts_total"])
         nvme = work / f"nvme-{os.getpid()}"
         nvme.mkdir(exist_ok=True)
-        trace = work / f"route-{name}-{frac}-{args.trial}.txt" if args.trial == 0 else None
+        trace = work / f"route-{name}-{frac}-{args.trial}.txt"
         # One budget in accelerate's words: F of the experts as device slots,
         # the limit's slack less strata's own buffers as the host tier.
         moe = strata.moe.offload(
@@ -375,7 +380,14 @@ def worker(args):
     load_s = time.perf_counter() - t_load
     if args.limit:
         extra.update(apply_limit(args.limit))
+    nvme0 = moe.cache.nvme_stats() if moe is not None else None
     r = generate(m, ids, args.new_tokens)
+    if nvme0 is not None:
+        # The disk's rate as strata's reads got it during the run: the
+        # bytes read over the time its NVMe tier had reads in flight.
+        nvme1 = moe.cache.nvme_stats()
+        r.update(nvme_read_bytes=nvme1["bytes_read"] - nvme0["bytes_read"],
+                 nvme_busy_seconds=nvme1["busy_seconds"] - nvme0["busy_seconds"])
     if name == "probe":
         # What the process holds once it has run: its anonymous memory and
         # the file pages it maps (torch's libraries), not the page cache it
@@ -637,14 +649,15 @@ def main():
     report(args, work, meta, probes, runs, fractions, experts_bytes)
 
 
-def belady(args, work, meta, r, bw, layer_seconds, slots, host=0, copy_bw=None):
-    """strata bench moe on the routing `r` recorded, each layer's compute
-    the in-DRAM step's share: with a host tier of `host` experts, the
+def belady(args, work, meta, r, bw, layer_seconds, slots, host=0, copy_bw=None, tag="", other_seconds=0.0):
+    """strata bench moe on the routing `r` recorded, each layer's experts'
+    compute `layer_seconds` after `other_seconds` of the layer's attention
+    and router (before its experts are known): with a host tier of `host` experts, the
     library's cache on `slots` device slots and that host tier, a move from
     NVMe at the measured disk bandwidth `bw` and one from host memory at
     `copy_bw` (the model), and Belady's misses at slots + host read at
     `bw`; without one, both at `slots` with every move at `bw`."""
-    out = work / (Path(r["trace"]).stem + f"-bench-{slots}" + (f"-host-{host}" if host else "") + ".json")
+    out = work / (Path(r["trace"]).stem + f"-bench-{slots}" + (f"-host-{host}" if host else "") + tag + ".json")
     if host:
         nvme = work / "bench-nvme"
         nvme.mkdir(exist_ok=True)
@@ -658,6 +671,7 @@ def belady(args, work, meta, r, bw, layer_seconds, slots, host=0, copy_bw=None):
            "--expert-bytes", str(r["layout_expert_bytes"]), "--device-slots", str(slots), *links,
            "--page-size", str(r["page_size"]),
            "--layer-compute-us", f"{layer_seconds * 1e6:.1f}",
+           "--layer-other-us", f"{other_seconds * 1e6:.1f}",
            # strata.moe's default: a prefetch is protected for twice the
            # router's top-k fetches (the trace's steps route more experts).
            "--protect-fetches", str(2 * meta["config"]["num_experts_per_tok"]),
@@ -737,6 +751,9 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
             # fault unless the limit evicted its own pages (code, libraries).
             row["thrash"] = bool(reads_experts and ok[0]["limit_bytes"] and row["major_faults"] > 100)
             row["spread_flag"] = row["spread"] > 0.30
+            own = [r["nvme_read_bytes"] / r["nvme_busy_seconds"] for r in ok if r.get("nvme_busy_seconds")]
+            if own:
+                row["disk_bytes_per_second_own"] = statistics.median(own)
             for key in ("hit_rate", "reads_ahead", "prefetch_accuracy", "stall_seconds", "prefetch_call_seconds",
                         "moves", "moves_from_nvme", "host_swaps", "served_in_place",
                         "modelled_stall_seconds", "bytes_moved_per_token", "expert_seconds"):
@@ -756,19 +773,54 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
     batch = meta["batch"]
     roofline, bounds = {}, {}
     for f in fractions:
-        rec = next((r for r in runs if r["config"] == "strata" and r["fraction"] == f and r.get("trace")
-                    and "error" not in r), None)
+        traced = sorted((r for r in runs if r["config"] == "strata" and r["fraction"] == f and r.get("trace")
+                         and "error" not in r), key=lambda r: r["trial"])
+        rec = traced[0] if traced else None
         if rec is None or bw is None or dram is None:
             continue
-        layer = batch / dram / meta["config"]["num_hidden_layers"]
+        layers = meta["config"]["num_hidden_layers"]
+        layer = batch / dram / layers
+        # The in-DRAM step's layer: its experts' share (timed in that run)
+        # after the rest (attention, norms, the router).
+        experts_share = table["dram"].get("expert_seconds")
+        dram_steps = next((r["steps"] for r in groups["dram"] if "error" not in r), None)
+        if experts_share is not None and dram_steps:
+            compute = min(layer, experts_share / dram_steps / layers)
+        else:
+            compute = layer
         host = rec.get("host_experts", 0)
-        b = belady(args, work, meta, rec, bw, layer, rec["device_slots"], host, copy_bw)
+        b = belady(args, work, meta, rec, bw, compute, rec["device_slots"], host, copy_bw,
+                   other_seconds=layer - compute)
         bounds[f"{f:g}"] = b
         if "error" in b:
             continue
         roofline[f"{f:g}"] = roof = step_bound(batch, dram, bw, b)
+        # The model again on each run's own rates: the disk as strata's
+        # reads got it (bytes over the time reads were in flight) and each
+        # layer's time between fetches as the run spent it (its steps' wall
+        # time less the stall), against that run's stall.
+        own = []
+        for t in traced:
+            if not (t.get("nvme_busy_seconds") and t.get("breakdown")):
+                continue
+            bd = t["breakdown"]
+            own_bw = t["nvme_read_bytes"] / t["nvme_busy_seconds"]
+            per_layer = t["strata_steps"] * layers
+            own_compute = bd["compute_seconds"] / per_layer
+            own_other = (bd["wall_seconds"] - bd["stall_seconds"] - bd["compute_seconds"]) / per_layer
+            o = belady(args, work, meta, t, own_bw, own_compute, t["device_slots"], host, copy_bw, tag="-own",
+                       other_seconds=max(0.0, own_other))
+            if "error" not in o:
+                own.append({"trial": t["trial"], "disk_bytes_per_second": own_bw, "layer_seconds": own_compute,
+                            "layer_other_seconds": own_other,
+                            "bench_modelled_stall_seconds": o["bench_modelled_stall_seconds"],
+                            "measured_stall_seconds": t["stall_seconds"],
+                            "belady_stall_seconds": o["belady_stall_seconds"],
+                            "modelled_over_measured": o["bench_modelled_stall_seconds"] / t["stall_seconds"]})
+        if own:
+            b["own_rates"] = own
         if host:
-            alone = belady(args, work, meta, rec, bw, layer, rec["device_slots"])
+            alone = belady(args, work, meta, rec, bw, compute, rec["device_slots"], other_seconds=layer - compute)
             if "error" not in alone:
                 roof["device_slots_alone"] = step_bound(batch, dram, bw, alone)
     lld = table.get("llama-dram", {}).get("tokens_per_s")
@@ -805,6 +857,18 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
             "bench_modelled_over_measured_stall": (b["bench_modelled_stall_seconds"] / t["strata"]["stall_seconds"]
                                                    if b.get("bench_modelled_stall_seconds") is not None
                                                    and t["strata"].get("stall_seconds") else None),
+            # The model on the traced run's own disk rate and layer time,
+            # against that run's stall; and the disk rate strata's reads got
+            # over the one `strata bench io` measured.
+            "own_rates_modelled_over_measured_stall": (
+                statistics.median(o["modelled_over_measured"] for o in b["own_rates"]) if b.get("own_rates") else None),
+            "own_rates_modelled_over_measured_stall_per_trial": (
+                [round(o["modelled_over_measured"], 3) for o in b["own_rates"]] if b.get("own_rates") else None),
+            "measured_stall_over_belady_own_rates": (
+                statistics.median(o["measured_stall_seconds"] / o["belady_stall_seconds"] for o in b["own_rates"])
+                if b.get("own_rates") else None),
+            "strata_disk_rate_over_io": (t["strata"]["disk_bytes_per_second_own"] / bw
+                                         if t["strata"].get("disk_bytes_per_second_own") and bw else None),
         }
     out = {"meta": meta, "probes": probes, "disk_bytes_per_second": bw, "disk_trials": ios,
            "host_copy_bytes_per_second": copy_bw, "roofline": roofline,

@@ -393,6 +393,24 @@ impl ExpertCache {
         Ok(d)
     }
 
+    /// The NVMe tier's counters, None without one: "reads", "writes",
+    /// "bytes_read", "bytes_written", "errors" and "busy_seconds" (the time
+    /// it had I/O in flight: bytes_read over it is the rate the disk gave
+    /// the cache while it was reading).
+    fn nvme_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(s) = self.cache.read().runtime().nvme_stats() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("reads", s.reads)?;
+        d.set_item("writes", s.writes)?;
+        d.set_item("bytes_read", s.bytes_read)?;
+        d.set_item("bytes_written", s.bytes_written)?;
+        d.set_item("errors", s.errors)?;
+        d.set_item("busy_seconds", s.busy_seconds)?;
+        Ok(Some(d))
+    }
+
     /// The underlying runtime's stats as JSON (tiers, moves, links).
     fn runtime_stats_json(&self) -> String {
         self.cache.read().runtime().stats_json()

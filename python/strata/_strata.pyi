@@ -483,6 +483,10 @@ class ExpertCache:
         (experts moved into device memory), moves_paid (of those, fetched
         before they left), served_in_place (read from host memory where
         they are: host_in_place)."""
+    def nvme_stats(self) -> Optional[Dict[str, Any]]:
+        """The NVMe tier's "reads", "writes", "bytes_read", "bytes_written",
+        "errors" and "busy_seconds" (time with I/O in flight); None without
+        an NVMe tier."""
     def runtime_stats_json(self) -> str: ...
 
 @final

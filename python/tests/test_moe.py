@@ -181,8 +181,14 @@ def test_experts_beyond_host_bytes_go_to_nvme(tmp_path, nvme_miss_cost, host_cac
         return sum(x["bytes"] for x in links if x["to"] == "nvme")
 
     before = written()
+    reads0 = moe.cache.nvme_stats()
     torch.testing.assert_close(logits(m, ids), want, rtol=0, atol=0)
     assert torch.equal(generate(m, ids), generate(ref, ids))
+    # The disk's counters: the experts read from it, and the time reads
+    # were in flight (what the peers script's model takes as its rate).
+    reads = moe.cache.nvme_stats()
+    assert reads["bytes_read"] > reads0["bytes_read"] and reads["busy_seconds"] > reads0["busy_seconds"]
+    assert reads["errors"] == 0
     # Read-only experts are never written back: an eviction drops the
     # device copy onto the clean copy it was read from.
     t = moe.stats()["total"]
@@ -655,6 +661,7 @@ def test_expert_cache_binding_round_trip():
     s = c.stats()
     assert s["fetches"] == 6 and s["prefetches_used"] == 2 and s["evictions"] >= 4
     assert s["stall_modelled"] is True and s["hit_rate"] == s["hits"] / 6
+    assert c.nvme_stats() is None  # no NVMe tier
     with pytest.raises(strata.InvalidArgumentError, match="exactly one"):
         strata.ExpertCache(slot_bytes=8192, host_bytes=1 << 20)
 

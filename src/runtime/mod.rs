@@ -113,7 +113,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::io::IoEngine;
 use crate::link::LinkModel;
 use crate::size::{check_page_size, format_size};
-use crate::tier::{CxlConfig, HostConfig, NvmeConfig, Tier};
+use crate::tier::{CxlConfig, HostConfig, NvmeConfig, NvmeStats, Tier};
 
 pub use balance_config::{BalanceReport, BalancerConfig, MAX_REPEAT};
 pub use buffer::{Buffer, Residency};
@@ -396,6 +396,12 @@ impl Runtime {
     /// Current use and traffic.
     pub fn stats(&self) -> Stats {
         stats::collect(&self.inner)
+    }
+
+    /// The NVMe tier's counters (bytes read and written, the time it had
+    /// I/O in flight), if there is one.
+    pub fn nvme_stats(&self) -> Option<NvmeStats> {
+        self.inner.shared.tiers.nvme().map(|s| s.stats())
     }
 
     /// Records every page access (one in 2^`shift` when sampled) to a

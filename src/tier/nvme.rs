@@ -114,7 +114,7 @@ fn sector_sum(data: &[u8]) -> u32 {
 }
 
 /// Counters of an NVMe store.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize)]
 pub struct NvmeStats {
     /// Pages read successfully.
     pub reads: u64,
@@ -128,6 +128,64 @@ pub struct NvmeStats {
     pub errors: u64,
     /// Reads whose checksum did not match.
     pub corrupted: u64,
+    /// Seconds with at least one of the store's operations in flight (from
+    /// its submission to its completion being reaped): the bytes moved over
+    /// this are the rate the store got from its device while it had work,
+    /// whatever the queue depth and whatever else shared the device.
+    pub busy_seconds: f64,
+}
+
+/// The time a store had operations in flight.
+#[derive(Debug, Default)]
+struct Busy(Mutex<BusyState>);
+
+#[derive(Debug, Default)]
+struct BusyState {
+    in_flight: u64,
+    since: Option<std::time::Instant>,
+    total: std::time::Duration,
+}
+
+impl Busy {
+    fn start(&self) {
+        let mut s = self.0.lock();
+        if s.in_flight == 0 {
+            s.since = Some(std::time::Instant::now());
+        }
+        s.in_flight += 1;
+    }
+
+    fn end(&self, n: u64) {
+        let mut s = self.0.lock();
+        s.in_flight = s.in_flight.saturating_sub(n);
+        if s.in_flight == 0 {
+            if let Some(t) = s.since.take() {
+                s.total += t.elapsed();
+            }
+        }
+    }
+
+    fn seconds(&self) -> f64 {
+        let s = self.0.lock();
+        (s.total + s.since.map_or_else(Default::default, |t| t.elapsed())).as_secs_f64()
+    }
+}
+
+/// Ends one operation's busy span when dropped (a synchronous operation
+/// that returns early ends it too).
+struct BusySpan<'a>(&'a Busy);
+
+impl<'a> BusySpan<'a> {
+    fn new(busy: &'a Busy) -> Self {
+        busy.start();
+        Self(busy)
+    }
+}
+
+impl Drop for BusySpan<'_> {
+    fn drop(&mut self) {
+        self.0.end(1);
+    }
 }
 
 #[derive(Debug, Default)]
@@ -156,6 +214,7 @@ pub struct NvmeStore {
     sync_queues: Mutex<Vec<IoQueue>>,
     pool: Arc<BufPool>,
     counters: Counters,
+    busy: Busy,
 }
 
 impl std::fmt::Debug for NvmeStore {
@@ -223,6 +282,7 @@ impl NvmeStore {
                 pool_buffers(config.page_size, config.queue_depth, config.pool_bytes),
             )?,
             counters: Counters::default(),
+            busy: Busy::default(),
         })
     }
 
@@ -258,6 +318,7 @@ impl NvmeStore {
             bytes_written: writes * self.page_size as u64,
             errors: self.counters.errors.load(Ordering::Relaxed),
             corrupted: self.counters.corrupted.load(Ordering::Relaxed),
+            busy_seconds: self.busy.seconds(),
         }
     }
 
@@ -403,12 +464,14 @@ impl NvmeStore {
         };
         let sum = self.begin(op, index, &buf);
         let offset = self.offset(index);
+        let span = BusySpan::new(&self.busy);
         let c = queue.run(IoRequest {
             op,
             offset,
             buf,
             tag: 0,
         })?;
+        drop(span);
         self.sync_queues.lock().push(queue);
         let result = c
             .result
@@ -432,12 +495,15 @@ impl NvmeStore {
             Some(q) => q,
             None => IoQueue::new(&*self.engine, &self.file, 1, None)?,
         };
+        let buf = AlignedBuf::new(hi - lo)?;
+        let span = BusySpan::new(&self.busy);
         let c = queue.run(IoRequest {
             op: IoOp::Read,
             offset: at,
-            buf: AlignedBuf::new(hi - lo)?,
+            buf,
             tag: 0,
         })?;
+        drop(span);
         self.sync_queues.lock().push(queue);
         let checked = c.result.and_then(|()| {
             let meta = self.meta[index as usize].load(Ordering::Acquire);
@@ -707,6 +773,8 @@ impl NvmeSession<'_> {
             tag: id,
         };
         let queue = self.queue.as_mut().expect("session has a queue");
+        // In flight from its submission (which may itself take time).
+        self.store.busy.start();
         match queue.push(req) {
             Ok(()) => {
                 // Torn from now until the write's completion is reaped (on
@@ -718,6 +786,7 @@ impl NvmeSession<'_> {
                 Ok(())
             }
             Err(req) => {
+                self.store.busy.end(1);
                 self.free.push(id);
                 reject(Error::invalid("i/o queue is full"), slot, req.buf)
             }
@@ -737,6 +806,7 @@ impl NvmeSession<'_> {
                 .take()
                 .expect("completion of a pending request");
             self.free.push(c.tag);
+            self.store.busy.end(1);
             let result = c.result.and_then(|()| {
                 self.store
                     .finish(c.op, p.slot.index(), c.offset, p.sum, &c.buf)
@@ -767,6 +837,8 @@ impl Drop for NvmeSession<'_> {
         }
         // Completions not reaped are lost with the queue; their slots stay
         // allocated (leaked) rather than freed under a live operation.
+        // Their time in flight is no longer known: it ends here.
+        self.store.busy.end(self.in_flight() as u64);
     }
 }
 
@@ -1168,6 +1240,55 @@ mod tests {
         assert_eq!(s.queues.lock().len(), 1);
         let again = s.session().unwrap();
         assert_eq!(again.queue.as_ref().unwrap().depth(), 4);
+    }
+
+    #[test]
+    fn busy_time_counts_operations_in_flight_and_no_idle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let engine = Arc::new(FaultEngine::new(
+            io::engine(EngineChoice::Psync).unwrap(),
+            plan.clone(),
+        ));
+        let s = store(dir.path(), engine, 4);
+        let mut slots = Vec::new();
+        for i in 0..2u8 {
+            let mut slot = s.alloc().unwrap();
+            s.write_new(&mut slot, &[i; 4096]).unwrap();
+            slots.push(slot);
+        }
+        let before = s.stats().busy_seconds;
+        assert!(before > 0.0, "the writes were in flight for a while");
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        assert_eq!(s.stats().busy_seconds, before, "no time counted while idle");
+        // Two slow reads in flight together.
+        for skip in 0..2 {
+            plan.inject(
+                IoOp::Read,
+                skip,
+                Fault::Delay(std::time::Duration::from_millis(60)),
+            );
+        }
+        let t0 = std::time::Instant::now();
+        let mut session = s.session_with_depth(2).unwrap();
+        for (tag, slot) in slots.into_iter().enumerate() {
+            session
+                .submit_read(slot, s.buffer().unwrap(), tag as u64)
+                .unwrap();
+        }
+        let mut done = Vec::new();
+        session.reap(2, &mut done).unwrap();
+        let wall = t0.elapsed().as_secs_f64();
+        assert!(done.iter().all(|c| c.result.is_ok()));
+        let busy = s.stats().busy_seconds - before;
+        assert!(busy >= 0.12, "both delays were in flight: {busy}");
+        assert!(
+            busy <= wall,
+            "busy {busy} s within the {wall} s the reads took"
+        );
+        let after = s.stats().busy_seconds;
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        assert_eq!(s.stats().busy_seconds, after);
     }
 
     #[test]

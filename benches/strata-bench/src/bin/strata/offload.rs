@@ -63,6 +63,11 @@ pub struct MoeArgs {
     /// platform's model (a CPU's measured time, say).
     #[arg(long)]
     layer_compute_us: Option<f64>,
+    /// Each layer's time before its experts are known (attention, norms,
+    /// the router), µs: only reads already started progress in it, and the
+    /// layer's own reads start after it (default 0).
+    #[arg(long)]
+    layer_other_us: Option<f64>,
     /// strata's cache evicts by LRFU (decayed use counts) instead of the
     /// reuse estimate, for comparison.
     #[arg(long)]
@@ -157,15 +162,13 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
         }
         (None, None) => PathBuf::from("."),
     };
-    let layer_compute = match a.layer_compute_us {
-        Some(us) if us.is_finite() && us >= 0.0 => Some(us * 1e-6),
-        Some(us) => {
-            return Err(Error::invalid(format!(
-                "--layer-compute-us {us}: not a duration"
-            )))
-        }
-        None => None,
+    let duration = |us: Option<f64>, flag: &str| match us {
+        Some(us) if us.is_finite() && us >= 0.0 => Ok(Some(us * 1e-6)),
+        Some(us) => Err(Error::invalid(format!("{flag} {us}: not a duration"))),
+        None => Ok(None),
     };
+    let layer_compute = duration(a.layer_compute_us, "--layer-compute-us")?;
+    let layer_other = duration(a.layer_other_us, "--layer-other-us")?;
     let params = MoeParams {
         layers: a.layers,
         experts: a.experts,
@@ -190,6 +193,7 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
             .map_err(|e: Error| e.context("--platform"))?,
         link,
         layer_compute,
+        layer_other,
         lrfu: a.lrfu,
         predictor: a.predictor,
         protect_fetches: a.protect_fetches,
