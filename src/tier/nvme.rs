@@ -1125,6 +1125,17 @@ mod tests {
         NvmeStore::with_engine(&NvmeConfig::new(dir, pages * 4096, 4096), engine).unwrap()
     }
 
+    /// A store of `pages` 4 KiB pages whose operations go through a fault
+    /// plan.
+    fn faulty_store(dir: &Path, pages: u64) -> (NvmeStore, Arc<FaultPlan>) {
+        let plan = FaultPlan::new();
+        let engine = Arc::new(FaultEngine::new(
+            io::engine(EngineChoice::Psync).unwrap(),
+            plan.clone(),
+        ));
+        (store(dir, engine, pages), plan)
+    }
+
     #[test]
     fn swap_file_is_invisible() {
         let dir = tempfile::tempdir().unwrap();
@@ -1245,12 +1256,7 @@ mod tests {
     #[test]
     fn busy_time_counts_operations_in_flight_and_no_idle_time() {
         let dir = tempfile::tempdir().unwrap();
-        let plan = FaultPlan::new();
-        let engine = Arc::new(FaultEngine::new(
-            io::engine(EngineChoice::Psync).unwrap(),
-            plan.clone(),
-        ));
-        let s = store(dir.path(), engine, 4);
+        let (s, plan) = faulty_store(dir.path(), 4);
         let mut slots = Vec::new();
         for i in 0..2u8 {
             let mut slot = s.alloc().unwrap();
@@ -1294,12 +1300,7 @@ mod tests {
     #[test]
     fn torn_and_empty_slots_never_read_as_data() {
         let dir = tempfile::tempdir().unwrap();
-        let plan = FaultPlan::new();
-        let engine = Arc::new(FaultEngine::new(
-            io::engine(EngineChoice::Psync).unwrap(),
-            plan.clone(),
-        ));
-        let s = store(dir.path(), engine, 4);
+        let (s, plan) = faulty_store(dir.path(), 4);
         let mut slot = s.alloc().unwrap();
         let mut out = vec![0; 4096];
         assert_eq!(
