@@ -428,12 +428,27 @@ def test_llama4_records_the_experts_its_tokens_chose(tmp_path):
     assert {int(layer) for _, layer, _ in lines} == {0, 1}
 
 
+def empty_beside_its_checkpoint(ref, family, path, is_expert, seed=2):
+    """`ref` saved to `path`, and a model of its family built on the meta
+    device with everything but its experts (the keys `is_expert` names)
+    loaded from that checkpoint."""
+    import accelerate
+    from safetensors.torch import load_file
+
+    ref.save_pretrained(path, save_original_format=False)
+    with accelerate.init_empty_weights():
+        m = tiny_family(family, seed=seed)
+    sd = {k: v for k, v in load_file(path / "model.safetensors").items() if not is_expert(k)}
+    m.load_state_dict(sd, strict=False, assign=True)
+    m.tie_weights()  # a tied lm_head is the embedding's (assign=True replaced that one alone)
+    return m
+
+
 def test_gpt_oss_experts_over_small_pages_and_from_a_checkpoint(tmp_path):
     """Its matrices over many 4 KiB pages of the device slots (x @ W
     copied whole where the pages are apart), and its experts and biases
     read from the checkpoint of a model built on the meta device."""
-    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
-    from safetensors.torch import load_file
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
 
     ref = tiny_family("gpt_oss", seed=2)
     ids = prompts(seed=2)
@@ -441,11 +456,7 @@ def test_gpt_oss_experts_over_small_pages_and_from_a_checkpoint(tmp_path):
     m = tiny_family("gpt_oss", seed=2)
     strata.moe.offload(m, device_slots=3, page_size=4096, host_in_place=False)
     assert torch.equal(logits(m, ids), want)
-    ref.save_pretrained(tmp_path, save_original_format=False)
-    with accelerate.init_empty_weights():
-        m = tiny_family("gpt_oss", seed=2)
-    sd = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".mlp.experts." not in k}
-    m.load_state_dict(sd, strict=False, assign=True)
+    m = empty_beside_its_checkpoint(ref, "gpt_oss", tmp_path, lambda k: ".mlp.experts." in k)
     strata.moe.offload(m, device_slots=3, checkpoint=tmp_path)
     assert torch.equal(logits(m, ids), want)
 
@@ -455,8 +466,7 @@ def test_dbrx_experts_from_a_checkpoint_with_the_lookahead(tmp_path):
     experts' mlp: read from the checkpoint of a model built on the meta
     device, one expert's rows at a time, and prefetched through its
     router's linear layer with room to spare."""
-    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
-    from safetensors.torch import load_file
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
 
     try:
         ref = tiny_family("dbrx", seed=2)
@@ -464,11 +474,7 @@ def test_dbrx_experts_from_a_checkpoint_with_the_lookahead(tmp_path):
         pytest.skip(f"this transformers has no dbrx: {e}")
     ids = prompts(seed=2, batch=1)
     want, tokens = logits(ref, ids), generate(ref, ids, n=8)
-    ref.save_pretrained(tmp_path, save_original_format=False)
-    with accelerate.init_empty_weights():
-        m = tiny_family("dbrx", seed=2)
-    sd = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".experts." not in k}
-    m.load_state_dict(sd, strict=False, assign=True)
+    m = empty_beside_its_checkpoint(ref, "dbrx", tmp_path, lambda k: ".experts." in k)
     moe = strata.moe.offload(m, device_slots=EXPERTS, checkpoint=tmp_path, host_in_place=False)
     assert torch.equal(logits(m, ids), want)
     assert torch.equal(generate(m, ids, n=8), tokens)
@@ -482,8 +488,7 @@ def test_jetmoe_experts_from_a_checkpoint_with_the_lookahead_and_its_attention_e
     checkpoint of a model built on the meta device, prefetched through
     its router's linear layer, the routing recorded per token; the
     experts of its attention stay in the model."""
-    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
-    from safetensors.torch import load_file
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
 
     try:
         ref = tiny_family("jetmoe", seed=2)
@@ -491,13 +496,9 @@ def test_jetmoe_experts_from_a_checkpoint_with_the_lookahead_and_its_attention_e
         pytest.skip(f"this transformers has no jetmoe: {e}")
     ids = prompts(seed=2, batch=1)
     want, tokens = logits(ref, ids), generate(ref, ids, n=8)
-    ref.save_pretrained(tmp_path, save_original_format=False)
-    with accelerate.init_empty_weights():
-        m = tiny_family("jetmoe", seed=2)
-    sd = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".mlp.input_linear." not in k
-          and ".mlp.output_linear." not in k}
-    m.load_state_dict(sd, strict=False, assign=True)
-    m.tie_weights()  # its lm_head is the embedding's (assign=True replaced that one alone)
+    m = empty_beside_its_checkpoint(
+        ref, "jetmoe", tmp_path, lambda k: ".mlp.input_linear." in k or ".mlp.output_linear." in k
+    )
     trace = tmp_path / "route.txt"
     moe = strata.moe.offload(m, device_slots=EXPERTS, checkpoint=tmp_path, host_in_place=False,
                              record_routing=trace, record_per_token=True)

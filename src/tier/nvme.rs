@@ -1267,7 +1267,7 @@ mod tests {
         assert!(before > 0.0, "the writes were in flight for a while");
         std::thread::sleep(std::time::Duration::from_millis(30));
         assert_eq!(s.stats().busy_seconds, before, "no time counted while idle");
-        // Two slow reads in flight together.
+        // Two slow reads in one session (the delay holds each submission).
         for skip in 0..2 {
             plan.inject(
                 IoOp::Read,
