@@ -59,7 +59,8 @@ pub struct BalancerConfig {
     /// range) and goes on from memory. A promotion then costs no disk read
     /// of its own, and a page the policy takes in but nobody reads again
     /// is never read from disk at all; the first read after the decision
-    /// still misses. Marks count against the tier's room like moves. On
+    /// still misses. Marks hold no room: the read that takes one makes
+    /// room for its move through the engine, off the reader's thread. On
     /// (the default): measured on real DRAM and disk (`strata bench pages`,
     /// 4 KiB reads of 64 KiB pages, DRAM over NVMe) it read 2.1–2.6× fewer
     /// bytes from disk than background promotion and served as many reads

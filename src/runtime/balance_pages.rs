@@ -85,6 +85,18 @@ pub(crate) fn demote_pages(engine: &Engine, by_id: &ById<'_>, pages: &[u64], fas
     (there.len() - left.len()) as u64
 }
 
+/// Whether page `p` (an id) is in `fast` with a clean copy below it: its
+/// demotion takes the copy back, no write.
+pub(crate) fn leaves_free(by_id: &ById<'_>, p: u64, fast: Tier) -> bool {
+    by_id
+        .get(&((p >> 32) as u32))
+        .and_then(|t| t.pages.get((p & 0xFFFF_FFFF) as usize))
+        .is_some_and(|e| {
+            let e = e.lock();
+            e.tier() == Some(fast) && e.clean.is_some()
+        })
+}
+
 /// Marks page `p` (an id) on NVMe for promotion into `fast` at its next
 /// read; false when it is not on NVMe (or pinned, or gone).
 pub(crate) fn mark(by_id: &ById<'_>, p: u64, fast: Tier) -> bool {

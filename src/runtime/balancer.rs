@@ -25,6 +25,15 @@
 //! ([`BalancerConfig::promote_on_read`]): the balancer marks the page, and
 //! the read that finds the mark starts its move.
 //!
+//! A page the fastest tier's policy lets go leaves at once only when its
+//! demotion writes (done in the round, in the background). One with a clean
+//! copy below stays while the tier has room — its reads are hits, and
+//! leaving later costs no I/O — and goes first, lowest decayed score first,
+//! when a round needs room (a stranger: a page the policy does not hold);
+//! background reclaim and the engine's room-making take it too. Demoting
+//! such pages at once, with room kept for every mark not read yet, left DRAM
+//! a third to two-thirds empty on a shifting hot set (`strata bench pages`).
+//!
 //! Every move pays for itself or is not made again: the runtime records,
 //! per buffer, whether each page promoted into the fastest tier was
 //! accessed there before it left (`Stats::promotions_paid`, `_unpaid`).
@@ -55,7 +64,7 @@ use std::time::Instant;
 use super::accounting::Counters;
 use super::balance_config::{BalanceReport, BalancerConfig};
 use super::balance_pages::{
-    demote_pages, mark, move_pages, still_marked, strangers, tier_of, ById,
+    demote_pages, leaves_free, mark, move_pages, still_marked, strangers, tier_of, ById,
 };
 use super::hints::{settle_read_promotions, Hints};
 use super::mover::Engine;
@@ -423,7 +432,17 @@ impl Balancer {
     ) {
         let rt = r.rt();
         let fast = self.levels[0].upper;
-        let demote: Vec<u64> = want.iter().filter(|(_, &w)| !w).map(|(&p, _)| p).collect();
+        // What the policy let go leaves now only if leaving costs a write
+        // (done here, in the background, not by whoever needs the room
+        // later). A page with a clean copy below stays while there is
+        // room: its reads are hits until then, and it leaves for nothing —
+        // first, lowest score first, when room is needed (a stranger now:
+        // the policy does not hold it).
+        let demote: Vec<u64> = want
+            .iter()
+            .filter(|(&p, &w)| !w && !leaves_free(r.by_id, p, fast))
+            .map(|(&p, _)| p)
+            .collect();
         let demote = self.afford_down(rt, r.by_id, demote, fast, r.page_size);
         report.demotions += demote_pages(r.engine, r.by_id, &demote, fast);
         let high = r.high(fast);
@@ -461,15 +480,17 @@ impl Balancer {
             !strict || r.reused.contains(p)
         });
         report.held_back += (before - promote.len()) as u64;
-        // Room below the high watermark (marks hold theirs): strangers
-        // leave first.
-        let used = r.used(fast) + self.marked.len();
-        let short = (used + promote.len()).saturating_sub(high);
+        // Room below the high watermark: strangers leave first. Marks hold
+        // none: the read that takes one makes room for its move through the
+        // engine, off the reader's thread. (Holding room for every mark not
+        // read yet left DRAM a third to two-thirds empty on a shifting hot
+        // set, the marks waiting for reads that mostly came late or never.)
+        let short = (r.used(fast) + promote.len()).saturating_sub(high);
         if short > 0 {
             let strangers = strangers(r.tables, &self.levels[0].held, short, fast);
             report.demotions += demote_pages(r.engine, r.by_id, &strangers, fast);
         }
-        let room = high.saturating_sub(r.used(fast) + self.marked.len());
+        let room = high.saturating_sub(r.used(fast));
         if promote.len() > room {
             report.deferred += (promote.len() - room) as u64;
             promote.truncate(room);

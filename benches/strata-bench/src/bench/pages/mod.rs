@@ -661,10 +661,10 @@ pub fn run_strata(
     let note = format!(
         "DRAM tier {} pages{}, NVMe (O_DIRECT) below; balancer policy {}, min_accesses {min}, promotions from NVMe {}: {} promotions ({} by reads), {} demotions, {} back to their clean copy with no write; of the promotions settled, {} paid (read in DRAM before they left) and {} did not{}",
         p.dram_pages(),
-        p.policy,
         p.cxl
             .map(|c| format!(", emulated CXL {} pages", c / ps as u64))
             .unwrap_or_default(),
+        p.policy,
         if on_read {
             "on the next read"
         } else {
