@@ -35,6 +35,19 @@ fn dram_cxl_nvme(dir: &std::path::Path, nvme_pages: u64) -> Runtime {
         .unwrap()
 }
 
+/// No device: `dram_pages` of DRAM over 64 pages of NVMe in `dir`,
+/// background eviction off.
+fn dram_nvme(dir: &std::path::Path, dram_pages: u64) -> Runtime {
+    use strata::tier::NvmeConfig;
+    Runtime::builder()
+        .page_size(PAGE)
+        .host(dram_pages * PAGE as u64)
+        .nvme(NvmeConfig::new(dir, 64 * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap()
+}
+
 fn touch(b: &strata::Buffer, pages: impl Iterator<Item = usize>, times: usize) {
     let mut out = [0u8; 8];
     for p in pages {
@@ -321,19 +334,12 @@ fn a_link_rate_limit_defers_moves_over_that_link() {
 /// DRAM and NVMe), the same round moves the pages itself.
 #[test]
 fn promotions_from_nvme_wait_for_the_next_read() {
-    use strata::tier::NvmeConfig;
     for (on_read, cxl) in [(true, false), (false, false), (true, true)] {
         let dir = tempfile::tempdir().unwrap();
         let rt = if cxl {
             dram_cxl_nvme(dir.path(), 64)
         } else {
-            Runtime::builder()
-                .page_size(PAGE)
-                .host(24 * PAGE as u64)
-                .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
-                .background_eviction(false)
-                .build()
-                .unwrap()
+            dram_nvme(dir.path(), 24)
         };
         let b = rt.alloc(40 * PAGE as u64).unwrap();
         let content: Vec<u8> = (0..40 * PAGE).map(|i| (i / PAGE) as u8 ^ 0x5a).collect();
@@ -454,17 +460,10 @@ fn prefetches_reach_the_policy_as_hints() {
 /// its write-back in the background. Marks not read yet hold no room.
 #[test]
 fn a_clean_page_the_policy_lets_go_stays_until_its_room_is_needed() {
-    use strata::tier::NvmeConfig;
     for dirty in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         // 8 pages of DRAM: the LRU policy holds 7 (the high watermark).
-        let rt = Runtime::builder()
-            .page_size(PAGE)
-            .host(8 * PAGE as u64)
-            .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
-            .background_eviction(false)
-            .build()
-            .unwrap();
+        let rt = dram_nvme(dir.path(), 8);
         let b = rt.alloc(24 * PAGE as u64).unwrap();
         let content: Vec<u8> = (0..24 * PAGE).map(|i| (i / PAGE) as u8 ^ 0x3c).collect();
         b.write(0, &content).unwrap();
