@@ -14,9 +14,13 @@
 
 use std::sync::OnceLock;
 
-use super::{nvrtc, Context, DeviceBuffer, Event, Kernel, LaunchConfig, PinnedBuffer, Ptx, Stream};
+use super::context::Context;
+use super::errors::no_device;
+use super::memory::{DeviceBuffer, PinnedBuffer};
+use super::module::{Kernel, LaunchConfig};
+use super::nvrtc::{self, Ptx};
+use super::stream::{Event, Stream};
 
-use super::no_device;
 use crate::adam::StepScalars;
 use crate::error::{Error, ErrorKind, Result};
 

@@ -6,7 +6,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Context, DeviceBuffer, RegisteredHost, Stream};
+use super::context::Context;
+use super::memory::{DeviceBuffer, RegisteredHost};
+use super::stream::Stream;
 use crate::device::{BackendKind, DeviceBackend, DeviceMemory, HostRegistration};
 use crate::error::{Error, ErrorKind, Result};
 use crate::link::{LinkCounter, LinkStats};

@@ -2,18 +2,14 @@
 //! call.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::sync::{Arc, OnceLock, Weak};
 
 use cudarc::driver::{result, sys};
 use parking_lot::Mutex;
 
-use super::module::Module;
-use super::nvrtc::Ptx;
-use super::stream::{Event, Stream};
-use super::{driver, no_device};
+use super::errors::{driver, no_device};
 use crate::device::GpuInfo;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// `Ok` where the CUDA driver library loads; `NoDevice` where it does not
 /// (cudarc panics on the first call into a library it cannot load).
@@ -183,6 +179,11 @@ impl Context {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
+    /// The modules loaded in this context, by name (`module.rs`).
+    pub(super) fn modules(&self) -> &Mutex<HashMap<String, sys::CUmodule>> {
+        &self.0.modules
+    }
+
     pub(super) fn async_alloc(&self) -> bool {
         self.0.async_alloc
     }
@@ -208,40 +209,5 @@ impl Context {
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
         result::ctx::synchronize().map_err(|e| driver("cuCtxSynchronize", e))
-    }
-
-    /// A new stream of this context ([`Stream::new`]).
-    pub fn stream(&self) -> Result<Stream> {
-        Stream::new(self)
-    }
-
-    /// A new event of this context ([`Event::new`]).
-    pub fn event(&self) -> Result<Event> {
-        Event::new(self)
-    }
-
-    /// The module named `key` in this context: loaded from the PTX `ptx`
-    /// returns the first time (compiled there, typically, by
-    /// [`nvrtc::compile`](super::nvrtc::compile)), the same module on every
-    /// later call. Modules stay loaded until the context drops.
-    pub fn module(&self, key: &str, ptx: impl FnOnce() -> Result<Ptx>) -> Result<Module> {
-        if let Some(&raw) = self.0.modules.lock().get(key) {
-            return Ok(Module::new(self.clone(), raw));
-        }
-        // Compiled outside the lock: another thread may load another
-        // module meanwhile (or this one: then its copy is used).
-        let image = CString::new(ptx()?.to_src())
-            .map_err(|_| Error::invalid(format!("the PTX of {key} has a NUL byte")))?;
-        let mut modules = self.0.modules.lock();
-        if let Some(&raw) = modules.get(key) {
-            return Ok(Module::new(self.clone(), raw));
-        }
-        self.bind()?;
-        // SAFETY: `image` is NUL-terminated PTX text, alive across the call;
-        // the context is current.
-        let raw = unsafe { result::module::load_data(image.as_ptr().cast()) }
-            .map_err(|e| driver(&format!("cuModuleLoadData({key})"), e))?;
-        modules.insert(key.to_string(), raw);
-        Ok(Module::new(self.clone(), raw))
     }
 }

@@ -2,7 +2,11 @@
 //! with NVRTC on first use and cached per context. Semantics (and the
 //! shared test vectors) are those of [`crate::hotness`].
 
-use super::{nvrtc, Context, DeviceBuffer, Kernel, LaunchConfig, Stream};
+use super::context::Context;
+use super::memory::DeviceBuffer;
+use super::module::{Kernel, LaunchConfig};
+use super::nvrtc;
+use super::stream::Stream;
 use crate::error::{Error, Result};
 use crate::hotness::{Harvest, HarvestParams};
 

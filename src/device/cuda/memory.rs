@@ -10,8 +10,8 @@ use bytemuck::Pod;
 use cudarc::driver::{result, sys};
 
 use super::context::Context;
+use super::errors::{alloc_failed, bytes_of, driver};
 use super::stream::Stream;
-use super::{alloc_failed, bytes_of, driver};
 use crate::error::{Error, Result};
 
 /// `len` elements of `T` in device memory. The host never dereferences it:

@@ -7,16 +7,23 @@
 //!    lives:
 //! 2. **Safe owning types** that free themselves on drop:
 //!    - [`Context`] (`context.rs`): a GPU's primary context, one handle per
-//!      GPU per process; the probe, memory queries, and the modules loaded
-//!      in it, cached by name ([`Context::module`]).
-//!    - [`Stream`] and [`Event`] (`stream.rs`): copies between host and
-//!      device memory (those from and into Rust slices complete on return),
-//!      kernel launches, waits.
+//!      GPU per process; the probe and memory queries. The modules loaded
+//!      in it are cached by name ([`Context::module`], in `module.rs`).
+//!    - [`Stream`] and [`Event`] (`stream.rs`): the order of a stream's
+//!      work, and waits.
 //!    - [`DeviceBuffer`], [`PinnedBuffer`] (page-locked host memory,
 //!      optionally mapped for kernels), [`ManagedBuffer`] (Unified Memory)
 //!      and [`RegisteredHost`] (`memory.rs`).
-//!    - [`Module`], [`Kernel`], [`Launch`] (`module.rs`) and [`nvrtc`]
-//!      (run-time compilation of `kernels/*.cu` to [`Ptx`]).
+//!    - A stream's copies between host and device memory (`copy.rs`; those
+//!      from and into Rust slices complete on return).
+//!    - [`Module`], [`Kernel`], [`Launch`] (`module.rs`: the context's
+//!      module cache and a stream's launches) and [`nvrtc`] (run-time
+//!      compilation of `kernels/*.cu` to [`Ptx`]).
+//!
+//!    Each file uses only the ones listed before it (and `errors.rs`, how
+//!    failures are reported): a type's methods that need a type further
+//!    down the list are defined in that type's file (`Context::stream` in
+//!    `stream.rs`, `Stream::launch` in `module.rs`).
 //! 3. **Users**: the device backend ([`CudaBackend`], `backend.rs`), the
 //!    access-counter harvest (`hotness.rs`), the offloaded Adam's update
 //!    (`adam.rs`), and the bench's graph kernels through this public API.
@@ -44,6 +51,8 @@
 pub(crate) mod adam;
 mod backend;
 mod context;
+mod copy;
+mod errors;
 pub(crate) mod hotness;
 mod memory;
 mod module;
@@ -57,28 +66,4 @@ pub use module::{Kernel, KernelArg, Launch, LaunchConfig, Module};
 pub use nvrtc::Ptx;
 pub use stream::{Event, Stream};
 
-pub(crate) use crate::device::no_device;
 pub(crate) use context::probe_gpus;
-
-use cudarc::driver::DriverError;
-
-use crate::error::{Error, ErrorKind};
-
-/// A failed driver call `call`, as an `Io` error.
-fn driver(call: &str, e: DriverError) -> Error {
-    Error::new(ErrorKind::Io, format!("{call} failed: {e:?}"))
-}
-
-/// A failed allocation, as `OutOfCapacity`.
-fn alloc_failed(what: &str, bytes: usize, e: DriverError) -> Error {
-    Error::new(
-        ErrorKind::OutOfCapacity,
-        format!("{what}({bytes}) failed: {e:?}"),
-    )
-}
-
-/// `len` elements of `T` in bytes, or `InvalidArgument` on overflow.
-fn bytes_of<T>(len: usize) -> crate::error::Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>())
-        .ok_or_else(|| Error::invalid(format!("a buffer of {len} elements is too large")))
-}

@@ -1,4 +1,6 @@
-//! Loaded modules, their kernels, and launches.
+//! Loaded modules, their kernels, and launches: a context's modules
+//! ([`Context::module`]) and a stream's launches ([`Stream::launch`]) are
+//! defined here, above the context and the stream.
 
 use std::ffi::{c_void, CString};
 
@@ -6,10 +8,45 @@ use bytemuck::Pod;
 use cudarc::driver::{result, sys};
 
 use super::context::Context;
-use super::driver;
+use super::errors::driver;
 use super::memory::DeviceBuffer;
+use super::nvrtc::Ptx;
 use super::stream::Stream;
 use crate::error::{Error, Result};
+
+impl Context {
+    /// The module named `key` in this context: loaded from the PTX `ptx`
+    /// returns the first time (compiled there, typically, by
+    /// [`nvrtc::compile`](super::nvrtc::compile)), the same module on every
+    /// later call. Modules stay loaded until the context drops.
+    pub fn module(&self, key: &str, ptx: impl FnOnce() -> Result<Ptx>) -> Result<Module> {
+        if let Some(&raw) = self.modules().lock().get(key) {
+            return Ok(Module::new(self.clone(), raw));
+        }
+        // Compiled outside the lock: another thread may load another
+        // module meanwhile (or this one: then its copy is used).
+        let image = CString::new(ptx()?.to_src())
+            .map_err(|_| Error::invalid(format!("the PTX of {key} has a NUL byte")))?;
+        let mut modules = self.modules().lock();
+        if let Some(&raw) = modules.get(key) {
+            return Ok(Module::new(self.clone(), raw));
+        }
+        self.bind()?;
+        // SAFETY: `image` is NUL-terminated PTX text, alive across the call;
+        // the context is current.
+        let raw = unsafe { result::module::load_data(image.as_ptr().cast()) }
+            .map_err(|e| driver(&format!("cuModuleLoadData({key})"), e))?;
+        modules.insert(key.to_string(), raw);
+        Ok(Module::new(self.clone(), raw))
+    }
+}
+
+impl Stream {
+    /// A launch of `kernel` on this stream, its arguments to be added.
+    pub fn launch<'a>(&'a self, kernel: &'a Kernel) -> Launch<'a> {
+        Launch::new(self, kernel)
+    }
+}
 
 /// A module loaded in a context ([`Context::module`]); it stays loaded as
 /// long as the context.

@@ -8,7 +8,7 @@ use std::ffi::{c_char, CString};
 
 use cudarc::nvrtc::{result, sys};
 
-use super::no_device;
+use super::errors::no_device;
 use crate::error::{Error, ErrorKind, Result};
 
 /// `include/strata_device.cuh`, substituted for its `#include` line (the
