@@ -30,8 +30,8 @@
 
 #![forbid(unsafe_code)]
 
+use super::base::{page_map, Outcome, PageMap, Policy};
 use super::list::{Arena, List};
-use super::{page_map, Outcome, PageMap, Policy};
 
 const T1: u8 = 0;
 const T2: u8 = 1;

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{next_uses, Outcome, Policy, NEVER};
+use super::base::{next_uses, Outcome, Policy, NEVER};
 
 /// Belady's MIN over a known trace. Its accesses must follow the trace.
 pub struct Belady {

@@ -19,7 +19,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::{page_map, PageMap};
+use super::base::{page_map, PageMap};
 
 pub(crate) struct Counts {
     counts: PageMap<Entry>,

@@ -41,9 +41,9 @@
 
 #![forbid(unsafe_code)]
 
+use super::base::{mix64, page_map, Outcome, PageMap, Policy};
 use super::counts::Counts;
 use super::list::{Arena, List};
-use super::{mix64, page_map, Outcome, PageMap, Policy};
 
 /// Knobs of [`DefaultPolicy`]; [`Config::default`] is what the runtime uses.
 #[derive(Clone, Debug)]

@@ -25,8 +25,8 @@
 
 #![forbid(unsafe_code)]
 
+use super::base::{page_map, Outcome, PageMap, Policy};
 use super::list::{Arena, List};
-use super::{page_map, Outcome, PageMap, Policy};
 
 /// Reuse-distance admission in front of LRU.
 pub struct Gmt {

@@ -15,8 +15,8 @@
 
 #![forbid(unsafe_code)]
 
+use super::base::{page_map, Outcome, PageMap, Policy};
 use super::list::{Arena, List};
-use super::{page_map, Outcome, PageMap, Policy};
 
 /// Scores saturate here (a page this hot is never the victim anyway).
 pub const MAX_SCORE: u32 = u16::MAX as u32;

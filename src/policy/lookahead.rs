@@ -21,8 +21,8 @@
 
 use std::collections::BTreeSet;
 
+use super::base::{next_uses, page_map, Outcome, PageMap, Policy, NEVER};
 use super::list::{Arena, List};
-use super::{next_uses, page_map, Outcome, PageMap, Policy, NEVER};
 
 /// The window trace replay uses: twice the capacity, in accesses.
 pub fn default_window(capacity: usize) -> usize {

@@ -22,7 +22,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
-use super::{page_map, Outcome, PageMap, Policy};
+use super::base::{page_map, Outcome, PageMap, Policy};
 use crate::error::{Error, Result};
 
 /// Where an entry stands in a [`Ranking`]: lower leaves first. An entry

@@ -15,8 +15,8 @@
 
 #![forbid(unsafe_code)]
 
+use super::base::{page_map, Outcome, PageMap, Policy};
 use super::list::{Arena, List};
-use super::{page_map, Outcome, PageMap, Policy};
 
 /// Least recently used groups of pages.
 pub struct Lru {

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{page_map, Outcome, PageMap, Policy};
+use super::base::{page_map, Outcome, PageMap, Policy};
 
 /// Perfect LFU, optionally with admission.
 pub struct PerfectLfu {

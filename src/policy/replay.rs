@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{Outcome, Policy};
+use super::base::{Outcome, Policy};
 
 /// The outcome of replaying a trace against one policy. A bypass (a miss
 /// not admitted) counts as a miss.

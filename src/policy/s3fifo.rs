@@ -51,8 +51,8 @@
 
 #![forbid(unsafe_code)]
 
+use super::base::{page_map, Outcome, PageMap, Policy};
 use super::list::{Arena, List};
-use super::{page_map, Outcome, PageMap, Policy};
 
 /// Queue tags (the low two bits of a node's tag); the counter is in bits
 /// 2 and 3.

@@ -23,8 +23,8 @@
 
 #![forbid(unsafe_code)]
 
+use super::base::{page_map, Outcome, PageMap, Policy};
 use super::list::{Arena, List};
-use super::{page_map, Outcome, PageMap, Policy};
 
 const VISITED: u8 = 1;
 

@@ -6,7 +6,8 @@
 
 use std::collections::HashSet;
 
-use super::{Outcome, Policy, PolicyKind};
+use super::base::{Outcome, Policy};
+use super::PolicyKind;
 
 /// SplitMix64: small, fast, deterministic.
 pub(crate) struct Rng(pub u64);
@@ -14,7 +15,7 @@ pub(crate) struct Rng(pub u64);
 impl Rng {
     pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        super::mix64(self.0)
+        super::base::mix64(self.0)
     }
 
     /// Uniform in `0..n`.
