@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::device::{BackendKind, DeviceBackend, DeviceMemory};
+use super::traits::{BackendKind, DeviceBackend, DeviceMemory, HostRegistration};
 use crate::error::{Error, ErrorKind, Result};
 use crate::link::{LinkCounter, LinkModel, LinkStats};
 use crate::sys::Arena;
@@ -68,7 +68,7 @@ impl DeviceBackend for SimBackend {
         &self,
         _base: std::ptr::NonNull<u8>,
         _len: usize,
-    ) -> Result<Option<crate::device::HostRegistration>> {
+    ) -> Result<Option<HostRegistration>> {
         // The simulated device's "kernels" run on the CPU and read host
         // memory where it is.
         Ok(None)

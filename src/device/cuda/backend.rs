@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::context::Context;
 use super::memory::{DeviceBuffer, RegisteredHost};
 use super::stream::Stream;
-use crate::device::{BackendKind, DeviceBackend, DeviceMemory, HostRegistration};
+use crate::device::traits::{BackendKind, DeviceBackend, DeviceMemory, HostRegistration};
 use crate::error::{Error, ErrorKind, Result};
 use crate::link::{LinkCounter, LinkStats};
 

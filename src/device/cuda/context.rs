@@ -8,7 +8,7 @@ use cudarc::driver::{result, sys};
 use parking_lot::Mutex;
 
 use super::errors::{driver, no_device};
-use crate::device::GpuInfo;
+use crate::device::traits::GpuInfo;
 use crate::error::Result;
 
 /// `Ok` where the CUDA driver library loads; `NoDevice` where it does not

@@ -3,7 +3,7 @@
 
 use cudarc::driver::DriverError;
 
-pub(crate) use crate::device::no_device;
+pub(crate) use crate::device::traits::no_device;
 
 use crate::error::{Error, ErrorKind};
 
