@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::raw::{EngineKind, IoEngine, IoOp, RawOp, RawQueue};
 use crate::error::Result;
-use crate::io::{EngineKind, IoEngine, IoOp, RawOp, RawQueue};
 
 /// One injected fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl IoEngine for FaultEngine {
         &self,
         file: &Arc<File>,
         depth: usize,
-        pool: Option<&Arc<crate::io::BufPool>>,
+        pool: Option<&Arc<super::buf::BufPool>>,
     ) -> Result<Box<dyn RawQueue>> {
         Ok(Box::new(FaultQueue {
             inner: self.inner.open_raw(file, depth, pool)?,

@@ -4,6 +4,8 @@
 //! - [`RawQueue`]: what an engine implements — start single `pread`/`pwrite`
 //!   style operations on raw pointers and report how many bytes each moved.
 //!   `io_uring` ([`UringEngine`]) and a thread pool of `pread`/`pwrite` ([`PsyncEngine`]).
+//!   It and the [`IoEngine`] trait that makes raw queues are in `raw.rs`,
+//!   below the engines' files; the buffers in `buf.rs`.
 //! - [`IoQueue`]: the safe queue callers use. It takes owned
 //!   [`AlignedBuf`]s and hands them back with the result (what makes
 //!   io_uring sound: the kernel may write into a buffer until its completion
@@ -32,18 +34,10 @@ pub use buf::{AlignedBuf, IO_ALIGN};
 pub use psync::PsyncEngine;
 pub use uring::UringEngine;
 
+pub use raw::{EngineKind, IoEngine, IoOp};
 pub(crate) use raw::{RawOp, RawQueue};
 
 pub(crate) use buf::BufPool;
-
-/// Read or write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum IoOp {
-    /// Read from the file into the buffer.
-    Read,
-    /// Write the buffer to the file.
-    Write,
-}
 
 /// One operation handed to an [`IoQueue`].
 #[derive(Debug)]
@@ -71,46 +65,6 @@ pub struct IoCompletion {
     pub buf: AlignedBuf,
     /// `Ok` once every byte was transferred.
     pub result: Result<()>,
-}
-
-/// An I/O engine: makes [`RawQueue`]s over a file.
-pub trait IoEngine: Send + Sync {
-    /// Which engine this is.
-    fn kind(&self) -> EngineKind;
-    /// A raw queue of `depth` over `file`. Buffers of `pool`, if given, may
-    /// be registered with the kernel (the queue keeps the pool alive).
-    fn open_raw(
-        &self,
-        file: &Arc<File>,
-        depth: usize,
-        pool: Option<&Arc<BufPool>>,
-    ) -> Result<Box<dyn RawQueue>>;
-}
-
-/// The engines strata has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineKind {
-    /// io_uring: batched submission, registered file.
-    Uring,
-    /// A thread pool calling `pread`/`pwrite`.
-    Psync,
-}
-
-impl EngineKind {
-    /// The name used in configs and reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::Uring => "uring",
-            EngineKind::Psync => "psync",
-        }
-    }
-}
-
-impl fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 /// Which engine to use: a specific one, or `auto` (io_uring where it works).

@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 
 use crossbeam::channel::{self, Receiver, Sender};
 
+use super::raw::{EngineKind, IoEngine, IoOp, RawOp, RawQueue};
 use crate::error::{Error, Result};
-use crate::io::{EngineKind, IoEngine, IoOp, RawOp, RawQueue};
 
 /// Most threads one psync queue starts, whatever its depth.
 pub const MAX_THREADS: usize = 64;
@@ -28,7 +28,7 @@ impl IoEngine for PsyncEngine {
         &self,
         file: &Arc<File>,
         depth: usize,
-        _pool: Option<&Arc<crate::io::BufPool>>,
+        _pool: Option<&Arc<super::buf::BufPool>>,
     ) -> Result<Box<dyn RawQueue>> {
         if depth == 1 {
             // One operation at a time gains nothing from a thread: run it

@@ -1,11 +1,64 @@
 //! What an engine implements (see [`crate::lowlevel`]): raw operations on
 //! raw pointers, which [`IoQueue`](super::IoQueue) makes safe.
 
+use std::fmt;
+use std::fs::File;
 use std::io;
+use std::sync::Arc;
 
-use super::IoOp;
-#[cfg(doc)]
-use super::{BufPool, IoQueue};
+use serde::{Deserialize, Serialize};
+
+use super::buf::BufPool;
+use crate::error::Result;
+
+/// Read or write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum IoOp {
+    /// Read from the file into the buffer.
+    Read,
+    /// Write the buffer to the file.
+    Write,
+}
+
+/// An I/O engine: makes [`RawQueue`]s over a file.
+pub trait IoEngine: Send + Sync {
+    /// Which engine this is.
+    fn kind(&self) -> EngineKind;
+    /// A raw queue of `depth` over `file`. Buffers of `pool`, if given, may
+    /// be registered with the kernel (the queue keeps the pool alive).
+    fn open_raw(
+        &self,
+        file: &Arc<File>,
+        depth: usize,
+        pool: Option<&Arc<BufPool>>,
+    ) -> Result<Box<dyn RawQueue>>;
+}
+
+/// The engines strata has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// io_uring: batched submission, registered file.
+    Uring,
+    /// A thread pool calling `pread`/`pwrite`.
+    Psync,
+}
+
+impl EngineKind {
+    /// The name used in configs and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Uring => "uring",
+            EngineKind::Psync => "psync",
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// A single raw operation as an engine sees it.
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +87,7 @@ unsafe impl Send for RawOp {}
 ///
 /// # Safety
 ///
-/// [`IoQueue`] frees or reuses an operation's memory as soon as `wait`
+/// [`IoQueue`](super::IoQueue) frees or reuses an operation's memory as soon as `wait`
 /// reports its id, so an implementation must report every pushed id exactly
 /// once, only after its last access to the operation's memory, and must not
 /// report ids it was not given.

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
 
+use super::buf::BufPool;
+use super::raw::{EngineKind, IoEngine, IoOp, RawOp, RawQueue};
 use crate::error::{Error, ErrorKind, Result};
-use crate::io::{BufPool, EngineKind, IoEngine, IoOp, RawOp, RawQueue};
 
 /// The io_uring engine.
 ///
@@ -149,7 +150,7 @@ impl UringQueue {
     fn entry(&self, op: &RawOp) -> io_uring::squeue::Entry {
         // An SQE carries a 32-bit length: longer transfers go in pieces
         // (aligned for O_DIRECT), continued by IoQueue as short transfers.
-        let len = op.len.min(u32::MAX as usize & !(super::IO_ALIGN - 1)) as u32;
+        let len = op.len.min(u32::MAX as usize & !(super::buf::IO_ALIGN - 1)) as u32;
         let fixed = match (op.fixed, &self.pool) {
             (Some((pool, index)), Some(p)) if pool == p.id() => u16::try_from(index).ok(),
             _ => None,
