@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::host::{HostConfig, HostStore};
+use super::slots::Slot;
+use super::store::{PageStore, Tier};
 use crate::error::{Error, ErrorKind, Result};
 pub use crate::link::{LinkModel, Throttle};
 use crate::sys::Topology;
-use crate::tier::{HostConfig, HostStore, PageStore, Slot, Tier};
 
 /// Where the CXL tier's memory comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
+use super::slots::{Slot, SlotAllocator};
+use super::store::{check_page_len, check_range, full_error, PageStore, Tier};
 use crate::device::{BackendKind, DeviceBackend, DeviceMemory};
 use crate::error::{Error, Result};
 use crate::size::check_page_size;
-use crate::tier::{check_page_len, check_range, full_error, PageStore, Slot, SlotAllocator, Tier};
 
 /// Slots in device memory.
 pub struct DeviceStore {

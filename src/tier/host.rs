@@ -6,10 +6,11 @@ use std::ptr::NonNull;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use super::slots::{Slot, SlotAllocator};
+use super::store::{check_page_len, check_range, full_error, PageStore, Tier};
 use crate::error::{Error, Result};
 use crate::size::check_page_size;
 use crate::sys::Arena;
-use crate::tier::{check_page_len, check_range, full_error, PageStore, Slot, SlotAllocator, Tier};
 
 /// How to build a [`HostStore`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

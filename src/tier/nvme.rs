@@ -25,13 +25,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use super::slots::{Slot, SlotAllocator};
+use super::store::{check_page_len, full_error, PageStore, Tier};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::{
     self, AlignedBuf, BufPool, EngineChoice, EngineKind, IoCompletion, IoEngine, IoOp, IoQueue,
     IoRequest,
 };
 use crate::size::{check_page_size, format_size};
-use crate::tier::{check_page_len, full_error, PageStore, Slot, SlotAllocator, Tier};
 
 /// How to build an [`NvmeStore`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -667,7 +668,7 @@ impl NvmeSession<'_> {
     pub fn submit_read_into(
         &mut self,
         slot: Slot,
-        host: &crate::tier::HostStore,
+        host: &super::host::HostStore,
         dst: Slot,
         tag: u64,
     ) -> Result<(), (Error, Slot, Slot)> {
@@ -700,7 +701,7 @@ impl NvmeSession<'_> {
     pub(crate) fn submit_read_into_device(
         &mut self,
         slot: Slot,
-        device: &crate::tier::DeviceStore,
+        device: &super::device::DeviceStore,
         dst: Slot,
         tag: u64,
     ) -> Result<(), (Error, Slot, Slot)> {
@@ -895,7 +896,7 @@ impl PageStore for NvmeStore {
     /// Reads only the 4 KiB sectors that cover the range (each verified by
     /// its own checksum); a range of most of the page reads it whole.
     fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {
-        super::check_range(offset, out.len(), self.page_size)?;
+        super::store::check_range(offset, out.len(), self.page_size)?;
         let covered = (offset + out.len()).div_ceil(SECTOR) * SECTOR - offset / SECTOR * SECTOR;
         if self.sectors.is_empty() || out.is_empty() || 2 * covered > self.page_size {
             let mut page = vec![0; self.page_size];
