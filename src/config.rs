@@ -586,7 +586,7 @@ impl Config {
     }
 
     /// Opens the tiers of this configuration.
-    pub fn build(&self) -> Result<crate::Runtime> {
+    pub fn build(&self) -> Result<crate::runtime::Runtime> {
         self.builder().build()
     }
 

@@ -31,7 +31,7 @@ pub fn read(path: &Path) -> Result<Vec<u64>> {
 /// Parses a trace. A malformed line is an [`ErrorKind::InvalidArgument`]
 /// error naming its line number.
 ///
-/// [`ErrorKind::InvalidArgument`]: crate::ErrorKind::InvalidArgument
+/// [`ErrorKind::InvalidArgument`]: crate::error::ErrorKind::InvalidArgument
 pub fn parse(mut reader: impl BufRead) -> Result<Vec<u64>> {
     let mut trace = Vec::new();
     let mut line = Vec::with_capacity(64);
@@ -120,7 +120,7 @@ mod tests {
     #[test]
     fn malformed_lines_name_their_number() {
         let e = parse("1\n# c\n\n2x\n".as_bytes()).unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument);
         assert!(e.message().starts_with("line 4:"), "{}", e.message());
         let e = parse("99999999999999999999999\n".as_bytes()).unwrap_err();
         assert!(e.message().starts_with("line 1:"));

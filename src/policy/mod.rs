@@ -198,7 +198,7 @@ mod tests {
             assert_eq!(k.name().parse::<PolicyKind>().unwrap(), k);
         }
         let e = "mru".parse::<PolicyKind>().unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument);
         assert!(e.message().contains("\"mru\"") && e.message().contains("belady"));
         assert!(e.message().contains("s3fifo") && e.message().contains("sieve"));
     }

@@ -149,7 +149,7 @@ fn bad_input_is_refused_before_any_work() {
         let e = t.gather(&bags, &mut out).unwrap_err();
         assert!(matches!(e, EmbeddingError::Offsets(_)), "{e}");
         assert!(e.to_string().contains(why), "{e}");
-        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument);
     }
     let e = t
         .gather(&Bags::new(&[1, 2], &[0, 2]).weights(&[1.0]), &mut out)
@@ -225,8 +225,8 @@ fn bad_input_is_refused_before_any_work() {
     t.read_rows(&idx, &mut all).unwrap();
     assert_eq!(all, w);
     // As a strata error: the kind, and the message kept.
-    let e: crate::Error = EmbeddingError::RepeatedRow { row: 3 }.into();
-    assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+    let e: crate::error::Error = EmbeddingError::RepeatedRow { row: 3 }.into();
+    assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument);
     assert!(e.message().starts_with("rows repeat"));
 }
 
@@ -252,7 +252,7 @@ fn shapes_and_options_are_checked() {
     }
     // Larger than the runtime: the runtime's own error.
     let e = EmbeddingTable::new(&rt, 1 << 20, 4).unwrap_err();
-    assert_eq!(e.kind(), crate::ErrorKind::OutOfCapacity);
+    assert_eq!(e.kind(), crate::error::ErrorKind::OutOfCapacity);
     let t = EmbeddingTable::new(&rt, 10, 3).unwrap();
     assert_eq!((t.rows(), t.dim(), t.fast_tier()), (10, 3, Tier::Host));
     assert_eq!(t.tier_of_row(9).unwrap(), None, "never written");
