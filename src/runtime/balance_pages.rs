@@ -6,7 +6,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use super::mover::Engine;
+use super::page::Entry;
 use super::request::{Priority, Request, Source};
 use super::table::Table;
 use crate::tier::Tier;
@@ -38,12 +41,16 @@ pub(crate) fn strangers(
     v.into_iter().map(|x| x.1).collect()
 }
 
+/// Page id `p`'s page-table entry, if its buffer is alive.
+fn entry<'a>(by_id: &ById<'a>, p: u64) -> Option<&'a Mutex<Entry>> {
+    by_id
+        .get(&((p >> 32) as u32))
+        .and_then(|t| t.pages.get((p & 0xFFFF_FFFF) as usize))
+}
+
 /// The tier page id `p` is in now.
 pub(crate) fn tier_of(by_id: &ById<'_>, p: u64) -> Option<Tier> {
-    by_id.get(&((p >> 32) as u32)).and_then(|t| {
-        let idx = (p & 0xFFFF_FFFF) as usize;
-        t.pages.get(idx).and_then(|e| e.lock().tier())
-    })
+    entry(by_id, p).and_then(|e| e.lock().tier())
 }
 
 /// Whether page id `p` is in tier `tier` now.
@@ -88,34 +95,23 @@ pub(crate) fn demote_pages(engine: &Engine, by_id: &ById<'_>, pages: &[u64], fas
 /// Whether page `p` (an id) is in `fast` with a clean copy below it: its
 /// demotion takes the copy back, no write.
 pub(crate) fn leaves_free(by_id: &ById<'_>, p: u64, fast: Tier) -> bool {
-    by_id
-        .get(&((p >> 32) as u32))
-        .and_then(|t| t.pages.get((p & 0xFFFF_FFFF) as usize))
-        .is_some_and(|e| {
-            let e = e.lock();
-            e.tier() == Some(fast) && e.clean.is_some()
-        })
+    entry(by_id, p).is_some_and(|e| {
+        let e = e.lock();
+        e.tier() == Some(fast) && e.clean.is_some()
+    })
 }
 
 /// Marks page `p` (an id) on NVMe for promotion into `fast` at its next
 /// read; false when it is not on NVMe (or pinned, or gone).
 pub(crate) fn mark(by_id: &ById<'_>, p: u64, fast: Tier) -> bool {
-    let Some(t) = by_id.get(&((p >> 32) as u32)) else {
-        return false;
-    };
-    t.pages
-        .get((p & 0xFFFF_FFFF) as usize)
-        .is_some_and(|e| e.lock().mark_promotion(fast, |src| src == Tier::Nvme))
+    entry(by_id, p).is_some_and(|e| e.lock().mark_promotion(fast, |src| src == Tier::Nvme))
 }
 
 /// Whether page `p` (an id) still carries the mark of [`mark`]: not when
 /// a read took it or a move cleared it, and not when the policy no longer
 /// `holds` the page (the mark is taken back).
 pub(crate) fn still_marked(by_id: &ById<'_>, p: u64, fast: Tier, holds: bool) -> bool {
-    let Some(e) = by_id
-        .get(&((p >> 32) as u32))
-        .and_then(|t| t.pages.get((p & 0xFFFF_FFFF) as usize))
-    else {
+    let Some(e) = entry(by_id, p) else {
         return false;
     };
     let mut e = e.lock();
