@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::median;
 use strata::error::Result;
 use strata::lowlevel::Arena;
 use strata::sys::Topology;
@@ -68,11 +69,6 @@ pub struct CopyReport {
     pub cases: Vec<CopyCase>,
     /// Parameters.
     pub params: CopyParams,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Runs every case; `progress` is told each case as it starts.
@@ -147,8 +143,8 @@ pub fn run(params: &CopyParams, progress: &mut dyn FnMut(&str, f64)) -> Result<C
                 paged_rates.push(paged()?);
                 memcpy_rates.push(memcpy());
             }
-            let rate = median(paged_rates);
-            let memcpy_rate = median(memcpy_rates);
+            let rate = median(&mut paged_rates);
+            let memcpy_rate = median(&mut memcpy_rates);
             let limit = cap.map_or(memcpy_rate, |c| c.min(memcpy_rate));
             cases.push(CopyCase {
                 link: link.into(),

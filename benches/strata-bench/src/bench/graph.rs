@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::median;
 use crate::workloads::graph::algo::{self, Mem};
 use crate::workloads::graph::model::{Platform, UVM_BASIC_BLOCK};
 use crate::workloads::graph::tiered::{Config, ResidentMem, RunCost, TieredGraph, TieredMem};
@@ -301,11 +302,6 @@ const PR_MAX_ITERATIONS: u32 = 100;
 /// Delta-stepping bucket width for weights in 1..=255 (GAP's default is of
 /// this order for its weight range).
 const SSSP_DELTA: u64 = 32;
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Runs every configuration; `progress(config, done_fraction)`.
 pub fn run(

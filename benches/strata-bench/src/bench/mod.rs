@@ -16,6 +16,13 @@ use strata::io::{AlignedBuf, IoOp};
 use strata::lowlevel::NvmeSession;
 use strata::tier::Slot;
 
+/// The middle of `v` once sorted (of an even count, the upper of the two
+/// middle values); `v` is sorted in place. `v` must not be empty.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// One pass over every slot, in order, through `session` at its full
 /// depth: each slot is written (after `prepare` fills its buffer) or read
 /// once. Slots and buffers are returned to `slots` and `bufs` as their

@@ -299,6 +299,91 @@ pub struct PagesReport {
     pub bound: Bound,
     /// Configurations not run, and why.
     pub skipped: Vec<String>,
+    /// Each strata configuration against each peer run beside it.
+    pub comparisons: Vec<Comparison>,
+}
+
+/// A strata configuration against a peer, over the trials both ran: each
+/// pair is the two runs of one trial (run one after the other).
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// strata's configuration.
+    pub config: String,
+    /// The peer's.
+    pub peer: String,
+    /// Trials both ran.
+    pub pairs: usize,
+    /// strata's median ops/s over the peer's.
+    pub ops_ratio: f64,
+    /// The lowest and highest ratio of ops/s within a pair.
+    pub ops_ratio_pairs: (f64, f64),
+    /// The medians of the trials' p99 read latencies, µs: strata's, the
+    /// peer's.
+    pub p99_us: (f64, f64),
+    /// Pairs in which strata's p99 was the lower.
+    pub p99_lower_pairs: usize,
+    /// strata's median bytes read from the disk over the peer's (0 where
+    /// the peer read none).
+    pub disk_read_ratio: f64,
+}
+
+/// Every strata configuration of `results` against every peer there.
+pub fn compare(results: &[PagesResult]) -> Vec<Comparison> {
+    let mut configs: Vec<&str> = Vec::new();
+    for r in results {
+        if !configs.contains(&r.config.as_str()) {
+            configs.push(&r.config);
+        }
+    }
+    let ours = configs.iter().filter(|c| c.starts_with("strata"));
+    let mut out = Vec::new();
+    for &config in ours {
+        for &peer in configs.iter().filter(|c| !c.starts_with("strata")) {
+            let pairs: Vec<(&PagesResult, &PagesResult)> = results
+                .iter()
+                .filter(|a| a.config == config)
+                .filter_map(|a| {
+                    results
+                        .iter()
+                        .find(|b| b.config == peer && b.trial == a.trial)
+                        .map(|b| (a, b))
+                })
+                .collect();
+            if pairs.is_empty() {
+                continue;
+            }
+            let med = |f: &dyn Fn(&PagesResult) -> f64, ours: bool| {
+                let mut v: Vec<f64> = pairs
+                    .iter()
+                    .map(|&(a, b)| f(if ours { a } else { b }))
+                    .collect();
+                super::median(&mut v)
+            };
+            let ops = |r: &PagesResult| r.ops_per_sec;
+            let p99 = |r: &PagesResult| r.p99_us;
+            let disk = |r: &PagesResult| r.disk_bytes_read as f64;
+            let within = pairs.iter().map(|(a, b)| a.ops_per_sec / b.ops_per_sec);
+            let peer_disk = med(&disk, false);
+            out.push(Comparison {
+                config: config.to_string(),
+                peer: peer.to_string(),
+                pairs: pairs.len(),
+                ops_ratio: med(&ops, true) / med(&ops, false),
+                ops_ratio_pairs: (
+                    within.clone().fold(f64::INFINITY, f64::min),
+                    within.fold(0.0, f64::max),
+                ),
+                p99_us: (med(&p99, true), med(&p99, false)),
+                p99_lower_pairs: pairs.iter().filter(|(a, b)| a.p99_us < b.p99_us).count(),
+                disk_read_ratio: if peer_disk > 0.0 {
+                    med(&disk, true) / peer_disk
+                } else {
+                    0.0
+                },
+            });
+        }
+    }
+    out
 }
 
 /// A cheap, well-mixed 64-bit hash (SplitMix64's finalizer).
@@ -930,6 +1015,7 @@ pub fn run(
         data_pages: p.data_pages(),
         dram_pages: p.dram_pages(),
         ops: seq.len() as u64,
+        comparisons: compare(&results),
         results,
         bound,
         skipped,
@@ -968,6 +1054,52 @@ pub fn open_direct(path: &Path) -> Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn result(config: &str, trial: usize, ops: f64, p99: f64, disk: u64) -> PagesResult {
+        PagesResult {
+            config: config.into(),
+            trial,
+            ops_per_sec: ops,
+            p50_us: 1.0,
+            p99_us: p99,
+            disk_bytes_read: disk,
+            disk_bytes_written: 0,
+            fast_tier_hit_rate: 0.5,
+            wrong_reads: 0,
+            lost: 0,
+            seconds: 1.0,
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn comparisons_pair_the_runs_of_each_trial() {
+        let results = [
+            result("strata", 0, 300.0, 10.0, 30),
+            result("os-random", 0, 100.0, 20.0, 10),
+            result("strata", 1, 200.0, 30.0, 40),
+            result("os-random", 1, 200.0, 25.0, 20),
+            result("strata", 2, 100.0, 20.0, 50),
+            result("os-random", 2, 50.0, 15.0, 20),
+            // A peer's trial strata did not run pairs with nothing.
+            result("os-random", 3, 1.0, 1.0, 1),
+        ];
+        let c = compare(&results);
+        assert_eq!(c.len(), 1);
+        let c = &c[0];
+        assert_eq!(
+            (c.config.as_str(), c.peer.as_str(), c.pairs),
+            ("strata", "os-random", 3)
+        );
+        // Medians 200 against 100; within the pairs 3, 1 and 2.
+        assert_eq!(c.ops_ratio, 2.0);
+        assert_eq!(c.ops_ratio_pairs, (1.0, 3.0));
+        assert_eq!(c.p99_us, (20.0, 20.0));
+        assert_eq!(c.p99_lower_pairs, 1);
+        assert_eq!(c.disk_read_ratio, 2.0);
+        // Nothing to compare without a peer.
+        assert!(compare(&results[..1]).is_empty());
+    }
 
     fn params(access: Access) -> PagesParams {
         PagesParams {

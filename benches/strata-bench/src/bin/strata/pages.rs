@@ -235,6 +235,23 @@ fn print(r: &PagesReport) -> Result<(), Error> {
             x.fast_tier_hit_rate / b.static_optimum_hit_rate.max(1e-12)
         );
     }
+    for c in &r.comparisons {
+        outln!(
+            "{} / {} over {} trials: ops/s {:.2}x by the medians (pairs {:.2}-{:.2}x); p99 {:.1} against {:.1} µs \
+             (medians; lower in {} of {} pairs); disk read {:.2}x",
+            c.config,
+            c.peer,
+            c.pairs,
+            c.ops_ratio,
+            c.ops_ratio_pairs.0,
+            c.ops_ratio_pairs.1,
+            c.p99_us.0,
+            c.p99_us.1,
+            c.p99_lower_pairs,
+            c.pairs,
+            c.disk_read_ratio
+        );
+    }
     for s in &r.skipped {
         outln!("skipped: {s}");
     }
