@@ -437,6 +437,31 @@ fn cache(slots: usize, eviction: Eviction) -> ExpertCache {
     c
 }
 
+/// A configuration a caller got wrong is an error, never a panic or an
+/// allocation the size of an id: a page size that is not one, more layers
+/// than a cache holds, a layer id beyond them.
+#[test]
+fn an_expert_cache_refuses_sizes_and_ids_out_of_range() {
+    for page in [0usize, 3000, 4 << 20] {
+        let mut cfg = MoeConfig::new(2, 64 << 10, 8 << 20);
+        cfg.page_size = page;
+        let e = ExpertCache::new(cfg).err().expect("refused");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "page {page}: {e}");
+        assert!(e.to_string().contains("page_size"), "{e}");
+    }
+    let mut cfg = MoeConfig::new(2, 64 << 10, 8 << 20);
+    cfg.layers = 1 << 40;
+    let e = ExpertCache::new(cfg).err().expect("refused");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let mut c = ExpertCache::new(MoeConfig::new(2, 64 << 10, 8 << 20)).unwrap();
+    let e = c.register(u32::MAX, 0, &[1u8; 4096]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("layer"), "{e}");
+    // The highest id allowed works.
+    c.register(strata::offload::moe::MAX_LAYERS - 1, 0, &[1u8; 4096])
+        .unwrap();
+}
+
 /// One pool of slots (the default) takes experts of any layer, whatever
 /// `layers` says (it sizes per-layer slots only): fetch, prefetch and
 /// eviction across layers work (a C client, which has no `layers` field,

@@ -611,6 +611,10 @@ impl Drop for OwnedExpertPin {
     }
 }
 
+/// The most layers an expert cache holds: layer ids are below it (the
+/// cache keeps per-layer counts, sized by the highest id).
+pub const MAX_LAYERS: u32 = 1 << 16;
+
 impl ExpertCache {
     /// Builds the runtime: a device tier of exactly `device_slots` slots.
     pub fn new(config: MoeConfig) -> Result<Self> {
@@ -639,6 +643,13 @@ impl ExpertCache {
 
     /// The configuration's own checks.
     fn check(config: &MoeConfig) -> Result<()> {
+        crate::size::check_page_size(config.page_size).map_err(|e| e.context("page_size"))?;
+        if config.layers > MAX_LAYERS as usize {
+            return Err(Error::invalid(format!(
+                "{} layers: an expert cache holds at most {MAX_LAYERS}",
+                config.layers
+            )));
+        }
         if config.device_slots == 0 || config.slot_bytes == 0 {
             return Err(Error::invalid(
                 "an expert cache needs at least one device slot of at least one byte",
@@ -785,6 +796,11 @@ impl ExpertCache {
                 "expert ({layer}, {expert}) has {} bytes; a slot holds 1 to {}",
                 weights.len(),
                 self.config.slot_bytes
+            )));
+        }
+        if layer >= MAX_LAYERS {
+            return Err(Error::invalid(format!(
+                "layer {layer} is beyond the most an expert cache holds ({MAX_LAYERS} layers, ids from 0)"
             )));
         }
         if self.config.per_layer && layer as usize >= self.config.layers {
