@@ -321,3 +321,40 @@ fn range_reads_read_and_verify_only_their_sectors() {
         s.free(fresh).unwrap();
     }
 }
+
+/// A write the engine broke under (it could wait neither for the write
+/// nor, afterwards, for the queue) may still land: its slot is never
+/// handed out again, so no later page is overwritten by it. The page a
+/// failed copy-then-commit write was replacing keeps its copy.
+#[test]
+fn a_slot_under_a_write_the_engine_lost_is_never_reused() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, plan) = faulty(&engine, dir.path());
+        let old = pattern(1, 1, PAGE);
+        let mut kept = s.alloc().unwrap();
+        s.write_new(&mut kept, &old).unwrap();
+        let mut lost = s.alloc().unwrap();
+        plan.fail_waits(libc::EIO);
+        let e = s.write_new(&mut lost, &pattern(2, 2, PAGE)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
+        // So is a copy-then-commit write: the page keeps its old copy.
+        let e = s.write_page(&mut kept, &pattern(3, 3, PAGE)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
+        plan.clear();
+        // The caller frees the slot of its failed write, as the runtime does.
+        let index = lost.index();
+        s.free(lost).unwrap();
+        let mut out = vec![0; PAGE];
+        s.read_page(&kept, &mut out).unwrap();
+        assert_eq!(out, old, "{name}");
+        // 16 pages, one in reserve: 15 ordinary, one holds `kept`, and the
+        // abandoned one never comes back.
+        let mut more = Vec::new();
+        while let Ok(slot) = s.alloc() {
+            assert_ne!(slot.index(), index, "{name}: the abandoned slot came back");
+            more.push(slot);
+        }
+        assert_eq!(more.len(), 13, "{name}");
+    }
+}

@@ -141,6 +141,30 @@ impl fmt::Debug for IoQueue {
 }
 
 impl IoQueue {
+    /// Waits for every operation in flight, dropping their completions:
+    /// true once none is left. If waiting fails, their buffers are leaked
+    /// (the kernel may still write them) and false says so: the places
+    /// those operations write may still change, and must not be reused.
+    /// A queue that failed to settle is left empty and should be dropped.
+    pub fn settle(&mut self) -> bool {
+        let mut done = Vec::new();
+        while self.in_flight > 0 {
+            done.clear();
+            if self.raw.wait(self.in_flight, &mut done).is_err() {
+                let slots = std::mem::take(&mut self.slots);
+                std::mem::forget(slots);
+                self.in_flight = 0;
+                return false;
+            }
+            for (id, _) in done.drain(..) {
+                if self.slots[id as usize].take().is_some() {
+                    self.in_flight -= 1;
+                }
+            }
+        }
+        true
+    }
+
     /// A queue of `depth` (1 ..= 4096) over `file` on `engine`; buffers of
     /// `pool` get the engine's fast path where it has one.
     pub fn new(
@@ -325,19 +349,6 @@ impl Drop for IoQueue {
         // before the slots (and their buffers) are freed. If waiting itself
         // fails, leak the buffers rather than free memory the kernel may
         // still write.
-        let mut done = Vec::new();
-        while self.in_flight > 0 {
-            done.clear();
-            if self.raw.wait(self.in_flight, &mut done).is_err() {
-                let slots = std::mem::take(&mut self.slots);
-                std::mem::forget(slots);
-                return;
-            }
-            for (id, _) in done.drain(..) {
-                if self.slots[id as usize].take().is_some() {
-                    self.in_flight -= 1;
-                }
-            }
-        }
+        self.settle();
     }
 }

@@ -102,6 +102,10 @@ const META_EMPTY: u64 = 0;
 const META_TORN: u64 = 1 << 62;
 const META_VALID: u64 = 1 << 63;
 const HASH_MASK: u64 = (1 << 62) - 1;
+/// A slot given up to a write that may still land: the engine failed
+/// while it was in flight and could not wait for it. Never freed, so never
+/// reused under that write.
+const META_ABANDONED: u64 = META_TORN | 1;
 
 fn checksum(data: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(data) & HASH_MASK
@@ -382,10 +386,20 @@ impl NvmeStore {
                 self.slots.end_borrow(fresh).map_err(|(e, _)| e)
             }
             Err(e) => {
-                self.slots.end_borrow(fresh).map_err(|(e, _)| e)?;
+                if !self.abandoned(&fresh) {
+                    self.slots.end_borrow(fresh).map_err(|(e, _)| e)?;
+                }
                 Err(e)
             }
         }
+    }
+
+    /// Whether `slot` was given up to a write that may still land
+    /// ([`META_ABANDONED`]): it stays allocated for good.
+    fn abandoned(&self, slot: &Slot) -> bool {
+        self.meta
+            .get(slot.index() as usize)
+            .is_some_and(|m| m.load(Ordering::Acquire) == META_ABANDONED)
     }
 
     /// A slot for a copy-then-commit write. The reserve's slots are held
@@ -466,12 +480,23 @@ impl NvmeStore {
         let sum = self.begin(op, index, &buf);
         let offset = self.offset(index);
         let span = BusySpan::new(&self.busy);
-        let c = queue.run(IoRequest {
+        let c = match queue.run(IoRequest {
             op,
             offset,
             buf,
             tag: 0,
-        })?;
+        }) {
+            Ok(c) => c,
+            Err(e) => {
+                // An engine failure: the operation may still be in flight.
+                // A write that could not be waited for may land later, so
+                // its slot is never handed out again.
+                if !queue.settle() && op == IoOp::Write {
+                    self.meta[index as usize].store(META_ABANDONED, Ordering::Release);
+                }
+                return Err(e);
+            }
+        };
         drop(span);
         self.sync_queues.lock().push(queue);
         let result = c
@@ -561,7 +586,12 @@ impl NvmeStore {
                 ),
             ));
         }
-        if meta == META_TORN {
+        if meta == META_ABANDONED {
+            Err(Error::new(
+                ErrorKind::Io,
+                format!("nvme slot {index} holds no valid page: the I/O engine failed during its last write"),
+            ))
+        } else if meta == META_TORN {
             Err(Error::new(
                 ErrorKind::Io,
                 format!("nvme slot {index} holds no valid page: its last write did not succeed"),
@@ -869,6 +899,10 @@ impl PageStore for NvmeStore {
         Ok(slot)
     }
     fn free(&self, slot: Slot) -> Result<()> {
+        if self.abandoned(&slot) {
+            // A write may still land on it: kept out of use for good.
+            return Ok(());
+        }
         self.slots.free(slot).map_err(|(e, _)| e)
     }
     /// Copy-then-commit: see [`NvmeStore::replace`]. The slot's index may
