@@ -445,13 +445,13 @@ fn an_expert_cache_refuses_sizes_and_ids_out_of_range() {
     for page in [0usize, 3000, 4 << 20] {
         let mut cfg = MoeConfig::new(2, 64 << 10, 8 << 20);
         cfg.page_size = page;
-        let e = ExpertCache::new(cfg).err().expect("refused");
+        let e = ExpertCache::new(cfg).expect_err("refused");
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "page {page}: {e}");
         assert!(e.to_string().contains("page_size"), "{e}");
     }
     let mut cfg = MoeConfig::new(2, 64 << 10, 8 << 20);
     cfg.layers = 1 << 40;
-    let e = ExpertCache::new(cfg).err().expect("refused");
+    let e = ExpertCache::new(cfg).expect_err("refused");
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     let mut c = ExpertCache::new(MoeConfig::new(2, 64 << 10, 8 << 20)).unwrap();
     let e = c.register(u32::MAX, 0, &[1u8; 4096]).unwrap_err();
