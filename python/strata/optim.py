@@ -525,6 +525,32 @@ class _OffloadedAdamBase(Optimizer):
         finally:
             self.state = live
 
+    def _check_loadable(self, p: torch.Tensor, st: Dict[str, Any]) -> None:
+        """Raises InvalidArgumentError (a ValueError) unless `st` is a state `load_state_dict` can
+        give `p`: its tensors of p's shape, its step a count."""
+        if "exp_avg" not in st:
+            return
+        lo, hi, _ = self._span(p)
+        if hi == lo:
+            return  # nothing of it on this rank (its step may read -1)
+        keys = ["exp_avg", "exp_avg_sq"]
+        if "master" in st and p.dtype != torch.float32:
+            keys.append("master")
+        if self._importance is not None and "importance_accumulated" in st:
+            keys += ["importance_resident", "importance_accumulated"]
+        shape = tuple(_plain(p).shape)
+        for key in keys:
+            t = st.get(key)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise InvalidArgumentError(f"the state dict's {key} is {got} for a parameter of shape {shape}")
+        try:
+            step = float(st.get("step", 0))
+        except (TypeError, ValueError, RuntimeError):
+            raise InvalidArgumentError(f"the state dict's step {st.get('step')!r} is not a number") from None
+        if not (math.isfinite(step) and step >= 0 and step == math.floor(step) and step < 2.0**63):
+            raise InvalidArgumentError(f"the state dict's step {step} is not a step count (a whole number from 0)")
+
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads torch's format (from this class or torch.optim.Adam/AdamW):
         hyper-parameters into the param groups, states into strata's tiers
@@ -553,6 +579,10 @@ class _OffloadedAdamBase(Optimizer):
         params = chain.from_iterable(g["params"] for g in self.param_groups)
         saved = state_dict.get("state", {})
         raw = {p: saved[i] for i, p in zip(saved_ids, params) if i in saved}
+        # Every state checked before anything changes: a state dict refused
+        # leaves this optimizer's state as it was.
+        for p, st in raw.items():
+            self._check_loadable(p, st)
         super().load_state_dict(state_dict)
         loaded = {p: raw.get(p, st) for p, st in self.state.items()}
         self.state = defaultdict(dict)

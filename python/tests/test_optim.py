@@ -116,6 +116,29 @@ def test_state_dict_round_trips_through_torch():
     assert_same_params(a, b)
 
 
+def test_a_refused_state_dict_leaves_the_state_as_it_was():
+    m = model()
+    opt = strata.optim.AdamW(groups(m))
+    train(m, opt, 2)
+    before = opt.state_dict()
+    first = next(iter(before["state"]))
+    for key, bad in (("exp_avg", torch.zeros(3)), ("step", torch.tensor(-1.0)), ("step", torch.tensor(2.0**70)),
+                     ("step", torch.tensor(1.5))):
+        sd = copy.deepcopy(before)
+        sd["state"][first][key] = bad
+        with pytest.raises(strata.InvalidArgumentError, match=key):
+            opt.load_state_dict(sd)
+        assert_same_states(opt.state_dict(), before)
+    # And the optimizer goes on from where it was, as a twin that was never
+    # handed a bad state dict.
+    twin_m = copy.deepcopy(m)
+    twin = strata.optim.AdamW(groups(twin_m))
+    twin.load_state_dict(before)
+    train(m, opt, 2, seed=2)
+    train(twin_m, twin, 2, seed=2)
+    assert_same_params(m, twin_m)
+
+
 def test_zero_grad_and_params_without_gradients():
     m = model()
     opt = strata.optim.AdamW(m.parameters())

@@ -462,7 +462,9 @@ impl OffloadedAdam {
     ) -> Result<(StepStats, bool)> {
         self.check(grads.len(), unscale)?;
         let start = Instant::now();
-        self.t += 1;
+        // Saturating: a step count restored at the top of its range stays
+        // there (the bias corrections are 1 long before it).
+        self.t = self.t.saturating_add(1);
         let s = StepScalars::new(self.config.adam, self.t);
         let mut flush = None;
         if let Some(imp) = self.config.importance {
