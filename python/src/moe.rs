@@ -170,23 +170,26 @@ impl ExpertCache {
         if slot == 0 {
             return Err(invalid("slot_bytes is 0"));
         }
+        let page = usize::try_from(offset(page_size, "page_size")?)
+            .map_err(|_| invalid(format!("page_size {page_size} is too large")))?;
+        strata::size::check_page_size(page).map_err(|e| raise(e.context("page_size")))?;
+        // A slot takes whole pages of the device tier.
+        let slot_room = slot.div_ceil(page as u64).saturating_mul(page as u64);
         let slots = match (device_slots, device_bytes) {
             (Some(n), None) => offset(n, "device_slots")?,
             (None, Some(b)) => {
                 let b = offset(b, "device_bytes")?;
-                if b < slot {
+                if b < slot_room {
                     return Err(invalid(format!(
-                        "device_bytes {b} holds no slot of {slot} bytes"
+                        "device_bytes {b} holds no slot: one takes {slot_room} bytes ({slot} and its page padding)"
                     )));
                 }
-                b / slot
+                b / slot_room
             }
             _ => return Err(invalid("give exactly one of device_slots and device_bytes")),
         };
         let slots =
             usize::try_from(slots).map_err(|_| invalid(format!("{slots} slots are too many")))?;
-        let page = usize::try_from(offset(page_size, "page_size")?)
-            .map_err(|_| invalid(format!("page_size {page_size} is too large")))?;
         let mut cfg = MoeConfig::new(slots, slot, offset(host_bytes, "host_bytes")?);
         cfg.device = device.parse::<DeviceChoice>().map_err(raise)?;
         cfg.page_size = page;

@@ -104,13 +104,17 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 
 def _bytes(value, what: str) -> int:
     """A byte count: an int, or a size as accelerate writes them ("10GiB",
-    "500MB": decimal units, binary with "i")."""
+    "500MB": decimal units, binary with "i"; "5Gb", a lower-case b, in
+    bits)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     if isinstance(value, str):
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*", value.upper())
         if m:
-            return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+            n = int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+            # accelerate reads "5Gb" (decimal units, a lower-case b) as bits.
+            bits = m.group(2) is not None and len(m.group(2)) == 2 and value.rstrip().endswith("b")
+            return n // 8 if bits else n
     raise InvalidArgumentError(f"{what} {value!r} is not a size (bytes, or a string such as '10GiB')")
 
 
@@ -137,6 +141,10 @@ def _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path):
         if nvme_path is not None:
             raise InvalidArgumentError("give offload_folder or nvme_path, not both")
         nvme_path = offload_folder
+    if host_bytes is not None:
+        host_bytes = _bytes(host_bytes, "host_bytes")
+    if device_bytes is not None:
+        device_bytes = _bytes(device_bytes, "device_bytes")
     return device_bytes, host_bytes, nvme_path
 
 
@@ -773,6 +781,7 @@ class StrataExperts(nn.Module):
                     self._submit(st, layer, missing, st.cache.read_ahead)
                 if w0 == 0 and st.prefetch and layer + 1 < st.layers:
                     guess = self._predict_next(st)
+                    st.residual[layer] = None
                     if guess:
                         self._submit(st, layer + 1, guess, st.cache.prefetch)
                         if st.writer is not None and not st.per_token:
@@ -1158,7 +1167,15 @@ def offload(
         that the whole model never has to fit in memory. Tensor names are
         the modules' (transformers 5: save_pretrained(...,
         save_original_format=False)).
+
+    The offloaded model runs one forward at a time: its blocks share one
+    cache and one set of counters, and forwards from several threads at
+    once can find every slot pinned by another (OutOfCapacityError) and
+    mix their stats. A failed offload leaves the model as it was.
     """
+    done = next((name for name, m in model.named_modules() if isinstance(m, (StrataExperts, StrataGroupedMoE))), None)
+    if done is not None:
+        raise InvalidArgumentError(f"{type(model).__name__} is offloaded already ({done} is strata's)")
     blocks = find_moe_blocks(model)
     if not blocks:
         other = _unsupported_experts(model)
@@ -1175,6 +1192,12 @@ def offload(
             "block with a router `gate` (Mixtral, Qwen2-MoE in transformers 5)"
         )
     device_bytes, host_bytes, nvme_path = _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path)
+    if device_slots is not None and device_bytes is not None:
+        raise InvalidArgumentError("give device_slots or a device budget (device_bytes, max_memory[0]), not both")
+    if page_size is not None and (
+        not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0 or page_size & (page_size - 1)
+    ):
+        raise InvalidArgumentError(f"page_size {page_size!r} is not a power of two (4096 to 2 MiB)")
     first = next(iter(blocks[0].tensors().values()))
     e, two_i, h = blocks[0].dims()
     i = two_i // 2
@@ -1206,11 +1229,14 @@ def offload(
     total = padded * n_experts
     if device_slots is None and device_bytes is None:
         device_slots = max(1, n_experts // 4)
-    if device_bytes is not None and device_slots is None and device_bytes < padded:
-        raise InvalidArgumentError(
-            f"device_bytes {device_bytes} holds no expert: one takes {padded} bytes "
-            f"({expert_bytes} with its page padding)"
-        )
+    if device_bytes is not None:
+        # A slot takes whole pages: the budget counts them.
+        if device_bytes < padded:
+            raise InvalidArgumentError(
+                f"the device budget {device_bytes} holds no expert: one takes {padded} bytes "
+                f"({expert_bytes} and its page padding)"
+            )
+        device_slots = device_bytes // padded
     if host_bytes is None:
         spare = _spare_bytes()
         if nvme_path is None and spare < total:
@@ -1219,6 +1245,11 @@ def offload(
                 "give offload_folder (or nvme_path) for the rest, or host_bytes to insist"
             )
         host_bytes = min(total, max(padded, spare // padded * padded))
+    if host_bytes < padded:
+        raise InvalidArgumentError(
+            f"the host budget {host_bytes} holds no expert ({padded} bytes each): strata.moe keeps at least "
+            "one expert in host memory besides the device slots"
+        )
     if host_bytes < total and nvme_path is None:
         raise InvalidArgumentError(
             f"host_bytes {host_bytes} holds {host_bytes // padded} of the {n_experts} experts "
@@ -1248,7 +1279,6 @@ def offload(
         slot_bytes=expert_bytes,
         host_bytes=host_bytes,
         device_slots=device_slots,
-        device_bytes=device_bytes if device_slots is None else None,
         device=device,
         nvme_path=None if nvme_path is None else os.fspath(nvme_path),
         nvme_capacity=nvme_capacity,
@@ -1277,27 +1307,36 @@ def offload(
         "grouped": blocks[0].grouped,
         "host_in_place": host_in_place,
     }
-    # Register every expert: [gate_up | pad to a page | down].
-    staging = torch.zeros(expert_bytes, dtype=torch.uint8)
-    for b in blocks:
-        for x in range(e):
-            gu, dp = source(b, x)
-            staging[:gate_up_bytes] = gu.to(dtype).contiguous().cpu().reshape(-1).view(torch.uint8)
-            staging[down_at:] = dp.to(dtype).contiguous().cpu().reshape(-1).view(torch.uint8)
-            cache.register(b.index, x, staging.numpy())
-            del gu, dp
+    # Everything that can fail comes before the model changes: the biases,
+    # the trace file, every expert registered. A failed offload leaves the
+    # model as it was.
+    biases = {b.index: _biases(b, checkpoint) for b in blocks if b.transposed and not b.dense}
     writer = open(record_routing, "w") if record_routing is not None else None
-    if writer is not None:
-        writer.write(
-            f"# strata.moe routing: token layer expert ({len(blocks)} MoE layers, {e} experts; "
-            f"a token is {'a token row' if record_per_token else 'a forward step'}"
-            f"{'' if record_per_token else '; token layer expert prefetched: the lookahead'})\n"
-        )
+    try:
+        # Register every expert: [gate_up | pad to a page | down].
+        staging = torch.zeros(expert_bytes, dtype=torch.uint8)
+        for b in blocks:
+            for x in range(e):
+                gu, dp = source(b, x)
+                staging[:gate_up_bytes] = gu.to(dtype).contiguous().cpu().reshape(-1).view(torch.uint8)
+                staging[down_at:] = dp.to(dtype).contiguous().cpu().reshape(-1).view(torch.uint8)
+                cache.register(b.index, x, staging.numpy())
+                del gu, dp
+        if writer is not None:
+            writer.write(
+                f"# strata.moe routing: token layer expert ({len(blocks)} MoE layers, {e} experts; "
+                f"a token is {'a token row' if record_per_token else 'a forward step'}"
+                f"{'' if record_per_token else '; token layer expert prefetched: the lookahead'})\n"
+            )
+    except BaseException:
+        if writer is not None:
+            writer.close()
+            os.unlink(record_routing)
+        raise
     state = _State(cache, blocks, prefetch, max_prefetch, writer, record_per_token)
     hooks = []
     for b in blocks:
-        biases = _biases(b, checkpoint) if b.transposed and not b.dense else None
-        new = StrataExperts(state, b.index, b.experts, layout, biases)
+        new = StrataExperts(state, b.index, b.experts, layout, biases.get(b.index))
         # Frees the original tensors (the model held their only references).
         if b.grouped:
             parent, attr = b.name.rsplit(".", 1)
@@ -1310,7 +1349,10 @@ def offload(
         if b.norm is not None:
 
             def capture(module, args, layer=b.index):
-                state.residual[layer] = args[0]
+                # Only what the lookahead reads: the next block's router's
+                # input, let go once it has been read.
+                if state.prefetch and layer + 1 < state.layers:
+                    state.residual[layer] = args[0]
 
             hooks.append(b.norm.register_forward_pre_hook(capture))
     return OffloadedMoE(state, layout, hooks, record_routing)

@@ -461,6 +461,28 @@ def test_gpt_oss_experts_over_small_pages_and_from_a_checkpoint(tmp_path):
     assert torch.equal(logits(m, ids), want)
 
 
+def test_a_failed_offload_leaves_the_model_and_no_trace(tmp_path):
+    """A checkpoint missing the last layer's biases is found out before any
+    block is replaced: the model keeps its own experts, no hook, no trace
+    file."""
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
+    from safetensors.torch import load_file, save_file
+
+    ref = tiny_family("gpt_oss", seed=2)
+    m = empty_beside_its_checkpoint(ref, "gpt_oss", tmp_path, lambda k: ".mlp.experts." in k)
+    ckpt = tmp_path / "model.safetensors"
+    sd = load_file(ckpt)
+    last = max(int(k.split(".")[2]) for k in sd if ".mlp.experts." in k)
+    save_file({k: v for k, v in sd.items() if not (f"layers.{last}.mlp.experts." in k and k.endswith("_bias"))}, ckpt)
+    kinds = [type(mod).__name__ for mod in m.modules()]
+    trace = tmp_path / "route.txt"
+    with pytest.raises(strata.InvalidArgumentError, match="bias"):
+        strata.moe.offload(m, device_slots=3, checkpoint=tmp_path, record_routing=trace)
+    assert [type(mod).__name__ for mod in m.modules()] == kinds
+    assert not any(mod._forward_pre_hooks for mod in m.modules())
+    assert not trace.exists()
+
+
 def test_dbrx_experts_from_a_checkpoint_with_the_lookahead(tmp_path):
     """DBRX keeps its experts as w1, v1 and w2 [E * I, H] under the
     experts' mlp: read from the checkpoint of a model built on the meta
@@ -551,13 +573,37 @@ def test_bad_input_raises_clear_errors(tmp_path):
     with pytest.raises(strata.InvalidArgumentError, match="holds no expert"):
         strata.moe.offload(m, device_bytes=EXPERT_BYTES // 2)
     with pytest.raises(strata.InvalidArgumentError, match="give nvme_path"):
-        strata.moe.offload(m, host_bytes=EXPERT_BYTES)
+        strata.moe.offload(m, host_bytes=2 * EXPERT_BYTES)
+    with pytest.raises(strata.InvalidArgumentError, match="host budget .* holds no expert"):
+        strata.moe.offload(m, max_memory={"cpu": "0GiB"}, offload_folder=tmp_path)
+    with pytest.raises(strata.InvalidArgumentError, match="not both"):
+        strata.moe.offload(m, device_slots=2, max_memory={0: 1})
+    for page in (0, 3000, "64K"):
+        with pytest.raises(strata.InvalidArgumentError, match="page_size"):
+            strata.moe.offload(m, page_size=page)
+    with pytest.raises(strata.InvalidArgumentError, match="host_bytes 'lots' is not a size"):
+        strata.moe.offload(m, host_bytes="lots")
     with pytest.raises(strata.StrataError, match="missing"):
         strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path / "missing" / "swap")
     with pytest.raises(strata.InvalidArgumentError, match="nvme_miss_cost"):
         strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path, nvme_miss_cost=0.0)
     # A failed offload leaves the model as it was.
     assert m.model.layers[0].mlp.experts.gate_up_proj.shape == (EXPERTS, 2 * INTER, HIDDEN)
+    # Sizes as accelerate reads them, a lower-case b in bits.
+    assert strata.moe._bytes("5Gb", "x") == 625_000_000
+    assert strata.moe._bytes("5GB", "x") == strata.moe._bytes("5gb".upper(), "x") == 5_000_000_000
+    assert strata.moe._bytes("2GiB", "x") == strata.moe._bytes("2gib", "x") == 2 << 30
+    # A device budget counts the slots' page padding: never more slots
+    # than it holds.
+    m2 = mixtral()
+    moe = strata.moe.offload(m2, device_slots=1)
+    page = moe.layout["page_size"]
+    padded = -(-moe.layout["expert_bytes"] // page) * page
+    assert padded > EXPERT_BYTES
+    assert strata.moe.offload(mixtral(), device_bytes=3 * padded - 1).cache.device_slots == 2
+    # Offloading twice is refused as such.
+    with pytest.raises(strata.InvalidArgumentError, match="offloaded already"):
+        strata.moe.offload(m2)
     dense = torch.nn.Sequential(torch.nn.Linear(4, 4))
     with pytest.raises(strata.InvalidArgumentError, match="no MoE block"):
         strata.moe.offload(dense)
