@@ -276,6 +276,14 @@ impl Buffer {
             entry.referenced = true;
             self.table.touch(p);
             let full = n == page;
+            if matches!(entry.loc, Lost) {
+                return Err(lost(p));
+            }
+            // Before the bytes change, so that a write failing part-way
+            // (a device copy in place) leaves no clean copy to go back to:
+            // a move of this page that copied it before this write does
+            // not commit, and its clean copy goes (see page.rs).
+            self.table.note_write(entry);
             match &mut entry.loc {
                 Resident { tier, slot } => {
                     let store = self.table.store(*tier);
@@ -298,9 +306,6 @@ impl Buffer {
                     entry.loc = self.engine().first_write(&self.table, bytes, None)?;
                 }
             }
-            // A move of this page that copied it before this write does
-            // not commit, and its clean copy goes (see page.rs).
-            self.table.note_write(entry);
             done += n;
         }
         Ok(())
