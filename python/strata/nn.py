@@ -106,6 +106,8 @@ def _make_runtime(
     page_size: int,
 ) -> Runtime:
     """A runtime for tables of table_bytes: see the module's docstring."""
+    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0 or page_size & (page_size - 1):
+        raise _strata.InvalidArgumentError(f"page_size {page_size!r} is not a power of two (4096 to 2 MiB)")
     if fast_bytes is not None and (not isinstance(fast_bytes, int) or fast_bytes < page_size):
         raise _strata.InvalidArgumentError(
             f"fast_bytes {fast_bytes!r} must be an int of at least one page ({page_size} bytes)"
@@ -371,6 +373,10 @@ class EmbeddingBag(nn.Module):
                 rows = weight[start:stop].detach().to("cpu", torch.float32).contiguous()
             elif callable(init):
                 rows = init(start, stop)
+                if not isinstance(rows, torch.Tensor) or tuple(rows.shape) != (stop - start, d):
+                    got = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
+                    raise ValueError(f"init({start}, {stop}) gave {got}, not rows of shape ({stop - start}, {d})")
+                rows = rows.detach().to("cpu", torch.float32).contiguous()
             elif init is not None:
                 rows = torch.empty(stop - start, d).uniform_(init[0], init[1], generator=generator)
             else:

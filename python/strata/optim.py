@@ -191,6 +191,12 @@ class _OffloadedAdamBase(Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if tier not in ("host", "cxl", "nvme"):
             raise ValueError(f"unknown optimizer state tier {tier!r} (use 'host', 'cxl' or 'nvme')")
+        if updater not in ("cpu", "cuda"):
+            raise InvalidArgumentError(f"unknown updater {updater!r} (use 'cpu' or 'cuda')")
+        if chunk_bytes is not None and (
+            not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0
+        ):
+            raise InvalidArgumentError(f"chunk_bytes {chunk_bytes!r} is not a positive byte count")
         if runtime is not None and nvme_path is not None:
             raise ValueError("nvme_path is the runtime's own for an optimizer on a runtime; leave it None")
         if runtime is None:

@@ -288,6 +288,16 @@ def test_bad_budgets_and_nvme_path_raise_strata_errors(tmp_path):
     # NVMe too small for what does not fit above: the allocation is refused.
     with pytest.raises(strata.OutOfCapacityError):
         strata.nn.EmbeddingBag(100_000, 16, fast_bytes=PAGE, nvme_path=str(tmp_path), nvme_bytes=PAGE)
+    for page in (0, 3000):
+        with pytest.raises(strata.InvalidArgumentError, match="page_size"):
+            strata.nn.EmbeddingBag(1000, 16, page_size=page)
+    # An init function's rows are taken by value, whatever their float type;
+    # rows of the wrong shape are refused by name.
+    rows = torch.arange(40, dtype=torch.float64).reshape(10, 4)
+    emb = strata.nn.EmbeddingBag(10, 4, init=lambda a, b: rows[a:b])
+    torch.testing.assert_close(emb.weight, rows.float(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"init\(0, 10\) gave \(10, 3\)"):
+        strata.nn.EmbeddingBag(10, 4, init=lambda a, b: torch.zeros(b - a, 3))
 
 
 def test_frozen_from_pretrained_never_changes(tmp_path):

@@ -191,6 +191,10 @@ def test_refusals():
         strata.optim.AdamW(model().parameters(), tier="nvme")
     with pytest.raises(strata.InvalidArgumentError, match="for tier 'nvme'"):
         strata.optim.AdamW(model().parameters(), tier="host", nvme_path="/tmp")
+    with pytest.raises(strata.InvalidArgumentError, match="unknown updater 'gpu'"):
+        strata.optim.AdamW(model().parameters(), updater="gpu")
+    with pytest.raises(strata.InvalidArgumentError, match="chunk_bytes 0"):
+        strata.optim.AdamW(model().parameters(), chunk_bytes=0)
 
 
 def test_offloaded_adam_directly():
