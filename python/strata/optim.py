@@ -140,6 +140,28 @@ def _check_nvme_path(path: str) -> None:
         raise PermissionError(f"nvme_path {path!r} cannot take the optimizer's states: {e}") from e
 
 
+def _check_hyper(hyper: Dict[str, Any], weight_decay: float, group: int) -> None:
+    """Raises InvalidArgumentError for options an Adam step cannot take
+    (param group `group`'s, as a schedule or an edit left them)."""
+    b1, b2 = hyper["betas"]
+    ok = (
+        math.isfinite(hyper["lr"])
+        and hyper["lr"] >= 0.0
+        and 0.0 <= b1 < 1.0
+        and 0.0 <= b2 < 1.0
+        and math.isfinite(hyper["eps"])
+        and hyper["eps"] >= 0.0
+        and math.isfinite(weight_decay)
+        and weight_decay >= 0.0
+    )
+    if not ok:
+        raise InvalidArgumentError(
+            f"param group {group}: lr {hyper['lr']}, betas {hyper['betas']}, eps {hyper['eps']}, "
+            f"weight_decay {weight_decay}: lr, eps and weight_decay must be finite and non-negative, "
+            "betas in [0, 1)"
+        )
+
+
 def _chunk_bytes(numel: int, limit: int) -> int:
     """A power-of-two chunk no larger than needed (4 KiB at least)."""
     want = max(4096, 1 << max(0, (numel * 4 - 1).bit_length()))
@@ -400,13 +422,16 @@ class _OffloadedAdamBase(Optimizer):
         scale = getattr(self, "grad_scale", None)
         unscale = 1.0 if scale is None else 1.0 / float(scale)
         stepped = []
-        for group in self.param_groups:
+        # Every group's options and every gradient checked before any
+        # parameter moves: a refused step changes nothing.
+        work = []
+        for k, group in enumerate(self.param_groups):
             hyper = self._hyper(group)
+            _check_hyper(hyper, float(group["weight_decay"]), k)
+            work.append((group, hyper, [(p, self._check_grad(p)) for p in group["params"] if p.grad is not None]))
+        for group, hyper, grads in work:
             wd = float(group["weight_decay"])
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = self._check_grad(p)
+            for p, grad in grads:
                 entry = self._offloaded.get(p)
                 if entry is None:
                     self._new_state(p, group)

@@ -139,6 +139,20 @@ def test_a_refused_state_dict_leaves_the_state_as_it_was():
     assert_same_params(m, twin_m)
 
 
+def test_a_refused_step_changes_no_parameter():
+    m = model()
+    opt = strata.optim.AdamW(groups(m))
+    train(m, opt, 1)
+    before = [p.detach().clone() for p in m.parameters()]
+    m(torch.randn(4, 8)).sum().backward()
+    opt.param_groups[-1]["lr"] = float("nan")
+    with pytest.raises(strata.InvalidArgumentError, match=f"param group {len(opt.param_groups) - 1}"):
+        opt.step()
+    for p, q in zip(m.parameters(), before):
+        assert torch.equal(p, q)
+    assert len(opt.param_groups) > 1  # the bad group is not the only one
+
+
 def test_zero_grad_and_params_without_gradients():
     m = model()
     opt = strata.optim.AdamW(m.parameters())
