@@ -88,7 +88,7 @@ impl Outcome {
 
 /// Moves locked NVMe pages into the memory tier `dst`; pages that find it
 /// full go to `full`. Nothing returns early once a page's slot is out for
-/// a read: it is put back (or the page stays lost, and is counted so).
+/// a read: it is put back, even when the engine never returns the read.
 pub(crate) fn read_in(
     table: &Table,
     mut pages: Locked<'_>,
@@ -109,18 +109,25 @@ pub(crate) fn read_in(
         Ok(mut session) => {
             let begun = submit_reads(table, &mut session, &mut pages, direct, full, &mut out);
             reap_reads(table, &mut session, &mut pages, &begun, dst, full, &mut out);
-            // Reads still in flight never came back: their pages stay lost
-            // (reads of them fail with `Io`), and their NVMe slots went with
-            // the requests. The stats say so.
+            // Reads the engine never gave back: each page goes back to its
+            // NVMe slot, whose bytes a read does not change; the move fails.
             let never_reaped = session.in_flight() as u64;
             if never_reaped > 0 {
-                table.rt.note_lost_pages(never_reaped);
-            }
-            if direct.is_some() {
-                // Direct reads never reaped hold their new slots (leaked
-                // with the request): those keep their reservations, so
-                // promised pages still find room.
-                reserved.pages -= never_reaped;
+                let back = session.abandon();
+                // Only reads are in flight here: every one comes back.
+                table.rt.note_lost_pages(never_reaped - back.len() as u64);
+                for (tag, slot) in back {
+                    let i = tag as usize;
+                    let (_, entry) = &mut pages[i];
+                    entry.put_back(begun[i].expect("every read was begun"), slot);
+                    out.failed += 1;
+                }
+                if direct.is_some() {
+                    // Their new slots went with the requests (the engine
+                    // may still write them): leaked, they keep their
+                    // reservations, so promised pages still find room.
+                    reserved.pages -= never_reaped;
+                }
             }
         }
     }

@@ -21,9 +21,9 @@
 //!   it, which may be dropped at any time); the only state without a slot is
 //!   [`Lost`], entered by [`Entry::take_for_read`] while a read of its NVMe
 //!   slot is in flight under the lock, and left by
-//!   [`Entry::put_back`] or a commit when the read completes. A page stays
-//!   `Lost` (and reads say so, never zeros) only when the I/O engine fails
-//!   with the read in flight.
+//!   [`Entry::put_back`] or a commit when the read completes, or put back
+//!   when the I/O engine fails with the read in flight (the read never
+//!   changes the slot). A page left `Lost` reads as such, never as zeros.
 //!
 //! The transitions are generic over the slot type, so `tests/` (and the
 //! loom model in this module's tests) can check them with plain numbers.

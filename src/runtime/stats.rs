@@ -109,12 +109,12 @@ pub struct Stats {
     /// such a slot is never used again, and the first refusal is returned
     /// by [`Runtime::check`](super::Runtime::check).
     pub failed_frees: u64,
-    /// Pages whose data was lost to I/O errors that left their reads
-    /// unanswered: reading one fails with `ErrorKind::Io` ("page N was
-    /// lost"), and its NVMe slot, with the staging buffer or host slot the
-    /// read was filling, stays with the request that never came back: that
-    /// capacity is gone from the tiers (never reused, since the engine may
-    /// still complete the read into that memory).
+    /// Pages whose data was lost to I/O errors: reading one fails with
+    /// `ErrorKind::Io` ("page N was lost"). A move whose reads the I/O
+    /// engine never returns puts each page back on its NVMe slot (a read
+    /// does not change it), so no page is lost that way; the staging
+    /// buffer or host slot such a read was filling stays with it, gone from
+    /// the tiers (the engine may still complete the read into it).
     pub lost_pages: u64,
     /// Host→device and device→host link traffic, if there is a device tier
     /// (as the backend counts it: every copy, moves and accesses alike).

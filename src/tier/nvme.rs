@@ -634,6 +634,7 @@ struct Pending {
     slot: Slot,
     tag: u64,
     sum: u64,
+    op: IoOp,
 }
 
 /// Batched asynchronous page I/O from one thread. Requests take the slot
@@ -813,7 +814,7 @@ impl NvmeSession<'_> {
                 if op == IoOp::Write {
                     self.store.meta[index as usize].store(META_TORN, Ordering::Release);
                 }
-                self.pending[id as usize] = Some(Pending { slot, tag, sum });
+                self.pending[id as usize] = Some(Pending { slot, tag, sum, op });
                 Ok(())
             }
             Err(req) => {
@@ -822,6 +823,30 @@ impl NvmeSession<'_> {
                 reject(Error::invalid("i/o queue is full"), slot, req.buf)
             }
         }
+    }
+
+    /// Gives up on the requests still in flight, after the engine failed
+    /// to return them: the NVMe slots of reads come back with their tags
+    /// (a read leaves its slot's bytes as they were, so the page's copy
+    /// there is intact whether or not the read still runs); the slots of
+    /// writes stay allocated for good (a write may still land), and every
+    /// buffer stays with the engine. The session ends here.
+    pub fn abandon(mut self) -> Vec<(u64, Slot)> {
+        self.healthy = false;
+        let mut reads = Vec::new();
+        for entry in &mut self.pending {
+            match entry.take() {
+                Some(p) if p.op == IoOp::Read => reads.push((p.tag, p.slot)),
+                Some(p) => {
+                    self.store.meta[p.slot.index() as usize]
+                        .store(META_ABANDONED, Ordering::Release);
+                    // Not freed: the slot stays allocated.
+                    let _ = p.slot;
+                }
+                None => {}
+            }
+        }
+        reads
     }
 
     /// Waits until at least `min` requests (at most those in flight) have
