@@ -63,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import check_page_size
 from ._strata import ExpertCache, InvalidArgumentError
 
 __all__ = ["offload", "OffloadedMoE", "StrataExperts", "StrataGroupedMoE", "find_moe_blocks"]
@@ -1194,10 +1195,8 @@ def offload(
     device_bytes, host_bytes, nvme_path = _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path)
     if device_slots is not None and device_bytes is not None:
         raise InvalidArgumentError("give device_slots or a device budget (device_bytes, max_memory[0]), not both")
-    if page_size is not None and (
-        not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0 or page_size & (page_size - 1)
-    ):
-        raise InvalidArgumentError(f"page_size {page_size!r} is not a power of two (4096 to 2 MiB)")
+    if page_size is not None:
+        check_page_size(page_size)
     first = next(iter(blocks[0].tensors().values()))
     e, two_i, h = blocks[0].dims()
     i = two_i // 2

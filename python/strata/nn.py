@@ -52,6 +52,7 @@ from torch import Tensor, nn
 
 from . import _strata
 from ._bags import _bag_backward, _concat_bags
+from ._checks import check_page_size
 from ._strata import RowTable, Runtime, balance_once, start_balancer, stop_balancer
 
 __all__ = [
@@ -106,8 +107,7 @@ def _make_runtime(
     page_size: int,
 ) -> Runtime:
     """A runtime for tables of table_bytes: see the module's docstring."""
-    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0 or page_size & (page_size - 1):
-        raise _strata.InvalidArgumentError(f"page_size {page_size!r} is not a power of two (4096 to 2 MiB)")
+    check_page_size(page_size)
     if fast_bytes is not None and (not isinstance(fast_bytes, int) or fast_bytes < page_size):
         raise _strata.InvalidArgumentError(
             f"fast_bytes {fast_bytes!r} must be an int of at least one page ({page_size} bytes)"
