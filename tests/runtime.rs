@@ -936,6 +936,27 @@ fn pages_whose_reads_the_engine_lost_stay_where_they_were() {
     }
 }
 
+/// A range of no bytes names no page, wherever it starts: evicting,
+/// prefetching or pinning it moves and pins nothing.
+#[test]
+fn an_empty_range_inside_a_page_acts_on_no_page() {
+    let rt = sim_and_host(4, 16);
+    let b = rt
+        .alloc_with(2 * PAGE as u64, Placement::Prefer(Tier::Device))
+        .unwrap();
+    b.write(0, &pattern(1, 1, 2 * PAGE)).unwrap();
+    let mid = PAGE as u64 + 100;
+    b.evict(mid..mid, Tier::Host).unwrap();
+    assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Device));
+    b.evict(0..2 * PAGE as u64, Tier::Host).unwrap();
+    b.prefetch(mid..mid, Tier::Device).wait().unwrap();
+    assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Host));
+    let pin = b.pin(mid..mid, Tier::Device).unwrap();
+    assert!(pin.pages().is_empty() && pin.addresses().is_empty());
+    drop(pin);
+    assert_eq!(b.tier_of(1).unwrap(), Some(Tier::Host));
+}
+
 #[test]
 fn the_simulated_devices_memory_is_lent_as_slices_without_crossing_the_link() {
     let rt = sim_and_host(4, 16);

@@ -518,6 +518,10 @@ impl Table {
                 range.start, range.end, self.len
             )));
         }
+        if range.is_empty() {
+            // No bytes, no pages (at an offset inside a page too).
+            return Ok(0..0);
+        }
         let page = self.rt.page_size() as u64;
         Ok((range.start / page) as usize..range.end.div_ceil(page) as usize)
     }
