@@ -38,6 +38,28 @@ pub struct AdamParams {
     pub weight_decay: f32,
 }
 
+impl AdamParams {
+    /// An error unless a step can take these: lr, eps and weight decay
+    /// finite and non-negative, each beta in [0, 1) (a beta of 1 makes the
+    /// bias correction 0, and every weight infinite or NaN).
+    pub fn check(&self) -> crate::error::Result<()> {
+        let ok = |x: f32| x.is_finite() && x >= 0.0;
+        if !ok(self.lr) || !ok(self.eps) || !ok(self.weight_decay) {
+            return Err(crate::error::Error::invalid(format!(
+                "lr {}, eps {} and weight_decay {} must be finite and non-negative",
+                self.lr, self.eps, self.weight_decay
+            )));
+        }
+        if !(0.0..1.0).contains(&self.beta1) || !(0.0..1.0).contains(&self.beta2) {
+            return Err(crate::error::Error::invalid(format!(
+                "betas ({}, {}) must each be in [0, 1)",
+                self.beta1, self.beta2
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for AdamParams {
     fn default() -> Self {
         Self {

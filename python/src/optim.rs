@@ -256,8 +256,7 @@ impl OffloadedAdam {
         let p = adam(lr, betas, eps, weight_decay)?;
         // The lock may be held by a step on another thread: wait without
         // the GIL (so do the other accessors below).
-        py.detach(|| self.inner.lock().set_adam(p));
-        Ok(())
+        py.detach(|| self.inner.lock().set_adam(p)).map_err(raise)
     }
 
     /// One step with these gradients (float32, one per parameter); with

@@ -169,6 +169,7 @@ impl OffloadedAdam {
     /// The checks every constructor makes.
     fn check_config(weights: &[f32], config: &OptimConfig) -> Result<()> {
         crate::size::check_page_size(config.chunk_bytes).map_err(|e| e.context("chunk"))?;
+        config.adam.check()?;
         if weights.is_empty() {
             return Err(Error::invalid("an optimizer needs at least one parameter"));
         }
@@ -624,8 +625,10 @@ impl OffloadedAdam {
 
     /// Changes the hyper-parameters from the next step on (a learning-rate
     /// schedule, a framework's parameter groups edited between steps).
-    pub fn set_adam(&mut self, adam: AdamParams) {
+    pub fn set_adam(&mut self, adam: AdamParams) -> Result<()> {
+        adam.check()?;
         self.config.adam = adam;
+        Ok(())
     }
 
     /// Sets the step count (the bias corrections of the next step use

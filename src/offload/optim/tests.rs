@@ -110,8 +110,8 @@ fn restored_state_continues_bitwise() {
             lr: 5e-3,
             ..a.adam()
         };
-        a.set_adam(faster);
-        b.set_adam(faster);
+        a.set_adam(faster).unwrap();
+        b.set_adam(faster).unwrap();
         for t in 4..=5 {
             a.step(&g(t)).unwrap();
             b.step(&g(t)).unwrap();
@@ -372,4 +372,54 @@ fn an_aliased_step_updates_the_callers_weights_as_the_master() {
     let e = a.step_aliased(&g, 1.0, &mut w0.clone()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     a.step(&g).unwrap();
+}
+
+/// Hyper-parameters a step cannot take (a beta of 1, a NaN or negative
+/// rate) are refused when the optimizer is made and when they are changed,
+/// and a refused change keeps the ones before: no step turns the weights
+/// into NaN.
+#[test]
+fn hyper_parameters_a_step_cannot_take_are_refused() {
+    let bad = [
+        AdamParams {
+            lr: f32::NAN,
+            ..AdamParams::default()
+        },
+        AdamParams {
+            lr: f32::INFINITY,
+            ..AdamParams::default()
+        },
+        AdamParams {
+            beta1: 1.0,
+            ..AdamParams::default()
+        },
+        AdamParams {
+            beta2: -0.5,
+            ..AdamParams::default()
+        },
+        AdamParams {
+            eps: -1.0,
+            ..AdamParams::default()
+        },
+        AdamParams {
+            weight_decay: f32::NAN,
+            ..AdamParams::default()
+        },
+    ];
+    let w = vec![0.5f32; 64];
+    for adam in bad {
+        let mut cfg = OptimConfig::new(StateTier::Host);
+        cfg.adam = adam;
+        let e = OffloadedAdam::new(&w, cfg).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            crate::error::ErrorKind::InvalidArgument,
+            "{adam:?}: {e}"
+        );
+        let mut a = OffloadedAdam::new(&w, OptimConfig::new(StateTier::Host)).unwrap();
+        assert!(a.set_adam(adam).is_err(), "{adam:?}");
+        assert_eq!(a.adam(), AdamParams::default());
+        a.step(&[0.25; 64]).unwrap();
+        assert!(a.read_state(0).unwrap().iter().all(|x| x.is_finite()));
+    }
 }
