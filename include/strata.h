@@ -613,15 +613,16 @@ typedef struct strata_optim_config {
      */
     size_t chunk_bytes;
     /**
-     * Learning rate.
+     * Learning rate (finite, at least 0, as `eps` and `weight_decay`;
+     * `strata_optim_create` refuses others).
      */
     float lr;
     /**
-     * First-moment decay.
+     * First-moment decay, in [0, 1).
      */
     float beta1;
     /**
-     * Second-moment decay.
+     * Second-moment decay, in [0, 1).
      */
     float beta2;
     /**

@@ -26,11 +26,12 @@ pub struct strata_optim_config {
     pub nvme_path: *const c_char,
     /// Bytes of one chunk of one state array (a power of two, 4 KiB–2 MiB).
     pub chunk_bytes: usize,
-    /// Learning rate.
+    /// Learning rate (finite, at least 0, as `eps` and `weight_decay`;
+    /// `strata_optim_create` refuses others).
     pub lr: f32,
-    /// First-moment decay.
+    /// First-moment decay, in [0, 1).
     pub beta1: f32,
-    /// Second-moment decay.
+    /// Second-moment decay, in [0, 1).
     pub beta2: f32,
     /// Added to the denominator.
     pub eps: f32,
