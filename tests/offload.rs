@@ -460,6 +460,14 @@ fn an_expert_cache_refuses_sizes_and_ids_out_of_range() {
     // The highest id allowed works.
     c.register(strata::offload::moe::MAX_LAYERS - 1, 0, &[1u8; 4096])
         .unwrap();
+    // A prediction naming an unknown expert starts no move at all.
+    c.register(0, 0, &[1u8; 4096]).unwrap();
+    for call in [ExpertCache::prefetch, ExpertCache::read_ahead] {
+        let e = call(&c, 0, &[0, 99]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        let s = c.stats();
+        assert_eq!((s.prefetches, s.reads_ahead, s.bytes_moved), (0, 0, 0));
+    }
 }
 
 /// One pool of slots (the default) takes experts of any layer, whatever

@@ -880,6 +880,11 @@ impl ExpertCache {
         Ok(())
     }
 
+    /// The indices of `experts` of `layer`: an error if any is unknown.
+    fn lookup_all(&self, layer: u32, experts: &[u32]) -> Result<Vec<usize>> {
+        experts.iter().map(|&e| self.lookup(layer, e)).collect()
+    }
+
     fn lookup(&self, layer: u32, expert: u32) -> Result<usize> {
         self.index.get(&(layer, expert)).copied().ok_or_else(|| {
             Error::new(
@@ -1258,11 +1263,12 @@ impl ExpertCache {
         if self.config.eviction == Eviction::NoCache {
             return Ok(0);
         }
+        // Every expert known before any move starts: an error starts none.
+        let ids = self.lookup_all(layer, experts)?;
         let mut started = 0;
         let mut s = self.state.lock();
         let s = &mut *s;
-        for &e in experts {
-            let i = self.lookup(layer, e)?;
+        for i in ids {
             if s.meta[i].resident || self.in_place(s, i) {
                 continue;
             }
@@ -1293,12 +1299,12 @@ impl ExpertCache {
         if self.config.eviction == Eviction::NoCache {
             return Ok(0);
         }
+        let ids = self.lookup_all(layer, experts)?;
         let mut s = self.state.lock();
         let s = &mut *s;
         s.reuse.at(layer);
         let mut started = 0;
-        for &e in experts {
-            let i = self.lookup(layer, e)?;
+        for i in ids {
             if s.meta[i].resident || self.in_place(s, i) || !self.make_room(s, layer, i, false)? {
                 continue;
             }
