@@ -334,7 +334,14 @@ fn scales(
                     let mean_sq = g.iter().map(|x| x * x).sum::<f32>() / d as f32;
                     let acc = &mut state[r as usize];
                     *acc += mean_sq;
-                    lr / (acc.sqrt() + eps)
+                    let denom = acc.sqrt() + eps;
+                    // 0 only for a row whose gradients so far were all zero
+                    // with eps 0: nothing to scale (0 / 0 would be NaN).
+                    if denom > 0.0 {
+                        lr / denom
+                    } else {
+                        0.0
+                    }
                 })
                 .collect()
         }

@@ -295,6 +295,21 @@ fn sgd_and_rowwise_adagrad_update_rows_in_place() {
     }
 }
 
+/// Row-wise Adagrad with eps 0 (allowed) leaves a row whose gradients
+/// were all zero as it was, not NaN.
+#[test]
+fn rowwise_adagrad_with_eps_zero_leaves_zero_gradient_rows_alone() {
+    let (rows, dim) = (16u64, 4usize);
+    let rt = host(8);
+    let (t, w) = filled(&rt, rows, dim);
+    let mut state = vec![0f32; rows as usize];
+    t.rowwise_adagrad(&[7], &[0.0; 4], &mut state, 0.1, 0.0)
+        .unwrap();
+    let mut got = vec![0f32; dim];
+    t.read_rows(&[7], &mut got).unwrap();
+    assert_eq!(got, w[7 * dim..8 * dim]);
+}
+
 #[test]
 fn mapped_gather_equals_the_buffer_gather_and_counts_device_hits() {
     let (rows, dim) = (2048u64, 16usize); // 64 B rows: 64 a page, 32 pages
