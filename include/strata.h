@@ -808,7 +808,7 @@ typedef struct strata_config {
     strata_device device;
     /**
      * Page size of every tier: a power of two, 4 KiB … 2 MiB (default 64
-     * KiB).
+     * KiB, which `STRATA_CONFIG_DEFAULT` also leaves it to).
      */
     uint64_t page_size;
     /**

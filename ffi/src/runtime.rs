@@ -67,7 +67,7 @@ pub struct strata_config {
     /// `STRATA_DEVICE_*` (default `STRATA_DEVICE_AUTO`).
     pub device: strata_device,
     /// Page size of every tier: a power of two, 4 KiB … 2 MiB (default 64
-    /// KiB).
+    /// KiB, which `STRATA_CONFIG_DEFAULT` also leaves it to).
     pub page_size: u64,
     /// The device tier's size: the simulated GPU's (default 1 GiB), or a
     /// cap on a real one (default: all the GPU's free memory less a
