@@ -138,6 +138,26 @@ pub struct HarvestParams {
     pub shift: u32,
 }
 
+impl HarvestParams {
+    /// An error unless a harvest can take these: decay in (0, 1], shift
+    /// below 32 (a count is 32 bits).
+    pub fn check(&self) -> crate::error::Result<()> {
+        if !(self.decay > 0.0 && self.decay <= 1.0) {
+            return Err(crate::error::Error::invalid(format!(
+                "decay {} is not in (0, 1]",
+                self.decay
+            )));
+        }
+        if self.shift >= 32 {
+            return Err(crate::error::Error::invalid(format!(
+                "sampling shift {} is not below 32",
+                self.shift
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for HarvestParams {
     fn default() -> Self {
         Self {

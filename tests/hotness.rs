@@ -82,7 +82,7 @@ fn accesses_and_kernel_loads_make_pages_hot() {
         k: 2,
         shift: 0,
     };
-    let _ = b.harvest(params); // the writes, folded
+    b.harvest(params).unwrap(); // the writes, folded
     let mut out = vec![0; 100];
     for _ in 0..10 {
         b.read(5 * PAGE as u64, &mut out).unwrap();
@@ -95,7 +95,7 @@ fn accesses_and_kernel_loads_make_pages_hot() {
         }
         let _: u8 = launch.load(0);
     }
-    let h = b.harvest(params);
+    let h = b.harvest(params).unwrap();
     let hot: Vec<u64> = h.hot.iter().map(|x| x.0).collect();
     assert_eq!(hot, vec![7, 5], "{h:?}");
     // Device pages: page 1 was not touched since the first harvest.
@@ -209,11 +209,12 @@ fn a_readers_page_view_reads_what_was_written_and_touch_counts() {
     let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
     let b = rt.alloc(len as u64).unwrap();
     b.write(0, &data).unwrap();
-    let _ = b.harvest(HarvestParams {
+    b.harvest(HarvestParams {
         decay: 1e-9,
         k: 0,
         shift: 0,
-    });
+    })
+    .unwrap();
     let map = b.device_map().unwrap();
     {
         let launch = map.prepare(Access::ReadOnly).unwrap();
@@ -243,4 +244,40 @@ fn a_page_view_beyond_the_buffer_panics_like_an_index() {
     let map = b.device_map().unwrap();
     let launch = map.prepare(Access::ReadOnly).unwrap();
     let _ = launch.reader(0).page(1);
+}
+
+/// Harvest parameters out of range are refused and change nothing: a NaN
+/// decay would leave every score NaN for good, a shift of 32 or more
+/// overflows the counts' scale.
+#[test]
+fn harvest_refuses_parameters_out_of_range() {
+    const PAGE: usize = 16 << 10;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(16 * PAGE as u64)
+        .build()
+        .unwrap();
+    let b = rt.alloc(4 * PAGE as u64).unwrap();
+    b.write(0, &vec![1u8; 4 * PAGE]).unwrap();
+    let ok = HarvestParams {
+        decay: 0.5,
+        k: 4,
+        shift: 0,
+    };
+    for bad in [
+        HarvestParams {
+            decay: f32::NAN,
+            ..ok
+        },
+        HarvestParams { decay: 0.0, ..ok },
+        HarvestParams { decay: 1.5, ..ok },
+        HarvestParams { shift: 32, ..ok },
+        HarvestParams { shift: 64, ..ok },
+    ] {
+        let e = b.harvest(bad).unwrap_err();
+        assert_eq!(e.kind(), strata::ErrorKind::InvalidArgument, "{bad:?}: {e}");
+    }
+    // The counts are still there for a good harvest.
+    let h = b.harvest(ok).unwrap();
+    assert!(!h.hot.is_empty(), "{h:?}");
 }

@@ -58,9 +58,6 @@ pub unsafe extern "C" fn strata_buffer_harvest(
     cold_len: *mut usize,
 ) -> c_int {
     boundary("strata_buffer_harvest", || {
-        if !(decay > 0.0 && decay <= 1.0) {
-            return Err(Fail::invalid(format!("decay {decay} is not in (0, 1]")));
-        }
         // SAFETY: each as this function's contract states.
         let (hp, hs, hl, cp, cs, cl) = unsafe {
             (
@@ -78,7 +75,7 @@ pub unsafe extern "C" fn strata_buffer_harvest(
             k: cap,
             // Scores in accesses: counts scaled by the runtime's sampling.
             shift: b.rt.rt.sampling().unwrap_or(0),
-        });
+        })?;
         for (i, &(p, s)) in h.hot.iter().enumerate() {
             hp[i] = p;
             hs[i] = s;

@@ -331,8 +331,10 @@ impl Buffer {
 
     /// Folds the pages' access counts into their decayed scores and returns
     /// the hottest pages not in device memory and the coldest in it (see
-    /// [`crate::hotness`]).
-    pub fn harvest(&self, params: HarvestParams) -> Harvest {
+    /// [`crate::hotness`]). Parameters out of range are an error
+    /// ([`HarvestParams::check`]) and change nothing.
+    pub fn harvest(&self, params: HarvestParams) -> Result<Harvest> {
+        params.check()?;
         let mut scores = self.table.scores.lock();
         // The counts about to be taken settle promotions waiting for their
         // payback (see `Table::note_harvest`).
@@ -341,7 +343,12 @@ impl Buffer {
                 .note_harvest(p, c.load(std::sync::atomic::Ordering::Relaxed));
         }
         let resident = |p: usize| self.table.pages[p].lock().tier() == Some(Tier::Device);
-        crate::hotness::harvest(&self.table.counters, &mut scores, &resident, params)
+        Ok(crate::hotness::harvest(
+            &self.table.counters,
+            &mut scores,
+            &resident,
+            params,
+        ))
     }
 
     /// The buffer's device map (made on first use); see [`DeviceMap`].

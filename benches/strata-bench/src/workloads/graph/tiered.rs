@@ -284,11 +284,11 @@ impl TieredGraph {
         for b in self.bufs.iter().flatten() {
             b.evict(0..b.len(), Tier::Host)?;
             // Decay 1e-9 leaves no trace of the counts in the scores.
-            let _ = b.harvest(strata::hotness::HarvestParams {
+            b.harvest(strata::hotness::HarvestParams {
                 decay: 1e-9,
                 k: 0,
                 shift: 0,
-            });
+            })?;
         }
         self.rt.configure_balancer(balancer)
     }
