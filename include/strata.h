@@ -1939,7 +1939,10 @@ int strata_runtime_create(const struct strata_config *config, struct strata_runt
  * NUL-terminated JSON object (as `strata_runtime_config_json`) stored in
  * `*json`, its length (without the NUL) in `*len` if `len` is not NULL;
  * the caller frees it with `strata_string_free`. A bad field gives the
- * status and message `strata_runtime_create` would. Thread-safe.
+ * status and message `strata_runtime_create` would; what only opening the
+ * tiers finds out (a NUMA node the kernel will not bind, memory or a file
+ * the machine cannot give) is `strata_runtime_create`'s alone.
+ * Thread-safe.
  *
  * # Safety
  * `config` is NULL or points to a readable `strata_config` whose

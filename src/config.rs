@@ -544,12 +544,35 @@ impl Config {
                     "{tier} capacity {capacity} holds no whole page of {page} bytes"
                 )));
             }
+            // Each tier counts its pages in 32 bits.
+            if capacity / page > u64::from(u32::MAX) {
+                return Err(Error::invalid(format!(
+                    "{tier} capacity {capacity} has too many pages"
+                )));
+            }
         }
-        if let Some(nvme) = self.nvme.as_ref().filter(|n| n.capacity % page != 0) {
-            return Err(Error::invalid(format!(
-                "nvme capacity {} is not a multiple of the page size {page}",
-                nvme.capacity
-            )));
+        if let Some(nvme) = &self.nvme {
+            if nvme.capacity % page != 0 {
+                return Err(Error::invalid(format!(
+                    "nvme capacity {} is not a multiple of the page size {page}",
+                    nvme.capacity
+                )));
+            }
+            if !(1..=4096).contains(&nvme.queue_depth) {
+                return Err(Error::invalid(format!(
+                    "queue depth {} is outside 1..=4096",
+                    nvme.queue_depth
+                )));
+            }
+        }
+        // An emulated CXL tier's link, as the tier checks it (the measured
+        // bandwidth it takes where none is given is always usable).
+        if let Some(cxl) = self.cxl.as_ref().filter(|c| c.mode == CxlMode::Emulated) {
+            let model = crate::link::LinkModel {
+                bandwidth: cxl.bandwidth.unwrap_or(f64::MAX),
+                latency_ns: cxl.latency_ns,
+            };
+            model.check().map_err(|e| e.context("emulated cxl"))?;
         }
         Ok(())
     }

@@ -179,7 +179,7 @@ fn the_environment_still_overrides_the_file() {
 #[test]
 fn a_bad_value_gives_the_same_message_from_rust_and_toml() {
     type Spoil = fn(&mut Settings);
-    let cases: [(Spoil, &str, &str); 9] = [
+    let cases: [(Spoil, &str, &str); 12] = [
         (
             |s| s.page_size = Some(3000),
             "page_size = 3000",
@@ -224,6 +224,23 @@ fn a_bad_value_gives_the_same_message_from_rust_and_toml() {
             |s| (s.cxl_mode, s.cxl_capacity) = (Some(CxlMode::Emulated), Some(100)),
             "[cxl]\nmode = \"emulated\"\ncapacity = 100",
             "cxl capacity 100",
+        ),
+        // What the tiers would refuse when opened is refused here already
+        // (so a config shown as valid builds).
+        (
+            |s| s.host_capacity = Some(1 << 60),
+            "[host]\ncapacity = 1152921504606846976",
+            "too many pages",
+        ),
+        (
+            |s| (s.cxl_mode, s.cxl_bandwidth) = (Some(CxlMode::Emulated), Some(0)),
+            "[cxl]\nmode = \"emulated\"\nbandwidth = 0",
+            "below 1 MB/s",
+        ),
+        (
+            |s| (s.cxl_mode, s.cxl_latency_ns) = (Some(CxlMode::Emulated), Some(5_000_000)),
+            "[cxl]\nmode = \"emulated\"\nlatency_ns = 5000000",
+            "above 1 ms",
         ),
     ];
     for (spoil, text, says) in cases {
