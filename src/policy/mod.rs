@@ -151,6 +151,10 @@ impl FromStr for PolicyKind {
     }
 }
 
+/// Heap a policy takes per page of its capacity, about (its maps, lists
+/// and counters: the default policy's, the largest, 100-120 bytes).
+const BYTES_PER_PAGE: usize = 128;
+
 /// Builds a policy of `kind` for a cache of `capacity` pages.
 ///
 /// `trace` is the future: the whole sequence of accesses that will follow,
@@ -161,6 +165,19 @@ pub fn build(kind: PolicyKind, capacity: usize, trace: Option<&[u64]>) -> Result
     if capacity == 0 {
         return Err(Error::invalid("the capacity must be at least 1 page"));
     }
+    // A capacity whose bookkeeping the allocator cannot give is an error,
+    // not an abort in the middle of building the maps: asked for up front.
+    let bytes = capacity.saturating_mul(BYTES_PER_PAGE);
+    let mut probe: Vec<u8> = Vec::new();
+    probe.try_reserve_exact(bytes).map_err(|_| {
+        Error::new(
+            crate::error::ErrorKind::OutOfCapacity,
+            format!(
+                "a policy over {capacity} pages needs about {bytes} bytes of memory for its bookkeeping, more than this process can get"
+            ),
+        )
+    })?;
+    drop(probe);
     Ok(match kind {
         PolicyKind::Lru => Box::new(lru::Lru::new(capacity)),
         PolicyKind::Lfu => Box::new(lfu::Lfu::new(capacity)),
@@ -207,6 +224,11 @@ mod tests {
     fn build_checks_its_arguments() {
         assert!(build(PolicyKind::Lru, 0, None).is_err());
         assert!(build(PolicyKind::Belady, 4, None).is_err());
+        // Bookkeeping the allocator cannot give is an error, not an abort.
+        for k in [PolicyKind::Default, PolicyKind::Arc, PolicyKind::Lru] {
+            let e = build(k, usize::MAX / 64, None).err().expect("refused");
+            assert_eq!(e.kind(), crate::error::ErrorKind::OutOfCapacity, "{k}: {e}");
+        }
         for k in PolicyKind::ALL {
             let t = [1, 2, 3, 1];
             let mut p = build(k, 2, Some(&t)).unwrap();
