@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use pyo3::exceptions::PyIndexError;
+use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use strata::offload::embedding::{
@@ -22,6 +22,39 @@ use crate::buffer::Buffer;
 use crate::errors::{invalid, raise};
 use crate::pybuf::Contiguous;
 use crate::runtime::Runtime;
+
+/// Refuses a buffer whose elements are declared to be of another type than
+/// `codes` (the `struct` codes of the type wanted, native order): a float64
+/// array read as float32 would be garbage. Untyped bytes ("B") pass as
+/// they are.
+fn check_type(view: &Contiguous<'_>, codes: &[&str], wanted: &str, what: &str) -> PyResult<()> {
+    let format = view.format();
+    let code = format.trim_start_matches(['@', '=', '<']);
+    if code == "B" || codes.contains(&code) {
+        return Ok(());
+    }
+    Err(PyTypeError::new_err(format!(
+        "{what} holds elements of format {format:?}; it must be {wanted}"
+    )))
+}
+
+/// int64 values of an index buffer.
+fn int64s(view: &Contiguous<'_>, what: &str) -> PyResult<Vec<i64>> {
+    check_type(view, &["q", "l"], "int64", what)?;
+    ints(view.as_slice(), what)
+}
+
+/// float32 values of a buffer.
+fn float32s(view: &Contiguous<'_>, what: &str) -> PyResult<Vec<f32>> {
+    check_type(view, &["f"], "float32", what)?;
+    floats(view.as_slice(), what)
+}
+
+/// A writable buffer's float32 values.
+fn float32s_mut<'a>(view: &'a mut Contiguous<'_>, what: &str) -> PyResult<&'a mut [f32]> {
+    check_type(view, &["f"], "float32", what)?;
+    floats_mut(view.as_mut_slice(), what)
+}
 
 fn ints(bytes: &[u8], what: &str) -> PyResult<Vec<i64>> {
     if bytes.len() % 8 != 0 {
@@ -50,6 +83,10 @@ fn floats(bytes: &[u8], what: &str) -> PyResult<Vec<f32>> {
 }
 
 fn floats_mut<'a>(bytes: &'a mut [u8], what: &str) -> PyResult<&'a mut [f32]> {
+    if bytes.is_empty() {
+        // An empty buffer's pointer may be anything (1, say): no values.
+        return Ok(&mut []);
+    }
     bytemuck::try_cast_slice_mut(bytes)
         .map_err(|_| invalid(format!("{what} is not an aligned array of float32 values")))
 }
@@ -171,6 +208,7 @@ impl RowTable {
     /// Writes data (float32, a whole number of rows) as rows start, start+1, ...
     fn write_rows(&self, py: Python<'_>, start: i64, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let view = Contiguous::readable(data)?;
+        check_type(&view, &["f"], "float32", "data")?;
         let src = view.as_slice();
         // strata's own memory as the source goes through a copy (as
         // Buffer.write does), as does an unaligned one.
@@ -202,9 +240,9 @@ impl RowTable {
         indices: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let idx = ints(Contiguous::readable(indices)?.as_slice(), "indices")?;
+        let idx = int64s(&Contiguous::readable(indices)?, "indices")?;
         let mut view = Contiguous::writable(out)?;
-        let dst = floats_mut(view.as_mut_slice(), "out")?;
+        let dst = float32s_mut(&mut view, "out")?;
         py.detach(|| self.table.read_rows(&idx, dst))
             .map_err(raise_table)
     }
@@ -231,7 +269,7 @@ impl RowTable {
         let given = GivenBags::read(indices, offsets, weights, mean, padding_idx)?;
         let bags = given.bags();
         let mut view = Contiguous::writable(out)?;
-        let dst = floats_mut(view.as_mut_slice(), "out")?;
+        let dst = float32s_mut(&mut view, "out")?;
         let l = py
             .detach(|| self.table.gather(&bags, dst))
             .map_err(raise_table)?;
@@ -265,7 +303,7 @@ impl RowTable {
     ) -> PyResult<()> {
         let given = GivenBags::read(indices, offsets, weights, mean, padding_idx)?;
         let bags = given.bags();
-        let grad = floats(Contiguous::readable(grad)?.as_slice(), "grad")?;
+        let grad = float32s(&Contiguous::readable(grad)?, "grad")?;
         let (lr, eps) = (lr as f32, eps as f32);
         match (optimizer, state) {
             ("sgd", None) => py
@@ -273,7 +311,7 @@ impl RowTable {
                 .map_err(raise_table),
             ("rowwise_adagrad", Some(state)) => {
                 let mut view = Contiguous::writable(state)?;
-                let state = floats_mut(view.as_mut_slice(), "state")?;
+                let state = float32s_mut(&mut view, "state")?;
                 py.detach(|| {
                     self.table
                         .backward(&bags, &grad, Update::RowwiseAdagrad { lr, eps, state })
@@ -316,7 +354,7 @@ impl RowTable {
     ) -> PyResult<()> {
         let (rows, grads) = rows_and_grads(rows, grads)?;
         let mut view = Contiguous::writable(state)?;
-        let st = floats_mut(view.as_mut_slice(), "state")?;
+        let st = float32s_mut(&mut view, "state")?;
         py.detach(|| {
             self.table
                 .rowwise_adagrad(&rows, &grads, st, lr as f32, eps as f32)
@@ -376,10 +414,10 @@ impl GivenBags {
         padding_idx: Option<i64>,
     ) -> PyResult<Self> {
         Ok(Self {
-            indices: ints(Contiguous::readable(indices)?.as_slice(), "indices")?,
-            offsets: ints(Contiguous::readable(offsets)?.as_slice(), "offsets")?,
+            indices: int64s(&Contiguous::readable(indices)?, "indices")?,
+            offsets: int64s(&Contiguous::readable(offsets)?, "offsets")?,
             weights: match weights {
-                Some(w) => Some(floats(Contiguous::readable(w)?.as_slice(), "weights")?),
+                Some(w) => Some(float32s(&Contiguous::readable(w)?, "weights")?),
                 None => None,
             },
             mean,
@@ -407,8 +445,8 @@ fn rows_and_grads(
     rows: &Bound<'_, PyAny>,
     grads: &Bound<'_, PyAny>,
 ) -> PyResult<(Vec<i64>, Vec<f32>)> {
-    let rows = ints(Contiguous::readable(rows)?.as_slice(), "rows")?;
-    let grads = floats(Contiguous::readable(grads)?.as_slice(), "grads")?;
+    let rows = int64s(&Contiguous::readable(rows)?, "rows")?;
+    let grads = float32s(&Contiguous::readable(grads)?, "grads")?;
     Ok((rows, grads))
 }
 

@@ -32,6 +32,7 @@ struct RawBuffer {
 }
 
 const PYBUF_WRITABLE: c_int = 0x0001;
+const PYBUF_FORMAT: c_int = 0x0004;
 const PYBUF_ND: c_int = 0x0008;
 const PYBUF_STRIDES: c_int = 0x0010 | PYBUF_ND;
 const PYBUF_C_CONTIGUOUS: c_int = 0x0020 | PYBUF_STRIDES;
@@ -81,13 +82,25 @@ impl<'py> Contiguous<'py> {
 
     /// Any C-contiguous buffer, read-only or not.
     pub(crate) fn readable(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
-        Self::get(obj, PYBUF_C_CONTIGUOUS)
+        Self::get(obj, PYBUF_C_CONTIGUOUS | PYBUF_FORMAT)
     }
 
     /// A C-contiguous buffer we may write into (bytes, for one, is refused
     /// by its exporter with a BufferError).
     pub(crate) fn writable(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
-        Self::get(obj, PYBUF_C_CONTIGUOUS | PYBUF_WRITABLE)
+        Self::get(obj, PYBUF_C_CONTIGUOUS | PYBUF_WRITABLE | PYBUF_FORMAT)
+    }
+
+    /// The element type in `struct` module syntax ("f", "<q", ...); "B"
+    /// (unsigned bytes) where the exporter names none, as PEP 3118 reads it.
+    pub(crate) fn format(&self) -> std::borrow::Cow<'_, str> {
+        if self.view.format.is_null() {
+            return "B".into();
+        }
+        // SAFETY: asked for with PyBUF_FORMAT, a non-null `format` is a
+        // NUL-terminated string the exporter keeps until the release in
+        // `drop`, which the borrow of `self` outlasts.
+        unsafe { std::ffi::CStr::from_ptr(self.view.format) }.to_string_lossy()
     }
 
     fn len(&self) -> usize {

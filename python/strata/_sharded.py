@@ -174,7 +174,9 @@ class _Route(torch.autograd.Function):
         values = torch.zeros(batch, at[-1])
         for o in range(world):
             served = plan.served(features, o)
-            block = partial[o].reshape(batch, -1) if served else None
+            # The width known, not inferred: a batch of 0 has none to infer.
+            width = sum(dims[i] for i in served)
+            block = partial[o].reshape(batch, width) if served else None
             col = 0
             for i in served:
                 values[:, at[i] : at[i + 1]] += block[:, col : col + dims[i]]

@@ -734,7 +734,10 @@ class EmbeddingBagCollection(nn.Module):
         at fault."""
         jt = features.to_dict()
         known = {f for f, _ in self._features}
-        for k in features.keys():
+        keys = list(features.keys())
+        for k in keys:
+            if keys.count(k) > 1:
+                raise ValueError(f"feature {k!r} appears {keys.count(k)} times in the KeyedJaggedTensor")
             if k not in known:
                 raise ValueError(
                     f"feature {k!r} of the KeyedJaggedTensor is served by no table "

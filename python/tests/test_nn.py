@@ -329,5 +329,21 @@ def test_binding_maps_each_refusal_of_the_table_to_its_exception():
         t.tier_of_row(100)
     with pytest.raises(strata.InvalidArgumentError, match="threads 0 is not in 1..=1024"):
         strata.nn.RowTable(emb.runtime, 10, 4, threads=0)
+    # Arrays of another element type are refused by name, not read as
+    # float32 or int64 bytes.
+    import numpy as np
+
+    with pytest.raises(TypeError, match='data holds elements of format "d"; it must be float32'):
+        t.write_rows(0, np.ones((1, 4)))
+    with pytest.raises(TypeError, match="indices .* must be int64"):
+        t.read_rows(np.array([0, 0, 1, 0], np.int32), np.zeros((2, 4), np.float32))
+    with pytest.raises(TypeError, match="out .* must be float32"):
+        t.read_rows(np.array([0]), np.zeros((1, 4)))
+    with pytest.raises(TypeError, match="weights .* must be float32"):
+        t.bag(np.array([2, 3]), np.array([0, 2]), np.zeros((1, 4), np.float32), weights=np.ones(1))
     assert t.stats()["lookups"] == 0
     torch.testing.assert_close(emb.weight, before)
+    # An empty batch gives no rows, as torch's does.
+    out = emb(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long))
+    assert out.shape == (0, 4)
+    t.read_rows(np.zeros(0, np.int64), np.zeros((0, 4), np.float32))

@@ -140,6 +140,9 @@ def test_bad_input_names_the_feature_and_changes_nothing():
         ours(KeyedJaggedTensor.from_lengths_sync(keys=keys[:3], values=vals[: int(lens[:24].sum())], lengths=lens[:24]))
     with pytest.raises(ValueError, match="feature 'z'.*served by no table"):
         ours(KeyedJaggedTensor.from_lengths_sync(keys=keys[:3] + ["z"], values=vals, lengths=lens))
+    # A feature given twice (its first ids would be dropped).
+    with pytest.raises(ValueError, match="feature 'a' appears 2 times"):
+        ours(KeyedJaggedTensor.from_lengths_sync(keys=["a"] + keys[1:3] + ["a"], values=vals, lengths=lens))
     for t, w in zip(ours.tables, before):
         assert torch.equal(t.weight, w)
     # A table too large for the tiers it is given.
