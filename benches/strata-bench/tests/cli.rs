@@ -1389,6 +1389,34 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
             Expect::Bad("--accesses"),
         )
         .refuses(&d.join("huge.txt")),
+        // A sequence of reads, or bounds over a DRAM, that no memory holds.
+        case(
+            &[
+                "bench",
+                "pages",
+                "--data",
+                "1M",
+                "--dram",
+                "256k",
+                "--path",
+                &p(""),
+                "--ops",
+                "100000000000",
+            ],
+            Expect::Bad("--ops 100000000000"),
+        ),
+        // A device is no trace: /dev/zero is one endless line.
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                "/dev/zero",
+                "--capacity-pages",
+                "2",
+            ],
+            Expect::Bad("not a regular file"),
+        ),
         // A capacity far above the trace's pages runs, as if equal to them.
         case(
             &[

@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::machine::{check_memory, product};
 use crate::random::{Rng, Scramble, Zipf};
 use strata::error::{Error, ErrorKind, Result};
 use strata::io::AlignedBuf;
@@ -423,6 +424,28 @@ pub fn check(seed: u64, p: u64, off: usize, got: &[u8]) -> bool {
 pub fn offset(p: &PagesParams, i: u64) -> usize {
     let slots = (p.page_size / p.read_bytes) as u64;
     (mix(p.seed.wrapping_add(0x5eed) ^ i) % slots) as usize * p.read_bytes
+}
+
+/// Refuses, as bad input, a run whose sequence and bounds this machine
+/// cannot hold: per read its page (4 bytes), the bounds' copy of it and
+/// Belady's next use (8 each); per DRAM page the six references'
+/// bookkeeping; per data page its count.
+fn check_memory_for(p: &PagesParams) -> Result<()> {
+    let reads = match &p.access {
+        // A trace file's reads are its lines, of two bytes at least.
+        Access::File { path } => std::fs::metadata(path)
+            .map(|m| (m.len() / 2).min(p.ops))
+            .unwrap_or(p.ops),
+        _ => p.ops,
+    };
+    let bytes = product(&[reads, 4 + 8 + 8])
+        .saturating_add(product(&[p.dram_pages(), REFERENCES.len() as u64, 128]))
+        .saturating_add(product(&[p.data_pages(), 8]));
+    check_memory(
+        format_args!("--ops {} with --dram {}", p.ops, p.dram),
+        "each read's page and the bounds' replays",
+        bytes,
+    )
 }
 
 /// The page of every read.
@@ -948,6 +971,7 @@ pub fn run(
             format!("--path {} is not a directory", p.path.display()),
         ));
     }
+    check_memory_for(p)?;
     let seq = sequence(p)?;
     let bound = bound(&seq, p.dram_pages(), p.data_pages())?;
     let mut skipped = Vec::new();

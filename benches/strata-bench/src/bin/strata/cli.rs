@@ -221,6 +221,12 @@ pub fn input_file(flag: &str, path: &Path) -> Result<(), Error> {
             "{flag}{} is a directory, not a file",
             path.display()
         ))),
+        // A device or a pipe has no length to check its contents against
+        // (/dev/zero is one endless line).
+        Ok(m) if !m.is_file() => Err(Error::invalid(format!(
+            "{flag}{} is not a regular file",
+            path.display()
+        ))),
         Ok(_) => Ok(()),
         Err(e) => Err(Error::invalid(format!(
             "{flag}{}: {}",

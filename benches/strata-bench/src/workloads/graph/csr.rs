@@ -368,6 +368,14 @@ fn read_edge_list(path: &Path, undirected: bool) -> Result<Csr> {
             edges.push((v, u, w));
         }
     }
+    // The file's length bounds its edges, not its vertices: an id far
+    // above the others makes every per-vertex array that long (about 48
+    // bytes a vertex over the CSR and the kernels' arrays).
+    crate::machine::check_memory(
+        format_args!("--graph file:{}", path.display()),
+        &format!("vertex ids up to {max}, per-vertex arrays of that length"),
+        (max as u64 + 1).saturating_mul(48),
+    )?;
     let g = Csr::from_edges(max as usize + 1, edges, !undirected);
     if g.edges() == 0 {
         return Err(Error::invalid(format!(
