@@ -1405,6 +1405,24 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
             ],
             Expect::Bad("--ops 100000000000"),
         ),
+        // A config file named is checked by every command, even one that
+        // takes no setting from it.
+        case(
+            &[
+                "--config",
+                &p("no-such.toml"),
+                "trace",
+                "gen",
+                "--kind",
+                "zipf",
+                "--accesses",
+                "10",
+                "--out",
+                &p("never.txt"),
+            ],
+            Expect::Bad("no-such.toml"),
+        )
+        .refuses(&d.join("never.txt")),
         // A device is no trace: /dev/zero is one endless line.
         case(
             &[

@@ -120,6 +120,17 @@ fn config_file(flag: Option<&Path>) -> Option<(PathBuf, &'static str)> {
     }
 }
 
+/// A config file named (`--config` or `$STRATA_CONFIG`) is read and
+/// checked before any command runs, whether or not that command takes a
+/// setting from it: a missing or malformed file is never silently passed
+/// over.
+pub fn check_named_config(flag: Option<&Path>) -> Result<(), Error> {
+    if config_file(flag).is_some() {
+        load_config(flag)?;
+    }
+    Ok(())
+}
+
 /// [`Config::load`], with an error that says where the bad value came
 /// from: the file and line, or the environment variable. The library's
 /// message names the key; which source set it is found by resolving again

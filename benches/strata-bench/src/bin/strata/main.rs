@@ -48,7 +48,9 @@ use strata_bench::bench;
     about = "Memory tiering for GPU programs: HBM, DRAM, CXL and NVMe"
 )]
 struct Cli {
-    /// TOML config file (default: $STRATA_CONFIG, then built-in defaults).
+    /// TOML config file (default: $STRATA_CONFIG, then built-in defaults):
+    /// checked by every command; `info` shows it, and the benches that open
+    /// an NVMe tier take its path from it (the others use their own flags).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
     #[command(subcommand)]
@@ -214,6 +216,9 @@ fn exit_status(e: &Error) -> u8 {
 
 fn run(cli: Cli) -> Result<(), Error> {
     let config = cli.config.as_deref();
+    if !matches!(cli.command, Command::Bench(BenchCommand::PagesChild { .. })) {
+        cli::check_named_config(config)?;
+    }
     match cli.command {
         Command::Info { json } => {
             let config = cli::load_config(config)?;
