@@ -15,6 +15,7 @@
 //! one; nothing here is needed to use it.
 
 pub mod bench;
+pub mod files;
 pub mod gen;
 pub mod machine;
 pub mod random;

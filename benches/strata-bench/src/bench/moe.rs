@@ -410,7 +410,7 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         }
         Routing::File { path } => {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+                .map_err(|e| crate::files::read_error("reading", path, e))?;
             let trace = parse_routing(&text, &path.display().to_string())?;
             let (t, l, e) = (trace.routes, trace.layers, trace.experts);
             if trace.has_prefetches && !params.predictor {

@@ -113,7 +113,7 @@ fn read_batches(
         .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
     let mut out = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let line = line.map_err(|e| crate::files::read_error("reading", path, e))?;
         let t = line.trim();
         if t.is_empty() || t.starts_with('#') {
             continue;

@@ -478,7 +478,7 @@ pub fn sequence(p: &PagesParams) -> Result<Vec<u32>> {
         }
         Access::File { path } => {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+                .map_err(|e| crate::files::read_error("reading", path, e))?;
             let mut out = Vec::new();
             for (i, line) in text.lines().enumerate() {
                 let line = line.split('#').next().unwrap_or("").trim();
