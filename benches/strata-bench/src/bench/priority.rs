@@ -59,7 +59,7 @@ impl PriorityParams {
                 self.data
             )));
         }
-        let need = self.data + 2 * PROBE_PAGES as u64 * ps;
+        let need = self.data.saturating_add(2 * PROBE_PAGES as u64 * ps);
         if self.dram < need {
             return Err(Error::invalid(format!(
                 "--dram {} must hold --data and the probe: at least {need} bytes",
@@ -69,7 +69,11 @@ impl PriorityParams {
         if self.ops == 0 || self.trials == 0 {
             return Err(Error::invalid("--ops and --trials must be positive"));
         }
-        Ok(())
+        crate::machine::check_memory(
+            format_args!("--dram {}", self.dram),
+            "the DRAM tier",
+            self.dram,
+        )
     }
 }
 

@@ -180,7 +180,10 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
     let budget = match params.device_budget {
         Budget::Bytes(b) => b,
         Budget::Percent(p) => ((total as f64 * p / 100.0) as u64).max(params.page_size as u64),
-    };
+    }
+    // More than the tables is the tables (as `bench graph` takes it): the
+    // device never holds more than all of them.
+    .min(total.next_multiple_of(params.page_size as u64));
     // Peak, one configuration at a time: the tables in the host tier, the
     // device's (or the row cache's) copy of up to the budget, the indices.
     let indices = product(&[

@@ -426,10 +426,10 @@ pub fn offset(p: &PagesParams, i: u64) -> usize {
     (mix(p.seed.wrapping_add(0x5eed) ^ i) % slots) as usize * p.read_bytes
 }
 
-/// Refuses, as bad input, a run whose sequence and bounds this machine
-/// cannot hold: per read its page (4 bytes), the bounds' copy of it and
-/// Belady's next use (8 each); per DRAM page the six references'
-/// bookkeeping; per data page its count.
+/// Refuses, as bad input, a run whose sequence, bounds and tiers this
+/// machine cannot hold: per read its page (4 bytes), the bounds' copy of it
+/// and Belady's next use (8 each); per DRAM page the six references'
+/// bookkeeping; per data page its count; the DRAM and CXL tiers.
 fn check_memory_for(p: &PagesParams) -> Result<()> {
     let reads = match &p.access {
         // A trace file's reads are its lines, of two bytes at least.
@@ -440,10 +440,17 @@ fn check_memory_for(p: &PagesParams) -> Result<()> {
     };
     let bytes = product(&[reads, 4 + 8 + 8])
         .saturating_add(product(&[p.dram_pages(), REFERENCES.len() as u64, 128]))
-        .saturating_add(product(&[p.data_pages(), 8]));
+        .saturating_add(product(&[p.data_pages(), 8]))
+        .saturating_add(p.dram)
+        .saturating_add(p.cxl.unwrap_or(0));
     check_memory(
-        format_args!("--ops {} with --dram {}", p.ops, p.dram),
-        "each read's page and the bounds' replays",
+        format_args!(
+            "--ops {} with --dram {}{}",
+            p.ops,
+            p.dram,
+            p.cxl.map(|c| format!(" --cxl {c}")).unwrap_or_default()
+        ),
+        "each read's page, the bounds' replays and the memory tiers",
         bytes,
     )
 }

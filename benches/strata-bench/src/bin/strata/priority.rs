@@ -47,7 +47,7 @@ pub fn run(a: PriorityArgs, config: Option<&std::path::Path>) -> Result<(), Erro
     let dram = match &a.dram {
         Some(d) => crate::size_arg("--dram", d)?,
         // The data, the probe, and room to spare.
-        None => data + data / 8 + (64 << 20),
+        None => data.saturating_add(data / 8).saturating_add(64 << 20),
     };
     let params = PriorityParams {
         data,
