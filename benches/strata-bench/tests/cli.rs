@@ -1423,6 +1423,20 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
             Expect::Bad("no-such.toml"),
         )
         .refuses(&d.join("never.txt")),
+        // An output over an input: the trace stays as it was.
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &two,
+                "--capacity-pages",
+                "2",
+                "--json",
+                &two,
+            ],
+            Expect::Bad("name the same file"),
+        ),
         // A device is no trace: /dev/zero is one endless line.
         case(
             &[

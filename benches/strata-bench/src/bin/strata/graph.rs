@@ -177,6 +177,16 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
     }
     strata::size::check_page_size(page_size).map_err(|e| e.context("--page-size"))?;
     // Output files open before the run: a bad path fails at once.
+    let input = match &spec {
+        GraphSpec::File { path, .. } => Some(path.as_path()),
+        _ => None,
+    };
+    crate::out::distinct_files(&[
+        ("--graph file:", input),
+        ("--json", a.json.as_deref()),
+        ("--dump", a.dump.as_deref()),
+        ("--plot", a.plot.as_deref()),
+    ])?;
     let json = crate::open_json(&a.json)?;
     let dump_file = OutputPath::check_opt("--dump", &a.dump)?;
     let plot_file = OutputPath::check_opt("--plot", &a.plot)?;

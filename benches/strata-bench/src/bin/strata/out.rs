@@ -98,6 +98,38 @@ pub struct OutputPath {
     path: PathBuf,
 }
 
+/// Refuses two of `files` (each a flag and its path, `None` where not
+/// given) naming the same file: an output written over an input, or one
+/// output over another.
+pub fn distinct_files(files: &[(&str, Option<&Path>)]) -> Result<(), Error> {
+    // The directory resolved (links, `..`), the name as given.
+    let key = |p: &Path| -> PathBuf {
+        let dir = p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        match (dir.canonicalize(), p.file_name()) {
+            (Ok(d), Some(name)) => d.join(name),
+            _ => p.to_path_buf(),
+        }
+    };
+    let given: Vec<(&str, &Path)> = files
+        .iter()
+        .filter_map(|(f, p)| p.map(|p| (*f, p)))
+        .collect();
+    for (i, (fa, pa)) in given.iter().enumerate() {
+        for (fb, pb) in &given[i + 1..] {
+            if key(pa) == key(pb) {
+                return Err(Error::invalid(format!(
+                    "{fa} and {fb} name the same file {}: give each its own",
+                    pa.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl OutputPath {
     /// Checks that `path` (given as `flag`) can be written: not a
     /// directory, in an existing directory, and opening it for writing

@@ -190,6 +190,7 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
             a.group_pages, a.capacity_pages
         )));
     }
+    crate::out::distinct_files(&[("--trace", Some(&a.trace)), ("--json", a.json.as_deref())])?;
     let json = open_json(&a.json)?;
     crate::cli::input_file("--trace", &a.trace)?;
     // At most one access per two bytes ("0\n"), each held as a u64 (4 B
