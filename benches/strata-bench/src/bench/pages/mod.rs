@@ -216,6 +216,29 @@ impl PagesParams {
             if c.is_empty() {
                 return Err(Error::invalid("--configs names no configuration"));
             }
+            if let Some(twice) = c.iter().enumerate().find(|(i, x)| c[..*i].contains(x)) {
+                return Err(Error::invalid(format!(
+                    "--configs names {:?} twice",
+                    twice.1
+                )));
+            }
+            if self.baselines {
+                return Err(Error::invalid(
+                    "--baselines adds the peers to the default configurations; with --configs, name them there",
+                ));
+            }
+        }
+        // The page cache's process shares its memory limit with the page
+        // cache it measures: below a few MiB the limit kills it.
+        let os = match &self.configs {
+            Some(c) => c.iter().any(|c| c.starts_with("os")),
+            None => self.baselines,
+        };
+        if os && self.dram < MIN_OS_DRAM {
+            return Err(Error::invalid(format!(
+                "--dram {} is below the {MIN_OS_DRAM} bytes the page cache's process needs under its memory limit (configurations os, os-random)",
+                self.dram
+            )));
         }
         if self.trials == 0 {
             return Err(Error::invalid("--trials must be at least 1"));
@@ -223,6 +246,10 @@ impl PagesParams {
         Ok(())
     }
 }
+
+/// The smallest `--dram` the page cache's configurations run under (their
+/// process's own memory shares the cgroup's limit).
+const MIN_OS_DRAM: u64 = 4 << 20;
 
 /// One configuration's run.
 #[derive(Debug, Clone, Serialize, Deserialize)]

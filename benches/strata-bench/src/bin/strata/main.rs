@@ -412,7 +412,10 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
     let params = bench::copy::CopyParams {
         size,
         page_sizes,
-        rounds: a.rounds.max(1),
+        rounds: match a.rounds {
+            0 => return Err(Error::invalid("--rounds must be at least 1")),
+            n => n,
+        },
         cxl_mode: if a.emulate_cxl {
             CxlMode::Emulated
         } else {

@@ -30,7 +30,7 @@ pub struct ReplayArgs {
     /// Pages the cache holds.
     #[arg(long)]
     capacity_pages: usize,
-    /// lru, lfu, gmt, lookahead, arc, s3fifo, sieve, perfect-lfu,
+    /// lru, lfu, lrfu, gmt, lookahead, arc, s3fifo, sieve, perfect-lfu,
     /// lfu-admission (the last two references for comparison), belady,
     /// default, a comma-separated list of them, or all (default: the default
     /// policy).
@@ -343,6 +343,12 @@ fn gen(a: GenArgs) -> Result<(), Error> {
         drift: a.drift,
         tokens: a.tokens,
     };
+    if !(0.0..=1.0).contains(&a.drift) {
+        return Err(Error::invalid(format!(
+            "--drift {} is not a probability (0 to 1)",
+            a.drift
+        )));
+    }
     // 0 would be an empty trace (or, as a limit, read as no limit).
     if a.accesses == Some(0) {
         return Err(Error::invalid("--accesses must be at least 1"));
