@@ -59,7 +59,7 @@ pub struct MoeArgs {
     /// Latency of each transfer on --link-gbps's link, µs.
     #[arg(long, default_value_t = 0.0, requires = "link_gbps")]
     link_latency_us: f64,
-    /// Each layer's compute between fetches, µs, in place of the
+    /// Each layer's compute between fetches, µs (up to 1e6), in place of the
     /// platform's model (a CPU's measured time, say).
     #[arg(long)]
     layer_compute_us: Option<f64>,
@@ -162,9 +162,12 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
         }
         (None, None) => PathBuf::from("."),
     };
+    // A layer's time: up to a second (a run spins or sleeps through it).
     let duration = |us: Option<f64>, flag: &str| match us {
-        Some(us) if us.is_finite() && us >= 0.0 => Ok(Some(us * 1e-6)),
-        Some(us) => Err(Error::invalid(format!("{flag} {us}: not a duration"))),
+        Some(us) if us.is_finite() && (0.0..=1e6).contains(&us) => Ok(Some(us * 1e-6)),
+        Some(us) => Err(Error::invalid(format!(
+            "{flag} {us:e}: not a duration of 0 to 1e6 µs"
+        ))),
         None => Ok(None),
     };
     let layer_compute = duration(a.layer_compute_us, "--layer-compute-us")?;
