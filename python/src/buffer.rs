@@ -214,7 +214,8 @@ pub(crate) struct Ticket {
 impl Ticket {
     /// Waits for the request (at most timeout seconds if given, with the
     /// GIL released) and raises its first error. Returns True when it has
-    /// finished, False when the timeout passed first.
+    /// finished, False when the timeout passed first. Ctrl-C (any signal
+    /// handler that raises) interrupts the wait; the request goes on.
     #[pyo3(signature = (timeout = None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let timeout = match timeout {
@@ -224,9 +225,20 @@ impl Ticket {
             }
             Some(s) => return Err(invalid(format!("timeout {s} is not a number of seconds"))),
         };
-        match py.detach(|| self.ticket.wait_timeout(timeout)) {
-            Some(result) => result.map(|()| true).map_err(raise),
-            None => Ok(false),
+        // In slices, so that Python's signal handlers run between them.
+        const SLICE: Duration = Duration::from_millis(100);
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        loop {
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+            });
+            if let Some(result) = py.detach(|| self.ticket.wait_timeout(left.min(SLICE))) {
+                return result.map(|()| true).map_err(raise);
+            }
+            if left <= SLICE {
+                return Ok(false);
+            }
+            py.check_signals()?;
         }
     }
 
