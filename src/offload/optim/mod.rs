@@ -357,8 +357,14 @@ impl OffloadedAdam {
         let (stats, streamed) = self.step_inner(grads, 1.0, weights.as_deref_mut())?;
         if let (Some(w), false) = (weights, streamed) {
             // A step inside an importance window: the tier's weights and
-            // the resident ones.
-            self.read_state_into(0, w)?;
+            // the resident ones. The step itself has happened; weights
+            // that could not be read back leave `w` neither before nor
+            // after it, so the optimizer refuses further steps, as after
+            // any failed step.
+            if let Err(e) = self.read_state_into(0, w) {
+                self.broken = true;
+                return Err(e);
+            }
         }
         Ok(stats)
     }

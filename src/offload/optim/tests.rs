@@ -423,3 +423,36 @@ fn hyper_parameters_a_step_cannot_take_are_refused() {
         assert!(a.read_state(0).unwrap().iter().all(|x| x.is_finite()));
     }
 }
+
+/// A step inside an importance window whose weights cannot be read back
+/// for the caller has happened all the same: the optimizer says so by
+/// refusing further steps, as after any failed step (a caller retrying it
+/// would apply the gradient twice).
+#[test]
+fn an_in_window_step_whose_weights_cannot_be_read_back_refuses_the_next() {
+    let chunk = PAGE / 4;
+    let n = 3 * chunk + 100;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let grads = |t: u64| -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| ((i * 2_654_435_761 + t * 97) % 10_007) as f32 / 10_007.0 - 0.5)
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, plan) = faulty_runtime(dir.path());
+    let mut cfg = OptimConfig::new(StateTier::Nvme(dir.path().into()));
+    cfg.chunk_bytes = PAGE;
+    cfg.importance = Some(Importance {
+        fraction: 0.25,
+        every: 4,
+    });
+    let mut a = OffloadedAdam::on(&rt, &w0, cfg).unwrap();
+    let mut mine = w0.clone();
+    a.step_into(&grads(1), Some(&mut mine)).unwrap(); // a flush
+    a.step_into(&grads(2), Some(&mut mine)).unwrap(); // in the window
+                                                      // The second page read of the weights read back fails.
+    plan.inject(IoOp::Read, 1, Fault::Errno(libc::EIO));
+    assert!(a.step_into(&grads(3), Some(&mut mine)).is_err());
+    let e = a.step(&grads(4)).unwrap_err();
+    assert_eq!(e.kind(), crate::error::ErrorKind::Closed, "{e}");
+}
