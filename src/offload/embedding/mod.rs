@@ -41,7 +41,7 @@ use crate::runtime::{Access, Buffer, Placement, Runtime};
 use crate::tier::Tier;
 
 pub use error::{EmbeddingError, Result};
-use pages::{Fetched, Rows, Rule};
+use pages::{Fetched, PageLocks, Rows, Rule};
 pub use rows::RowCacheOptions;
 use rows::{Look, RowCache};
 
@@ -190,8 +190,10 @@ pub struct Lookups {
 
 /// An embedding table of `rows` rows of `dim` fp32 values in a buffer of a
 /// runtime (row `r` at byte `r * dim * 4`; rows may straddle pages). Calls
-/// may run from several threads at once; updates of the same rows from two
-/// threads at once leave either's result.
+/// may run from several threads at once: every update and write of rows
+/// applies whole, whichever rows the others touch (two threads' updates of
+/// one row both apply, one after the other); a read racing a write of a
+/// row that straddles two pages may see part of each.
 pub struct EmbeddingTable {
     rt: Runtime,
     buf: Arc<Buffer>,
@@ -207,6 +209,8 @@ pub struct EmbeddingTable {
     /// The row cache, if any: every call that reads or writes the table
     /// through it holds it for the whole call.
     cache: Option<parking_lot::Mutex<RowCache>>,
+    /// Held by the rows' read-modify-writes and writes ([`PageLocks`]).
+    locks: PageLocks,
 }
 
 impl std::fmt::Debug for EmbeddingTable {
@@ -268,6 +272,7 @@ impl EmbeddingTable {
             cache_hits: AtomicU64::new(0),
             cache_fills: AtomicU64::new(0),
             cache,
+            locks: PageLocks::new(),
         })
     }
 
@@ -306,6 +311,7 @@ impl EmbeddingTable {
             dim: self.dim,
             page: self.page,
             threads: self.threads,
+            locks: &self.locks,
         }
     }
 

@@ -17,6 +17,34 @@ pub(super) struct Rows<'a> {
     pub(super) dim: usize,
     pub(super) page: u64,
     pub(super) threads: usize,
+    pub(super) locks: &'a PageLocks,
+}
+
+/// Locks over a table's pages (page number modulo their count): a call
+/// that reads rows, changes them and writes them back holds those of the
+/// pages it spans from its read to its write, and every write of rows
+/// holds its page's, so two calls touching different rows of one page
+/// never write each other's old bytes back.
+pub(super) struct PageLocks(Box<[parking_lot::Mutex<()>]>);
+
+impl PageLocks {
+    pub(super) fn new() -> Self {
+        Self((0..64).map(|_| parking_lot::Mutex::new(())).collect())
+    }
+
+    /// Holds the locks of `pages`, each once, in ascending order (so that
+    /// callers holding several never wait on each other in a cycle).
+    fn hold(&self, pages: RangeInclusive<u64>) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+        let n = self.0.len() as u64;
+        let mut stripes: Vec<usize> = if pages.end().saturating_sub(*pages.start()) + 1 >= n {
+            (0..n as usize).collect()
+        } else {
+            pages.map(|p| (p % n) as usize).collect()
+        };
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes.into_iter().map(|i| self.0[i].lock()).collect()
+    }
 }
 
 /// Pages read whole for one call: sorted page numbers and their bytes.
@@ -70,7 +98,7 @@ impl Rows<'_> {
         // The first piece ends at a page boundary, the others are whole pages.
         let head = ((self.page - at % self.page) % self.page) as usize;
         let head = head.min(data.len());
-        self.buf.write(at, &data[..head])?;
+        self.write_pages(at, &data[..head])?;
         let rest = &data[head..];
         let pages = rest.len().div_ceil(page);
         let per = pages.div_ceil(self.threads.max(1)).max(1) * page;
@@ -80,7 +108,7 @@ impl Rows<'_> {
                 .enumerate()
                 .map(|(k, piece)| {
                     let off = at + (head + k * per) as u64;
-                    s.spawn(move || self.buf.write(off, piece))
+                    s.spawn(move || self.write_pages(off, piece))
                 })
                 .collect();
             workers
@@ -89,6 +117,22 @@ impl Rows<'_> {
                 .collect()
         });
         first_error(errors)
+    }
+
+    /// Writes `data` at byte `at` a page at a time, each under its page's
+    /// lock.
+    fn write_pages(&self, at: u64, data: &[u8]) -> Result<()> {
+        let mut off = at;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let n = ((self.page - off % self.page) as usize).min(rest.len());
+            let p = off / self.page;
+            let _held = self.locks.hold(p..=p);
+            self.buf.write(off, &rest[..n])?;
+            off += n as u64;
+            rest = &rest[n..];
+        }
+        Ok(())
     }
 
     /// The NVMe pages of `rows` read whole, once each, into one arena (on
@@ -279,6 +323,10 @@ impl Rows<'_> {
         let mut row = vec![0f32; self.dim];
         let first = rows[group[0]] as u64;
         let p0 = *self.pages_of(first).start();
+        let last = rows[*group.last().expect("a group is not empty")] as u64;
+        let p1 = *self.pages_of(last).end();
+        // From the read to the write: no other write of these pages between.
+        let _held = self.locks.hold(p0..=p1);
         if self.buf.tier_of(p0 as usize)? != Some(Tier::Nvme) {
             for &i in group {
                 let at = rows[i] as u64 * rb;
@@ -288,8 +336,6 @@ impl Rows<'_> {
             }
             return Ok(());
         }
-        let last = rows[*group.last().expect("a group is not empty")] as u64;
-        let p1 = *self.pages_of(last).end();
         let start = p0 * self.page;
         let end = ((p1 + 1) * self.page).min(self.buf.len());
         let mut span = vec![0u8; (end - start) as usize];

@@ -772,3 +772,50 @@ fn a_failed_write_back_loses_no_update() {
     t.buffer().read_as(0, &mut raw).unwrap();
     assert_eq!(raw, w, "every update reached the table");
 }
+
+/// Two threads updating different rows of one NVMe page: every update of
+/// both stays (the page's read-modify-write of one never writes the
+/// other's old row back), as do writes of rows racing the updates.
+#[test]
+fn updates_of_different_rows_of_one_page_from_two_threads_all_stay() {
+    use crate::tier::NvmeConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(16 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir.path(), 256 * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let options = TableOptions {
+        placement: Placement::Prefer(Tier::Nvme),
+        ..TableOptions::default()
+    };
+    let dim = 8usize;
+    let t = EmbeddingTable::with_options(&rt, 512, dim, options).unwrap();
+    t.write_rows(0, &vec![0f32; 512 * dim]).unwrap();
+    assert_eq!(t.tier_of_row(0).unwrap(), Some(Tier::Nvme));
+    let steps = 200;
+    std::thread::scope(|s| {
+        for r in [0i64, 1] {
+            let t = &t;
+            s.spawn(move || {
+                for _ in 0..steps {
+                    t.sgd(&[r], &[1.0; 8], 1.0).unwrap();
+                }
+            });
+        }
+        // Row 2, on the same page, written meanwhile.
+        let t = &t;
+        s.spawn(move || {
+            for k in 0..steps {
+                t.write_rows(2, &[k as f32; 8]).unwrap();
+            }
+        });
+    });
+    let mut got = vec![0f32; 3 * dim];
+    t.read_rows(&[0, 1, 2], &mut got).unwrap();
+    assert_eq!(got[..dim], [-(steps as f32); 8]);
+    assert_eq!(got[dim..2 * dim], [-(steps as f32); 8]);
+    assert_eq!(got[2 * dim..], [(steps - 1) as f32; 8]);
+}
