@@ -124,26 +124,19 @@ fn step_mixed_as<G: Element>(
     }
 }
 
+/// The hyper-parameters as the step takes them (f32), checked there: a
+/// value that is only in range as an f64 (a beta that rounds to 1) is
+/// refused too.
 fn adam(lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> PyResult<AdamParams> {
-    let ok = |x: f64| x.is_finite() && x >= 0.0;
-    if !ok(lr) || !ok(eps) || !ok(weight_decay) {
-        return Err(invalid(format!(
-            "lr {lr}, eps {eps} and weight_decay {weight_decay} must be finite and non-negative"
-        )));
-    }
-    if !(0.0..1.0).contains(&betas.0) || !(0.0..1.0).contains(&betas.1) {
-        return Err(invalid(format!(
-            "betas ({}, {}) must each be in [0, 1)",
-            betas.0, betas.1
-        )));
-    }
-    Ok(AdamParams {
+    let p = AdamParams {
         lr: lr as f32,
         beta1: betas.0 as f32,
         beta2: betas.1 as f32,
         eps: eps as f32,
         weight_decay: weight_decay as f32,
-    })
+    };
+    p.check().map_err(raise)?;
+    Ok(p)
 }
 
 /// Adam/AdamW state (fp32 master weights, both moments) for one array of
