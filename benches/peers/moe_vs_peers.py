@@ -415,6 +415,8 @@ def worker(args):
             host_swaps=t["host_swaps"],
             served_in_place=t["served_in_place"],
             breakdown=s["breakdown"],
+            layer_stall_seconds=[x["stall_seconds"] for x in s["layers"]],
+            layer_moves_from_nvme=[x["moves_from_nvme"] for x in s["layers"]],
             strata_steps=s["steps"],
             strata_tokens=s["tokens"],
         )
