@@ -1094,8 +1094,9 @@ int strata_alloc_in(const struct strata_runtime *rt,
 
 /**
  * Frees a buffer: its handle is dead at once; its pages and reservation
- * are returned when the last pin, device map, launch or DLPack tensor on
- * it ends (at once when there is none). NULL is a no-op. Thread-safe.
+ * are returned when the last pin, launch or DLPack tensor on it ends (at
+ * once when there is none). A device map keeps nothing: its launches
+ * after this fail with `STRATA_ERR_CLOSED`. NULL is a no-op. Thread-safe.
  */
 int strata_buffer_free(struct strata_buffer *buf);
 
@@ -1169,7 +1170,9 @@ int strata_evict(const struct strata_buffer *buf,
  * is made and nothing moves: a bad handle, a NULL or misaligned `ticket`,
  * an unknown tier or one the runtime lacks, a range that overflows or
  * passes the buffer's end (`STRATA_ERR_INVALID_ARGUMENT`), and
- * `STRATA_ERR_CLOSED` when the runtime is destroyed meanwhile. Every error
+ * `STRATA_ERR_CLOSED` when the runtime is destroyed meanwhile (then no
+ * ticket is made, though moves may have started; they end with the
+ * runtime). Every error
  * of the moves themselves (`STRATA_ERR_OUT_OF_CAPACITY`, `_IO`, …) comes
  * from `strata_ticket_wait`/`_poll`, however fast the move failed: this
  * call then still returns `STRATA_OK` and a ticket. A full `tier` gets
@@ -1572,7 +1575,7 @@ int strata_optim_create(const float *weights,
  * take their place in `config->tier` of `rt` (for `STRATA_TIER_NVME` the
  * runtime's own NVMe tier: `nvme_path` is not read) under the same
  * budgets, and move like any buffer's pages. `config->chunk_bytes` must be
- * `rt`'s page size and `config->updater` `STRATA_UPDATER_CPU`; a tier `rt`
+ * `rt`'s page size and `config->updater` `STRATA_UPDATE_CPU`; a tier `rt`
  * lacks is `STRATA_ERR_INVALID_ARGUMENT`. The optimizer keeps the runtime
  * alive until `strata_optim_free`. Thread-safe; one optimizer serializes
  * its own calls.
@@ -1672,11 +1675,13 @@ int strata_moe_register(const struct strata_moe *moe,
  * until `strata_moe_release`; blocks only on a miss or an unfinished
  * prefetch. Up to `cap` page addresses (device addresses, in order; one
  * when the expert fits a page) go to `addresses`, their number to `*n`.
- * Thread-safe.
+ * The expert's memory is read-only: experts are never written back (an
+ * evicted expert drops onto the copy it was read from), so a write
+ * through these addresses is lost. Thread-safe.
  *
  * # Safety
  * `addresses` holds `cap` writable `uint64_t`s (NULL when `cap` is 0); `n`
- * and `out` are writable.
+ * and `out` are writable; nothing writes through the addresses.
  */
 int strata_moe_fetch(const struct strata_moe *moe,
                      uint32_t layer,

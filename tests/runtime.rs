@@ -1393,3 +1393,67 @@ fn promotions_count_as_paid_when_their_page_is_read_before_it_leaves() {
     let s = rt.stats();
     assert_eq!((s.promotions_paid, s.promotions_unpaid), (2, 4));
 }
+
+/// A caller may hand strata its own memory back — a pinned page's address
+/// as `read`'s destination or `write`'s source, what a DLPack view of a pin
+/// is — in host memory and in the simulated device's: the bytes go through
+/// a copy, and every byte reads back as written.
+#[test]
+fn reads_and_writes_through_memory_the_runtime_lent_out() {
+    let rt = sim_and_host(4, 4);
+    let b = rt.alloc(2 * PAGE as u64).unwrap();
+    let data = pattern(5, 5, 2 * PAGE);
+    for tier in [Tier::Device, Tier::Host] {
+        b.write(0, &data).unwrap();
+        let pin = b.pin(0..PAGE as u64, tier).unwrap();
+        let addr = pin.addresses()[0];
+        assert!(
+            b.overlaps_runtime_memory(addr as *const u8, PAGE),
+            "{tier:?}"
+        );
+        // SAFETY: the pin keeps page 0 where it is while the guard lives;
+        // this test is the only user of the page's memory meanwhile.
+        let page = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, PAGE) };
+        // Page 0 read into its own memory, and written from it.
+        b.read(0, page).unwrap();
+        assert_eq!(page, &data[..PAGE], "{tier:?}");
+        b.write(0, page).unwrap();
+        // Page 1 read into page 0's memory: page 0 now holds its bytes.
+        b.read(PAGE as u64, page).unwrap();
+        drop(pin);
+        let mut back = vec![0u8; 2 * PAGE];
+        b.read(0, &mut back).unwrap();
+        assert_eq!(&back[..PAGE], &data[PAGE..], "{tier:?}");
+        assert_eq!(&back[PAGE..], &data[PAGE..], "{tier:?}");
+    }
+}
+
+/// A device map may outlive its buffer: a launch running when the buffer
+/// is dropped keeps the pages until it ends, then they are freed (the
+/// capacity back for other buffers), and the map starts no more launches.
+#[test]
+fn a_device_map_outliving_its_buffer_frees_the_pages_when_its_launch_ends() {
+    let rt = sim_and_host(4, 4);
+    let used = |rt: &Runtime| rt.stats().tiers.iter().map(|t| t.used_pages).sum::<u32>();
+    let b = rt.alloc(3 * PAGE as u64).unwrap();
+    b.write(0, &pattern(6, 6, 3 * PAGE)).unwrap();
+    let map = b.device_map().unwrap();
+    let launch = map.prepare(Access::ReadOnly).unwrap();
+    drop(b);
+    assert_eq!(used(&rt), 3, "the running launch keeps its pages");
+    assert_eq!(
+        map.prepare(Access::ReadOnly).unwrap_err().kind(),
+        ErrorKind::Closed,
+        "no launch starts once the buffer is gone"
+    );
+    drop(launch);
+    assert_eq!(used(&rt), 0, "freed when the launch ends");
+    assert_eq!(
+        map.prepare(Access::ReadOnly).unwrap_err().kind(),
+        ErrorKind::Closed
+    );
+    // The whole capacity is back for another buffer.
+    let c = rt.alloc(8 * PAGE as u64).unwrap();
+    c.write(0, &vec![7u8; 8 * PAGE]).unwrap();
+    drop(map);
+}

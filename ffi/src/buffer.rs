@@ -101,8 +101,9 @@ pub unsafe extern "C" fn strata_alloc_in(
 }
 
 /// Frees a buffer: its handle is dead at once; its pages and reservation
-/// are returned when the last pin, device map, launch or DLPack tensor on
-/// it ends (at once when there is none). NULL is a no-op. Thread-safe.
+/// are returned when the last pin, launch or DLPack tensor on it ends (at
+/// once when there is none). A device map keeps nothing: its launches
+/// after this fail with `STRATA_ERR_CLOSED`. NULL is a no-op. Thread-safe.
 #[no_mangle]
 pub extern "C" fn strata_buffer_free(buf: *mut strata_buffer) -> c_int {
     boundary("strata_buffer_free", || {
@@ -238,7 +239,9 @@ pub extern "C" fn strata_evict(
 /// is made and nothing moves: a bad handle, a NULL or misaligned `ticket`,
 /// an unknown tier or one the runtime lacks, a range that overflows or
 /// passes the buffer's end (`STRATA_ERR_INVALID_ARGUMENT`), and
-/// `STRATA_ERR_CLOSED` when the runtime is destroyed meanwhile. Every error
+/// `STRATA_ERR_CLOSED` when the runtime is destroyed meanwhile (then no
+/// ticket is made, though moves may have started; they end with the
+/// runtime). Every error
 /// of the moves themselves (`STRATA_ERR_OUT_OF_CAPACITY`, `_IO`, …) comes
 /// from `strata_ticket_wait`/`_poll`, however fast the move failed: this
 /// call then still returns `STRATA_OK` and a ticket. A full `tier` gets

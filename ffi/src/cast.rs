@@ -103,6 +103,42 @@ fn check_len(len: usize, what: &str) -> R<()> {
     Ok(())
 }
 
+/// One array of a call as raw memory: its address, its length in
+/// elements, and its name.
+pub(crate) struct Region<'a>(usize, usize, &'a str);
+
+/// `len` values of `T` at `p`, for [`disjoint`].
+pub(crate) fn region<'a, T>(p: *const T, len: usize, what: &'a str) -> Region<'a> {
+    Region(
+        p as usize,
+        len.saturating_mul(std::mem::size_of::<T>()),
+        what,
+    )
+}
+
+/// Refuses a call whose written arrays share memory with another of its
+/// arrays: Rust would hold a `&mut` beside another reference to the same
+/// bytes. Checked on the raw addresses, before any slice is made; NULL
+/// and empty arrays take no memory.
+pub(crate) fn disjoint(written: &[Region<'_>], read: &[Region<'_>]) -> R<()> {
+    let span = |r: &Region<'_>| (r.0 != 0 && r.1 > 0).then(|| r.0..r.0.saturating_add(r.1));
+    for (i, w) in written.iter().enumerate() {
+        let Some(a) = span(w) else { continue };
+        for o in written[i + 1..].iter().chain(read) {
+            match span(o) {
+                Some(b) if a.start < b.end && b.start < a.end => {
+                    return Err(Fail::invalid(format!(
+                        "{} and {} share memory: pass separate arrays",
+                        w.2, o.2
+                    )))
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The caller's bytes. A zero length never reads the pointer (NULL is fine).
 ///
 /// # Safety

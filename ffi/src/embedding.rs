@@ -259,18 +259,8 @@ pub unsafe extern "C" fn strata_embedding_write_rows(
         // SAFETY: as this function's contract states.
         let src = unsafe { cast::slice(data, len, "data") }?;
         let t = objects::get(emb)?;
-        // Memory strata lent out (a pin's addresses) would alias the pages
-        // being written: copied first, as strata_write does.
-        let copy;
-        let src = if t
-            .buffer()
-            .overlaps_runtime_memory(src.as_ptr().cast(), len * 4)
-        {
-            copy = src.to_vec();
-            &copy[..]
-        } else {
-            src
-        };
+        // Memory strata lent out (a pin's addresses) as the source goes
+        // through a copy (EmbeddingTable::write_rows).
         t.write_rows(start, src)?;
         Ok(STRATA_OK)
     })
@@ -294,7 +284,12 @@ pub unsafe extern "C" fn strata_embedding_read_rows(
     out_len: usize,
 ) -> c_int {
     boundary("strata_embedding_read_rows", || {
-        // SAFETY: as this function's contract states.
+        cast::disjoint(
+            &[cast::region(out, out_len, "out")],
+            &[cast::region(indices, n, "indices")],
+        )?;
+        // SAFETY: as this function's contract states (the two apart:
+        // checked above).
         let (idx, dst) = unsafe {
             (
                 cast::slice(indices, n, "indices")?,
@@ -361,8 +356,21 @@ pub unsafe extern "C" fn strata_embedding_forward(
 ) -> c_int {
     boundary("strata_embedding_forward", || {
         // SAFETY: as this function's contract states.
+        let b = unsafe { cast::read_in(bags, "bags") }?;
+        cast::disjoint(
+            &[
+                cast::region(out, out_len, "out"),
+                cast::region(stats, 1, "stats"),
+            ],
+            &[
+                cast::region(b.indices, b.num_indices, "bags->indices"),
+                cast::region(b.offsets, b.num_offsets, "bags->offsets"),
+                cast::region(b.weights, b.num_indices, "bags->weights"),
+            ],
+        )?;
+        // SAFETY: as this function's contract states (the output apart
+        // from the inputs: checked above).
         let (b, dst, stats) = unsafe {
-            let b = cast::read_in(bags, "bags")?;
             (
                 self::bags(&b)?,
                 cast::slice_mut(out, out_len, "out")?,
@@ -446,7 +454,15 @@ pub unsafe extern "C" fn strata_embedding_rowwise_adagrad(
     eps: f32,
 ) -> c_int {
     boundary("strata_embedding_rowwise_adagrad", || {
-        // SAFETY: as this function's contract states.
+        cast::disjoint(
+            &[cast::region(state, state_len, "state")],
+            &[
+                cast::region(rows, n, "rows"),
+                cast::region(grads, grads_len, "grads"),
+            ],
+        )?;
+        // SAFETY: as this function's contract states (the state apart from
+        // the inputs: checked above).
         let (r, g, st) = unsafe {
             let (r, g) = update_args(rows, n, grads, grads_len)?;
             (r, g, cast::slice_mut(state, state_len, "state")?)

@@ -58,7 +58,19 @@ pub unsafe extern "C" fn strata_buffer_harvest(
     cold_len: *mut usize,
 ) -> c_int {
     boundary("strata_buffer_harvest", || {
-        // SAFETY: each as this function's contract states.
+        cast::disjoint(
+            &[
+                cast::region(hot_pages, cap, "hot_pages"),
+                cast::region(hot_scores, cap, "hot_scores"),
+                cast::region(hot_len, 1, "hot_len"),
+                cast::region(cold_pages, cap, "cold_pages"),
+                cast::region(cold_scores, cap, "cold_scores"),
+                cast::region(cold_len, 1, "cold_len"),
+            ],
+            &[],
+        )?;
+        // SAFETY: each as this function's contract states (and no two
+        // share memory: checked above).
         let (hp, hs, hl, cp, cs, cl) = unsafe {
             (
                 cast::slice_mut(hot_pages, cap, "hot_pages")?,

@@ -181,7 +181,7 @@ pub unsafe extern "C" fn strata_optim_create(
 /// take their place in `config->tier` of `rt` (for `STRATA_TIER_NVME` the
 /// runtime's own NVMe tier: `nvme_path` is not read) under the same
 /// budgets, and move like any buffer's pages. `config->chunk_bytes` must be
-/// `rt`'s page size and `config->updater` `STRATA_UPDATER_CPU`; a tier `rt`
+/// `rt`'s page size and `config->updater` `STRATA_UPDATE_CPU`; a tier `rt`
 /// lacks is `STRATA_ERR_INVALID_ARGUMENT`. The optimizer keeps the runtime
 /// alive until `strata_optim_free`. Thread-safe; one optimizer serializes
 /// its own calls.
@@ -460,11 +460,13 @@ pub unsafe extern "C" fn strata_moe_register(
 /// until `strata_moe_release`; blocks only on a miss or an unfinished
 /// prefetch. Up to `cap` page addresses (device addresses, in order; one
 /// when the expert fits a page) go to `addresses`, their number to `*n`.
-/// Thread-safe.
+/// The expert's memory is read-only: experts are never written back (an
+/// evicted expert drops onto the copy it was read from), so a write
+/// through these addresses is lost. Thread-safe.
 ///
 /// # Safety
 /// `addresses` holds `cap` writable `uint64_t`s (NULL when `cap` is 0); `n`
-/// and `out` are writable.
+/// and `out` are writable; nothing writes through the addresses.
 #[no_mangle]
 pub unsafe extern "C" fn strata_moe_fetch(
     moe: *const objects::strata_moe,
@@ -476,7 +478,16 @@ pub unsafe extern "C" fn strata_moe_fetch(
     out: *mut *mut objects::strata_expert_pin,
 ) -> c_int {
     boundary("strata_moe_fetch", || {
-        // SAFETY: as this function's contract states.
+        cast::disjoint(
+            &[
+                cast::region(addresses, cap, "addresses"),
+                cast::region(n, 1, "n"),
+                cast::region(out, 1, "out"),
+            ],
+            &[],
+        )?;
+        // SAFETY: as this function's contract states (no two outputs share
+        // memory: checked above).
         let (dst, n, out) = unsafe {
             (
                 cast::slice_mut(addresses, cap, "addresses")?,

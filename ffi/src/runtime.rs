@@ -603,9 +603,9 @@ pub extern "C" fn strata_string_free(s: *mut c_char) -> c_int {
                 format!("{s:p} is not a string strata returned, or it was freed already"),
             ));
         }
-        // SAFETY: registered above by strata_stats_json from
-        // `string_into_raw`, and removed from the registry just now, so it
-        // is taken back exactly once.
+        // SAFETY: registered by the call that returned it (stats or config
+        // JSON) from `string_into_raw`, and removed from the registry just
+        // now, so it is taken back exactly once.
         drop(unsafe { cast::string_from_raw(s) });
         Ok(STRATA_OK)
     })

@@ -145,6 +145,24 @@ fn calls_match_the_rust_table() {
             .unwrap();
     }
     assert_eq!(state, ref_state);
+    // The state given as the gradients' memory: refused, nothing changed.
+    let mut g = vec![0.5f32; ROWS as usize];
+    // SAFETY: readable rows; `g` writable for its length (given twice).
+    let s = unsafe {
+        strata_embedding_rowwise_adagrad(
+            e,
+            [0i64].as_ptr(),
+            1,
+            g.as_ptr(),
+            DIM,
+            g.as_mut_ptr(),
+            ROWS as usize,
+            0.05,
+            1e-8,
+        )
+    };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "share memory");
+    assert!(g.iter().all(|&x| x == 0.5));
     let all: Vec<i64> = (0..ROWS as i64).collect();
     let (mut got, mut want) = (vec![0f32; w.len()], vec![0f32; w.len()]);
     // SAFETY: readable indices, writable floats.
@@ -545,6 +563,12 @@ fn a_row_cached_table_matches_the_rust_one() {
             STRATA_POLICY_BELADY,
             STRATA_ERR_INVALID_ARGUMENT,
             "belady",
+        ),
+        (
+            500,
+            STRATA_POLICY_LOOKAHEAD,
+            STRATA_ERR_INVALID_ARGUMENT,
+            "lookahead",
         ),
         (1 << 20, STRATA_POLICY_LRU, STRATA_ERR_OUT_OF_CAPACITY, ""),
     ] {

@@ -80,6 +80,22 @@ fn harvest_trace_and_balancer() {
         )
     };
     fails(bad, STRATA_ERR_INVALID_ARGUMENT, "decay");
+    // SAFETY: as above, the hot and the cold pages given one array: refused
+    // before any slice of them is made.
+    let shared = unsafe {
+        strata_buffer_harvest(
+            buf,
+            0.5,
+            2,
+            hp.as_mut_ptr(),
+            hs.as_mut_ptr(),
+            &mut hl,
+            hp.as_mut_ptr(),
+            cs.as_mut_ptr(),
+            &mut cl,
+        )
+    };
+    fails(shared, STRATA_ERR_INVALID_ARGUMENT, "share memory");
 
     fails(
         strata_balancer_start(rt, 99, 1000, 0),

@@ -96,15 +96,9 @@ impl Buffer {
         let mut view = Contiguous::writable(out)?;
         let dst = view.as_mut_slice();
         let n = dst.len();
-        // Memory strata lent out (a DLPack view of a pin) would alias the
-        // pages read: through a copy then.
-        if self.buf.overlaps_runtime_memory(dst.as_ptr(), n) {
-            let mut tmp = vec![0u8; n];
-            py.detach(|| self.buf.read(at, &mut tmp)).map_err(raise)?;
-            dst.copy_from_slice(&tmp);
-        } else {
-            py.detach(|| self.buf.read(at, dst)).map_err(raise)?;
-        }
+        // Memory strata lent out (a DLPack view of a pin) as dst: the read
+        // goes through a copy (Buffer::read).
+        py.detach(|| self.buf.read(at, dst)).map_err(raise)?;
         Ok(n)
     }
 
@@ -117,13 +111,8 @@ impl Buffer {
         let view = Contiguous::readable(data)?;
         let src = view.as_slice();
         // As in readinto: strata's own memory as the source goes through a
-        // copy, so the pages written never alias it.
-        if self.buf.overlaps_runtime_memory(src.as_ptr(), src.len()) {
-            let tmp = src.to_vec();
-            py.detach(|| self.buf.write(at, &tmp)).map_err(raise)
-        } else {
-            py.detach(|| self.buf.write(at, src)).map_err(raise)
-        }
+        // copy (Buffer::write).
+        py.detach(|| self.buf.write(at, src)).map_err(raise)
     }
 
     /// Moves the pages of range into tier in the background and returns at

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use strata::offload::embedding::{
@@ -23,36 +23,21 @@ use crate::errors::{invalid, raise};
 use crate::pybuf::Contiguous;
 use crate::runtime::Runtime;
 
-/// Refuses a buffer whose elements are declared to be of another type than
-/// `codes` (the `struct` codes of the type wanted, native order): a float64
-/// array read as float32 would be garbage. Untyped bytes ("B") pass as
-/// they are.
-fn check_type(view: &Contiguous<'_>, codes: &[&str], wanted: &str, what: &str) -> PyResult<()> {
-    let format = view.format();
-    let code = format.trim_start_matches(['@', '=', '<']);
-    if code == "B" || codes.contains(&code) {
-        return Ok(());
-    }
-    Err(PyTypeError::new_err(format!(
-        "{what} holds elements of format {format:?}; it must be {wanted}"
-    )))
-}
-
 /// int64 values of an index buffer.
 fn int64s(view: &Contiguous<'_>, what: &str) -> PyResult<Vec<i64>> {
-    check_type(view, &["q", "l"], "int64", what)?;
+    view.check_type(&["q", "l"], "int64", what)?;
     ints(view.as_slice(), what)
 }
 
 /// float32 values of a buffer.
 fn float32s(view: &Contiguous<'_>, what: &str) -> PyResult<Vec<f32>> {
-    check_type(view, &["f"], "float32", what)?;
+    view.check_type(&["f"], "float32", what)?;
     floats(view.as_slice(), what)
 }
 
 /// A writable buffer's float32 values.
 fn float32s_mut<'a>(view: &'a mut Contiguous<'_>, what: &str) -> PyResult<&'a mut [f32]> {
-    check_type(view, &["f"], "float32", what)?;
+    view.check_type(&["f"], "float32", what)?;
     floats_mut(view.as_mut_slice(), what)
 }
 
@@ -208,19 +193,11 @@ impl RowTable {
     /// Writes data (float32, a whole number of rows) as rows start, start+1, ...
     fn write_rows(&self, py: Python<'_>, start: i64, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let view = Contiguous::readable(data)?;
-        check_type(&view, &["f"], "float32", "data")?;
+        view.check_type(&["f"], "float32", "data")?;
         let src = view.as_slice();
-        // strata's own memory as the source goes through a copy (as
-        // Buffer.write does), as does an unaligned one.
+        // An unaligned source goes through a copy (and strata's own memory
+        // does in EmbeddingTable::write_rows).
         let copy = match bytemuck::try_cast_slice::<u8, f32>(src) {
-            Ok(_)
-                if self
-                    .table
-                    .buffer()
-                    .overlaps_runtime_memory(src.as_ptr(), src.len()) =>
-            {
-                Some(floats(src, "data")?)
-            }
             Ok(_) => None,
             Err(_) => Some(floats(src, "data")?),
         };

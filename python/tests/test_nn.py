@@ -171,6 +171,48 @@ def test_training_steps_equal_a_plain_torch_reference(optimizer, mode, row_cache
     torch.testing.assert_close(torch.frombuffer(bytearray(raw), dtype=torch.float32).view_as(w), expect, **TOL)
 
 
+@pytest.mark.parametrize("row_cache", [0, 128])
+def test_state_dict_saves_and_restores_the_table(row_cache, tmp_path):
+    """state_dict() holds the table as torch's "weight" (and the
+    accumulators): trained rows, rows changed only in the row cache
+    included, load into a fresh table exactly; a table of another shape is
+    refused by load_state_dict, and a state dict without the table is
+    missing a key."""
+    w = table(seed=4)
+    a = tiered(w, tmp_path / "a", optimizer="rowwise_adagrad", lr=0.05, row_cache=row_cache)
+    for seed in (20, 21):
+        idx, off = bags(seed=seed)
+        (a(idx, off) ** 2).sum().backward()
+    sd = a.state_dict()
+    assert set(sd) == {"momentum", "weight"}
+    assert not torch.equal(sd["weight"], w)  # trained
+    b = tiered(table(seed=5), tmp_path / "b", optimizer="rowwise_adagrad", lr=0.05)
+    b.load_state_dict(sd)
+    assert torch.equal(b.weight, a.weight)
+    assert torch.equal(b.momentum, a.momentum)
+    idx, off = bags(seed=22)
+    assert torch.equal(b(idx, off), a(idx, off))
+    c = tiered(table(seed=5, rows=ROWS - 1), tmp_path / "c", optimizer="rowwise_adagrad")
+    with pytest.raises(RuntimeError, match="size mismatch for weight"):
+        c.load_state_dict(sd)
+    with pytest.raises(RuntimeError, match='Missing key.*"weight"'):
+        b.load_state_dict({"momentum": sd["momentum"]})
+
+
+def test_row_table_calls_write_into_memory_the_runtime_lent_out():
+    """A RowTable's output given as strata's own memory (a DLPack view of a
+    pinned page of the same runtime) is filled through a copy: the rows
+    come out right even where the output is the page being read."""
+    rt = strata.Runtime(device=None, host_capacity=8 << 20, page_size=PAGE)
+    tb = strata.nn.RowTable(rt, 1024, 4)
+    tb.write_rows(0, torch.arange(4096, dtype=torch.float32).numpy())
+    out = torch.from_dlpack(tb.buffer.pin((0, 32), "host", dtype="float32")).numpy()
+    tb.read_rows(torch.tensor([1, 0]).numpy(), out)
+    assert out.tolist() == [4, 5, 6, 7, 0, 1, 2, 3]
+    tb.bag(torch.tensor([2, 3]).numpy(), torch.tensor([0, 2]).numpy(), out[:4])
+    assert out[:4].tolist() == [8 + 12, 9 + 13, 10 + 14, 11 + 15]
+
+
 def test_a_row_cache_serves_the_hot_rows_and_pools_as_torch(tmp_path):
     w = table(seed=3)
     ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), mode="sum")

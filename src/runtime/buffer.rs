@@ -115,11 +115,13 @@ impl Buffer {
         self.table.pages.iter().any(|e| e.lock().pins > 0)
     }
 
-    /// Whether `ptr..ptr + len` overlaps the host or CXL memory of this
-    /// buffer's runtime: memory strata lent out (a pin's addresses, a DLPack
-    /// view of one). Passing such memory back as `read`'s destination or
-    /// `write`'s source would alias the pages being read or written; a
-    /// binding that cannot rule it out checks here and goes through a copy.
+    /// Whether `ptr..ptr + len` overlaps the host-reachable memory of this
+    /// buffer's runtime (host and CXL arenas, a simulated device's
+    /// allocation): memory strata lent out (a pin's addresses, a DLPack view
+    /// of one). Such memory as a destination or source would alias the
+    /// pages being read or written: [`read`](Self::read) and
+    /// [`write`](Self::write) go through a copy then, and callers that
+    /// write into caller memory by other paths check here.
     pub fn overlaps_runtime_memory(&self, ptr: *const u8, len: usize) -> bool {
         let (start, end) = (ptr as u64, (ptr as u64).saturating_add(len as u64));
         len > 0
@@ -175,8 +177,16 @@ impl Buffer {
     }
 
     /// Reads `out.len()` bytes at `offset`, from whichever tiers hold them.
+    /// `out` may be strata's own memory (a pinned page's addresses): the
+    /// bytes then go through a copy.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
+        if self.overlaps_runtime_memory(out.as_ptr(), out.len()) {
+            let mut copy = vec![0u8; out.len()];
+            self.read(offset, &mut copy)?;
+            out.copy_from_slice(&copy);
+            return Ok(());
+        }
         let page = self.rt().page_size();
         let mut done = 0;
         for (p, within, n) in self.pieces(offset, out.len()) {
@@ -263,6 +273,11 @@ impl Buffer {
     /// Pages mapped for a read-only kernel launch refuse writes.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
+        if self.overlaps_runtime_memory(data.as_ptr(), data.len()) {
+            // strata's own memory as the source: through a copy, as `read`.
+            let copy = data.to_vec();
+            return self.write(offset, &copy);
+        }
         let page = self.rt().page_size();
         let mut scratch = Vec::new();
         let mut done = 0;
@@ -521,7 +536,7 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        self.table.clear();
+        self.table.drop_buffer();
     }
 }
 

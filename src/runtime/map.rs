@@ -96,7 +96,7 @@ impl DeviceMap {
         let table = &self.table;
         {
             let mut l = table.launches.lock();
-            if table.is_released() {
+            if l.dropped {
                 return Err(Error::new(
                     ErrorKind::Closed,
                     "the buffer of this device map was freed",
@@ -505,15 +505,19 @@ impl Drop for Launch<'_> {
                 Access::ReadWrite => l.read_write -= 1,
             }
             if l.read_only + l.read_write == 0 {
-                Some(std::mem::take(&mut l.retired))
+                Some((std::mem::take(&mut l.retired), l.dropped))
             } else {
                 None
             }
         };
-        let Some(retired) = retired else {
+        let Some((retired, dropped)) = retired else {
             return;
         };
         table.free_retired(retired);
+        // The buffer went while this launch ran: its pages go now.
+        if dropped {
+            table.clear();
+        }
         // The last launch ended: what CUDA kernels counted goes to the
         // balancer. A failed copy loses samples, not data: counted in the
         // runtime's errors.

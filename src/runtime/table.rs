@@ -73,6 +73,9 @@ pub(crate) struct Launches {
     /// Slots replaced by promotions during read-only launches: kernels may
     /// still read them through map entries they loaded earlier.
     pub(crate) retired: Vec<(Tier, Slot)>,
+    /// The buffer was dropped: no launch starts (a device map may outlive
+    /// its buffer), and the last launch to end frees the pages.
+    pub(crate) dropped: bool,
 }
 
 impl Launches {
@@ -537,11 +540,20 @@ impl Table {
         self.rt.trace.record(self.id, p);
     }
 
+    /// The buffer is dropped: no launch starts from now on, and its pages
+    /// are freed ([`clear`](Self::clear)), now or when the last launch
+    /// still running ends.
+    pub(crate) fn drop_buffer(&self) {
+        self.launches.lock().dropped = true;
+        self.clear();
+    }
+
     /// Frees every page now, when the buffer is dropped, rather than when
     /// the last background move holding the table ends: the capacity is
     /// back before `drop` returns. Moves still in flight find the pages
     /// gone (and their versions changed) and give up. Stops at the first
-    /// page a kernel launch may be reading; `Drop` frees the rest later.
+    /// page a kernel launch may be reading; the last launch to end calls it
+    /// again.
     pub(crate) fn clear(&self) {
         for page in self.pages.iter() {
             let mut entry = page.lock();
@@ -551,19 +563,14 @@ impl Table {
             self.free_cleared(entry.clear());
         }
         {
-            // Under the launches lock, so a `prepare` either sees the buffer
-            // freed or keeps it alive (see `DeviceMap::prepare`).
+            // Under the launches lock: a launch still running keeps the
+            // buffer's capacity (it calls this again when it ends).
             let launches = self.launches.lock();
             if launches.any() || self.released.swap(true, Ordering::AcqRel) {
                 return;
             }
         }
         self.rt.acct.release(self.pages.len() as u64);
-    }
-
-    /// Whether the buffer was dropped and its pages freed.
-    pub(crate) fn is_released(&self) -> bool {
-        self.released.load(Ordering::Acquire)
     }
 }
 

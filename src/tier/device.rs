@@ -156,6 +156,13 @@ impl PageStore for DeviceStore {
     fn tier(&self) -> Tier {
         Tier::Device
     }
+    /// The simulated device's memory is host memory: a caller's pointer
+    /// into a pinned device page is strata's memory too.
+    fn host_memory(&self) -> Option<std::ops::Range<u64>> {
+        let arena = self.memory.host_arena()?;
+        let base = arena.base().as_ptr() as u64;
+        Some(base..base + arena.len() as u64)
+    }
     fn page_size(&self) -> usize {
         self.page_size
     }

@@ -68,7 +68,8 @@ pub trait PageStore: Send + Sync {
     /// Which tier this store serves.
     fn tier(&self) -> Tier;
     /// The addresses of the host memory its slots live in, where the CPU
-    /// reaches them in place (host and CXL arenas); `None` otherwise.
+    /// reaches them in place (host and CXL arenas, a simulated device's
+    /// allocation); `None` otherwise.
     fn host_memory(&self) -> Option<std::ops::Range<u64>> {
         None
     }

@@ -65,6 +65,14 @@ pub enum Update<'s> {
     },
 }
 
+/// Runs `f` on a copy of `out`, written back once `f` has succeeded.
+fn through_copy<R>(out: &mut [f32], f: impl FnOnce(&mut [f32]) -> Result<R>) -> Result<R> {
+    let mut copy = out.to_vec();
+    let r = f(&mut copy)?;
+    out.copy_from_slice(&copy);
+    Ok(r)
+}
+
 /// Lookups a gather pools on the calling thread alone, below which a
 /// second pooling thread costs more than it saves.
 const POOL_ALONE: usize = 1 << 14;
@@ -305,6 +313,15 @@ impl EmbeddingTable {
         self.fastest
     }
 
+    /// Whether `out` is strata's own memory (a pinned page lent out, e.g.
+    /// a DLPack view of one): the calls that write into caller memory then
+    /// work on a copy of it ([`through_copy`]), and `write_rows` writes
+    /// from one, so that no page copy reads and writes the same bytes.
+    fn lent(&self, out: &[f32]) -> bool {
+        self.buffer()
+            .overlaps_runtime_memory(out.as_ptr().cast(), std::mem::size_of_val(out))
+    }
+
     fn io(&self) -> Rows<'_> {
         Rows {
             buf: &self.buf,
@@ -345,6 +362,11 @@ impl EmbeddingTable {
     /// Writes `data` (a whole number of rows) as rows `start`, `start + 1`,
     /// ..., in page-aligned pieces on the worker threads.
     pub fn write_rows(&self, start: i64, data: &[f32]) -> Result<()> {
+        if self.lent(data) {
+            // strata's own memory as the source: through a copy.
+            let copy = data.to_vec();
+            return self.write_rows(start, &copy);
+        }
         if data.len() % self.dim != 0 {
             return Err(EmbeddingError::Invalid(format!(
                 "{} float32 are not a whole number of rows of {}",
@@ -418,6 +440,9 @@ impl EmbeddingTable {
     pub fn read_rows(&self, indices: &[i64], out: &mut [f32]) -> Result<()> {
         self.check_indices(indices)?;
         self.check_rows_len("out", out.len(), indices.len())?;
+        if self.lent(out) {
+            return through_copy(out, |out| self.read_rows(indices, out));
+        }
         let offsets: Vec<i64> = (0..=indices.len() as i64).collect();
         let bags = Bags::new(indices, &offsets);
         // Held across the read: the rows it overlays stay as they are.
@@ -482,6 +507,9 @@ impl EmbeddingTable {
     /// [`stats`](Self::stats).
     pub fn gather(&self, bags: &Bags<'_>, out: &mut [f32]) -> Result<Lookups> {
         self.check_bags(bags, out, "out")?;
+        if self.lent(out) {
+            return through_copy(out, |out| self.gather(bags, out));
+        }
         if let Some(cache) = &self.cache {
             return self.gather_through_cache(&mut cache.lock(), bags, out);
         }
@@ -564,6 +592,9 @@ impl EmbeddingTable {
     /// are refused while the call runs.
     pub fn gather_mapped(&self, bags: &Bags<'_>, seed: u64, out: &mut [f32]) -> Result<Lookups> {
         self.check_bags(bags, out, "out")?;
+        if self.lent(out) {
+            return through_copy(out, |out| self.gather_mapped(bags, seed, out));
+        }
         if self.rt.device_backend() == Some(BackendKind::Cuda) {
             return Err(crate::error::Error::new(
                 crate::error::ErrorKind::Unsupported,
@@ -902,6 +933,11 @@ impl EmbeddingTable {
                 why: "one accumulator per table row".into(),
             });
         }
+        if self.lent(state) {
+            return through_copy(state, |state| {
+                self.rowwise_adagrad(rows, grads, state, lr, eps)
+            });
+        }
         let rule = Rule::RowwiseAdagrad { lr, eps };
         self.update_through(rows, grads, rule, Some(state))
     }
@@ -914,6 +950,14 @@ impl EmbeddingTable {
     /// framework's `index_add` over the lookups).
     pub fn backward(&self, bags: &Bags<'_>, grad: &[f32], update: Update<'_>) -> Result<()> {
         self.check_bags(bags, grad, "grad")?;
+        let update = match update {
+            Update::RowwiseAdagrad { lr, eps, state } if self.lent(state) => {
+                return through_copy(state, |state| {
+                    self.backward(bags, grad, Update::RowwiseAdagrad { lr, eps, state })
+                });
+            }
+            update => update,
+        };
         let d = self.dim;
         // Per kept lookup: its row, its bag and its share of the bag's gradient.
         let mut looks: Vec<(i64, usize, f32)> = Vec::with_capacity(bags.indices.len());

@@ -132,6 +132,13 @@ impl RowCache {
             ))
             .into());
         }
+        if matches!(options.policy, PolicyKind::Belady | PolicyKind::Lookahead) {
+            return Err(Error::invalid(format!(
+                "a row cache's policy cannot be {}: it needs the future accesses, which a row cache never has",
+                options.policy
+            ))
+            .into());
+        }
         if row_bytes > page {
             return Err(Error::invalid(format!(
                 "a row of {row_bytes} bytes does not fit in a page of {page}: a row cache keeps whole rows in a page"
