@@ -285,13 +285,18 @@ impl ExpertCache {
         let (l, e) = (u32_of(layer, "layer")?, u32_of(expert, "expert")?);
         let view = Contiguous::readable(weights)?;
         let src = view.as_slice();
-        let mut guard = self.cache.write();
-        let Some(c) = Arc::get_mut(&mut guard) else {
-            return Err(invalid(
-                "experts cannot be registered while a fetched ExpertSlot is held: release it first",
-            ));
-        };
-        py.detach(|| c.register(l, e, src)).map_err(raise)
+        // The write lock is taken and let go without the GIL: another
+        // thread holding the GIL may be waiting for a read lock.
+        py.detach(|| {
+            let mut guard = self.cache.write();
+            let Some(c) = Arc::get_mut(&mut guard) else {
+                return Err(strata::Error::invalid(
+                    "experts cannot be registered while a fetched ExpertSlot is held: release it first",
+                ));
+            };
+            c.register(l, e, src)
+        })
+        .map_err(raise)
     }
 
     /// The expert pinned where it is read until the returned ExpertSlot is

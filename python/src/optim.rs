@@ -19,6 +19,9 @@ use strata::offload::optim::{
 use crate::errors::{invalid, raise};
 use crate::pybuf::Contiguous;
 
+/// float32's `struct` code.
+const F32: &[&str] = &["f"];
+
 /// The float32 values of a buffer's bytes (borrowed where aligned).
 fn floats(bytes: &[u8]) -> PyResult<Cow<'_, [f32]>> {
     if bytes.len() % 4 != 0 {
@@ -52,6 +55,16 @@ enum Dtype {
 }
 
 impl Dtype {
+    /// Refuses a buffer declared to hold another element type (16-bit
+    /// floats come as float16 or as 16-bit integers of the same bytes, as
+    /// NumPy lacks bfloat16).
+    fn check(self, view: &Contiguous<'_>, what: &str) -> PyResult<()> {
+        match self {
+            Self::F32 => view.check_type(F32, "float32", what),
+            Self::Bf16 | Self::F16 => view.check_type(&["e", "h", "H"], "16-bit values", what),
+        }
+    }
+
     fn parse(name: &str, what: &str) -> PyResult<Self> {
         match name {
             "float32" => Ok(Self::F32),
@@ -217,6 +230,7 @@ impl OffloadedAdam {
         config.updater = updater.parse::<Updater>().map_err(raise)?;
         config.importance = importance.map(|(fraction, every)| Importance { fraction, every });
         let view = Contiguous::readable(weights)?;
+        view.check_type(F32, "float32", "weights")?;
         let w = floats(view.as_slice())?;
         let shared = runtime.as_ref().map(|r| r.rt.clone());
         let inner = py
@@ -307,7 +321,11 @@ impl OffloadedAdam {
             ));
         }
         let g_view = Contiguous::readable(grads)?;
+        g_dtype.check(&g_view, "grads")?;
         let mut out_view = out.map(Contiguous::writable).transpose()?;
+        if let Some(o) = &out_view {
+            o_dtype.check(o, "out")?;
+        }
         if let Some(o) = &out_view {
             // The gradients are read while the weights are written.
             let (a, b) = (
@@ -367,6 +385,7 @@ impl OffloadedAdam {
     /// into out, a writable float32 array of one value per parameter.
     fn read_state(&self, py: Python<'_>, which: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
         let mut view = Contiguous::writable(out)?;
+        view.check_type(F32, "float32", "out")?;
         let out = floats_mut(view.as_mut_slice())?;
         py.detach(|| {
             let a = self.inner.lock();
@@ -386,6 +405,7 @@ impl OffloadedAdam {
     /// float32 per parameter.
     fn write_state(&self, py: Python<'_>, which: usize, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let view = Contiguous::readable(data)?;
+        view.check_type(F32, "float32", "data")?;
         let values = floats(view.as_slice())?;
         py.detach(|| self.inner.lock().write_state(which, &values))
             .map_err(raise)
@@ -421,6 +441,7 @@ impl OffloadedAdam {
         accumulated: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let r_view = Contiguous::readable(resident)?;
+        r_view.check_type(&["q", "l", "Q", "L"], "64-bit integers", "resident")?;
         let r = r_view.as_slice();
         if r.len() % 8 != 0 {
             return Err(invalid(format!(
@@ -433,6 +454,7 @@ impl OffloadedAdam {
             .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
             .collect();
         let a_view = Contiguous::readable(accumulated)?;
+        a_view.check_type(F32, "float32", "accumulated")?;
         let window = ImportanceWindow {
             deferred_steps,
             accumulated: floats(a_view.as_slice())?.into_owned(),

@@ -91,6 +91,21 @@ impl<'py> Contiguous<'py> {
         Self::get(obj, PYBUF_C_CONTIGUOUS | PYBUF_WRITABLE | PYBUF_FORMAT)
     }
 
+    /// Refuses a buffer whose elements are declared to be of another type
+    /// than `codes` (the `struct` codes of the type wanted, native order):
+    /// a float64 array read as float32 would be garbage. Untyped bytes
+    /// ("B") pass as they are.
+    pub(crate) fn check_type(&self, codes: &[&str], wanted: &str, what: &str) -> PyResult<()> {
+        let format = self.format();
+        let code = format.trim_start_matches(['@', '=', '<']);
+        if code == "B" || codes.contains(&code) {
+            return Ok(());
+        }
+        Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} holds elements of format {format:?}; it must be {wanted}"
+        )))
+    }
+
     /// The element type in `struct` module syntax ("f", "<q", ...); "B"
     /// (unsigned bytes) where the exporter names none, as PEP 3118 reads it.
     pub(crate) fn format(&self) -> std::borrow::Cow<'_, str> {

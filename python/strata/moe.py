@@ -1310,7 +1310,10 @@ def offload(
     # the trace file, every expert registered. A failed offload leaves the
     # model as it was.
     biases = {b.index: _biases(b, checkpoint) for b in blocks if b.transposed and not b.dense}
-    writer = open(record_routing, "w") if record_routing is not None else None
+    # Opened to append: a trace already there is replaced only once the
+    # offload has succeeded (and a file this call created goes if it fails).
+    existed = record_routing is not None and os.path.exists(record_routing)
+    writer = open(record_routing, "a") if record_routing is not None else None
     try:
         # Register every expert: [gate_up | pad to a page | down].
         staging = torch.zeros(expert_bytes, dtype=torch.uint8)
@@ -1322,6 +1325,7 @@ def offload(
                 cache.register(b.index, x, staging.numpy())
                 del gu, dp
         if writer is not None:
+            writer.truncate(0)
             writer.write(
                 f"# strata.moe routing: token layer expert ({len(blocks)} MoE layers, {e} experts; "
                 f"a token is {'a token row' if record_per_token else 'a forward step'}"
@@ -1330,7 +1334,8 @@ def offload(
     except BaseException:
         if writer is not None:
             writer.close()
-            os.unlink(record_routing)
+            if not existed:
+                os.unlink(record_routing)
         raise
     state = _State(cache, blocks, prefetch, max_prefetch, writer, record_per_token)
     hooks = []

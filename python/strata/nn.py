@@ -255,6 +255,9 @@ class EmbeddingBag(nn.Module):
     EXACT_ROWWISE_ADAGRAD: one accumulator per row, state += mean(g*g),
     w -= lr/(sqrt(state)+eps)*g), applied in backward to the touched rows.
     The accumulators are the buffer ``momentum`` (in DRAM, 4 bytes a row).
+    state_dict() holds the table as torch's ``weight`` (read into a dense
+    tensor: the whole table in memory) beside ``momentum``;
+    load_state_dict() writes it back.
 
     _weight: initial rows (a (num_embeddings, embedding_dim) tensor);
     without it the rows are drawn from N(0, 1), as torch's, or from
@@ -485,8 +488,48 @@ class EmbeddingBag(nn.Module):
 
     @property
     def weight(self) -> Tensor:
-        """The whole table as a dense tensor (a copy: for small tables and tests)."""
-        return self.read_rows(torch.arange(self.num_embeddings))
+        """The whole table as a dense tensor (a copy: for small tables and
+        tests; state_dict() saves it under this name)."""
+        return self._dense_rows()
+
+    # -- the table in state_dict(), as torch's "weight" --
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        # The table is no parameter of the module (it lives in strata's
+        # tiers): saved as the dense (num_embeddings, embedding_dim) rows
+        # torch's EmbeddingBag saves, read in chunks.
+        destination[prefix + "weight"] = self._dense_rows()
+
+    def _dense_rows(self) -> Tensor:
+        n, d = self.num_embeddings, self.embedding_dim
+        out = torch.empty(n, d, dtype=torch.float32)
+        chunk = max(1, (8 << 20) // (4 * d))
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            self._table.read_rows(torch.arange(start, stop).numpy(), out[start:stop].numpy())
+        return out
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        key = prefix + "weight"
+        if key in unexpected_keys:
+            unexpected_keys.remove(key)
+        if key not in state_dict:
+            if strict:
+                missing_keys.append(key)
+            return
+        rows = state_dict[key]
+        n, d = self.num_embeddings, self.embedding_dim
+        if not isinstance(rows, Tensor) or tuple(rows.shape) != (n, d):
+            got = tuple(rows.shape) if isinstance(rows, Tensor) else type(rows).__name__
+            error_msgs.append(f"size mismatch for {key}: copying a param with shape {got}, the table is ({n}, {d})")
+            return
+        self._init_rows(rows, None)
 
     def flush(self) -> None:
         """Writes the rows the row cache holds changed back to the table's

@@ -111,6 +111,14 @@ def _raw(t: torch.Tensor):
     return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
 
 
+def _mark(p: torch.Tensor) -> Tuple[int, int]:
+    """What changes when p's weights change outside the optimizer: its
+    version counter (in-place ops) and its storage (p.data replaced, which
+    leaves the counter as it was)."""
+    t = _plain(p)
+    return t._version, t.data_ptr()
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """The tensor a step works on: a DTensor's local shard (FSDP2's
     parameters and gradients), otherwise t itself."""
@@ -215,9 +223,7 @@ class _OffloadedAdamBase(Optimizer):
             raise ValueError(f"unknown optimizer state tier {tier!r} (use 'host', 'cxl' or 'nvme')")
         if updater not in ("cpu", "cuda"):
             raise InvalidArgumentError(f"unknown updater {updater!r} (use 'cpu' or 'cuda')")
-        if chunk_bytes is not None and (
-            not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0
-        ):
+        if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
             raise InvalidArgumentError(f"chunk_bytes {chunk_bytes!r} is not a positive byte count")
         if runtime is not None and nvme_path is not None:
             raise ValueError("nvme_path is the runtime's own for an optimizer on a runtime; leave it None")
@@ -319,6 +325,25 @@ class _OffloadedAdamBase(Optimizer):
         if problem is not None:
             raise TypeError(f"strata.optim cannot step {self._name(p)}: {problem}")
 
+    def _check_param(self, p: torch.Tensor) -> None:
+        """p can be stepped, and is still the shape and dtype its state was
+        made for (p.data may have been replaced since the last step)."""
+        self._check(p)
+        entry = self._offloaded.get(p)
+        if entry is None:
+            return
+        t = _plain(p)
+        if t.shape != entry[2]:
+            raise ValueError(
+                f"{self._name(p)} of shape {tuple(entry[2])} now has shape {tuple(t.shape)}: "
+                "parameters may not change shape between steps"
+            )
+        if t.dtype != entry[3]:
+            raise TypeError(
+                f"{self._name(p)} was {entry[3]} and is now {t.dtype}: "
+                "parameters may not change dtype between steps (build the optimizer after converting the model)"
+            )
+
     def _check_grad(self, p: torch.Tensor) -> torch.Tensor:
         g, t = _plain(p.grad), _plain(p)
         if g.is_sparse or g.layout != torch.strided:
@@ -369,7 +394,7 @@ class _OffloadedAdamBase(Optimizer):
         self._check(p)
         lo, hi, _ = self._span(p)
         if hi == lo:
-            self._offloaded[p] = [None, _plain(p)._version, _plain(p).shape]
+            self._offloaded[p] = [None, _mark(p), _plain(p).shape, _plain(p).dtype]
             return None
         adam = OffloadedAdam(
             self._local(p, p).float().numpy(),
@@ -381,7 +406,7 @@ class _OffloadedAdamBase(Optimizer):
             runtime=self._runtime,
             **self._hyper(group),
         )
-        self._offloaded[p] = [adam, _plain(p)._version, _plain(p).shape]
+        self._offloaded[p] = [adam, _mark(p), _plain(p).shape, _plain(p).dtype]
         return adam
 
     def _gather(self, parts: list) -> None:
@@ -428,7 +453,12 @@ class _OffloadedAdamBase(Optimizer):
         for k, group in enumerate(self.param_groups):
             hyper = self._hyper(group)
             _check_hyper(hyper, float(group["weight_decay"]), k)
-            work.append((group, hyper, [(p, self._check_grad(p)) for p in group["params"] if p.grad is not None]))
+            grads = []
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._check_param(p)
+                    grads.append((p, self._check_grad(p)))
+            work.append((group, hyper, grads))
         for group, hyper, grads in work:
             wd = float(group["weight_decay"])
             for p, grad in grads:
@@ -436,15 +466,10 @@ class _OffloadedAdamBase(Optimizer):
                 if entry is None:
                     self._new_state(p, group)
                     entry = self._offloaded[p]
-                elif _plain(p)._version != entry[1]:
+                elif _mark(p) != entry[1]:
                     # Weights changed outside the optimizer (an in-place
-                    # op, a loaded model): strata's master copy follows.
-                    self._check(p)
-                    if _plain(p).shape != entry[2]:
-                        raise ValueError(
-                            f"a parameter of shape {tuple(entry[2])} now has shape "
-                            f"{tuple(_plain(p).shape)}: parameters may not change shape between steps"
-                        )
+                    # op, a loaded model, p.data replaced): strata's
+                    # master copy follows.
                     if entry[0] is not None and not self._aliases(p):
                         entry[0].write_state(0, self._local(p, p).float().numpy())
                 adam = entry[0]
@@ -469,7 +494,7 @@ class _OffloadedAdamBase(Optimizer):
         if self._shard:
             self._gather(stepped)
         for p, _ in stepped:
-            self._offloaded[p][1] = _plain(p)._version
+            self._offloaded[p][1] = _mark(p)
         return loss
 
     def _window_state(self, p: torch.Tensor, adam: Optional[OffloadedAdam]) -> Dict[str, Any]:

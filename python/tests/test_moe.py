@@ -483,6 +483,45 @@ def test_a_failed_offload_leaves_the_model_and_no_trace(tmp_path):
     assert not trace.exists()
 
 
+def test_a_failed_offload_keeps_a_trace_already_there(tmp_path):
+    """record_routing naming an existing trace: an offload that fails (here
+    the NVMe tier is too small for the experts) leaves that file as it was;
+    one that succeeds replaces it."""
+    m = mixtral()
+    trace = tmp_path / "route.txt"
+    trace.write_text("0 0 1\n0 0 2\n")
+    with pytest.raises(strata.OutOfCapacityError):
+        strata.moe.offload(m, device_slots=2, host_bytes=4 * EXPERT_BYTES, nvme_path=tmp_path,
+                           nvme_capacity=1 << 20, record_routing=trace)
+    assert trace.read_text() == "0 0 1\n0 0 2\n"
+    moe = strata.moe.offload(m, device_slots=2, record_routing=trace)
+    moe.close()
+    assert trace.read_text().startswith("# strata.moe routing")
+
+
+def test_registering_experts_while_another_thread_uses_the_cache():
+    """ExpertCache.register from one thread while another calls the cache:
+    both finish (the registering thread once held the cache's lock while it
+    waited for the interpreter, which the other held while it waited for the
+    lock). Run apart, so a deadlock fails the test instead of hanging it."""
+    script = """
+import threading, numpy as np, strata
+c = strata.ExpertCache(slot_bytes=1 << 20, host_bytes=64 << 20, device_slots=2, device="sim", page_size=1 << 20)
+w = np.ones(1 << 20, np.uint8)
+t = threading.Thread(target=lambda: [c.register(0, i, w) for i in range(48)])
+t.start()
+calls = 0
+while t.is_alive():
+    c.stats(); calls += 1
+t.join()
+c.fetch(0, 47).release()  # every expert registered
+print("ok", calls)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok")
+
+
 def test_dbrx_experts_from_a_checkpoint_with_the_lookahead(tmp_path):
     """DBRX keeps its experts as w1, v1 and w2 [E * I, H] under the
     experts' mlp: read from the checkpoint of a model built on the meta

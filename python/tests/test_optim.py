@@ -153,6 +153,68 @@ def test_a_refused_step_changes_no_parameter():
     assert len(opt.param_groups) > 1  # the bad group is not the only one
 
 
+def test_a_step_refused_for_one_parameter_moves_no_other():
+    """Every parameter is checked before any steps: a later group's
+    parameter that cannot be stepped (not contiguous, another shape or
+    dtype than its state was made for) leaves the earlier ones as they
+    were, and the step can be retried once it is mended."""
+    p = torch.nn.Parameter(torch.ones(4))
+    q = torch.nn.Parameter(torch.ones(3, 2))
+    opt = strata.optim.AdamW([p], lr=0.1)
+    opt.add_param_group({"params": [q]})
+    p.grad, q.grad = torch.ones(4), torch.ones(3, 2)
+    opt.step()
+    after_one = p.detach().clone()
+    for bad, grad, error in [
+        (torch.ones(2, 3).t(), torch.ones(3, 2), TypeError),  # not contiguous
+        (torch.ones(6), torch.ones(6), ValueError),  # another shape
+        (torch.ones(3, 2, dtype=torch.float64), torch.ones(3, 2, dtype=torch.float64), TypeError),
+        (torch.ones(3, 2, dtype=torch.bfloat16), torch.ones(3, 2, dtype=torch.bfloat16), TypeError),
+    ]:
+        q.data, q.grad = bad, grad
+        p.grad = torch.ones(4)
+        with pytest.raises(error):
+            opt.step()
+        assert torch.equal(p, after_one)
+    q.data, q.grad = torch.ones(3, 2), torch.ones(3, 2)
+    opt.step()
+    assert not torch.equal(p, after_one)
+
+
+def test_weights_replaced_outside_the_optimizer_are_followed():
+    """p.data replaced (which leaves the version counter as it was): the
+    fp32 master copy of a bf16 parameter follows it."""
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = strata.optim.AdamW([p], lr=0.0, weight_decay=0.0)
+    p.grad = torch.ones(4, dtype=torch.bfloat16)
+    opt.step()
+    p.data = torch.full((4,), 3.0, dtype=torch.bfloat16)
+    p.grad = torch.ones(4, dtype=torch.bfloat16)
+    opt.step()  # lr 0: the step writes the master copy back
+    assert torch.equal(p.detach(), torch.full((4,), 3.0, dtype=torch.bfloat16))
+
+
+def test_the_binding_refuses_arrays_of_another_element_type():
+    """OffloadedAdam reads float32 (or 16-bit) arrays only: a float64 or
+    int32 array is refused, not read as float32 bytes."""
+    import numpy as np
+
+    with pytest.raises(TypeError, match="float32"):
+        strata.OffloadedAdam(np.ones(4))
+    a = strata.OffloadedAdam(np.ones(4, np.float32))
+    out = np.zeros(4, np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        a.step(np.ones(2, np.float64), out)
+    with pytest.raises(TypeError, match="float32"):
+        a.step(np.ones(4, np.int32), out)
+    with pytest.raises(TypeError, match="float32"):
+        a.read_state(0, np.zeros(2, np.float64))
+    a.step(np.ones(4, np.float32), out)
+    assert (out < 1).all()
+    with pytest.raises(strata.InvalidArgumentError, match="chunk_bytes"):
+        strata.optim.AdamW([torch.nn.Parameter(torch.ones(2))], chunk_bytes=None)
+
+
 def test_zero_grad_and_params_without_gradients():
     m = model()
     opt = strata.optim.AdamW(m.parameters())
