@@ -323,6 +323,10 @@ impl<'a> Launch<'a> {
     }
 
     /// Page `p`'s current entry.
+    ///
+    /// # Panics
+    /// If `p` is not below [`pages`](DeviceMap::pages) (as indexing does;
+    /// this sits on a kernel's path).
     pub fn entry(&self, p: usize) -> u64 {
         self.entries[p].load(Ordering::Acquire)
     }
@@ -468,6 +472,9 @@ impl<'l> Reader<'l, '_> {
     /// Counts one access of page `page` on this reader's sampler (and in
     /// the runtime's trace), as [`load`](Self::load) does: pair it with
     /// reads from [`page`](Self::page).
+    ///
+    /// # Panics
+    /// If `page` is not a page of the buffer (as indexing does).
     #[inline]
     pub fn touch(&mut self, page: usize) {
         let l = self.launch;
@@ -569,7 +576,7 @@ impl OwnedLaunch {
         self.launch().map_address()
     }
 
-    /// As [`Launch::entry`].
+    /// As [`Launch::entry`] (and panics as it does).
     pub fn entry(&self, p: usize) -> u64 {
         self.launch().entry(p)
     }
