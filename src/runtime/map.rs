@@ -116,7 +116,7 @@ impl DeviceMap {
         let launch = Launch::new(self, access);
         let memory = table.rt.tiers.memory();
         self.stage(&memory)?;
-        self.fill(&memory)?;
+        self.fill(&memory, access)?;
         Ok(launch)
     }
 
@@ -174,7 +174,7 @@ impl DeviceMap {
     }
 
     /// Every entry, materializing never-written pages (in `memory`).
-    fn fill(&self, memory: &[Tier]) -> Result<()> {
+    fn fill(&self, memory: &[Tier], access: Access) -> Result<()> {
         let table = &self.table;
         let zeros = vec![0u8; table.rt.page_size()];
         let mut values = Vec::with_capacity(table.pages.len());
@@ -183,10 +183,15 @@ impl DeviceMap {
             if matches!(entry.loc, Zero) {
                 entry.loc = self.rt.mover.first_write(table, &zeros, Some(memory))?;
             }
-            // Kernels may write through the map: a move that copied the
-            // page before this launch does not commit, and its clean copy
-            // goes.
-            table.note_write(&mut entry);
+            // A move that copied the page before this launch does not
+            // commit (the entry names the page's slot now). Kernels may
+            // write through a read-write map: the clean copy goes; a
+            // read-only launch leaves it, so that a demotion after the
+            // launch still needs no copy.
+            match access {
+                Access::ReadWrite => table.note_write(&mut entry),
+                Access::ReadOnly => entry.note_mapped(),
+            }
             let address = match &entry.loc {
                 Resident { tier, slot } if *tier != Tier::Nvme => {
                     table.store(*tier).kernel_address(slot)

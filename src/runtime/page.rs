@@ -145,6 +145,13 @@ impl<S> Entry<S> {
         self.clean.take()
     }
 
+    /// A read-only kernel launch maps the page: a move whose copy was taken
+    /// before it will not commit (the launch reads the page's slot), and
+    /// the clean copy stays, as kernels do not change the bytes.
+    pub(crate) fn note_mapped(&mut self) {
+        self.version = self.version.wrapping_add(1);
+    }
+
     /// Takes the clean copy, for its tier's room. The page keeps its own
     /// slot, so nothing is lost.
     pub(crate) fn take_clean(&mut self) -> Option<(Tier, S)> {

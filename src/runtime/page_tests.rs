@@ -80,6 +80,31 @@ fn a_read_in_flight_reads_as_lost_until_put_back_or_committed() {
 }
 
 #[test]
+fn a_read_only_mapping_stops_moves_begun_before_it_and_keeps_the_clean_copy() {
+    let mut e = resident(Tier::Host, 1);
+    let b = e.begin_move(Tier::Device, |_| true).unwrap();
+    assert_eq!(e.commit(b, Tier::Device, 2, true).map(|f| f.old), Ok(None));
+    assert_eq!(
+        e.clean,
+        Some((Tier::Host, 1)),
+        "the promotion kept its old slot"
+    );
+    let b = e.begin_move(Tier::Host, |_| true).unwrap();
+    e.note_mapped();
+    assert_eq!(
+        e.commit(b, Tier::Host, 3, false),
+        Err(3),
+        "copied before the mapping"
+    );
+    assert_eq!(
+        e.clean,
+        Some((Tier::Host, 1)),
+        "kernels do not write: still clean"
+    );
+    assert_eq!(e.drop_to_clean(Tier::Host), Some((Tier::Device, 2)));
+}
+
+#[test]
 fn a_promotion_mark_is_taken_once_and_cleared_by_moves() {
     let mut e = resident(Tier::Nvme, 1);
     assert!(!e.mark_promotion(Tier::Host, |t| t == Tier::Cxl));
