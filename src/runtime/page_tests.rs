@@ -406,6 +406,27 @@ fn loom_a_stale_clean_copy_is_never_served_after_a_write() {
     });
 }
 
+/// A read-only launch maps the page (its version moves, its clean copy
+/// stays) while a promotion that keeps its copy and a demotion back to
+/// the copy race: the page and its copy hold the page's bytes, a move
+/// copied before the mapping is abandoned, and nothing leaks.
+#[test]
+fn loom_a_read_only_mapping_keeps_a_clean_copy_that_is_still_right() {
+    loom::model(|| {
+        let page = start(resident(Tier::Nvme, 0));
+        let mover = spawn_mover(&page, Tier::Host, 1, true);
+        let mapper = {
+            let page = page.clone();
+            loom::thread::spawn(move || page.lock().unwrap().entry.note_mapped())
+        };
+        let demoter = spawn_clean_demoter(&page);
+        mover.join().unwrap();
+        mapper.join().unwrap();
+        demoter.join().unwrap();
+        check_end(&page, 1);
+    });
+}
+
 /// The NVMe tier takes the copy for room while the page is promoted
 /// and demoted back to it: whichever comes first, the page is never
 /// lost and no slot leaks or is freed twice.
