@@ -1457,3 +1457,35 @@ fn host_experts_are_read_in_place_and_leave_the_slots_to_experts_from_nvme() {
     assert_eq!(s.served_in_place, 0);
     assert!(s.moves_from_nvme > 1, "{s:?}");
 }
+
+/// A register that fails registers nothing: here the host tier, full,
+/// turns into a cache and finds no room on NVMe for its experts' copies.
+/// The experts registered before are fetched as before, the failed one is
+/// unknown (not half there: its fetch once panicked), and a retry fails
+/// the same way.
+#[test]
+fn a_failed_register_leaves_the_cache_as_it_was() {
+    const P: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = MoeConfig::new(1, P as u64, 2 * P as u64);
+    cfg.page_size = P;
+    cfg.host_cache = true;
+    cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), P as u64, P));
+    let mut c = ExpertCache::new(cfg).unwrap();
+    c.register(0, 0, &[1u8; P]).unwrap();
+    c.register(1, 0, &[2u8; P]).unwrap();
+    for _ in 0..2 {
+        let e = c.register(2, 0, &[3u8; P]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
+    }
+    assert_eq!(
+        c.fetch(2, 0).err().map(|e| e.kind()),
+        Some(ErrorKind::NotFound)
+    );
+    for (layer, byte) in [(0u32, 1u8), (1, 2), (0, 1)] {
+        let pin = c.fetch(layer, 0).unwrap();
+        let mut got = vec![0u8; P];
+        pin.buffer().read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == byte), "layer {layer}");
+    }
+}

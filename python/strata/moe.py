@@ -56,6 +56,7 @@ only; ``import strata`` does not need them.
 import os
 import re
 import time
+import traceback
 import types
 from typing import Any, Dict, List, Optional
 
@@ -450,6 +451,14 @@ def find_moe_blocks(model: nn.Module) -> List[_Block]:
             )
         if not hasattr(m, "act_fn"):
             raise InvalidArgumentError(f"strata.moe cannot offload {cls}: the experts module has no act_fn")
+        if _own_gate(m) or getattr(m, "has_post_expert_norm", False):
+            # The loop below computes act_fn(gate) * up and nothing after
+            # the down projection: another gating (a clamped SwiGLU) or a
+            # norm after each expert would be skipped, silently.
+            raise InvalidArgumentError(
+                f"strata.moe cannot offload {cls}: its experts gate their own way (_apply_gate) or normalize "
+                "each expert's output; only act_fn(gate) * up is supported"
+            )
         e, two_i, h = m.gate_up_proj.shape
         if m.down_proj.shape != (e, h, two_i // 2) or two_i % 2:
             raise InvalidArgumentError(
@@ -458,6 +467,19 @@ def find_moe_blocks(model: nn.Module) -> List[_Block]:
             )
         found.append(_Block(len(found), name, modules[layer_name], block, m))
     return found
+
+
+def _own_gate(m: nn.Module) -> bool:
+    """Whether the experts class gates otherwise than transformers' default
+    act_fn(gate) * up (its own _apply_gate)."""
+    gate = getattr(type(m), "_apply_gate", None)
+    if gate is None:
+        return False
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:  # a transformers without the hook: nothing to override
+        return False
+    return gate is not _default_apply_gate
 
 
 class _State:
@@ -797,6 +819,13 @@ class StrataExperts(nn.Module):
                     st.compute_seconds[layer] += time.perf_counter() - t0
                     # Done with it: its slot may go to a later read.
                     held.pop(e).release()
+            except BaseException as ex:
+                # The frames below (the experts' arithmetic) hold views of
+                # the slots, each with a pin of its own: a traceback kept
+                # alive (a notebook's last exception) would keep them
+                # pinned after the slots go back.
+                traceback.clear_frames(ex.__traceback__)
+                raise
             finally:
                 for slot in held.values():
                     slot.release()

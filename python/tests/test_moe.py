@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -481,6 +482,48 @@ def test_a_failed_offload_leaves_the_model_and_no_trace(tmp_path):
     assert [type(mod).__name__ for mod in m.modules()] == kinds
     assert not any(mod._forward_pre_hooks for mod in m.modules())
     assert not trace.exists()
+
+
+def test_experts_that_gate_their_own_way_are_refused():
+    """An experts class with its own _apply_gate (a clamped SwiGLU, as
+    DeepSeek-V4's) or a norm after each expert computes what strata's
+    act_fn(gate) * up would not: refused, naming the class, the model left
+    as it was."""
+    m = mixtral()
+    experts = m.model.layers[0].mlp.experts
+
+    class ClampedExperts(type(experts)):
+        def _apply_gate(self, gate_up_out):
+            gate, up = gate_up_out.chunk(2, dim=-1)
+            return self.act_fn(gate.clamp(max=0.05)) * up
+
+    experts.__class__ = ClampedExperts
+    with pytest.raises(strata.InvalidArgumentError, match="ClampedExperts.*_apply_gate"):
+        strata.moe.offload(m, device_slots=2)
+    assert type(m.model.layers[1].mlp.experts).__name__ == "MixtralExperts"
+
+
+def test_an_error_inside_the_experts_arithmetic_releases_their_pins():
+    """An exception raised in the experts' arithmetic, kept alive (as a
+    notebook keeps the last one): the slots' pins go with the slots, and
+    the next forward runs and gives the model's own logits."""
+    ids = prompts()
+    want = logits(mixtral(), ids)
+    m = mixtral()
+    strata.moe.offload(m, device_slots=1, host_in_place=False, prefetch=False)
+    real = strata.moe.F
+
+    def failing_linear(*args):
+        raise RuntimeError("a failure inside F.linear")
+
+    strata.moe.F = types.SimpleNamespace(linear=failing_linear)
+    try:
+        with pytest.raises(RuntimeError, match="inside F.linear") as kept:
+            logits(m, ids)
+    finally:
+        strata.moe.F = real
+    assert kept.value is not None  # the traceback is still held
+    assert torch.equal(logits(m, ids), want)
 
 
 def test_a_failed_offload_keeps_a_trace_already_there(tmp_path):

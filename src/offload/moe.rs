@@ -536,7 +536,10 @@ impl std::fmt::Debug for ExpertCache {
 pub struct ExpertPin<'a> {
     cache: &'a ExpertCache,
     index: usize,
-    pin: Pin<'a>,
+    /// `Some` until the guard drops: the runtime's pin goes first, then
+    /// the cache's count (an expert the cache counts unpinned is never
+    /// still pinned in the runtime).
+    pin: Option<Pin<'a>>,
 }
 
 impl ExpertPin<'_> {
@@ -544,16 +547,19 @@ impl ExpertPin<'_> {
     /// order (one address when the expert fits in a page). Valid until the
     /// guard drops.
     pub fn addresses(&self) -> &[u64] {
-        self.pin.addresses()
+        self.held().addresses()
     }
     /// Where the expert is read from: the device, or host memory for an
     /// expert served in place ([`MoeConfig::host_in_place`]).
     pub fn tier(&self) -> Tier {
-        self.pin.tier()
+        self.held().tier()
     }
     /// The first page's address.
     pub fn address(&self) -> u64 {
-        self.pin.addresses()[0]
+        self.held().addresses()[0]
+    }
+    fn held(&self) -> &Pin<'_> {
+        self.pin.as_ref().expect("held until the guard drops")
     }
     /// The runtime buffer holding the expert.
     pub fn buffer(&self) -> &Buffer {
@@ -563,6 +569,7 @@ impl ExpertPin<'_> {
 
 impl Drop for ExpertPin<'_> {
     fn drop(&mut self) {
+        drop(self.pin.take());
         self.cache.state.lock().meta[self.index].pins -= 1;
     }
 }
@@ -573,7 +580,8 @@ impl Drop for ExpertPin<'_> {
 pub struct OwnedExpertPin {
     cache: std::sync::Arc<ExpertCache>,
     index: usize,
-    pin: crate::runtime::OwnedPin,
+    /// As [`ExpertPin`]'s: dropped before the cache's count.
+    pin: Option<crate::runtime::OwnedPin>,
 }
 
 impl std::fmt::Debug for OwnedExpertPin {
@@ -588,11 +596,14 @@ impl OwnedExpertPin {
     /// Address of each page of the expert in [`tier`](Self::tier), in
     /// order.
     pub fn addresses(&self) -> &[u64] {
-        self.pin.addresses()
+        self.held().addresses()
     }
     /// Where the expert is read from (see [`ExpertPin::tier`]).
     pub fn tier(&self) -> Tier {
-        self.pin.tier()
+        self.held().tier()
+    }
+    fn held(&self) -> &crate::runtime::OwnedPin {
+        self.pin.as_ref().expect("held until the guard drops")
     }
     /// The runtime buffer holding the expert (shared: a holder may pin
     /// ranges of it again, e.g. to export them through DLPack).
@@ -607,6 +618,7 @@ impl OwnedExpertPin {
 
 impl Drop for OwnedExpertPin {
     fn drop(&mut self) {
+        drop(self.pin.take());
         self.cache.state.lock().meta[self.index].pins -= 1;
     }
 }
@@ -828,6 +840,11 @@ impl ExpertCache {
         let wholly = |tier| (0..pages).all(|p| buffer.tier_of(p).ok().flatten() == Some(tier));
         let on_nvme = !wholly(Tier::Host);
         let nvme_copy = wholly(Tier::Nvme);
+        if on_nvme && self.config.host_cache && self.state.get_mut().host_slots == 0 {
+            // Before the new expert joins: if this fails, nothing of it is
+            // registered (its buffer goes with this call).
+            self.host_becomes_a_cache()?;
+        }
         let i = self.experts.len();
         self.experts.push(Expert {
             layer,
@@ -842,10 +859,6 @@ impl ExpertCache {
         });
         st.in_host += usize::from(!on_nvme);
         st.reuse.add(layer);
-        if on_nvme && self.config.host_cache && st.host_slots == 0 {
-            self.host_becomes_a_cache()?;
-        }
-        let st = self.state.get_mut();
         // One pool for all layers: any layer may register (per-layer slots
         // checked the layer above).
         if st.resident_per_layer.len() <= layer as usize {
@@ -1135,7 +1148,7 @@ impl ExpertCache {
             .map(|(index, pin)| ExpertPin {
                 cache: self,
                 index,
-                pin,
+                pin: Some(pin),
             })
     }
 
@@ -1150,7 +1163,7 @@ impl ExpertCache {
             .map(|(index, pin)| OwnedExpertPin {
                 cache: self.clone(),
                 index,
-                pin,
+                pin: Some(pin),
             })
     }
 
@@ -1182,6 +1195,7 @@ impl ExpertCache {
         // below moves the expert.
         let mut prefetch_failed = false;
         let mut tier = Tier::Device;
+        let mut missed = false;
         if s.meta[i].resident {
             if let Some(t) = s.meta[i].ticket.take() {
                 if let Err(e) = t.wait() {
@@ -1236,18 +1250,25 @@ impl ExpertCache {
             s.stats.served_in_place += 1;
         } else {
             self.make_room(s, layer, i, true)?;
-            let from_nvme = self.mark_resident(s, i);
-            self.demand_transfer(s, i, bytes, from_nvme);
+            missed = true;
         }
         s.ranking.touch(i as u64, tick);
         s.reuse.touch(i);
         s.meta[i].pins += 1;
         let pinned = pin(&self.experts[i].buffer, tier);
-        if s.clock.is_none() {
-            s.stats.stall_seconds += start.elapsed().as_secs_f64();
-        }
         match pinned {
-            Ok(p) => Ok((i, p)),
+            Ok(p) => {
+                // A miss is resident (and its move counted) once its pin
+                // has moved it: a failed one leaves the expert as it was.
+                if missed {
+                    let from_nvme = self.mark_resident(s, i);
+                    self.demand_transfer(s, i, bytes, from_nvme);
+                }
+                if s.clock.is_none() {
+                    s.stats.stall_seconds += start.elapsed().as_secs_f64();
+                }
+                Ok((i, p))
+            }
             Err(e) => {
                 s.meta[i].pins -= 1;
                 Err(e)
@@ -1340,7 +1361,9 @@ impl ExpertCache {
     /// the one a later fetch moves again, so a cancelled prefetch never
     /// leaves a partial expert behind. (On a real GPU the runtime's page
     /// moves cannot be aborted: this waits for the pages on the way, then
-    /// frees the slot.) Returns how many were cancelled.
+    /// frees the slot.) Reads a fetch of `layer` started (`read_ahead`)
+    /// that was never fetched are not prefetches: they stay, unprotected.
+    /// Returns how many were cancelled.
     pub fn cancel_prefetches(&self, layer: u32) -> Result<usize> {
         let mut s = self.state.lock();
         let s = &mut *s;
@@ -1349,14 +1372,21 @@ impl ExpertCache {
         }
         let mut cancelled = 0;
         for i in 0..self.experts.len() {
-            let m = &s.meta[i];
-            if self.experts[i].layer != layer
-                || !m.resident
-                || m.pins > 0
-                || m.protected_since.is_none()
-            {
+            let m = &mut s.meta[i];
+            if self.experts[i].layer != layer || !m.resident || m.pins > 0 {
                 continue;
             }
+            if std::mem::take(&mut m.ahead) {
+                // A read started for a fetch of this layer that never came
+                // (the forward stopped): an ordinary resident expert from
+                // now on, neither a prefetch nor protected.
+                m.protected_since = None;
+                continue;
+            }
+            if m.protected_since.is_none() {
+                continue;
+            }
+            let m = &s.meta[i];
             let unfinished = match &s.clock {
                 Some(_) => m.in_flight,
                 None => m.ticket.as_ref().is_some_and(|t| t.poll().is_none()),
