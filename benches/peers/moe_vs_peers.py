@@ -55,9 +55,11 @@ Reported per configuration: tokens/s (median of the trials, the spread as
 (max - min) / median, flagged above 30%, i.e. beyond +-15%), the fraction
 of the roofline and of the engine's own in-DRAM speed, bytes read and
 written per generated token (/proc/self/io over generate), the cgroup's
-failcnt, major faults and file refaults over generate, a thrash flag (a
-torch engine that reads its experts with read()/O_DIRECT and still takes
-major faults: the limit evicted the process's own pages), strata's hit
+failcnt, major faults and file refaults over generate, a thrash flag (strata,
+which reads its experts with O_DIRECT, taking major faults all the same:
+the limit evicted the process's own pages; "—" for the engines whose
+expert reads are page faults: accelerate's disk offload through
+np.memmap, the memory-mapped experts, llama.cpp), strata's hit
 rate, reads ahead, stall and per-step breakdown, and whether the tokens
 equal the engine's in-DRAM tokens.
 
@@ -480,6 +482,22 @@ def uncache(path):
         os.close(fd)
 
 
+def median_of(runs, key):
+    """The median of `key` over runs, None where any run lacks it."""
+    values = [r.get(key) for r in runs]
+    return None if any(v is None for v in values) else statistics.median(values)
+
+
+def strata_page(meta):
+    """The page strata.moe picks for these experts (by its own rule), at
+    which the disk's bandwidth is measured."""
+    from strata.moe import _page_for
+
+    elt = 4 if meta["dtype"] == "float32" else 2
+    h, i = meta["config"]["hidden_size"], meta["config"]["intermediate_size"]
+    return _page_for(2 * i * h * elt, i * h * elt)
+
+
 def disk_bandwidth(args, work, experts_bytes, page):
     """The disk's random read bandwidth at the runtime's page, bytes/s, on
     a file of the experts' size in `work` (strata bench io, O_DIRECT)."""
@@ -626,7 +644,7 @@ def main():
 
     for trial in range(args.trials):
         if not any(r["config"] == "io" and r["trial"] == trial for r in done):
-            io = disk_bandwidth(args, work, experts_bytes, 2 << 20 if meta["dtype"] == "float32" else 1 << 20)
+            io = disk_bandwidth(args, work, experts_bytes, strata_page(meta))
             io.update(config="io", fraction=1.0, trial=trial,
                       copy_bytes_per_second=host_copy_rate(meta["expert_bytes"]))
             record(io)
@@ -734,24 +752,34 @@ def report(args, work, meta, probes, runs, fractions, experts_bytes):
         if ok:
             tps = [r["tokens_per_s"] for r in ok]
             eng = "llama" if k.startswith("llama") else "torch"
-            reads_experts = k.split("@")[0] in ("accelerate", "strata", "strata-nopf", "strata-slots")
+            # strata reads its experts with O_DIRECT reads; accelerate's
+            # disk offload (np.memmap), the memory-mapped experts and
+            # llama.cpp read theirs through page faults.
+            reads_experts = k.split("@")[0] in ("strata", "strata-nopf", "strata-slots")
             row.update(
                 tokens_per_s=statistics.median(tps),
                 tokens_per_s_all=[round(x, 3) for x in tps],
                 spread=spread(tps),
                 read_mib_per_token=statistics.median(r["read_bytes"] / r["generated"] for r in ok) / MIB,
-                write_mib_per_token=statistics.median(r.get("write_bytes", 0) / r["generated"] for r in ok) / MIB,
+                write_mib_per_token=(statistics.median(r["write_bytes"] / r["generated"] for r in ok) / MIB
+                                     if all(r.get("write_bytes") is not None for r in ok) else None),
                 tokens_identical=all(r["tokens"] == ref[eng] for r in ok) if ref[eng] else None,
                 limit_mib=ok[0]["limit_bytes"] / MIB if ok[0]["limit_bytes"] else None,
                 peak_mib=(statistics.median(r["cgroup_peak_bytes"] for r in ok) / MIB
                           if ok[0]["cgroup_peak_bytes"] else None),
-                failcnt=statistics.median(r["cgroup_failcnt"] or 0 for r in ok),
-                major_faults=statistics.median(r.get("major_faults", 0) for r in ok),
-                refaults=statistics.median(r.get("refaults", 0) for r in ok),
+                # A count a run could not read is missing, not zero.
+                failcnt=median_of(ok, "cgroup_failcnt"),
+                major_faults=median_of(ok, "major_faults"),
+                refaults=median_of(ok, "refaults"),
             )
-            # A torch engine that reads its experts itself takes no major
-            # fault unless the limit evicted its own pages (code, libraries).
-            row["thrash"] = bool(reads_experts and ok[0]["limit_bytes"] and row["major_faults"] > 100)
+            # An engine that reads its experts itself takes no major fault
+            # unless the limit evicted its own pages (code, libraries); for
+            # one whose expert reads are faults the count cannot tell (None).
+            row["thrash"] = (
+                bool(ok[0]["limit_bytes"] and row["major_faults"] > 100)
+                if reads_experts and row["major_faults"] is not None
+                else None
+            )
             row["spread_flag"] = row["spread"] > 0.30
             own = [r["nvme_read_bytes"] / r["nvme_busy_seconds"] for r in ok if r.get("nvme_busy_seconds")]
             if own:
@@ -901,9 +929,9 @@ def print_markdown(meta, bw, roofline, table):
             continue
         print(f"| {k} | {r['tokens_per_s']:.2f} | {', '.join(f'{x:.2f}' for x in r['tokens_per_s_all'])} | "
               f"{r['spread'] * 100:.0f}%{' (!)' if r['spread_flag'] else ''} | {fmt(r.get('of_roofline'))} | "
-              f"{fmt(r.get('of_own_dram'))} | {r['read_mib_per_token']:.1f} | {r['write_mib_per_token']:.1f} | "
+              f"{fmt(r.get('of_own_dram'))} | {r['read_mib_per_token']:.1f} | {fmt(r['write_mib_per_token'], 1)} | "
               f"{fmt(r['failcnt'], 0)} | {fmt(r['major_faults'], 0)} | {fmt(r['refaults'], 0)} | "
-              f"{'yes' if r['thrash'] else 'no'} | {fmt(r['tokens_identical'])} |")
+              f"{fmt({True: 'yes', False: 'no'}.get(r['thrash']))} | {fmt(r['tokens_identical'])} |")
 
 
 if __name__ == "__main__":
