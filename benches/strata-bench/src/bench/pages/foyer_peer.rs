@@ -56,7 +56,7 @@ pub(super) fn run(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
     let (from_disk, refetched) = (AtomicU64::new(0), AtomicU64::new(0));
     let ps = p.page_size;
     let handle = runtime.handle().clone();
-    let disk0 = super::DiskIo::now();
+    let disk0 = super::DiskIo::now()?;
     let run = drive(p, seq, &|| Ok(()), &|_, page, off, out| {
         let q = page as u32;
         let (file, params) = (source.clone(), p.clone());
@@ -82,8 +82,9 @@ pub(super) fn run(p: &PagesParams, seq: &[u32], trial: usize) -> Result<PagesRes
         debug_assert_eq!(entry.value().len(), ps);
         Ok(false)
     });
-    let disk = disk0.since();
+    // After close: the flushes it waits for count.
     let closed = runtime.block_on(cache.close());
+    let disk = disk0.since()?;
     drop(cache);
     let _ = std::fs::remove_dir_all(&dir);
     let (tally, seconds) = run?;

@@ -350,9 +350,9 @@ pub struct Comparison {
     pub p99_us: (f64, f64),
     /// Pairs in which strata's p99 was the lower.
     pub p99_lower_pairs: usize,
-    /// strata's median bytes read from the disk over the peer's (0 where
-    /// the peer read none).
-    pub disk_read_ratio: f64,
+    /// strata's median bytes read from the disk over the peer's (`None`
+    /// where the peer read none: no ratio).
+    pub disk_read_ratio: Option<f64>,
 }
 
 /// Every strata configuration of `results` against every peer there.
@@ -403,11 +403,7 @@ pub fn compare(results: &[PagesResult]) -> Vec<Comparison> {
                 ),
                 p99_us: (med(&p99, true), med(&p99, false)),
                 p99_lower_pairs: pairs.iter().filter(|(a, b)| a.p99_us < b.p99_us).count(),
-                disk_read_ratio: if peer_disk > 0.0 {
-                    med(&disk, true) / peer_disk
-                } else {
-                    0.0
-                },
+                disk_read_ratio: (peer_disk > 0.0).then(|| med(&disk, true) / peer_disk),
             });
         }
     }
@@ -592,26 +588,33 @@ pub struct DiskIo {
 
 impl DiskIo {
     /// The counts now.
-    pub fn now() -> Self {
-        let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    /// The counts now; an error where the kernel does not give them (a
+    /// disk figure read as zero would be a wrong one).
+    pub fn now() -> Result<Self> {
+        let io = std::fs::read_to_string("/proc/self/io").map_err(|e| {
+            Error::io(
+                "reading /proc/self/io (the disk bytes are counted there)",
+                e,
+            )
+        })?;
         let field = |name: &str| {
             io.lines()
                 .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-                .unwrap_or(0)
+                .ok_or_else(|| Error::invalid(format!("/proc/self/io has no {name}")))
         };
-        Self {
-            read: field("read_bytes:"),
-            written: field("write_bytes:"),
-        }
+        Ok(Self {
+            read: field("read_bytes:")?,
+            written: field("write_bytes:")?,
+        })
     }
 
     /// What was read and written since `self`.
-    pub fn since(self) -> Self {
-        let now = Self::now();
-        Self {
+    pub fn since(self) -> Result<Self> {
+        let now = Self::now()?;
+        Ok(Self {
             read: now.read.saturating_sub(self.read),
             written: now.written.saturating_sub(self.written),
-        }
+        })
     }
 }
 
@@ -785,7 +788,7 @@ pub fn run_strata(
     let min = balancer.min_accesses;
     let on_read = balancer.promote_on_read;
     rt.start_balancer(balancer)?;
-    let disk0 = DiskIo::now();
+    let disk0 = DiskIo::now()?;
     let cxl_reads = std::sync::atomic::AtomicU64::new(0);
     let (tally, seconds) = drive(p, seq, &|| Ok(()), &|_, page, off, out| {
         let tier = buf.tier_of(page as usize)?;
@@ -796,8 +799,9 @@ pub fn run_strata(
         Ok(tier == Some(Tier::Host))
     })?;
     let cxl_reads = cxl_reads.into_inner();
-    let disk = disk0.since();
     rt.stop_balancer();
+    // After the balancer's last moves: what they read and wrote counts.
+    let disk = disk0.since()?;
     rt.check()?;
     let s = rt.stats();
     let note = format!(
@@ -941,7 +945,7 @@ pub fn run_os_child(spec: &ChildSpec) -> Result<PagesResult> {
         Ok(false)
     };
     // Fault counts say which reads missed: read them around the run.
-    let faults0 = major_faults();
+    let faults0 = major_faults()?;
     let join = || -> Result<()> {
         if let Some(g) = &spec.cgroup {
             std::fs::write(g.join("cgroup.procs"), std::process::id().to_string())
@@ -949,14 +953,18 @@ pub fn run_os_child(spec: &ChildSpec) -> Result<PagesResult> {
         }
         Ok(())
     };
-    let disk0 = DiskIo::now();
+    let disk0 = DiskIo::now()?;
     let (mut tally, seconds) = drive(p, &seq, &join, &read)?;
-    let disk = disk0.since();
-    let faults = major_faults() - faults0;
+    let disk = disk0.since()?;
+    let faults = major_faults()? - faults0;
     let ops = tally.latencies.len() as u64;
     tally.fast = ops.saturating_sub(faults);
+    // A DRAM hit is a read that took no major fault: exact for reads of
+    // one OS page; a longer read may take several faults, which count as
+    // several misses (the hit rate then a lower bound).
+    let os_page = 4096;
     let note = format!(
-        "mmap of the data file{}, {}; {} major faults",
+        "mmap of the data file{}, {}; {} major faults{}",
         if spec.config == "os-random" {
             " with MADV_RANDOM"
         } else {
@@ -966,7 +974,12 @@ pub fn run_os_child(spec: &ChildSpec) -> Result<PagesResult> {
             Some(_) => format!("cgroup v1 memory limit {} bytes", p.dram),
             None => "no memory limit (no cgroup v1 memory controller)".into(),
         },
-        faults
+        faults,
+        if p.read_bytes > os_page {
+            "; DRAM hits are reads less faults, a lower bound for reads longer than a 4 KiB OS page"
+        } else {
+            ""
+        }
     );
     Ok(finish(
         &spec.config,
@@ -979,15 +992,16 @@ pub fn run_os_child(spec: &ChildSpec) -> Result<PagesResult> {
     ))
 }
 
-fn major_faults() -> u64 {
-    // ru_majflt of this process, from /proc/self/stat (field 12).
+/// ru_majflt of this process, from /proc/self/stat (field 12); an error
+/// where it cannot be read (zero faults would read as every read a hit).
+fn major_faults() -> Result<u64> {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| {
             let rest = &s[s.rfind(')')? + 2..];
             rest.split(' ').nth(9)?.parse().ok()
         })
-        .unwrap_or(0)
+        .ok_or_else(|| Error::invalid("cannot read the major faults in /proc/self/stat"))
 }
 
 /// Runs every configuration, `trials` rounds interleaved. `child` runs a
@@ -1154,7 +1168,7 @@ mod tests {
         assert_eq!(c.ops_ratio_pairs, (1.0, 3.0));
         assert_eq!(c.p99_us, (20.0, 20.0));
         assert_eq!(c.p99_lower_pairs, 1);
-        assert_eq!(c.disk_read_ratio, 2.0);
+        assert_eq!(c.disk_read_ratio, Some(2.0));
         // Nothing to compare without a peer.
         assert!(compare(&results[..1]).is_empty());
     }

@@ -238,7 +238,7 @@ fn print(r: &PagesReport) -> Result<(), Error> {
     for c in &r.comparisons {
         outln!(
             "{} / {} over {} trials: ops/s {:.2}x by the medians (pairs {:.2}-{:.2}x); p99 {:.1} against {:.1} µs \
-             (medians; lower in {} of {} pairs); disk read {:.2}x",
+             (medians; lower in {} of {} pairs); disk read {}",
             c.config,
             c.peer,
             c.pairs,
@@ -250,6 +250,7 @@ fn print(r: &PagesReport) -> Result<(), Error> {
             c.p99_lower_pairs,
             c.pairs,
             c.disk_read_ratio
+                .map_or("— (the peer read nothing)".to_string(), |r| format!("{r:.2}x"))
         );
     }
     for s in &r.skipped {
