@@ -1002,36 +1002,37 @@ impl ExpertCache {
     /// Evicts `victim` back to the host tier (or below); `incoming`, the
     /// expert it makes room for, keeps its place in host memory.
     fn evict(&self, s: &mut State, victim: usize, incoming: Option<usize>) -> Result<()> {
+        // The victim's move, if one was started, is waited for. On a shared
+        // runtime a prefetch that found no room is no error of this
+        // eviction; otherwise its error is returned once the eviction is
+        // done (whatever pages it moved are moved back all the same).
+        let failed = match s.meta[victim].ticket.take() {
+            Some(t) => t.wait().err().filter(|_| !self.shared),
+            None => None,
+        };
+        // The pages move first: if that fails, the victim is still
+        // resident as far as the cache counts (its pages are still there).
+        if s.meta[victim].nvme_copy && s.host_slots > 0 && s.in_host >= s.host_slots {
+            self.swap_into_host(s, victim, incoming)?;
+        }
+        let b = &self.experts[victim].buffer;
+        b.evict(0..b.len(), Tier::Host)?;
         if let (Some(c), true) = (&mut s.clock, s.meta[victim].in_flight) {
             s.stats.bytes_moved -= c.cancel(victim, &mut s.meta);
         }
         let m = &mut s.meta[victim];
-        if let Some(t) = m.ticket.take() {
-            // On a shared runtime a prefetch that found no room is no
-            // error of this eviction: the slot is freed all the same.
-            if let Err(e) = t.wait() {
-                if !self.shared {
-                    return Err(e);
-                }
-            }
-        }
         m.resident = false;
         m.protected_since = None;
         m.ahead = false;
         s.resident -= 1;
         s.resident_per_layer[self.experts[victim].layer as usize] -= 1;
         s.stats.evictions += 1;
-        if s.meta[victim].nvme_copy && s.host_slots > 0 && s.in_host >= s.host_slots {
-            self.swap_into_host(s, victim, incoming)?;
-        }
-        let b = &self.experts[victim].buffer;
-        b.evict(0..b.len(), Tier::Host)?;
         let m = &mut s.meta[victim];
         if !m.in_host && self.all_in(victim, Tier::Host) {
             m.in_host = true;
             s.in_host += 1;
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// The host tier is full as `victim` leaves device memory: the expert
