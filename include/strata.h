@@ -1916,7 +1916,11 @@ int strata_launch_end(struct strata_launch *launch);
  * `STRATA_POLICY_DEFAULT`; sampling 0 (every access). Thread-safe.
  *
  * # Safety
- * `config` is NULL or points to a writable `strata_config`.
+ * `config` is NULL or points to a writable `strata_config` of this
+ * header's layout: the call writes the whole struct, so a program built
+ * against an older `strata.h` must be rebuilt before it loads this
+ * library (`strata_runtime_create` refuses an older version, but only
+ * after this call).
  */
 int strata_config_init(struct strata_config *config);
 

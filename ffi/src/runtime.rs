@@ -257,7 +257,11 @@ fn engine_code(e: EngineChoice) -> strata_io_engine {
 /// `STRATA_POLICY_DEFAULT`; sampling 0 (every access). Thread-safe.
 ///
 /// # Safety
-/// `config` is NULL or points to a writable `strata_config`.
+/// `config` is NULL or points to a writable `strata_config` of this
+/// header's layout: the call writes the whole struct, so a program built
+/// against an older `strata.h` must be rebuilt before it loads this
+/// library (`strata_runtime_create` refuses an older version, but only
+/// after this call).
 #[no_mangle]
 pub unsafe extern "C" fn strata_config_init(config: *mut strata_config) -> c_int {
     boundary("strata_config_init", || {
