@@ -315,10 +315,14 @@ impl Balancer {
         // fastest tier, not at harvests); what was touched, with counts.
         self.payback.retain(|id, _| by_id.contains_key(id));
         for t in &tables {
-            self.payback.entry(t.id).or_default().update(
+            let (paid, unpaid) = (
                 t.paid.load(Ordering::Relaxed),
                 t.unpaid.load(Ordering::Relaxed),
             );
+            self.payback
+                .entry(t.id)
+                .or_insert_with(|| Payback::starting_at(paid, unpaid))
+                .update(paid, unpaid);
         }
         let mut reused = HashSet::new();
         let touched = self.touched(rt, &tables, &mut reused);

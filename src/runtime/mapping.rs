@@ -49,11 +49,14 @@ impl MapShared {
         })
     }
 
-    /// Points page `p` at `address` (one 64-bit store on either side).
-    pub(crate) fn set(&self, p: usize, address: u64, on_device: bool) {
+    /// Points page `p` at `address`. The device copy (on cuda) follows at
+    /// once only while a launch may read it (`live`): otherwise the next
+    /// launch's `prepare` uploads every entry in one copy, and a copy per
+    /// move would cost a synchronous transfer each for nothing.
+    pub(crate) fn set(&self, p: usize, address: u64, on_device: bool, live: bool) {
         self.on_device[p].store(on_device, Ordering::Relaxed);
         self.entries[p].store(address, Ordering::Release);
-        if let Some(d) = &self.device {
+        if let (Some(d), true) = (&self.device, live) {
             // An error leaves the device copy stale until the next
             // `prepare`, which uploads every entry and reports it.
             let _ = d.set(p, address);

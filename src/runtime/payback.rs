@@ -28,6 +28,15 @@ pub(crate) struct Payback {
 }
 
 impl Payback {
+    /// A buffer's payback as a balancer first sees it: what settled
+    /// before (under another balancer, an earlier trial) is not judged.
+    pub(crate) fn starting_at(paid: u64, unpaid: u64) -> Self {
+        Self {
+            seen: (paid, unpaid),
+            ..Self::default()
+        }
+    }
+
     /// Takes in the buffer's counts now and judges when enough settled.
     pub(crate) fn update(&mut self, paid: u64, unpaid: u64) {
         let (dp, du) = (paid - self.seen.0, unpaid - self.seen.1);
@@ -57,6 +66,15 @@ impl Payback {
 #[cfg(test)]
 mod tests {
     use super::{Payback, PAYBACK_PROBE, PAYBACK_WINDOW};
+
+    #[test]
+    fn what_settled_before_is_not_judged() {
+        let mut g = Payback::starting_at(0, 1000);
+        g.update(0, 1000);
+        assert!(!g.strict, "a thousand unpaid before it: no judgement");
+        g.update(0, 1000 + PAYBACK_WINDOW);
+        assert!(g.strict, "its own unpaid are judged");
+    }
 
     #[test]
     fn a_buffer_whose_promotions_do_not_pay_is_held_to_reused_pages_until_they_do() {

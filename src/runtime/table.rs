@@ -262,17 +262,25 @@ impl Table {
         self.rt.release_moves(n);
     }
 
-    /// Points the device map (if any) at page `p`'s new home.
+    /// Points the device map (if any) at page `p`'s new home. Under a
+    /// launch the entry reaches the device's copy (on cuda) at once, one
+    /// 8-byte copy; otherwise the next launch uploads the whole map.
     fn remap(&self, p: usize, entry: &Entry) {
-        if let Some(map) = &*self.map.lock() {
-            if let Resident { tier, slot } = &entry.loc {
-                map.set(
-                    p,
-                    self.store(*tier).kernel_address(slot),
-                    *tier == Tier::Device,
-                );
-            }
-        }
+        let Resident { tier, slot } = &entry.loc else {
+            return;
+        };
+        let Some(map) = self.map.lock().clone() else {
+            return;
+        };
+        // A launch that starts after this reads the entry when it takes the
+        // page's lock, which the caller holds.
+        let live = self.launches.lock().any();
+        map.set(
+            p,
+            self.store(*tier).kernel_address(slot),
+            *tier == Tier::Device,
+            live,
+        );
     }
 
     /// Tiers in the order a first write tries them.
