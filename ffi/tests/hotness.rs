@@ -44,20 +44,20 @@ fn harvest_trace_and_balancer() {
     );
     let (mut hp, mut hs, mut cp, mut cs) = ([0u64; 2], [0f32; 2], [0u64; 2], [0f32; 2]);
     let (mut hl, mut cl) = (0usize, 0usize);
-    // SAFETY: arrays of 2 and writable lengths.
-    let s = unsafe {
-        strata_buffer_harvest(
-            buf,
-            0.5,
-            2,
-            hp.as_mut_ptr(),
-            hs.as_mut_ptr(),
-            &mut hl,
-            cp.as_mut_ptr(),
-            cs.as_mut_ptr(),
-            &mut cl,
-        )
+    let (hpp, hsp, cpp, csp) = (
+        hp.as_mut_ptr(),
+        hs.as_mut_ptr(),
+        cp.as_mut_ptr(),
+        cs.as_mut_ptr(),
+    );
+    let (hlp, clp) = (&mut hl as *mut usize, &mut cl as *mut usize);
+    // A harvest of up to 2 pages into the arrays above, `cold_pages` given.
+    // SAFETY: every pointer is to an array of 2 or a length that outlives
+    // the calls, which nothing else touches meanwhile.
+    let harvest = |decay: f32, cold_pages: *mut u64| unsafe {
+        strata_buffer_harvest(buf, decay, 2, hpp, hsp, hlp, cold_pages, csp, clp)
     };
+    let s = harvest(0.5, cpp);
     assert_eq!(s, STRATA_OK, "{}", last_error());
     assert_eq!(
         (hl, hp[0], hs[0]),
@@ -65,37 +65,15 @@ fn harvest_trace_and_balancer() {
         "page 9: 1 write + 10 reads"
     );
     assert!(cl >= 1, "device pages are reported cold");
-    // SAFETY: as above; a bad decay is refused before anything is read.
-    let bad = unsafe {
-        strata_buffer_harvest(
-            buf,
-            0.0,
-            2,
-            hp.as_mut_ptr(),
-            hs.as_mut_ptr(),
-            &mut hl,
-            cp.as_mut_ptr(),
-            cs.as_mut_ptr(),
-            &mut cl,
-        )
-    };
-    fails(bad, STRATA_ERR_INVALID_ARGUMENT, "decay");
-    // SAFETY: as above, the hot and the cold pages given one array: refused
-    // before any slice of them is made.
-    let shared = unsafe {
-        strata_buffer_harvest(
-            buf,
-            0.5,
-            2,
-            hp.as_mut_ptr(),
-            hs.as_mut_ptr(),
-            &mut hl,
-            hp.as_mut_ptr(),
-            cs.as_mut_ptr(),
-            &mut cl,
-        )
-    };
-    fails(shared, STRATA_ERR_INVALID_ARGUMENT, "share memory");
+    // A bad decay is refused before anything is read.
+    fails(harvest(0.0, cpp), STRATA_ERR_INVALID_ARGUMENT, "decay");
+    // The hot and the cold pages given one array: refused before any slice
+    // of them is made.
+    fails(
+        harvest(0.5, hpp),
+        STRATA_ERR_INVALID_ARGUMENT,
+        "share memory",
+    );
 
     fails(
         strata_balancer_start(rt, 99, 1000, 0),
