@@ -348,13 +348,94 @@ fn a_slot_under_a_write_the_engine_lost_is_never_reused() {
         let mut out = vec![0; PAGE];
         s.read_page(&kept, &mut out).unwrap();
         assert_eq!(out, old, "{name}");
+        // The reserve slot the lost copy-then-commit write took is kept out
+        // of use too, as an ordinary slot: the reserve is whole again, and
+        // the page can be rewritten at once.
+        s.write_page(&mut kept, &pattern(4, 4, PAGE)).unwrap();
+        s.read_page(&kept, &mut out).unwrap();
+        assert_eq!(out, pattern(4, 4, PAGE), "{name}");
         // 16 pages, one in reserve: 15 ordinary, one holds `kept`, and the
-        // abandoned one never comes back.
+        // two abandoned ones never come back.
         let mut more = Vec::new();
         while let Ok(slot) = s.alloc() {
             assert_ne!(slot.index(), index, "{name}: the abandoned slot came back");
             more.push(slot);
         }
+        assert_eq!(more.len(), 12, "{name}");
+    }
+}
+
+/// A caller that keeps the slot of a write the engine lost and writes the
+/// page again: in place is refused (the lost write may still land on it),
+/// copy-then-commit writes a fresh slot and keeps the abandoned one out of
+/// use for good.
+#[test]
+fn a_rewrite_of_a_slot_under_a_lost_write_moves_the_page() {
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, plan) = faulty(&engine, dir.path());
+        let mut slot = s.alloc().unwrap();
+        let abandoned = slot.index();
+        plan.fail_waits(libc::EIO);
+        s.write_new(&mut slot, &pattern(1, 1, PAGE)).unwrap_err();
+        plan.clear();
+        let e = s.write_new(&mut slot, &pattern(1, 2, PAGE)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{name}: {e}");
+        s.write_page(&mut slot, &pattern(1, 3, PAGE)).unwrap();
+        assert_ne!(slot.index(), abandoned, "{name}");
+        let mut out = vec![0; PAGE];
+        s.read_page(&slot, &mut out).unwrap();
+        assert_eq!(out, pattern(1, 3, PAGE), "{name}");
+        let mut more = Vec::new();
+        while let Ok(x) = s.alloc() {
+            assert_ne!(x.index(), abandoned, "{name}: the abandoned slot came back");
+            more.push(x);
+        }
+        // 15 ordinary: the page's slot and the abandoned one are taken.
         assert_eq!(more.len(), 13, "{name}");
     }
+}
+
+/// A settled queue takes new requests; one that failed to settle hands
+/// them back instead of starting them.
+#[test]
+fn a_settled_queue_runs_again_and_a_failed_one_refuses() {
+    use strata::io::{IoQueue, IoRequest};
+    let read = |tag| IoRequest {
+        op: IoOp::Read,
+        offset: 0,
+        buf: AlignedBuf::new(4096).unwrap(),
+        tag,
+    };
+    for (name, engine) in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        file.set_len(1 << 20).unwrap();
+        let file = Arc::new(file);
+        let plan = FaultPlan::new();
+        let faulty = FaultEngine::new(engine.clone(), plan.clone());
+        let mut q = IoQueue::new(&faulty, &file, 1, None).unwrap();
+        q.push(read(1)).unwrap();
+        assert!(q.settle(), "{name}");
+        q.run(read(2)).unwrap();
+        q.push(read(3)).unwrap();
+        plan.fail_waits(libc::EIO);
+        assert!(!q.settle(), "{name}");
+        plan.clear();
+        assert!(q.push(read(4)).is_err(), "{name}");
+    }
+}
+
+#[test]
+fn an_nvme_tier_of_one_page_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = NvmeStore::new(&NvmeConfig::new(dir.path(), PAGE as u64, PAGE)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    NvmeStore::new(&NvmeConfig::new(dir.path(), 2 * PAGE as u64, PAGE)).unwrap();
 }

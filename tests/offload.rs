@@ -178,15 +178,15 @@ impl ImportanceReference {
             self.resident = Some(resident);
             return false;
         }
-        // Each chunk's top `fraction` by |g| (at least one; ties kept).
+        // Each chunk's top `fraction` by |g|: exactly that many (at least
+        // one), ties to the lower index.
         let mut next = vec![false; g.len()];
         for (c, gc) in g.chunks(self.chunk).enumerate() {
             let keep = ((gc.len() as f64 * self.imp.fraction).ceil() as usize).clamp(1, gc.len());
-            let mut mags: Vec<f32> = gc.iter().map(|x| x.abs()).collect();
-            mags.sort_by(f32::total_cmp);
-            let threshold = mags[gc.len() - keep];
-            for (k, x) in gc.iter().enumerate() {
-                next[c * self.chunk + k] = x.abs() >= threshold;
+            let mut order: Vec<usize> = (0..gc.len()).collect();
+            order.sort_by(|&a, &b| gc[b].abs().total_cmp(&gc[a].abs()).then(a.cmp(&b)));
+            for &k in &order[..keep] {
+                next[c * self.chunk + k] = true;
             }
         }
         self.resident = Some(next);
@@ -1470,7 +1470,8 @@ fn a_failed_register_leaves_the_cache_as_it_was() {
     let mut cfg = MoeConfig::new(1, P as u64, 2 * P as u64);
     cfg.page_size = P;
     cfg.host_cache = true;
-    cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), P as u64, P));
+    // Two pages, one held back for copy-then-commit writes.
+    cfg.nvme = Some(strata::NvmeConfig::new(dir.path(), 2 * P as u64, P));
     let mut c = ExpertCache::new(cfg).unwrap();
     c.register(0, 0, &[1u8; P]).unwrap();
     c.register(1, 0, &[2u8; P]).unwrap();

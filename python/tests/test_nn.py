@@ -329,7 +329,7 @@ def test_bad_budgets_and_nvme_path_raise_strata_errors(tmp_path):
         strata.nn.EmbeddingBag(1000, 16, fast_bytes=PAGE, nvme_path=str(tmp_path / "no" / "such" / "dir"))
     # NVMe too small for what does not fit above: the allocation is refused.
     with pytest.raises(strata.OutOfCapacityError):
-        strata.nn.EmbeddingBag(100_000, 16, fast_bytes=PAGE, nvme_path=str(tmp_path), nvme_bytes=PAGE)
+        strata.nn.EmbeddingBag(100_000, 16, fast_bytes=PAGE, nvme_path=str(tmp_path), nvme_bytes=2 * PAGE)
     for page in (0, 3000):
         with pytest.raises(strata.InvalidArgumentError, match="page_size"):
             strata.nn.EmbeddingBag(1000, 16, page_size=page)

@@ -154,11 +154,15 @@ impl IoQueue {
                 let slots = std::mem::take(&mut self.slots);
                 std::mem::forget(slots);
                 self.in_flight = 0;
+                // No ids: a push onto this queue is handed back, never
+                // started into slots that are gone.
+                self.free_ids.clear();
                 return false;
             }
             for (id, _) in done.drain(..) {
                 if self.slots[id as usize].take().is_some() {
                     self.in_flight -= 1;
+                    self.free_ids.push(id);
                 }
             }
         }

@@ -324,11 +324,17 @@ impl Table {
             let Ok(mut slot) = store.alloc() else {
                 continue;
             };
-            return match store.write_page(&mut slot, page) {
+            // A slot fresh from `alloc` holds nothing to keep: written in
+            // place (on NVMe no copy-then-commit, no reserve slot needed).
+            return match store.write_new(&mut slot, page) {
                 Ok(()) => {
                     Counters::add(&self.rt.counters().first_writes, 1);
                     self.rt.filled(tier);
                     Ok(Resident { tier, slot })
+                }
+                Err(e) if e.kind() == ErrorKind::OutOfCapacity => {
+                    self.free(tier, slot);
+                    continue;
                 }
                 Err(e) => {
                     self.free(tier, slot);

@@ -81,11 +81,7 @@ impl NvmeConfig {
 /// Slots held back so that a full store can still write a page's new copy
 /// before freeing the old one: 1/64 of the store, at least 1, at most 64.
 fn reserve_pages(pages: u32) -> u32 {
-    if pages < 2 {
-        0
-    } else {
-        (pages / 64).clamp(1, 64)
-    }
+    (pages / 64).clamp(1, 64)
 }
 
 /// Buffers in a store's registered pool: two per queue slot (one in flight,
@@ -270,6 +266,12 @@ impl NvmeStore {
                 config.capacity
             ))
         })?;
+        if pages < 2 {
+            return Err(Error::invalid(format!(
+                "nvme capacity {} holds {pages} page of {} bytes; the tier needs at least 2 (one is held back for copy-then-commit writes)",
+                config.capacity, config.page_size
+            )));
+        }
         let (file, description) = open_private(&config.path, config.capacity)?;
         Ok(Self {
             file: Arc::new(file),
@@ -389,15 +391,26 @@ impl NvmeStore {
         match written {
             Ok(()) => {
                 std::mem::swap(slot, &mut fresh);
-                self.slots.end_borrow(fresh).map_err(|(e, _)| e)
+                self.end_borrow(fresh)
             }
             Err(e) => {
-                if !self.abandoned(&fresh) {
-                    self.slots.end_borrow(fresh).map_err(|(e, _)| e)?;
-                }
+                self.end_borrow(fresh)?;
                 Err(e)
             }
         }
+    }
+
+    /// Ends a copy-then-commit write, giving `slot` (the old copy, or the
+    /// new one that failed) back — unless a lost write may still land on it
+    /// ([`META_ABANDONED`]): then it stays allocated for good, and only the
+    /// borrow of the reserve ends.
+    fn end_borrow(&self, slot: Slot) -> Result<()> {
+        if self.abandoned(&slot) {
+            self.slots.end_borrow_keeping(slot)
+        } else {
+            self.slots.end_borrow(slot)
+        }
+        .map_err(|(e, _)| e)
     }
 
     /// Whether `slot` was given up to a write that may still land
@@ -789,6 +802,16 @@ impl NvmeSession<'_> {
         if let Err(e) = self.store.slots.check(&slot) {
             return reject(e, slot, buf);
         }
+        if op == IoOp::Write && self.store.abandoned(&slot) {
+            return reject(
+                Error::invalid(format!(
+                    "nvme slot {} was given up to a lost write that may still land; free it and write to a fresh slot",
+                    slot.index()
+                )),
+                slot,
+                buf,
+            );
+        }
         if let Err(e) = check_page_len("i/o", buf.len(), self.store.page_size) {
             return reject(e, slot, buf);
         }
@@ -944,6 +967,12 @@ impl PageStore for NvmeStore {
     /// In place: the slot holds nothing to lose (a failure leaves it torn).
     fn write_new(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
         check_page_len("source", data.len(), self.page_size)?;
+        if self.abandoned(slot) {
+            return Err(Error::invalid(format!(
+                "nvme slot {} was given up to a lost write that may still land; free it and write to a fresh slot",
+                slot.index()
+            )));
+        }
         let mut buf = self.buffer()?;
         buf.copy_from_slice(data);
         self.sync_op(IoOp::Write, slot, buf)?.1

@@ -128,6 +128,18 @@ impl SlotAllocator {
         Ok(())
     }
 
+    /// Ends a copy-then-commit write begun with `alloc_reserve` without
+    /// freeing `slot` (the old copy or the failed new one), which a write
+    /// that may still land keeps out of use for good: it stays allocated as
+    /// an ordinary slot, and the reserve is whole again.
+    pub fn end_borrow_keeping(&self, slot: Slot) -> Result<(), (Error, Slot)> {
+        if let Err(e) = self.check(&slot) {
+            return Err((e, slot));
+        }
+        self.list.lock().borrowed -= 1;
+        Ok(())
+    }
+
     fn take(&self, list: &mut FreeList) -> Slot {
         let index = match list.free.pop() {
             Some(i) => i,

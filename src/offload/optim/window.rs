@@ -99,12 +99,7 @@ impl Resident {
     /// Chooses the next window's resident elements by this step's |g| and
     /// copies their state out of the chunk.
     fn choose(g: &[f32], fraction: f64, w: &[f32], m: &[f32], v: &[f32]) -> Self {
-        let idx: Vec<u32> = match importance_threshold(g, fraction) {
-            None => (0..g.len() as u32).collect(),
-            Some(t) => (0..g.len() as u32)
-                .filter(|&i| g[i as usize].abs() >= t)
-                .collect(),
-        };
+        let idx = most_important(g, fraction);
         let pick = |a: &[f32]| idx.iter().map(|&i| a[i as usize]).collect();
         Self {
             w: pick(w),
@@ -187,18 +182,28 @@ impl StepPlan {
     }
 }
 
-/// The |g| from which an element is among the `fraction` largest (at
-/// least one); `None` when that is every element. Ties at the threshold
-/// may keep a few more. Flushes choose resident elements with it.
-fn importance_threshold(g: &[f32], fraction: f64) -> Option<f32> {
+/// The indices (ascending) of the `fraction` of `g`'s elements with the
+/// largest |g|: exactly that many (at least one), whatever the ties — a
+/// chunk whose gradient is all zeros keeps `fraction` of it, not all of it
+/// — ties going to the lower index, a NaN ranked above every number.
+/// Flushes choose resident elements with it.
+fn most_important(g: &[f32], fraction: f64) -> Vec<u32> {
     let n = g.len();
     let keep = ((n as f64 * fraction).ceil() as usize).clamp(1, n.max(1));
+    let mut idx: Vec<u32> = (0..n as u32).collect();
     if keep >= n {
-        return None;
+        return idx;
     }
-    let mut mags: Vec<f32> = g.iter().map(|x| x.abs()).collect();
-    let (_, &mut threshold, _) = mags.select_nth_unstable_by(n - keep, f32::total_cmp);
-    Some(threshold)
+    let rank = |&a: &u32, &b: &u32| {
+        g[a as usize]
+            .abs()
+            .total_cmp(&g[b as usize].abs())
+            .then_with(|| b.cmp(&a))
+    };
+    idx.select_nth_unstable_by(n - keep, rank);
+    idx.drain(..n - keep);
+    idx.sort_unstable();
+    idx
 }
 
 /// Inside a window the elements not resident add this step's gradients
@@ -217,4 +222,21 @@ pub(super) fn accumulate(accum: &mut [f32], grads: &[f32], chunk: usize, residen
                 acc[i as usize] = 0.0;
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::most_important;
+
+    #[test]
+    fn keeps_exactly_the_fraction_whatever_the_ties() {
+        // A chunk with no gradient keeps 5% of it, not all of it.
+        assert_eq!(most_important(&[0.0; 1000], 0.05).len(), 50);
+        // Tied magnitudes go to the lower index; the largest are kept.
+        let g = [1.0, -3.0, 2.0, 2.0, -2.0, 0.5];
+        assert_eq!(most_important(&g, 0.5), vec![1, 2, 3]);
+        // A NaN ranks above every number; at least one element is kept.
+        assert_eq!(most_important(&[1.0, f32::NAN, 5.0], 0.1), vec![1]);
+        assert_eq!(most_important(&[0.0, 0.0], 1.0), vec![0, 1]);
+    }
 }
