@@ -706,7 +706,7 @@ typedef struct strata_moe_config {
      */
     const char *nvme_path;
     /**
-     * Its capacity in bytes.
+     * Its capacity in bytes: a whole number of pages, at least two.
      */
     uint64_t nvme_capacity;
     /**
@@ -841,9 +841,9 @@ typedef struct strata_config {
      */
     const char *nvme_path;
     /**
-     * NVMe tier capacity: a whole number of pages (default: 16 GiB or half
-     * the free space under `nvme_path`, whichever is less). 0: no NVMe
-     * tier.
+     * NVMe tier capacity: a whole number of pages, at least two (default:
+     * 16 GiB or half the free space under `nvme_path`, whichever is less).
+     * 0: no NVMe tier.
      */
     uint64_t nvme_capacity;
     /**

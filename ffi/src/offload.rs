@@ -302,7 +302,7 @@ pub struct strata_moe_config {
     /// An NVMe tier for experts beyond the host budget: a directory (NULL:
     /// none).
     pub nvme_path: *const c_char,
-    /// Its capacity in bytes.
+    /// Its capacity in bytes: a whole number of pages, at least two.
     pub nvme_capacity: u64,
     /// Runtime page size (a power of two, 4 KiB–2 MiB).
     pub page_size: usize,

@@ -86,9 +86,9 @@ pub struct strata_config {
     /// file name, or a block device; NULL for no NVMe tier. Read during
     /// the call it is passed to only.
     pub nvme_path: *const c_char,
-    /// NVMe tier capacity: a whole number of pages (default: 16 GiB or half
-    /// the free space under `nvme_path`, whichever is less). 0: no NVMe
-    /// tier.
+    /// NVMe tier capacity: a whole number of pages, at least two (default:
+    /// 16 GiB or half the free space under `nvme_path`, whichever is less).
+    /// 0: no NVMe tier.
     pub nvme_capacity: u64,
     /// NVMe operations in flight per queue, at least 1 (default 32).
     pub nvme_queue_depth: u32,

@@ -59,8 +59,9 @@ class Runtime:
         name or a block device for an NVMe tier; None (the default) for
         none. An unusable path raises NotFoundError, PermissionDeniedError,
         UnsupportedError, ...
-    nvme_capacity: the NVMe tier's size, a whole number of pages (default:
-        16 GiB or half the free space, whichever is less; 0: none).
+    nvme_capacity: the NVMe tier's size, a whole number of pages, at least
+        two (default: 16 GiB or half the free space, whichever is less; 0:
+        none).
     nvme_engine: "auto" (the default), "uring" or "psync".
     nvme_queue_depth: NVMe operations in flight per queue (default 32).
     background_eviction: keep tiers between the watermarks (default True).

@@ -40,7 +40,8 @@ pub struct NvmeConfig {
     /// A directory (a private swap file is made in it), a file name that
     /// does not exist yet (created, then unlinked), or a block device.
     pub path: PathBuf,
-    /// Capacity in bytes: a whole number of pages.
+    /// Capacity in bytes: a whole number of pages, at least two (1/64 of
+    /// them, at least one, is held back for copy-then-commit writes).
     pub capacity: u64,
     /// Slot size: a power of two, 4 KiB … 2 MiB.
     pub page_size: usize,
