@@ -92,7 +92,10 @@ pub const DEFAULT_BACKGROUND_EVICTION: bool = true;
 pub struct Size(pub u64);
 
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a size: a whole number of bytes, or text such as \"64K\" or \"4G\""
+)]
 enum SizeRepr {
     Int(u64),
     Text(String),
@@ -116,7 +119,10 @@ impl From<Size> for u64 {
 
 /// `sampling` in TOML: a shift (1 in 2^k accesses) or "off".
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a sampling shift k (count 1 in 2^k accesses) or \"off\""
+)]
 enum SamplingRepr {
     Shift(u32),
     Text(String),
@@ -177,7 +183,7 @@ struct FileConfig {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a [host] table")]
 struct FileHost {
     capacity: Option<Size>,
     huge_pages: Option<bool>,
@@ -185,7 +191,7 @@ struct FileHost {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a [cxl] table")]
 struct FileCxl {
     mode: Option<String>,
     capacity: Option<Size>,
@@ -194,7 +200,7 @@ struct FileCxl {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an [nvme] table")]
 struct FileNvme {
     path: Option<PathBuf>,
     capacity: Option<Size>,
@@ -272,8 +278,16 @@ impl Settings {
     /// The settings of TOML text in the format of the config file (see the
     /// module documentation).
     pub fn from_toml(text: &str) -> Result<Self> {
-        let f: FileConfig =
-            toml::from_str(text).map_err(|e| Error::invalid(format!("config: {}", e.message())))?;
+        let f: FileConfig = toml::from_str(text).map_err(|e| {
+            // The value the message is about, where it is short enough to show.
+            let found = e
+                .span()
+                .and_then(|r| text.get(r))
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.len() <= 40 && !v.contains('\n'))
+                .map_or(String::new(), |v| format!(" (found {v})"));
+            Error::invalid(format!("config: {}{found}", e.message()))
+        })?;
         Ok(Self {
             page_size: f.page_size.map(u64::from),
             device: f.device.map(|d| d.parse()).transpose()?,
@@ -399,16 +413,34 @@ pub struct Config {
     pub sampling: Option<u32>,
 }
 
+/// A config file's text: a regular file (a device or a pipe could be
+/// endless) of UTF-8 TOML.
+fn read_config(path: &Path) -> Result<String> {
+    let shown = path.display();
+    let meta =
+        std::fs::metadata(path).map_err(|e| Error::io(format!("reading config {shown}"), e))?;
+    if !meta.is_file() {
+        return Err(Error::invalid(format!(
+            "config {shown} is not a regular file"
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| Error::io(format!("reading config {shown}"), e))?;
+    String::from_utf8(bytes)
+        .map_err(|_| Error::invalid(format!("config {shown} is not UTF-8 text")))
+}
+
 impl Config {
     /// Defaults for this machine, then `file` (or `$STRATA_CONFIG`), then
     /// the environment.
     pub fn load(file: Option<&Path>) -> Result<Self> {
         let env_file = std::env::var_os("STRATA_CONFIG").map(PathBuf::from);
+        if file.is_none() && env_file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(Error::invalid(
+                "STRATA_CONFIG is set but empty: name a config file, or unset it",
+            ));
+        }
         let text = match file.map(Path::to_path_buf).or(env_file) {
-            Some(path) => Some(
-                std::fs::read_to_string(&path)
-                    .map_err(|e| Error::io(format!("reading config {}", path.display()), e))?,
-            ),
+            Some(path) => Some(read_config(&path)?),
             None => None,
         };
         Self::resolve(

@@ -22,7 +22,13 @@ impl LinkModel {
     /// Checks the model is usable: at least 1 MB/s (a slower "link" would
     /// spin for seconds per page) and at most 1 ms of latency.
     pub fn check(&self) -> Result<()> {
-        if !(self.bandwidth.is_finite() && self.bandwidth >= 1e6) {
+        if !self.bandwidth.is_finite() {
+            return Err(Error::invalid(format!(
+                "link bandwidth {} bytes/s is not a finite number",
+                self.bandwidth
+            )));
+        }
+        if self.bandwidth < 1e6 {
             return Err(Error::invalid(format!(
                 "link bandwidth {} bytes/s is below 1 MB/s",
                 self.bandwidth

@@ -834,6 +834,20 @@ pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
             p.kind.name()
         )));
     }
+    let graph_kind = matches!(
+        p.kind,
+        GenKind::Bfs | GenKind::Sssp | GenKind::Pr | GenKind::Cc
+    );
+    // Before the size estimate, which would price an impossible graph.
+    if graph_kind && !(1..=28).contains(&p.scale) {
+        return Err(Error::invalid(format!(
+            "--scale {} is not in 1..=28",
+            p.scale
+        )));
+    }
+    if p.kind == GenKind::Sssp && p.delta == 0 {
+        return Err(Error::invalid("--delta 0: a bucket width is at least 1"));
+    }
     let limit = if p.accesses == 0 {
         usize::MAX
     } else {

@@ -1106,7 +1106,7 @@ fn bench_moe_device_cuda_runs_on_a_gpu_or_says_there_is_none() {
 #[test]
 fn bench_optim_update_cuda_runs_on_a_gpu_or_says_there_is_none() {
     let out = strata(&[
-        "bench", "optim", "--params", "1000", "--chunk", "4k", "--steps", "1", "--update", "cuda",
+        "bench", "optim", "--params", "2000", "--chunk", "4k", "--steps", "1", "--update", "cuda",
         "--quiet",
     ]);
     if !out.status.success() {
@@ -1323,6 +1323,7 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
     std::fs::write(d.join("two.txt"), "1\n2\n").unwrap();
     std::fs::write(d.join("bad.txt"), "1\nseven\n").unwrap();
     std::fs::write(d.join("empty.txt"), "").unwrap();
+    std::fs::write(d.join("route.txt"), "0 0 1\n0 1 2\n1 0 3\n1 1 0\n").unwrap();
     std::fs::write(
         d.join("bad.toml"),
         "page_size = \"64k\"\n[host]\ncapacity = \"3q\"\n",
@@ -1345,7 +1346,116 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
         v.extend_from_slice(extra);
         v
     };
+    let route = p("route.txt");
     let mut cases = vec![
+        // A routing trace of 2 layers, asked to route 5 (it once indexed
+        // past them), or written over by the report.
+        case(
+            &[
+                "bench",
+                "moe",
+                "--quiet",
+                "--expert-bytes",
+                "64k",
+                "--routing",
+                &format!("file:{route}"),
+                "--layers",
+                "5",
+            ],
+            Expect::Bad("never routes"),
+        ),
+        case(
+            &[
+                "bench",
+                "moe",
+                "--quiet",
+                "--expert-bytes",
+                "64k",
+                "--routing",
+                &format!("file:{route}"),
+                "--json",
+                &route,
+            ],
+            Expect::Bad("name the same file"),
+        ),
+        // A Zipf law so steep that drawing distinct experts by rejection
+        // never ended.
+        case(
+            &[
+                "bench",
+                "moe",
+                "--quiet",
+                "--layers",
+                "2",
+                "--experts",
+                "8",
+                "--tokens",
+                "4",
+                "--expert-bytes",
+                "64k",
+                "--routing",
+                "zipf:50",
+            ],
+            Expect::Ok,
+        ),
+        // A list naming an entry twice; a flag for a policy not replayed.
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &two,
+                "--capacity-pages",
+                "2",
+                "--policy",
+                "lru,lru",
+            ],
+            Expect::Bad("names lru twice"),
+        ),
+        case(
+            &[
+                "trace",
+                "replay",
+                "--trace",
+                &two,
+                "--capacity-pages",
+                "2",
+                "--window",
+                "3",
+                "--policy",
+                "lfu",
+            ],
+            Expect::Bad("--window applies to lookahead only"),
+        ),
+        case(
+            &["bench", "copy", "--size", "6k", "--page-sizes", "4k"],
+            Expect::Bad("not a whole number of 4K pages"),
+        ),
+        // A config that is a device (endless) or empty by environment.
+        case(
+            &["--config", "/dev/zero", "info"],
+            Expect::Bad("not a regular file"),
+        ),
+        case(&["info"], Expect::Bad("STRATA_CONFIG is empty")).env("STRATA_CONFIG", ""),
+        // A scale out of range, priced before it was checked.
+        case(
+            &[
+                "trace",
+                "gen",
+                "--kind",
+                "bfs",
+                "--scale",
+                "64",
+                "--out",
+                &p("g.txt"),
+            ],
+            Expect::Bad("--scale 64 is not in 1..=28"),
+        ),
+        // Fewer parameters than a chunk: its padding would be timed.
+        case(
+            &["bench", "optim", "--params", "1", "--steps", "1"],
+            Expect::Bad("less than one chunk"),
+        ),
         // Sizes that would abort on a failed allocation.
         case(
             &["bench", "optim", "--params", "10000000000000"],
@@ -1613,7 +1723,7 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
                 "--capacity-pages",
                 "4",
             ],
-            Expect::Ok,
+            Expect::Bad("holds no accesses"),
         ),
         case(
             &[
@@ -1813,7 +1923,7 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
     ];
     // The configured NVMe path is used when --path is not given.
     let small_optim = a(&[
-        "bench", "optim", "--tier", "nvme", "--params", "1000", "--steps", "1", "--chunk", "4k",
+        "bench", "optim", "--tier", "nvme", "--params", "2000", "--steps", "1", "--chunk", "4k",
         "--quiet",
     ]);
     cases.push(Case {

@@ -282,6 +282,12 @@ pub fn run(params: &IoParams, progress: &mut dyn FnMut(&str, f64)) -> Result<IoR
     for slot in slots.into_iter().flatten() {
         store.free(slot)?;
     }
+    if ops == 0 {
+        return Err(Error::invalid(format!(
+            "--seconds {}: no operation completed in that time; give it longer",
+            params.seconds
+        )));
+    }
     let iops = ops as f64 / elapsed;
     Ok(IoReport {
         backend: "none (storage only)",

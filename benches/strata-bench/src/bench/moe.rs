@@ -424,6 +424,12 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
                     path.display()
                 )));
             }
+            if layers > l {
+                return Err(Error::invalid(format!(
+                    "{}: the trace routes {l} layers; --layers {layers} names layers it never routes (leave --layers out)",
+                    path.display()
+                )));
+            }
             (t, layers, experts)
         }
     };

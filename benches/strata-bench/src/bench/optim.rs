@@ -134,6 +134,15 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         }
     };
     let chunk_elems = p.chunk / 4;
+    if p.params < chunk_elems {
+        // The tier moves whole chunks: a step of fewer parameters would be
+        // timed on one chunk's padding, its bandwidth a fiction.
+        return Err(Error::invalid(format!(
+            "--params {} is less than one chunk of state (--chunk {} holds {chunk_elems} parameters)",
+            p.params,
+            strata::size::format_size(p.chunk as u64)
+        )));
+    }
     let state_bytes = (p.params.div_ceil(chunk_elems) as u64).saturating_mul(3 * p.chunk as u64);
     let params = p.params as u64;
     // Peak: the fp32 weights and gradients the run starts from and their

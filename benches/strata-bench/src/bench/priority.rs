@@ -69,9 +69,11 @@ impl PriorityParams {
         if self.ops == 0 || self.trials == 0 {
             return Err(Error::invalid("--ops and --trials must be positive"));
         }
+        // --dram defaults to the data and some room: the data is what a
+        // user sets then.
         crate::machine::check_memory(
-            format_args!("--dram {}", self.dram),
-            "the DRAM tier",
+            format_args!("--data {} (--dram {})", self.data, self.dram),
+            "the DRAM tier, which holds the data",
             self.dram,
         )
     }
@@ -170,11 +172,14 @@ pub fn run(p: &PriorityParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Pr
     let low = Watermarks::new(0.01, 0.02);
     let low_pages = (host_pages as f64 * low.low) as u64;
     let nvme = p.data + 4 * PROBE_PAGES as u64 * ps as u64 + (64 << 20);
-    std::fs::create_dir_all(&p.path).map_err(|e| Error::io("creating --path", e))?;
+    // The path as every NVMe tier takes it (a directory, a new file's name
+    // or a block device), checked before anything is created.
+    let nvme = NvmeConfig::new(&p.path, nvme, ps);
+    nvme.check().map_err(|e| e.context("--path"))?;
     let rt = Runtime::builder()
         .page_size(ps)
         .host(p.dram)
-        .nvme(NvmeConfig::new(&p.path, nvme, ps))
+        .nvme(nvme)
         .watermarks(low)
         .build()?;
     let probe = rt.alloc((PROBE_PAGES * ps) as u64)?;

@@ -25,6 +25,7 @@ pub struct SyntheticRouter {
     top_k: usize,
     /// Zipf over ranks; `None` for α = 0 (uniform).
     zipf: Option<Zipf>,
+    alpha: f64,
     /// `[layer][rank]` → expert.
     order: Vec<Vec<u32>>,
     /// `[layer boundary][expert]` → expert.
@@ -72,6 +73,7 @@ impl SyntheticRouter {
             zipf: (alpha > 0.0)
                 .then(|| Zipf::new(experts as u64, alpha))
                 .transpose()?,
+            alpha,
             order,
             next,
             correlation: 0.5,
@@ -85,6 +87,40 @@ impl SyntheticRouter {
         self.correlation = correlation.clamp(0.0, 1.0);
         self.drift = drift.clamp(0.0, 1.0);
         self
+    }
+
+    /// An expert of layer `l` not in `chosen`, by rank from the Zipf law
+    /// (or uniformly), redrawn while it is taken. A law so steep that the
+    /// redraws keep landing on taken ranks (α of 30 and more: nearly all
+    /// its weight on rank 1) draws among the free ranks by their weights
+    /// instead, so a token never waits on it.
+    fn draw(&mut self, l: usize, chosen: &[u32]) -> u32 {
+        for _ in 0..1024 {
+            let r = match &self.zipf {
+                Some(z) => z.sample(&mut self.rng) as usize - 1,
+                None => self.rng.below(self.experts as u64) as usize,
+            };
+            let x = self.order[l][r];
+            if !chosen.contains(&x) {
+                return x;
+            }
+        }
+        let free: Vec<(usize, f64)> = (0..self.experts)
+            .filter(|&r| !chosen.contains(&self.order[l][r]))
+            .map(|r| (r, ((r + 1) as f64).powf(-self.alpha)))
+            .collect();
+        // Relative to the first free rank's weight, which is the largest:
+        // no underflow to a sum of zero.
+        let top = free[0].1;
+        let total: f64 = free.iter().map(|(_, w)| w / top).sum();
+        let mut u = self.rng.unit() * total;
+        for &(r, w) in &free {
+            u -= w / top;
+            if u <= 0.0 {
+                return self.order[l][r];
+            }
+        }
+        self.order[l][free[free.len() - 1].0]
     }
 
     /// One token: its top-k experts at every layer.
@@ -109,16 +145,7 @@ impl SyntheticRouter {
                 }
                 let x = match pick {
                     Some(x) => x,
-                    None => loop {
-                        let r = match &self.zipf {
-                            Some(z) => z.sample(&mut self.rng) as usize - 1,
-                            None => self.rng.below(self.experts as u64) as usize,
-                        };
-                        let x = self.order[l][r];
-                        if !chosen.contains(&x) {
-                            break x;
-                        }
-                    },
+                    None => self.draw(l, &chosen),
                 };
                 chosen.push(x);
             }

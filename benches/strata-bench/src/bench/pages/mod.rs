@@ -1057,6 +1057,13 @@ pub fn run(
         }
         configs.push(c);
     }
+    if configs.is_empty() {
+        // Nothing asked for can run here: bad input, not an empty report.
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("no configuration can run here: {}", skipped.join("; ")),
+        ));
+    }
     let steps = (p.trials * configs.len()) as f64;
     let mut results = Vec::new();
     for trial in 0..p.trials {

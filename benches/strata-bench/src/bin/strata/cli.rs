@@ -138,9 +138,26 @@ pub fn check_named_config(flag: Option<&Path>) -> Result<(), Error> {
 pub fn load_config(flag: Option<&Path>) -> Result<Config, Error> {
     let file = config_file(flag);
     if let Some((path, how)) = &file {
+        if path.as_os_str().is_empty() {
+            return Err(Error::invalid(format!(
+                "{how} is empty: name a config file{}",
+                if *how == "--config" {
+                    ""
+                } else {
+                    ", or unset it"
+                }
+            )));
+        }
         if path.is_dir() {
             return Err(Error::invalid(format!(
                 "{how} {} is a directory, not a config file",
+                path.display()
+            )));
+        }
+        // A device or a pipe could be endless (/dev/zero): never read.
+        if path.exists() && !path.is_file() {
+            return Err(Error::invalid(format!(
+                "{how} {} is not a regular file",
                 path.display()
             )));
         }
@@ -244,5 +261,22 @@ pub fn input_file(flag: &str, path: &Path) -> Result<(), Error> {
             path.display(),
             out::describe(&e)
         ))),
+    }
+}
+
+/// Refuses a list flag that names the same entry twice (each would run,
+/// and report, twice): `shown` spells an entry as the flag takes it.
+pub fn no_repeats<T: PartialEq>(
+    flag: &str,
+    items: &[T],
+    shown: impl Fn(&T) -> String,
+) -> Result<(), Error> {
+    match items
+        .iter()
+        .enumerate()
+        .find(|(i, x)| items[..*i].contains(x))
+    {
+        Some((_, x)) => Err(Error::invalid(format!("{flag} names {} twice", shown(x)))),
+        None => Ok(()),
     }
 }

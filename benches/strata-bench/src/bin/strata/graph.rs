@@ -116,6 +116,7 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         .split(',')
         .map(|x| x.trim().parse::<Algo>().map_err(|e| e.context("--algo")))
         .collect::<Result<Vec<_>, _>>()?;
+    crate::cli::no_repeats("--algo", &algos, |x| format!("{x:?}").to_lowercase())?;
     let page_size: usize = parse_size(&a.page_size)
         .map_err(|e| e.context("--page-size"))?
         .try_into()
@@ -145,6 +146,9 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         .transpose()?;
     if configs.as_ref().is_some_and(|c| c.is_empty()) {
         return Err(Error::invalid("--configs names no configuration"));
+    }
+    if let Some(c) = &configs {
+        crate::cli::no_repeats("--configs", c, |x| x.name().to_string())?;
     }
     if device == DeviceChoice::Cuda {
         // Before generating the graph: no GPU is one line, at once.

@@ -136,7 +136,8 @@ struct IoArgs {
     /// Block size (a power of two, 4k..2M).
     #[arg(long, default_value = "4k")]
     bs: String,
-    /// Operations in flight.
+    /// Operations in flight: at most the file's blocks (--size over --bs,
+    /// less the store's reserve), which the report's qd shows.
     #[arg(long, default_value_t = 32)]
     qd: usize,
     /// Length of the timed phase.
@@ -326,11 +327,21 @@ fn page_sizes_and_size(page_sizes: &str, size: &str) -> Result<(Vec<usize>, u64)
         .split(',')
         .map(|p| page_size_arg("--page-sizes", p))
         .collect::<Result<Vec<_>, _>>()?;
+    cli::no_repeats("--page-sizes", &page_sizes, |&p| format_size(p as u64))?;
     let size = size_arg("--size", size)?;
     let largest = page_sizes.iter().copied().max().unwrap_or(4096) as u64;
     if size < largest {
         return Err(Error::invalid(format!(
             "--size {} is smaller than the largest page size {}",
+            format_size(size),
+            format_size(largest)
+        )));
+    }
+    // Page sizes are powers of two: a multiple of the largest is one of
+    // every other.
+    if size % largest != 0 {
+        return Err(Error::invalid(format!(
+            "--size {} is not a whole number of {} pages",
             format_size(size),
             format_size(largest)
         )));

@@ -137,7 +137,14 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
                     )));
                 },
             };
-            l.check().map_err(|e| e.context("--link-gbps"))?;
+            l.check().map_err(|e| {
+                let flag = if e.message().contains("latency") {
+                    "--link-latency-us"
+                } else {
+                    "--link-gbps"
+                };
+                e.context(flag)
+            })?;
             Some(l)
         }
         None => None,
@@ -206,9 +213,17 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
         host_cache: a.host_cache,
         host_in_place: a.host_in_place,
     };
-    if let moe::Routing::File { path } = &params.routing {
-        crate::cli::input_file("--routing file:", path)?;
-    }
+    let routing_file = match &params.routing {
+        moe::Routing::File { path } => {
+            crate::cli::input_file("--routing file:", path)?;
+            Some(path.as_path())
+        }
+        _ => None,
+    };
+    crate::out::distinct_files(&[
+        ("--routing file:", routing_file),
+        ("--json", a.json.as_deref()),
+    ])?;
     let json = crate::open_json(&a.json)?;
     let r = crate::with_progress(a.quiet, |progress| moe::run(&params, progress)).map_err(|e| {
         if e.kind() == strata::ErrorKind::NoDevice {

@@ -105,9 +105,17 @@ pub fn run(a: PagesArgs, config: Option<&std::path::Path>) -> Result<(), Error> 
         seed: a.seed,
     };
     params.check()?;
-    if let pages::Access::File { path } = &params.access {
-        crate::cli::input_file("--access file:", path)?;
-    }
+    let access_file = match &params.access {
+        pages::Access::File { path } => {
+            crate::cli::input_file("--access file:", path)?;
+            Some(path.as_path())
+        }
+        _ => None,
+    };
+    crate::out::distinct_files(&[
+        ("--access file:", access_file),
+        ("--json", a.json.as_deref()),
+    ])?;
     let json = crate::open_json(&a.json)?;
     let report = crate::with_progress(a.quiet, |progress| {
         pages::run(&params, &spawn_child, progress)

@@ -181,6 +181,7 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
             })
             .collect::<Result<_, Error>>()?,
     };
+    crate::cli::no_repeats("--policy", &kinds, |k| k.name().to_string())?;
     if a.capacity_pages == 0 {
         return Err(Error::invalid("--capacity-pages must be at least 1"));
     }
@@ -189,6 +190,23 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
             "--group-pages {} must be between 1 and the capacity ({})",
             a.group_pages, a.capacity_pages
         )));
+    }
+    if a.capacity_pages as u64 % a.group_pages != 0 {
+        return Err(Error::invalid(format!(
+            "--capacity-pages {} is not a whole number of --group-pages {} groups",
+            a.capacity_pages, a.group_pages
+        )));
+    }
+    // A flag for a policy that is not replayed would be silently ignored.
+    if a.group_pages != 1 && !kinds.contains(&PolicyKind::Lru) {
+        return Err(Error::invalid(
+            "--group-pages applies to lru only, and --policy does not name it",
+        ));
+    }
+    if a.window.is_some() && !kinds.contains(&PolicyKind::Lookahead) {
+        return Err(Error::invalid(
+            "--window applies to lookahead only, and --policy does not name it",
+        ));
     }
     crate::out::distinct_files(&[("--trace", Some(&a.trace)), ("--json", a.json.as_deref())])?;
     let json = open_json(&a.json)?;
@@ -203,6 +221,12 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
         trace_bytes.saturating_mul(12),
     )?;
     let t = trace::read(&a.trace)?;
+    if t.is_empty() {
+        return Err(Error::invalid(format!(
+            "--trace {} holds no accesses",
+            a.trace.display()
+        )));
+    }
     // A cache larger than the pages (groups) the trace touches never
     // evicts, so it behaves exactly like one that holds just those; the
     // policies preallocate for their capacity, so it is clamped there.
