@@ -1138,14 +1138,15 @@ fn bench_optim_reports_throughput_beside_the_limits() {
             "64k",
             "--tier",
             tier,
-            "--path",
-            dir.path().to_str().unwrap(),
             "--steps",
             "2",
             "--quiet",
             "--json",
             json.to_str().unwrap(),
         ];
+        if tier == "nvme" {
+            args.extend(["--path", dir.path().to_str().unwrap()]);
+        }
         if shared {
             args.push("--shared");
         }
@@ -1450,6 +1451,11 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
                 &p("g.txt"),
             ],
             Expect::Bad("--scale 64 is not in 1..=28"),
+        ),
+        // Flags that would be silently ignored.
+        case(
+            &["bench", "optim", "--tier", "host", "--path", &p("cfgdir")],
+            Expect::Bad("--path is the NVMe tier's"),
         ),
         // Fewer parameters than a chunk: its padding would be timed.
         case(

@@ -149,7 +149,13 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
     }
     if let Some(c) = &configs {
         crate::cli::no_repeats("--configs", c, |x| x.name().to_string())?;
+        if a.dump.is_some() && !c.contains(&Config::Strata) {
+            return Err(Error::invalid(
+                "--dump writes strata's result, and --configs does not run strata",
+            ));
+        }
     }
+
     if device == DeviceChoice::Cuda {
         // Before generating the graph: no GPU is one line, at once.
         strata::device::probe_gpus().map_err(|e| e.context("--device cuda"))?;

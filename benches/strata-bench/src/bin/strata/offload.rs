@@ -385,7 +385,8 @@ pub struct OptimArgs {
     #[arg(long, default_value = "1M")]
     chunk: String,
     /// Directory for the NVMe tier, a disk, not tmpfs (default: the
-    /// configured NVMe path, then the current directory).
+    /// configured NVMe path, then the current directory); with --tier nvme
+    /// only.
     #[arg(long)]
     path: Option<PathBuf>,
     /// Timed steps (after one untimed).
@@ -441,8 +442,13 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
     // Only the NVMe tier places anything there (and warns about tmpfs).
     let path = if a.tier == "nvme" {
         crate::nvme_path(a.path.clone(), config)?
+    } else if a.path.is_some() {
+        return Err(Error::invalid(format!(
+            "--path is the NVMe tier's: --tier {} places nothing there",
+            a.tier
+        )));
     } else {
-        a.path.clone().unwrap_or_else(|| PathBuf::from("."))
+        PathBuf::from(".")
     };
     let params = OptimParams {
         params: a.params,
