@@ -136,10 +136,16 @@ fn read_batches(
             b[tab].push(row);
         }
         // Each table's items fill `batch` bags of `pooling`, cycling when
-        // the line has fewer.
-        for ids in &mut b {
+        // the line has fewer; more would be dropped.
+        for (tab, ids) in b.iter_mut().enumerate() {
             if ids.is_empty() {
                 return Err(bad("a table has no item on this line".into()));
+            }
+            if ids.len() > batch * pooling {
+                return Err(bad(format!(
+                    "table {tab} has {} items, more than --batch {batch} × --pooling {pooling}",
+                    ids.len()
+                )));
             }
             let src = ids.clone();
             *ids = (0..batch * pooling).map(|k| src[k % src.len()]).collect();

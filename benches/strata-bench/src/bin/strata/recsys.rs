@@ -27,10 +27,11 @@ pub struct RecsysArgs {
     /// Bags per table per batch.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
-    /// Batches.
+    /// Batches (a --dist file's lines are its batches).
     #[arg(long, default_value_t = 24)]
     batches: usize,
-    /// zipf:ALPHA, uniform or file:PATH (one batch per line, `table:row` items).
+    /// zipf:ALPHA, uniform or file:PATH (one batch per line, `table:row`
+    /// items, each table's at most --batch × --pooling, cycled to fill them).
     #[arg(long, default_value = "zipf:1.05")]
     dist: String,
     /// Device memory for the tables: bytes or a percentage.
