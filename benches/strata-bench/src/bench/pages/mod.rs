@@ -61,6 +61,17 @@ pub enum Access {
     },
 }
 
+impl std::fmt::Display for Access {
+    /// As `--access` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Access::Zipf { alpha } => write!(f, "zipf:{alpha}"),
+            Access::Shift { alpha, period } => write!(f, "shift:{alpha}:{period}"),
+            Access::File { path } => write!(f, "file:{}", path.display()),
+        }
+    }
+}
+
 impl FromStr for Access {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {

@@ -98,6 +98,7 @@ fn missing_subcommand() -> String {
     }
     let subs: Vec<&str> = cmd
         .get_subcommands()
+        .filter(|s| !s.is_hide_set())
         .map(|s| s.get_name())
         .filter(|n| *n != "help")
         .collect();

@@ -168,7 +168,7 @@ pub fn child(spec: &str) -> Result<(), Error> {
 fn print(r: &PagesReport) -> Result<(), Error> {
     let p = &r.params;
     outln!(
-        "{} of data ({} pages of {}), {} of DRAM ({} pages){}; {} reads of {} on {} threads, {:?}",
+        "{} of data ({} pages of {}), {} of DRAM ({} pages){}; {} reads of {} on {} threads, {}",
         format_size(p.data),
         r.data_pages,
         format_size(p.page_size as u64),
