@@ -95,7 +95,8 @@ pub struct OffloadedAdam {
     accum: Vec<f32>,
     deferred_steps: u64,
     resident: Vec<Resident>,
-    /// Set after a failed step or state write: the state is no longer whole.
+    /// Set after a step or state write that failed part-way: the state is
+    /// no longer whole.
     broken: bool,
     /// The GPU update (`Updater::Cuda`).
     gpu: Option<Gpu>,
@@ -335,7 +336,12 @@ impl OffloadedAdam {
         Ok(())
     }
 
-    /// One optimizer step with these gradients.
+    /// One optimizer step with these gradients. A step that fails before
+    /// it updated any chunk (the state could not be pinned or read: a
+    /// shared runtime's tier full for a moment, a failed read) leaves the
+    /// optimizer as it was, and can be taken again; one that fails
+    /// part-way leaves some chunks updated and others not, and the
+    /// optimizer refuses further steps (`Closed`).
     pub fn step(&mut self, grads: &[f32]) -> Result<StepStats> {
         self.step_into(grads, None)
     }
@@ -469,6 +475,7 @@ impl OffloadedAdam {
     ) -> Result<(StepStats, bool)> {
         self.check(grads.len(), unscale)?;
         let start = Instant::now();
+        let (t_before, deferred_before) = (self.t, self.deferred_steps);
         // Saturating: a step count restored at the top of its range stays
         // there (the bias corrections are 1 long before it).
         self.t = self.t.saturating_add(1);
@@ -520,13 +527,24 @@ impl OffloadedAdam {
         let across = self.gpu.is_some();
         let gpu = parking_lot::Mutex::new(&mut self.gpu);
         // A failure past this point may leave some chunks updated and
-        // others not: the optimizer refuses further steps.
+        // others not: the optimizer refuses further steps. One before any
+        // chunk was updated (its state could not be pinned or read: a
+        // shared runtime's tier full for a moment, a read that failed)
+        // changed nothing, and the step can be taken again.
+        let updated = std::sync::atomic::AtomicBool::new(false);
         let streamed = self.states.step(&mut outcomes, across, alias, &|batch| {
+            updated.store(true, std::sync::atomic::Ordering::Relaxed);
             job.run(gpu.lock().as_mut(), batch)
         });
         let chosen = outcomes.into_iter().map(|o| o.chosen);
         let io_wait = match streamed {
             Ok(d) => d,
+            Err(e) if !updated.load(std::sync::atomic::Ordering::Relaxed) => {
+                self.t = t_before;
+                self.deferred_steps = deferred_before;
+                self.resident = old;
+                return Err(e);
+            }
             Err(e) => {
                 self.broken = true;
                 if flush.is_some() {
