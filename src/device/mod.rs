@@ -98,7 +98,17 @@ pub fn open_with_link(
         DeviceChoice::Cuda => open_cuda(capacity_cap),
         DeviceChoice::Auto => match open_cuda(capacity_cap) {
             Ok(d) => Ok(d),
-            Err(e) if e.kind() == ErrorKind::NoDevice => sim(),
+            // A GPU was found but could not be opened (held by another
+            // process, out of memory): the simulated device, at its own
+            // default size where the cap was the GPU's to decide.
+            Err(e) if e.kind() == ErrorKind::NoDevice => {
+                let cap = if capacity_cap == u64::MAX {
+                    sim::DEFAULT_CAPACITY
+                } else {
+                    capacity_cap
+                };
+                Ok(Arc::new(sim::SimBackend::new(cap, sim_link)?))
+            }
             Err(e) => Err(e),
         },
     }

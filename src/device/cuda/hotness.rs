@@ -51,6 +51,7 @@ impl CudaHotness {
         resident: &DeviceBuffer<u8>,
         params: HarvestParams,
     ) -> Result<Harvest> {
+        params.check()?;
         let n = counts.len();
         if n == 0 {
             return Ok(Harvest::default());
@@ -97,6 +98,8 @@ impl CudaHotness {
 
     /// The `k` largest nonzero keys, largest first.
     fn select(&self, keys: &DeviceBuffer<u64>, k: usize) -> Result<Vec<u64>> {
+        // No more than the keys there are (n fits u32: checked by harvest).
+        let k = k.min(keys.len());
         if k == 0 {
             return Ok(Vec::new());
         }

@@ -703,10 +703,31 @@ fn run_cuda(
         .into_iter()
         .next()
         .map(|i| format!("GPU {} ({}, {} bytes)", i.ordinal, i.name, i.memory_bytes));
-    let mut configs = vec![Config::Strata];
-    if params.baselines {
-        configs.extend([Config::Uvm, Config::ZeroCopy, Config::AllDevice]);
-    }
+    // Unified Memory last: oversubscribed managed memory is the one
+    // configuration that can stall a GPU.
+    let configs = match &params.configs {
+        Some(c) => {
+            if let Some(x) = c.iter().find(|x| {
+                !matches!(
+                    x,
+                    Config::Strata | Config::Uvm | Config::ZeroCopy | Config::AllDevice
+                )
+            }) {
+                return Err(Error::invalid(format!(
+                    "--configs {}: on a GPU the configurations are strata, uvm, zero-copy and all-device",
+                    x.name()
+                )));
+            }
+            c.clone()
+        }
+        None if params.baselines => vec![
+            Config::Strata,
+            Config::ZeroCopy,
+            Config::AllDevice,
+            Config::Uvm,
+        ],
+        None => vec![Config::Strata],
+    };
     let mut references: HashMap<usize, Vec<u64>> = HashMap::new();
     let mut pr_reference: Option<Vec<f64>> = None;
     let mut results = Vec::new();

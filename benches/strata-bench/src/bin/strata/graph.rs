@@ -71,9 +71,10 @@ pub struct GraphArgs {
     /// all-device).
     #[arg(long)]
     baselines: bool,
-    /// Exactly these configurations, comma-separated (simulated device):
-    /// strata, uvm, uvm-advised, zero-copy, all-device, static-optimum,
-    /// resident (every page in the fastest tier, no model: wall time).
+    /// Exactly these configurations, comma-separated: strata, uvm,
+    /// uvm-advised, zero-copy, all-device, static-optimum, resident (every
+    /// page in the fastest tier, no model: wall time); on a GPU strata,
+    /// uvm, zero-copy and all-device.
     #[arg(long, conflicts_with = "baselines")]
     configs: Option<String>,
     /// The modelled GPU on the simulated device: h200-sxm5, h100-pcie5,

@@ -175,9 +175,9 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
         Some(p) => p
             .split(',')
             .map(|x| {
-                x.trim().parse::<PolicyKind>().map_err(|e| {
-                    Error::invalid(format!("--policy: {}; or all", e.message()))
-                })
+                x.trim()
+                    .parse::<PolicyKind>()
+                    .map_err(|e| Error::invalid(format!("--policy: {}; or all", e.message())))
             })
             .collect::<Result<_, Error>>()?,
     };
