@@ -281,3 +281,18 @@ pub fn no_repeats<T: PartialEq>(
         None => Ok(()),
     }
 }
+
+/// Checks a command's input file (`input`, named by `flag`, where one is
+/// given) and that no output names it or another output's file.
+pub fn input_and_outputs(
+    flag: &str,
+    input: Option<&Path>,
+    outputs: &[(&str, Option<&Path>)],
+) -> Result<(), Error> {
+    if let Some(path) = input {
+        input_file(flag, path)?;
+    }
+    let mut all = vec![(flag, input)];
+    all.extend_from_slice(outputs);
+    out::distinct_files(&all)
+}

@@ -214,16 +214,14 @@ pub fn run_moe(a: MoeArgs, config: Option<&std::path::Path>) -> Result<(), Error
         host_in_place: a.host_in_place,
     };
     let routing_file = match &params.routing {
-        moe::Routing::File { path } => {
-            crate::cli::input_file("--routing file:", path)?;
-            Some(path.as_path())
-        }
+        moe::Routing::File { path } => Some(path.as_path()),
         _ => None,
     };
-    crate::out::distinct_files(&[
-        ("--routing file:", routing_file),
-        ("--json", a.json.as_deref()),
-    ])?;
+    crate::cli::input_and_outputs(
+        "--routing file:",
+        routing_file,
+        &[("--json", a.json.as_deref())],
+    )?;
     let json = crate::open_json(&a.json)?;
     let r = crate::with_progress(a.quiet, |progress| moe::run(&params, progress)).map_err(|e| {
         if e.kind() == strata::ErrorKind::NoDevice {

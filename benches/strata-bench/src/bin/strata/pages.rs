@@ -106,16 +106,14 @@ pub fn run(a: PagesArgs, config: Option<&std::path::Path>) -> Result<(), Error> 
     };
     params.check()?;
     let access_file = match &params.access {
-        pages::Access::File { path } => {
-            crate::cli::input_file("--access file:", path)?;
-            Some(path.as_path())
-        }
+        pages::Access::File { path } => Some(path.as_path()),
         _ => None,
     };
-    crate::out::distinct_files(&[
-        ("--access file:", access_file),
-        ("--json", a.json.as_deref()),
-    ])?;
+    crate::cli::input_and_outputs(
+        "--access file:",
+        access_file,
+        &[("--json", a.json.as_deref())],
+    )?;
     let json = crate::open_json(&a.json)?;
     let report = crate::with_progress(a.quiet, |progress| {
         pages::run(&params, &spawn_child, progress)

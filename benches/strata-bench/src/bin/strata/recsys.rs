@@ -95,17 +95,14 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
     };
     strata::size::check_page_size(params.page_size).map_err(|e| e.context("--page-size"))?;
     let dist_file = match &params.dist {
-        strata_bench::workloads::recsys::Dist::File { path } => {
-            crate::cli::input_file("--dist file:", path)?;
-            Some(path.as_path())
-        }
+        strata_bench::workloads::recsys::Dist::File { path } => Some(path.as_path()),
         _ => None,
     };
-    crate::out::distinct_files(&[
-        ("--dist file:", dist_file),
-        ("--json", a.json.as_deref()),
-        ("--plot", a.plot.as_deref()),
-    ])?;
+    crate::cli::input_and_outputs(
+        "--dist file:",
+        dist_file,
+        &[("--json", a.json.as_deref()), ("--plot", a.plot.as_deref())],
+    )?;
     let json = crate::open_json(&a.json)?;
     let plot_file = crate::out::OutputPath::check_opt("--plot", &a.plot)?;
     let report = crate::with_progress(a.quiet, |progress| recsys::run(&params, progress))?;
