@@ -1149,8 +1149,9 @@ def offload(
         bytes (default: every expert's bytes and the store's reserve of
         64 pages, so that every expert keeps its NVMe copy). Default: what this machine
         can spare (four fifths of the smaller of MemAvailable and the
-        memory cgroup's headroom), at most every expert; without nvme_path
-        the experts must fit in it.
+        memory cgroup's headroom, less the device slots on the simulated
+        device, whose slots are host memory), at most every expert;
+        without nvme_path the experts must fit in it.
     max_memory, offload_folder: the same budgets in accelerate's words:
         max_memory={"cpu": host, 0: device} (bytes or sizes such as
         "8GiB"; "disk" ignored) and offload_folder for nvme_path.
@@ -1265,8 +1266,14 @@ def offload(
                 f"({expert_bytes} and its page padding)"
             )
         device_slots = device_bytes // padded
+    dev = _model_device(model)
+    if device is None:
+        device = "cuda" if dev.type == "cuda" else "sim"
     if host_bytes is None:
         spare = _spare_bytes()
+        if device == "sim" or (device == "auto" and not torch.cuda.is_available()):
+            # The simulated device's slots are this process's memory too.
+            spare = max(0, spare - device_slots * padded)
         if nvme_path is None and spare < total:
             raise InvalidArgumentError(
                 f"the {n_experts} experts take {total} bytes and this machine can spare {spare}: "
@@ -1291,9 +1298,6 @@ def offload(
         nvme_capacity = total + 64 * page_size
     if nvme_capacity is not None:
         nvme_capacity = -(-nvme_capacity // page_size) * page_size
-    dev = _model_device(model)
-    if device is None:
-        device = "cuda" if dev.type == "cuda" else "sim"
     if host_in_place is None:
         host_in_place = device == "sim" and dev.type == "cpu"
     if decay is None:

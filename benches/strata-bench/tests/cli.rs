@@ -638,6 +638,12 @@ fn bench_graph_reads_edge_lists_and_names_bad_lines() {
         "source 999",
     );
     assert_bad_input(
+        &strata(&[
+            "bench", "graph", "--graph", "kron:8", "--algo", "pr,cc", "--source", "3", "--quiet",
+        ]),
+        "--source is BFS's and SSSP's",
+    );
+    assert_bad_input(
         &strata(&["bench", "graph", "--graph", "grid:4", "--quiet"]),
         "graph",
     );

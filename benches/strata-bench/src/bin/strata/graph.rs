@@ -118,6 +118,11 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         .map(|x| x.trim().parse::<Algo>().map_err(|e| e.context("--algo")))
         .collect::<Result<Vec<_>, _>>()?;
     crate::cli::no_repeats("--algo", &algos, |x| format!("{x:?}").to_lowercase())?;
+    if a.source.is_some() && !algos.iter().any(|x| matches!(x, Algo::Bfs | Algo::Sssp)) {
+        return Err(Error::invalid(
+            "--source is BFS's and SSSP's, and --algo names neither",
+        ));
+    }
     let page_size: usize = parse_size(&a.page_size)
         .map_err(|e| e.context("--page-size"))?
         .try_into()
