@@ -2,7 +2,7 @@
 //! do not push them out, the rate limit holds, and the background thread
 //! does the same as explicit rounds.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use strata::device::DeviceChoice;
 use strata::policy::PolicyKind;
@@ -105,6 +105,7 @@ fn the_rate_limit_defers_promotions() {
         .alloc_with(16 * PAGE as u64, Placement::Prefer(Tier::Host))
         .unwrap();
     b.write(0, &vec![1; 16 * PAGE]).unwrap();
+    let start = Instant::now();
     rt.start_balancer(
         // Rounds only when asked; one page a second.
         BalancerConfig::default()
@@ -114,8 +115,15 @@ fn the_rate_limit_defers_promotions() {
     .unwrap();
     touch(&b, 0..6, 10);
     let r = rt.balance_once().unwrap();
-    assert!(r.promotions <= 1, "{r:?}");
-    assert!(r.deferred >= 5, "{r:?}");
+    // The budget is a page a second of the time since the balancer
+    // started: at most one page, and one more for each second a loaded
+    // machine took to get here.
+    let afforded = 1 + start.elapsed().as_secs();
+    assert!(r.promotions <= afforded, "{r:?}, {afforded} afforded");
+    assert!(r.promotions + r.deferred >= 6, "{r:?}");
+    if afforded == 1 {
+        assert!(r.deferred >= 5, "{r:?}");
+    }
     rt.stop_balancer();
 }
 
@@ -305,18 +313,29 @@ fn a_link_rate_limit_defers_moves_over_that_link() {
         .with_link_rate_limit(Tier::Nvme, Tier::Host, Some(PAGE as u64))
         .with_link_rate_limit(Tier::Nvme, Tier::Cxl, Some(PAGE as u64));
     rt.configure_balancer(config).unwrap();
+    let before = Instant::now();
     rt.balance_once().unwrap();
+    let after = Instant::now();
     std::thread::sleep(Duration::from_millis(1100));
     touch(&b, 44..56, 2);
     let r = rt.balance_once().unwrap();
+    // The budgets top up between the two rounds' starts: more than 1.1 s,
+    // and less than the time from before the first to after the second,
+    // which a loaded machine may stretch past 2 s (a page a second each).
+    let most = before.elapsed().as_secs().min(4);
+    assert!(after.elapsed() >= Duration::from_millis(1100));
     // Into DRAM the page is marked for its next read (the default), which
     // the limit bounds as it bounds a move.
-    assert_eq!(
-        (r.promotions + r.marked, r.promotions_below),
-        (1, 1),
-        "{r:?}"
-    );
-    assert!(r.deferred >= 10, "{r:?}");
+    let (into_dram, below) = (r.promotions + r.marked, r.promotions_below);
+    if most == 1 {
+        assert_eq!((into_dram, below), (1, 1), "{r:?}");
+        assert!(r.deferred >= 10, "{r:?}");
+    } else {
+        assert!(
+            (1..=most).contains(&into_dram) && (1..=most).contains(&below),
+            "{r:?}, at most {most} a link"
+        );
+    }
     // Unlimited, the same round promotes them all.
     rt.configure_balancer(BalancerConfig::default().with_lower_levels(true))
         .unwrap();
@@ -526,4 +545,41 @@ fn a_clean_page_the_policy_lets_go_stays_until_its_room_is_needed() {
         assert_eq!(all, content);
         assert_eq!(rt.check().map_err(|e| e.to_string()), Ok(()));
     }
+}
+
+/// A buffer's number is reused once 2^16 others have been freed after it:
+/// a buffer that gets the number of one the balancer judged starts afresh
+/// (its promotions judged on their own, none of the old buffer's pages
+/// held or marked for it).
+#[test]
+fn a_buffer_with_a_reused_number_is_judged_afresh() {
+    let rt = runtime();
+    rt.configure_balancer(BalancerConfig::default()).unwrap();
+    let a = rt
+        .alloc_with(2 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    a.write(0, &vec![1u8; 2 * PAGE]).unwrap();
+    // Promotions that leave without an access: unpaid.
+    for _ in 0..20 {
+        a.prefetch(0..PAGE as u64, Tier::Device).wait().unwrap();
+        a.evict(0..PAGE as u64, Tier::Host).unwrap();
+    }
+    assert!(rt.stats().promotions_unpaid >= 20);
+    rt.balance_once().unwrap();
+    drop(a);
+    // The others come and go between two rounds; the next takes a's number.
+    for _ in 0..(1usize << 16) - 1 {
+        drop(rt.alloc(PAGE as u64).unwrap());
+    }
+    let b = rt
+        .alloc_with(PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    b.write(0, &[2u8; PAGE]).unwrap();
+    touch(&b, 0..1, 10);
+    let r = rt.balance_once().unwrap();
+    assert_eq!(r.held_back, 0, "b judged by a's promotions: {r:?}");
+    assert_eq!(on_device(&b, 0..1), 1, "{r:?}");
+    let mut out = vec![0u8; PAGE];
+    b.read(0, &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 2));
 }

@@ -133,6 +133,7 @@ fn the_cuda_harvest_matches_the_shared_vectors() {
     let backend = match CudaBackend::new(0, 1 << 30) {
         Ok(b) => b,
         Err(e) => {
+            assert_eq!(e.kind(), strata::ErrorKind::NoDevice, "{e}");
             assert!(
                 std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
                 "STRATA_REQUIRE_GPU is set but no GPU opened: {e}"

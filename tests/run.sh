@@ -51,8 +51,11 @@ if [ "${STRATA_NO_TORCH:-0}" != 1 ]; then
     else
         "$py" -c "import torch" 2>/dev/null || "${pip[@]}" install "torch==$torch_pin"
     fi
-    # strata.moe's tests build tiny transformers MoE models (nothing downloaded).
-    "$py" -c "import transformers, accelerate" 2>/dev/null || "${pip[@]}" install transformers accelerate
+    # strata.moe's tests build tiny transformers MoE models (nothing
+    # downloaded), on the release they were written against: a later one may
+    # add, rename or drop families.
+    "$py" -c "import transformers, accelerate" 2>/dev/null ||
+        "${pip[@]}" install transformers==5.25.0 accelerate==1.16.0
     if [ "${STRATA_TORCHREC:-0}" = 1 ]; then
         step "torchrec 1.9.2 and fbgemm-gpu-cpu 1.9.0 (TorchRec's tests)"
         if ! "$py" -c "import torchrec, fbgemm_gpu" 2>/dev/null; then

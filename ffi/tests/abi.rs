@@ -61,7 +61,7 @@ fn oversubscribed_device_round_trips_through_every_tier() {
     assert_eq!(declined, 0);
     // SAFETY: NULL is refused with a status, never written.
     let s = unsafe { strata_ticket_declined(ticket, null_mut()) };
-    assert_ne!(s, STRATA_OK);
+    assert_eq!(s, STRATA_ERR_NULL_POINTER);
     assert_eq!(strata_ticket_free(ticket), STRATA_OK);
     // Two pages stay below the device's watermarks, so nothing demotes them.
     assert_eq!(tier_of(buf, 1), STRATA_TIER_DEVICE);

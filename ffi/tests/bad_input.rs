@@ -483,19 +483,20 @@ fn config_text_that_is_not_utf8_or_not_toml() {
 fn a_config_naming_an_unwritable_nvme_path() {
     // Unwritable even for root: procfs takes no files, and nothing lives
     // under a regular file or in a directory that does not exist.
-    for path in [
-        "/proc/strata-swap",
-        "/proc/self",
-        "/etc/hostname/swap",
-        "/nonexistent-strata/dir/swap",
+    // Each with the status of its cause: nothing there (ENOENT, ENOTDIR)
+    // or not allowed (EPERM).
+    for (path, want) in [
+        ("/proc/strata-swap", STRATA_ERR_NOT_FOUND),
+        ("/proc/self", STRATA_ERR_PERMISSION_DENIED),
+        ("/etc/hostname/swap", STRATA_ERR_NOT_FOUND),
+        ("/nonexistent-strata/dir/swap", STRATA_ERR_NOT_FOUND),
     ] {
         let c_path = CString::new(path).unwrap();
         let c = config(4, 16, 16, &c_path);
         let mut rt = null_mut();
         // SAFETY: a readable config with a live path, a writable out-pointer.
         let s = unsafe { strata_runtime_create(&c, &mut rt) };
-        assert!(s < 0, "{path}: status {s}");
-        assert_ne!(s, STRATA_ERR_PANIC);
+        assert_eq!(s, want, "{path}: {}", last_error());
         assert!(rt.is_null());
         // The message names the path (or the directory it would go in).
         let parent = std::path::Path::new(path)
@@ -508,7 +509,8 @@ fn a_config_naming_an_unwritable_nvme_path() {
         let toml = format!("[nvme]\npath = {path:?}\ncapacity = \"1M\"\n[host]\ncapacity = \"1M\"");
         // SAFETY: `toml` is readable for its length; a writable out-pointer.
         let s = unsafe { strata_runtime_from_toml(toml.as_ptr().cast(), toml.len(), 0, &mut rt) };
-        assert!(s < 0 && s != STRATA_ERR_PANIC, "{path}: status {s}");
+        assert_eq!(s, want, "{path}: {}", last_error());
+        assert!(rt.is_null());
         assert!(last_error().contains(parent), "{path}: {}", last_error());
     }
 }
@@ -519,9 +521,11 @@ fn many_threads_at_once() {
     let path = c_path(dir.path());
     let rt = create(&config(8, 16, 64, &path)) as u64;
     let errors = Arc::new(AtomicUsize::new(0));
+    let prefetched = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
             let errors = errors.clone();
+            let prefetched = prefetched.clone();
             std::thread::spawn(move || {
                 let rt = rt as *mut strata_runtime;
                 for round in 0..20u64 {
@@ -535,7 +539,11 @@ fn many_threads_at_once() {
                         [(round % 3) as usize];
                     // SAFETY: a writable out-pointer.
                     let s = unsafe { strata_prefetch(buf, 0, 3 * PAGE + 7, to, &mut ticket) };
-                    if s == STRATA_OK {
+                    if s != STRATA_OK {
+                        // Refused at once only for want of room.
+                        assert_eq!(s, STRATA_ERR_OUT_OF_CAPACITY, "{}", last_error());
+                    } else {
+                        prefetched.fetch_add(1, Ordering::Relaxed);
                         let s = strata_ticket_wait(ticket);
                         // A full tier is a legitimate outcome under load.
                         assert!(
@@ -565,6 +573,10 @@ fn many_threads_at_once() {
         t.join().unwrap();
     }
     assert_eq!(errors.load(Ordering::Relaxed), 0);
+    assert!(
+        prefetched.load(Ordering::Relaxed) > 0,
+        "no prefetch was taken"
+    );
     assert_eq!(strata_runtime_destroy(rt as *mut _), STRATA_OK);
 }
 

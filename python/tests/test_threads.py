@@ -45,16 +45,18 @@ def test_two_threads_doing_io_concurrently(rt):
 
 @pytest.fixture
 def spinner():
-    """A thread that counts as fast as it can in pure Python, with a long
-    switch interval: it runs only while the main thread releases the GIL
-    (or after 0.2 s, longer than each measured call takes)."""
+    """A thread that counts in pure Python and gives the GIL up after each
+    count, with the switch interval so long that no thread is ever made to
+    give it up: the count rises while the main thread runs only if the main
+    thread releases the GIL (between counts the spinner waits for it)."""
     old = sys.getswitchinterval()
-    sys.setswitchinterval(0.2)
+    sys.setswitchinterval(1e6)
     state = {"count": 0, "stop": False}
 
     def spin():
         while not state["stop"]:
             state["count"] += 1
+            time.sleep(0)  # releases the GIL
 
     t = threading.Thread(target=spin, daemon=True)
     t.start()
@@ -65,9 +67,9 @@ def spinner():
 
 
 def progress_during(state, call):
-    """Whether the spinner counted while `call` ran (several tries: the call
-    must last long enough for the spinner to be scheduled, which on a
-    loaded machine may take a few)."""
+    """Whether the spinner counted while `call` ran (several tries: a call
+    that releases the GIL briefly may end before the spinner is
+    scheduled)."""
     for _ in range(20):
         time.sleep(0.001)  # the spinner takes the GIL; we get it back fresh
         before = state["count"]
@@ -75,6 +77,13 @@ def progress_during(state, call):
         if state["count"] > before:
             return True
     return False
+
+
+def test_the_spinner_counts_only_while_the_gil_is_released(spinner):
+    """The control for the test below: Python work that holds the GIL lets
+    the spinner make no progress, a sleep that releases it does."""
+    assert not progress_during(spinner, lambda: sum(range(200_000)))
+    assert progress_during(spinner, lambda: time.sleep(0.01))
 
 
 def test_gil_released_during_io_and_waits(tmp_path, spinner):
@@ -113,11 +122,14 @@ def test_wait_in_one_thread_does_not_block_another(tmp_path):
     buf.write(0, np.ones(32 << 20, dtype=np.uint8))
     other = rt.alloc(PAGE)
     started = threading.Event()
+    finish = threading.Event()
     done = []
 
     def waiter():
         started.set()
-        for _ in range(3):
+        # Moves and waits until told to stop: the I/O below runs while this
+        # thread is inside strata's waits, not after it.
+        while not finish.is_set():
             buf.evict(None, "nvme")
             buf.prefetch(None, "host").wait()
         done.append(True)
@@ -125,9 +137,14 @@ def test_wait_in_one_thread_does_not_block_another(tmp_path):
     t = threading.Thread(target=waiter)
     t.start()
     started.wait()
-    # Small I/O from this thread proceeds meanwhile.
-    for i in range(100):
-        other.write(0, i.to_bytes(4, "little"))
-        assert other.read(0, 4) == i.to_bytes(4, "little")
-    t.join(timeout=120)
+    try:
+        # Small I/O from this thread proceeds meanwhile.
+        for i in range(100):
+            other.write(0, i.to_bytes(4, "little"))
+            assert other.read(0, 4) == i.to_bytes(4, "little")
+        assert t.is_alive() and done == [], "the waiter ended before the I/O beside it did"
+    finally:
+        finish.set()
+        t.join(timeout=120)
     assert done == [True]
+    assert buf.read(0, 1 << 20) == b"\x01" * (1 << 20)

@@ -5,7 +5,7 @@
 //! itself is used again later than every resident page, does not admit it
 //! ([`Outcome::Bypass`]). Counting the demand miss either way, MIN with and
 //! without bypass miss equally often, and that count is the minimum any
-//! policy can reach (`tests/policy.rs` checks it against exhaustive search).
+//! policy can reach (`benches/strata-bench/tests/policy.rs` checks it against exhaustive search).
 //!
 //! O(n log n): the next use of every position is computed once, and the
 //! resident pages are a `BTreeSet` of their next-use positions (a page is

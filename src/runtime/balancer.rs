@@ -187,8 +187,9 @@ pub(crate) struct Balancer {
     /// Pages (ids) marked for promotion into the fastest tier at their
     /// next read, not read yet.
     marked: HashSet<u64>,
-    /// Per buffer (by number), its promotions' recent payback.
-    payback: HashMap<u32, Payback>,
+    /// Per buffer (by number, with the buffer's serial: a number freed
+    /// and reused is a new buffer), its promotions' recent payback.
+    payback: HashMap<u32, (u64, Payback)>,
 }
 
 impl Balancer {
@@ -313,7 +314,24 @@ impl Balancer {
 
         // 1. Each buffer's payback (its counts change as pages leave the
         // fastest tier, not at harvests); what was touched, with counts.
-        self.payback.retain(|id, _| by_id.contains_key(id));
+        // A number whose buffer was freed and reused since the last round
+        // starts afresh: its payback, pages held and marks were the old
+        // buffer's.
+        let renumbered: HashSet<u32> = self
+            .payback
+            .iter()
+            .filter(|(id, (serial, _))| by_id.get(id).is_some_and(|t| t.serial != *serial))
+            .map(|(&id, _)| id)
+            .collect();
+        self.payback
+            .retain(|id, _| by_id.contains_key(id) && !renumbered.contains(id));
+        if !renumbered.is_empty() {
+            let stale = |p: &u64| renumbered.contains(&((p >> 32) as u32));
+            self.marked.retain(|p| !stale(p));
+            for level in &mut self.levels {
+                level.held.retain(|p| !stale(p));
+            }
+        }
         for t in &tables {
             let (paid, unpaid) = (
                 t.paid.load(Ordering::Relaxed),
@@ -321,7 +339,8 @@ impl Balancer {
             );
             self.payback
                 .entry(t.id)
-                .or_insert_with(|| Payback::starting_at(paid, unpaid))
+                .or_insert_with(|| (t.serial, Payback::starting_at(paid, unpaid)))
+                .1
                 .update(paid, unpaid);
         }
         let mut reused = HashSet::new();
@@ -408,7 +427,7 @@ impl Balancer {
             // Reuse is asked only of a buffer held to reused pages (a set
             // of every touched page, every round, was most of a round's
             // time on a large buffer).
-            if !self.payback.get(&t.id).is_some_and(|g| g.strict) {
+            if !self.payback.get(&t.id).is_some_and(|(_, g)| g.strict) {
                 continue;
             }
             for &(c, page) in &touched[first..] {
@@ -480,7 +499,7 @@ impl Balancer {
             let strict = self
                 .payback
                 .get(&((p >> 32) as u32))
-                .is_some_and(|g| g.strict);
+                .is_some_and(|(_, g)| g.strict);
             !strict || r.reused.contains(p)
         });
         report.held_back += (before - promote.len()) as u64;

@@ -38,8 +38,13 @@ impl Payback {
     }
 
     /// Takes in the buffer's counts now and judges when enough settled.
+    /// (The counts only grow; counts below the last seen, which a buffer
+    /// of another number would give, count as nothing settled.)
     pub(crate) fn update(&mut self, paid: u64, unpaid: u64) {
-        let (dp, du) = (paid - self.seen.0, unpaid - self.seen.1);
+        let (dp, du) = (
+            paid.saturating_sub(self.seen.0),
+            unpaid.saturating_sub(self.seen.1),
+        );
         self.seen = (paid, unpaid);
         self.window.0 += dp;
         self.window.1 += du;

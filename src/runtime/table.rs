@@ -94,8 +94,12 @@ impl Launches {
 /// hold it while they run, so it outlives a dropped `Buffer` until they end.
 pub(crate) struct Table {
     pub(crate) rt: Arc<Shared>,
-    /// The buffer's number in this runtime (trace page ids).
+    /// The buffer's number in this runtime (trace page ids); a freed
+    /// buffer's number is reused, late.
     pub(crate) id: u32,
+    /// Never reused in this process: what tells a buffer from an earlier
+    /// one of the same number (the balancer's state per buffer).
+    pub(crate) serial: u64,
     pub(crate) len: u64,
     placement: Placement,
     pub(crate) pages: Box<[Mutex<Entry>]>,
@@ -138,9 +142,11 @@ impl Table {
         pages: u64,
         placement: Placement,
     ) -> Self {
+        static SERIALS: AtomicU64 = AtomicU64::new(0);
         Self {
             rt,
             id,
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             len,
             placement,
             pages: (0..pages).map(|_| Mutex::new(Entry::default())).collect(),
