@@ -1457,3 +1457,43 @@ fn a_device_map_outliving_its_buffer_frees_the_pages_when_its_launch_ends() {
     c.write(0, &vec![7u8; 8 * PAGE]).unwrap();
     drop(map);
 }
+
+/// A prefetch that finds no room because the tiers below are full is short
+/// of capacity (its ticket's error), not declined: declining is for
+/// victims valued more than the prefetch, and here none could go anywhere.
+#[test]
+fn a_prefetch_with_the_tiers_below_full_is_out_of_capacity_not_declined() {
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 4 * PAGE as u64)
+        .host(2 * PAGE as u64)
+        .cxl(CxlConfig::new(CxlMode::Emulated, 2 * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let a = rt
+        .alloc_with(4 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    let a_data = pattern(5, 6, 4 * PAGE);
+    a.write(0, &a_data).unwrap();
+    let c = rt
+        .alloc_with(2 * PAGE as u64, Placement::Prefer(Tier::Cxl))
+        .unwrap();
+    c.write(0, &vec![9u8; 2 * PAGE]).unwrap();
+    assert_eq!(a.tier_of(0).unwrap(), Some(Tier::Host));
+    assert_eq!(a.tier_of(2).unwrap(), Some(Tier::Device));
+    // Twice: the second after the clock hand has passed a's DRAM pages.
+    for _ in 0..2 {
+        let t = a.prefetch(2 * PAGE as u64..3 * PAGE as u64, Tier::Host);
+        let e = t
+            .wait_timeout(std::time::Duration::from_secs(60))
+            .expect("the prefetch ends")
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfCapacity, "{e}");
+        assert_eq!(t.declined(), 0);
+    }
+    assert_eq!(rt.stats().prefetches_declined, 0);
+    let mut back = vec![0u8; 4 * PAGE];
+    a.read(0, &mut back).unwrap();
+    assert_eq!(back, a_data);
+}

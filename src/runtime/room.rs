@@ -64,18 +64,23 @@ impl Engine {
         result
     }
 
-    /// Whether `tier` holds any page room-making could demote for a
-    /// request of `table` protecting `protect`, referenced or not.
+    /// Whether room-making for a request of `table` protecting `protect`
+    /// was held back by the victims' value rather than by space: `tier`
+    /// holds a page it could demote (referenced or not), and the tiers
+    /// below have a free slot to take it. (With the tiers below full, the
+    /// request is short of capacity, not declined.)
     pub(super) fn has_victims(
         &self,
         tier: Tier,
         table: &Table,
         protect: Option<&Range<usize>>,
     ) -> bool {
-        self.tables().live().iter().any(|t| {
-            let keep = protect.filter(|_| std::ptr::eq(&**t, table));
-            !victims::pick(t, tier, 1, false, keep, &HashSet::new()).is_empty()
-        })
+        let tiers = &self.shared().tiers;
+        tiers.free_pages(&tiers.below(tier)) > 0
+            && self.tables().live().iter().any(|t| {
+                let keep = protect.filter(|_| std::ptr::eq(&**t, table));
+                victims::exists(t, tier, keep)
+            })
     }
 
     /// Frees up to `pages` slots in `tier` for a move request into it (a

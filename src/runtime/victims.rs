@@ -56,3 +56,20 @@ pub(crate) fn pick(
     table.hand.store(at, Ordering::Relaxed);
     victims
 }
+
+/// Whether `table` has a page resident in `tier` that room-making could
+/// take (unpinned, not launched, not in `keep`), referenced or not; the
+/// clock hand stays where it is.
+pub(crate) fn exists(table: &Table, tier: Tier, keep: Option<&Range<usize>>) -> bool {
+    let launched = {
+        let l = table.launches.lock();
+        l.read_only + l.read_write > 0
+    };
+    !launched
+        && table.pages.iter().enumerate().any(|(at, page)| {
+            !keep.is_some_and(|k| k.contains(&at))
+                && page
+                    .try_lock()
+                    .is_some_and(|e| e.pins == 0 && e.tier() == Some(tier))
+        })
+}
