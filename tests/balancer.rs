@@ -583,3 +583,109 @@ fn a_buffer_with_a_reused_number_is_judged_afresh() {
     b.read(0, &mut out).unwrap();
     assert!(out.iter().all(|&x| x == 2));
 }
+
+/// A page the balancer marked for promotion into DRAM moves at its next
+/// read even when DRAM filled up in between: the read makes room for it,
+/// as a pin would, and the mark is not lost.
+#[test]
+fn a_marked_page_read_after_dram_filled_still_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = dram_nvme(dir.path(), 4);
+    rt.configure_balancer(BalancerConfig::default()).unwrap();
+    let a = rt
+        .alloc_with(3 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    a.write(0, &vec![1u8; 3 * PAGE]).unwrap();
+    let b = rt
+        .alloc_with(PAGE as u64, Placement::Prefer(Tier::Nvme))
+        .unwrap();
+    b.write(0, &vec![2u8; PAGE]).unwrap();
+    b.touch(0, 10).unwrap();
+    let r = rt.balance_once().unwrap();
+    assert_eq!(
+        (r.marked, b.tier_of(0).unwrap()),
+        (1, Some(Tier::Nvme)),
+        "{r:?}"
+    );
+    // Other first writes fill DRAM before the marked page is read.
+    let c = rt
+        .alloc_with(4 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    let mut i = 0;
+    while rt.stats().tiers[0].free_pages > 0 {
+        c.write((i * PAGE) as u64, &vec![3u8; PAGE]).unwrap();
+        i += 1;
+    }
+    let mut whole = vec![0u8; PAGE];
+    b.read(0, &mut whole).unwrap();
+    assert!(whole.iter().all(|&x| x == 2));
+    assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Host));
+    assert_eq!(rt.stats().promotions_on_read, 1);
+    // Everything else still reads as written.
+    let mut back = vec![0u8; 3 * PAGE];
+    a.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&x| x == 1));
+    let mut back = vec![0u8; i * PAGE];
+    c.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&x| x == 3));
+}
+
+/// Balancing below the fastest tier takes the room a tier's clean copies
+/// hold (copies of pages promoted above it) before it demotes a page that
+/// lives there: dropping a copy costs no I/O and loses nothing.
+#[test]
+fn lower_levels_take_clean_copies_before_demoting_residents() {
+    use strata::tier::NvmeConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 4 * PAGE as u64)
+        .host(8 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    // x takes 6 of DRAM's 8 pages; 2 then go up into device memory, each
+    // keeping its DRAM slot as a clean copy.
+    let x = rt
+        .alloc_with(6 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    x.write(0, &vec![1u8; 6 * PAGE]).unwrap();
+    x.prefetch(0..2 * PAGE as u64, Tier::Device).wait().unwrap();
+    let s = rt.stats();
+    assert_eq!(on_device(&x, 0..2), 2);
+    assert_eq!((s.tiers[1].used_pages, s.tiers[1].clean_copies), (6, 2));
+    let y = rt
+        .alloc_with(4 * PAGE as u64, Placement::Prefer(Tier::Nvme))
+        .unwrap();
+    y.write(0, &vec![2u8; 4 * PAGE]).unwrap();
+    rt.configure_balancer(
+        BalancerConfig::default()
+            .with_lower_levels(true)
+            .with_promote_on_read(false),
+    )
+    .unwrap();
+    rt.balance_once().unwrap();
+    // x's device pages hottest (they stay), y's next.
+    touch(&x, 0..2, 30);
+    touch(&y, 0..4, 10);
+    let r = rt.balance_once().unwrap();
+    // The copies' room took y's pages the device did not: none left on
+    // NVMe, none deferred for want of room.
+    assert!(r.promotions_below >= 1 && r.deferred == 0, "{r:?}");
+    assert!(
+        (0..4).all(|p| y.tier_of(p).unwrap() != Some(Tier::Nvme)),
+        "{r:?}"
+    );
+    // x's pages that live in DRAM stayed there: the room was the copies'.
+    let in_host = (2..6)
+        .filter(|&p| x.tier_of(p).unwrap() == Some(Tier::Host))
+        .count();
+    assert_eq!(in_host, 4, "{r:?}");
+    let mut back = vec![0u8; 6 * PAGE];
+    x.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 1));
+    let mut back = vec![0u8; 4 * PAGE];
+    y.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 2));
+}

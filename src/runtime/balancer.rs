@@ -66,6 +66,7 @@ use super::balance_config::{BalanceReport, BalancerConfig};
 use super::balance_pages::{
     demote_pages, leaves_free, mark, move_pages, still_marked, strangers, tier_of, ById,
 };
+use super::clean;
 use super::hints::{settle_read_promotions, Hints};
 use super::mover::Engine;
 use super::payback::Payback;
@@ -567,7 +568,12 @@ impl Balancer {
         report.demotions_below += demote_pages(r.engine, r.by_id, &demote, upper);
         r.hottest_first(&mut promote);
         let high = r.high(upper);
-        let short = (r.used(upper) + promote.len()).saturating_sub(high);
+        let mut short = (r.used(upper) + promote.len()).saturating_sub(high);
+        if short > 0 {
+            // Clean copies held in this tier (of pages promoted above it)
+            // are its cheapest room: no I/O, nothing lost.
+            short -= clean::drop_copies(r.engine.tables(), r.rt(), upper, short);
+        }
         if short > 0 {
             let strangers = strangers(r.tables, &self.levels[k].held, short, upper);
             report.demotions_below += demote_pages(r.engine, r.by_id, &strangers, upper);

@@ -559,13 +559,16 @@ impl Residency {
     }
 }
 
-/// The move of marked page `p` into `tier` that a read carries out.
+/// The move of marked page `p` into `tier` that a read carries out,
+/// making room there as a pin or a prefetch of the page would (the
+/// balancer marked the page when it had room for it; the tier may have
+/// filled since).
 fn promotion(p: usize, tier: Tier, priority: Priority) -> Request {
     Request {
         pages: vec![p],
         dst: tier,
         from: Source::Not(tier),
         priority,
-        room: None,
+        room: Some(p..p + 1),
     }
 }
