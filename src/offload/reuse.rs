@@ -11,6 +11,12 @@
 //! away, and an expert's value is its inverse (0 for an expert never
 //! used). LRU and LRFU do the opposite on this cycle: the experts used
 //! longest ago are those of the layers about to run.
+//!
+//! A visit begins when the decoder moves to another layer. With a single
+//! MoE layer nothing marks where one visit ends and the next begins: the
+//! estimate sees one long visit, every expert ever used has `p = 1`, and
+//! the ranking among them is by distance alone (use [`super::moe::Eviction::Lrfu`]
+//! for a model with one MoE layer).
 #![forbid(unsafe_code)]
 
 /// Powers `decay^k` kept in a table (a victim's choice values every

@@ -31,7 +31,11 @@ pub struct Belady {
 
 impl Belady {
     /// MIN for a cache of `capacity` pages over `trace`.
+    ///
+    /// # Panics
+    /// If `capacity` is 0.
     pub fn new(capacity: usize, trace: &[u64]) -> Self {
+        assert!(capacity >= 1, "a cache of 0 pages");
         Self {
             capacity,
             next: next_uses(trace),

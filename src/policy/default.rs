@@ -119,7 +119,11 @@ impl DefaultPolicy {
     }
 
     /// A cache of `capacity` pages tuned by `config`.
+    ///
+    /// # Panics
+    /// If `capacity` is 0 (here and in [`DefaultPolicy::new`]).
     pub fn with_config(capacity: usize, config: &Config) -> Self {
+        assert!(capacity >= 1, "a cache of 0 pages");
         let window = (capacity as f64 * config.window) as usize;
         Self {
             counts: Counts::new(

@@ -14,8 +14,12 @@
 //!   measured as the running mean age (accesses since last use) of the pages
 //!   it evicted;
 //! - a miss is admitted while the cache has room, or when the page's
-//!   predicted reuse distance is within the horizon; a page seen for the
-//!   first time in a full cache has no prediction and is not admitted;
+//!   predicted reuse distance is within the horizon or within the age of
+//!   the least recently used resident page (a page has survived unused at
+//!   least that long: without it, a cache that stopped admitting would
+//!   stop evicting, and a horizon learned in an earlier phase would keep
+//!   out every page of the next one for good); a page seen for the first
+//!   time in a full cache has no prediction and is not admitted;
 //! - resident pages are evicted least recently used first.
 //!
 //! A one-pass scan or a loop longer than the cache is therefore kept out
@@ -55,7 +59,11 @@ const NEWEST: f64 = 0.5;
 
 impl Gmt {
     /// A cache of `capacity` pages.
+    ///
+    /// # Panics
+    /// If `capacity` is 0.
     pub fn new(capacity: usize) -> Self {
+        assert!(capacity >= 1, "a cache of 0 pages");
         Self {
             capacity,
             now: 0,
@@ -69,6 +77,16 @@ impl Gmt {
     /// The current horizon, in accesses.
     pub fn horizon(&self) -> f64 {
         self.horizon
+    }
+
+    /// Accesses since the least recently used resident page's last use.
+    fn tail_age(&self) -> f64 {
+        self.lru.back().map_or(0.0, |node| {
+            let page = self.arena.get(node).key;
+            self.history
+                .get(&page)
+                .map_or(0.0, |h| (self.now - h.last) as f64)
+        })
     }
 
     fn evict(&mut self) -> u64 {
@@ -128,7 +146,11 @@ impl Policy for Gmt {
         let full = self.lru.len() == self.capacity;
         // A page with no observed reuse (infinite prediction) never gets in
         // a full cache, even while the horizon is still infinite.
-        if full && (h.predicted.is_infinite() || h.predicted > self.horizon) {
+        let predicted = h.predicted;
+        if full
+            && (predicted.is_infinite()
+                || (predicted > self.horizon && predicted > self.tail_age()))
+        {
             return Outcome::Bypass;
         }
         let evicted = full.then(|| self.evict());
@@ -156,6 +178,31 @@ mod tests {
         }
         // LRU would hit nothing; the optimum is 3 of 8 per round.
         assert!(hits >= 9 * 2, "{hits}");
+    }
+
+    #[test]
+    fn a_horizon_from_an_earlier_phase_does_not_keep_the_next_out() {
+        let mut p = Gmt::new(4);
+        // A phase that teaches a short horizon ...
+        for _ in 0..3 {
+            for page in 0..4 {
+                p.access(page);
+            }
+        }
+        p.access(10);
+        p.access(10);
+        assert!(p.horizon() <= 5.0, "{}", p.horizon());
+        // ... then one page reused every 9 accesses, the old ones idle.
+        let mut hits = 0;
+        for _ in 0..1000 {
+            if p.access(50).is_hit() {
+                hits += 1;
+            }
+            for _ in 0..8 {
+                p.access(3);
+            }
+        }
+        assert!(hits >= 990, "{hits} of 1000 (LRU: 999)");
     }
 
     #[test]

@@ -47,7 +47,11 @@ struct Node {
 
 impl Lfu {
     /// Halves scores every `8 × capacity` accesses.
+    ///
+    /// # Panics
+    /// If `capacity` is 0.
     pub fn new(capacity: usize) -> Self {
+        assert!(capacity >= 1, "a cache of 0 pages");
         Self::with_decay(capacity, 0.5, 8 * capacity as u64)
     }
 

@@ -8,9 +8,9 @@
 //!    rule, restricted to what the window shows);
 //! 3. hinted pages not yet accessed since their hint, oldest hint first.
 //!
-//! A miss is not admitted when every resident page is used within the window
-//! and the missing page is used later than all of them, or not at all within
-//! it. With no future (the runtime's case: `window` 0) the policy is LRU plus
+//! A miss is not admitted when group 1 is empty, group 2 is not, and the
+//! missing page is used later than every page of group 2, or not at all
+//! within the window (hinted pages, group 3, are not weighed against it). With no future (the runtime's case: `window` 0) the policy is LRU plus
 //! hints: a hint loads the page and protects it until its access.
 //!
 //! O(log n) per access: a `BTreeSet` of next-use positions for group 2, and
@@ -64,7 +64,11 @@ pub struct Lookahead {
 
 impl Lookahead {
     /// Hints only: LRU for pages without a pending hint.
+    ///
+    /// # Panics
+    /// If `capacity` is 0.
     pub fn new(capacity: usize) -> Self {
+        assert!(capacity >= 1, "a cache of 0 pages");
         Self::with_future(capacity, &[], 0)
     }
 

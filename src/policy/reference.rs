@@ -33,7 +33,11 @@ pub struct PerfectLfu {
 impl PerfectLfu {
     /// Perfect LFU for `capacity` pages; `admission` turns on the
     /// admission test.
+    ///
+    /// # Panics
+    /// If `capacity` is 0.
     pub fn new(capacity: usize, admission: bool) -> Self {
+        assert!(capacity >= 1, "a cache of 0 pages");
         Self {
             capacity,
             admission,

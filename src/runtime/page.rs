@@ -8,8 +8,9 @@
 //!   move whose copy began at another version is abandoned (its fresh slot
 //!   given back);
 //! - a pinned page never moves: a move neither begins nor commits while a
-//!   pin covers the page (and a pin bumps the version, so a copy taken
-//!   before it does not commit after it ends either);
+//!   pin covers the page (and a writable pin bumps the version, so a copy
+//!   taken before it does not commit after it ends either; a read-only pin
+//!   changes nothing a copy holds);
 //! - a clean copy is never served stale: a page promoted out of a slower
 //!   tier may keep its old slot there as a *clean copy*
 //!   ([`Entry::clean`]), which a demotion back to that tier takes instead

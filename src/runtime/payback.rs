@@ -1,5 +1,6 @@
-//! A buffer's payback: whether the pages the balancer promoted into the
-//! fastest tier were accessed there before they left. When most of a
+//! A buffer's payback: whether the pages promoted into the fastest tier
+//! (by anyone: the balancer, a prefetch, a pin, a read that takes a mark,
+//! a launch's staging) were accessed there before they left. When most of a
 //! buffer's recent promotions did not pay (under 40% of at least
 //! [`PAYBACK_WINDOW`] settled), its pages are promoted only once they show
 //! reuse across rounds; above 60% (or after [`PAYBACK_PROBE`] rounds with

@@ -80,8 +80,9 @@ pub struct Stats {
     pub promotions_on_read: u64,
     /// Promotions into the fastest tier (by anyone: the balancer, a
     /// prefetch, a pin) whose page was accessed there before it left: the
-    /// move paid. Accesses are those the runtime counts (reads, writes, a
-    /// kernel's counted accesses, sampled as the counters are).
+    /// move paid. Accesses are those the runtime counts: every read and
+    /// write through the buffer, and a kernel's counted accesses (sampled
+    /// as the kernels' counters are).
     pub promotions_paid: u64,
     /// Promotions into the fastest tier whose page left it again with no
     /// access: the move did not pay. Pages still there are in neither.
