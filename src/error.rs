@@ -154,13 +154,39 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
         let e = Error::io("reading", io::Error::from_raw_os_error(libc::EIO));
         assert_eq!(e.kind(), ErrorKind::Io);
+        for (errno, kind) in [
+            (libc::EDQUOT, ErrorKind::NoSpace),
+            (libc::ENOENT, ErrorKind::NotFound),
+            (libc::ENOTDIR, ErrorKind::NotFound),
+            (libc::EACCES, ErrorKind::PermissionDenied),
+            (libc::EPERM, ErrorKind::PermissionDenied),
+            (libc::EROFS, ErrorKind::PermissionDenied),
+            (libc::ENOMEM, ErrorKind::OutOfCapacity),
+            (libc::ENOSYS, ErrorKind::Unsupported),
+            (libc::EOPNOTSUPP, ErrorKind::Unsupported),
+        ] {
+            let e = Error::io("x", io::Error::from_raw_os_error(errno));
+            assert_eq!(e.kind(), kind, "errno {errno}");
+        }
     }
 
     #[test]
     fn codes_are_fixed() {
         // These numbers are part of the C ABI: changing one is a breaking change.
-        assert_eq!(ErrorKind::InvalidArgument.code(), 1);
-        assert_eq!(ErrorKind::Corrupted.code(), 6);
-        assert_eq!(ErrorKind::PermissionDenied.code(), 10);
+        let kinds = [
+            ErrorKind::InvalidArgument,
+            ErrorKind::NoDevice,
+            ErrorKind::OutOfCapacity,
+            ErrorKind::Io,
+            ErrorKind::NoSpace,
+            ErrorKind::Corrupted,
+            ErrorKind::Unsupported,
+            ErrorKind::Closed,
+            ErrorKind::NotFound,
+            ErrorKind::PermissionDenied,
+        ];
+        for (k, code) in kinds.into_iter().zip(1..) {
+            assert_eq!(k.code(), code, "{k}");
+        }
     }
 }

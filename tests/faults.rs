@@ -150,6 +150,7 @@ fn a_dead_disk_fails_every_operation_and_returns_no_data() {
         }
         let mut wrote = Vec::new();
         session.reap(2, &mut wrote).unwrap();
+        assert_eq!(wrote.len(), 2, "{name}");
         for c in wrote {
             assert_eq!(
                 c.result.as_ref().unwrap_err().kind(),
@@ -202,6 +203,7 @@ fn session_batches_absorb_short_transfers_and_catch_flipped_bits() {
         }
         let mut read = Vec::new();
         session.reap(4, &mut read).unwrap();
+        assert_eq!(read.len(), 4, "{name}");
         let corrupted = read
             .iter()
             .filter(|c| matches!(&c.result, Err(e) if e.kind() == ErrorKind::Corrupted))

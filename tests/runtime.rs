@@ -287,6 +287,12 @@ fn a_failed_move_leaves_the_page_readable_where_it_was() {
         let e = b.prefetch(0..b.len(), Tier::Device).wait().unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
         assert_eq!(b.tier_of(0).unwrap(), Some(Tier::Nvme));
+        let mut back = vec![0u8; 2 * PAGE];
+        b.read(0, &mut back).unwrap();
+        assert_eq!(
+            back, data,
+            "{name}: readable where it was after the failed read"
+        );
         b.prefetch(0..b.len(), Tier::Host).wait().unwrap();
         // Written in host, the pages' NVMe copies are gone: going down
         // needs a write.

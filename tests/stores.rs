@@ -159,11 +159,11 @@ fn nvme_sessions_from_many_threads() {
     }
 }
 
-/// io_uring sessions register the file and the store's buffer pool, so
-/// reads and writes of pool buffers take the READ_FIXED/WRITE_FIXED path
-/// (the round-trip tests above then check its data).
+/// io_uring sessions register the file and the store's buffer pool (what
+/// lets reads and writes of pool buffers take the READ_FIXED/WRITE_FIXED
+/// path; the round-trip tests above check the data that path moves).
 #[test]
-fn uring_sessions_use_registered_file_and_buffers() {
+fn uring_sessions_register_the_file_and_the_buffer_pool() {
     let Ok(engine) = strata::io::engine(strata::io::EngineChoice::Uring) else {
         assert!(
             std::env::var_os("STRATA_REQUIRE_URING").is_none(),

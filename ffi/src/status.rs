@@ -219,6 +219,22 @@ mod tests {
             (ErrorKind::NotFound, STRATA_ERR_NOT_FOUND),
             (ErrorKind::PermissionDenied, STRATA_ERR_PERMISSION_DENIED),
         ];
+        // The numbers are the ABI: a C program compiled against an older
+        // header sees the same ones.
+        assert_eq!(
+            kinds.map(|(_, status)| status),
+            [-1, -2, -3, -4, -5, -6, -7, -8, -9, -10]
+        );
+        assert_eq!(
+            [
+                STRATA_OK,
+                STRATA_ERR_INVALID_HANDLE,
+                STRATA_ERR_PANIC,
+                STRATA_ERR_NULL_POINTER,
+                STRATA_ERR_BUFFER_TOO_SMALL
+            ],
+            [0, -100, -101, -102, -103]
+        );
         assert_eq!(s(strata_status_string(STRATA_OK)), "ok");
         for (kind, status) in kinds {
             assert_eq!(status_of(kind), status);

@@ -325,7 +325,7 @@ def test_bad_budgets_and_nvme_path_raise_strata_errors(tmp_path):
         strata.nn.EmbeddingBag(1000, 16, fast_bytes=100, nvme_path=str(tmp_path))
     with pytest.raises(strata.InvalidArgumentError, match="nvme_path needs fast_bytes"):
         strata.nn.EmbeddingBag(1000, 16, nvme_path=str(tmp_path))
-    with pytest.raises(strata.StrataError):
+    with pytest.raises(strata.NotFoundError, match="does not exist"):
         strata.nn.EmbeddingBag(1000, 16, fast_bytes=PAGE, nvme_path=str(tmp_path / "no" / "such" / "dir"))
     # NVMe too small for what does not fit above: the allocation is refused.
     with pytest.raises(strata.OutOfCapacityError):

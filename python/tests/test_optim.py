@@ -260,7 +260,7 @@ def test_refusals():
         strata.optim.AdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))])
     with pytest.raises(NotImplementedError, match="amsgrad"):
         strata.optim.Adam(model().parameters(), amsgrad=True)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="learning rate"):
         strata.optim.AdamW(model().parameters(), lr=-1.0)
     # A tier without its path is refused at construction, not at a step.
     with pytest.raises(strata.InvalidArgumentError, match="needs nvme_path"):

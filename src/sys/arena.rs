@@ -229,8 +229,34 @@ mod tests {
     #[test]
     fn binds_to_node_zero_or_reports_why_not() {
         match Arena::new(2 << 20, false, Some(0)) {
-            Ok(a) => assert_eq!(a.numa_node(), Some(0)),
-            Err(e) => eprintln!("skipping: mbind to node 0 refused here: {e}"),
+            Ok(mut a) => {
+                assert_eq!(a.numa_node(), Some(0));
+                // Where the kernel really put a touched page.
+                let bytes = a.as_mut_slice();
+                bytes[0] = 1;
+                let mut node: libc::c_int = -1;
+                const MPOL_F_NODE: libc::c_ulong = 1;
+                const MPOL_F_ADDR: libc::c_ulong = 2;
+                // SAFETY: `node` is a writable int; no node mask is asked
+                // for (NULL, 0); `bytes` is a mapped, touched page of the
+                // arena, which outlives the call.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_get_mempolicy,
+                        &mut node as *mut libc::c_int,
+                        std::ptr::null_mut::<libc::c_ulong>(),
+                        0 as libc::c_ulong,
+                        bytes.as_mut_ptr() as *mut libc::c_void,
+                        MPOL_F_NODE | MPOL_F_ADDR,
+                    )
+                };
+                assert_eq!(r, 0, "get_mempolicy: {}", std::io::Error::last_os_error());
+                assert_eq!(node, 0, "the page is on node {node}");
+            }
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+                eprintln!("skipping: mbind to node 0 refused here: {e}")
+            }
+            Err(e) => panic!("binding to node 0: {e}"),
         }
         assert!(Arena::new(2 << 20, false, Some(5000)).is_err());
     }

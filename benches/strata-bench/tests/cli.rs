@@ -584,26 +584,31 @@ fn bench_graph_reads_edge_lists_and_names_bad_lines() {
     let json = dir.path().join("g.json");
     let graph = format!("file:{}", el.display());
     for algo in ["bfs", "sssp", "pr", "cc"] {
-        let out = strata(&[
-            "bench",
-            "graph",
-            "--algo",
-            algo,
-            "--graph",
-            &graph,
-            "--source",
-            "0",
-            "--device-budget",
-            "50%",
-            "--page-size",
-            "4k",
-            "--trials",
-            "1",
-            "--verify",
-            "--quiet",
-            "--json",
-            json.to_str().unwrap(),
-        ]);
+        // A source is BFS's and SSSP's (refused for the others).
+        let source: &[&str] = if matches!(algo, "bfs" | "sssp") {
+            &["--source", "0"]
+        } else {
+            &[]
+        };
+        let out = strata(
+            &[
+                &["bench", "graph", "--algo", algo, "--graph", &graph][..],
+                source,
+                &[
+                    "--device-budget",
+                    "50%",
+                    "--page-size",
+                    "4k",
+                    "--trials",
+                    "1",
+                    "--verify",
+                    "--quiet",
+                    "--json",
+                    json.to_str().unwrap(),
+                ][..],
+            ]
+            .concat(),
+        );
         let r = report(&out, &json);
         assert_eq!(r["vertices"], 4, "{algo}");
     }
@@ -1111,11 +1116,31 @@ fn bench_moe_device_cuda_runs_on_a_gpu_or_says_there_is_none() {
 
 #[test]
 fn bench_optim_update_cuda_runs_on_a_gpu_or_says_there_is_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("optim.json");
     let out = strata(&[
-        "bench", "optim", "--params", "2000", "--chunk", "4k", "--steps", "1", "--update", "cuda",
+        "bench",
+        "optim",
+        "--params",
+        "2000",
+        "--chunk",
+        "4k",
+        "--steps",
+        "1",
+        "--update",
+        "cuda",
         "--quiet",
+        "--json",
+        json.to_str().unwrap(),
     ]);
-    if !out.status.success() {
+    // It runs exactly where there is a GPU, on the CUDA updater (never a
+    // silent fallback to the CPU's).
+    let gpu = strata::device::probe_gpus().is_ok();
+    assert_eq!(out.status.success(), gpu, "{out:?}");
+    if gpu {
+        let v = report(&out, &json);
+        assert_eq!(v["backend"].as_str(), Some("cuda"), "{v}");
+    } else {
         // No GPU here: one line naming it, exit status 2 (as for every
         // command asked for a device the machine does not have).
         assert_eq!(out.status.code(), Some(2));
@@ -2050,6 +2075,14 @@ fn trace_replay_capacity_above_the_pages_touched_replays_as_them() {
     };
     let big = run("1000000000", &dir.path().join("big.json"));
     let exact = run("3", &dir.path().join("exact.json"));
+    assert_eq!(
+        big.as_array().unwrap().len(),
+        strata::policy::PolicyKind::ALL.len()
+    );
+    assert_eq!(
+        exact.as_array().unwrap().len(),
+        big.as_array().unwrap().len()
+    );
     for (b, e) in big
         .as_array()
         .unwrap()

@@ -660,7 +660,8 @@ fn a_failed_read_leaves_the_row_cache_holding_no_row_it_did_not_fill() {
     t.gather(&Bags::new(&a, &offsets), &mut out).unwrap();
     assert_eq!(t.stats().cache_fills, 32);
     plan.inject(IoOp::Read, 0, Fault::Errno(libc::EIO));
-    t.gather(&Bags::new(&b, &offsets), &mut out).unwrap_err();
+    let e = t.gather(&Bags::new(&b, &offsets), &mut out).unwrap_err();
+    assert_eq!(e.kind(), crate::error::ErrorKind::Io, "{e}");
     plan.clear();
     for idx in [&b, &a, &b] {
         let bags = Bags::new(idx, &offsets);
@@ -756,7 +757,8 @@ fn a_failed_write_back_loses_no_update() {
     }
     // Rows b evict every row of a; writing them back fails.
     plan.inject(IoOp::Write, 0, Fault::Errno(libc::EIO));
-    t.gather(&Bags::new(&b, &offsets), &mut out).unwrap_err();
+    let e = t.gather(&Bags::new(&b, &offsets), &mut out).unwrap_err();
+    assert_eq!(e.kind(), crate::error::ErrorKind::Io, "{e}");
     let all: Vec<i64> = (0..rows as i64).collect();
     let mut got = vec![0f32; w.len()];
     t.read_rows(&all, &mut got).unwrap();
