@@ -27,6 +27,11 @@ fio_run() { # pattern bs qd [verify] -> iops bytes_per_sec
         --rw=write --bs="$bs" --iodepth=64 --verify="$verify" --do_verify=0 \
         --verify_state_save=0 --output-format=terse >/dev/null 2>&1
     extra=(--verify="$verify")
+  elif [ "$rw" = write ] || [ "$rw" = randwrite ]; then
+    # Laid out before the timed writes (fio's default writes a fresh,
+    # fallocated file, paying the filesystem's extent conversion; strata's
+    # bench writes every block before it times, as a store overwrites).
+    extra=(--overwrite=1)
   fi
   fio --name=c --filename="$f" --size="$size" --direct=1 --ioengine=io_uring \
       --rw="$rw" --bs="$bs" --iodepth="$qd" --runtime="$secs" --time_based \

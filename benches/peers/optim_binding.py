@@ -5,15 +5,17 @@ states in DRAM).
 Interleaved over --trials, in one process per configuration where it
 matters:
   rust      `strata bench optim --params N --tier host --steps S --json`:
-            the Rust OffloadedAdam's own step time (its `step_seconds`);
-  binding   strata._strata.OffloadedAdam.step(grads) called from Python:
-            wall time of the call, and the step's own time it reports;
-  binding+out  the same with out= (the updated weights read back into the
-            parameter's array), which is what strata.optim.AdamW does;
+            the Rust OffloadedAdam's own step time (its `step_seconds`),
+            the aliased fp32 step (the weights are their own master);
+  binding   strata._strata.OffloadedAdam.step(grads, weights,
+            in_place=True, alias=True) called from Python, the same
+            aliased step on the caller's array (what strata.optim.AdamW
+            runs for a float32 parameter): wall time of the call, and the
+            step's own time it reports;
   adamw     strata.optim.AdamW.step() on one float32 torch parameter of N
             elements (wall), where torch is installed.
 Weights and gradients follow `strata bench optim`'s patterns, so every
-configuration does the same arithmetic on the same values.
+configuration runs the same step on the same values.
 
 Set-up: tests/run.sh builds target/pyenv with the package and torch, and
 `cargo build --release` the CLI. Run from the repository root:
@@ -53,14 +55,15 @@ def rust(cli, n, steps):
             return json.load(f)["step_seconds"]
 
 
-def binding(n, steps, with_out):
+def binding(n, steps):
     w, g = patterns(n)
     adam = strata._strata.OffloadedAdam(w, tier="host")
-    adam.step(g, w if with_out else None)  # untimed, as the CLI's first step
+    # Untimed, as the CLI's first step; aliased from the first step on.
+    adam.step(g, w, in_place=True, alias=True)
     walls, own = [], []
     for _ in range(steps):
         t = time.perf_counter()
-        st = adam.step(g, w if with_out else None)
+        st = adam.step(g, w, in_place=True, alias=True)
         walls.append(time.perf_counter() - t)
         own.append(st["seconds"])
     return statistics.mean(walls), statistics.mean(own)
@@ -96,13 +99,12 @@ def main():
         have_torch = True
     except ImportError:
         have_torch = False
-    rows = {k: [] for k in ["rust", "binding", "binding own", "binding+out", "adamw"]}
+    rows = {k: [] for k in ["rust", "binding", "binding own", "adamw"]}
     for trial in range(a.trials):
         rows["rust"].append(rust(a.cli, a.params, a.steps))
-        wall, own = binding(a.params, a.steps, False)
+        wall, own = binding(a.params, a.steps)
         rows["binding"].append(wall)
         rows["binding own"].append(own)
-        rows["binding+out"].append(binding(a.params, a.steps, True)[0])
         if have_torch:
             rows["adamw"].append(adamw(a.params, a.steps))
         print(f"trial {trial + 1}: " + ", ".join(

@@ -16,7 +16,8 @@ Run (as root for --drop-caches):
   python benches/peers/optim_vs_deepspeed.py --size 17m --swap SWAP --aio aio.json \
       --trials 3 --drop-caches --json out.json
 
-Configurations (each trial runs each in its own process, in a rotated order):
+Configurations (each trial runs each in its own process, in an order
+shuffled by --seed, a new one each trial):
   torch-adamw        torch.optim.AdamW (its default implementation: foreach), DRAM
   strata-host        strata.optim.AdamW(tier="host")
   ds-cpuadam         deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True) used as a

@@ -1196,7 +1196,25 @@ fn bench_optim_reports_throughput_beside_the_limits() {
             assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
         }
         assert!(v["io_wait_seconds"].as_f64().unwrap() >= 0.0);
-        assert_eq!(v["nvme_seq_read_bytes_per_sec"].is_f64(), tier == "nvme");
+        for k in [
+            "nvme_seq_read_bytes_per_sec",
+            "nvme_seq_write_bytes_per_sec",
+            "nvme_bound_seconds",
+            "nvme_fraction",
+        ] {
+            assert_eq!(v[k].is_f64(), tier == "nvme", "{k}");
+        }
+        if tier == "nvme" {
+            // The bound: the step's state read and written at the disk's rates.
+            let per = |k: &str| v[k].as_f64().unwrap();
+            let bound = per("nvme_bound_seconds");
+            let steps = per("state_bytes_per_step");
+            assert!(bound > steps / 2.0 / per("nvme_seq_read_bytes_per_sec") * 0.999);
+            assert!(
+                (per("nvme_fraction") - bound / per("step_seconds")).abs()
+                    < 1e-9 * per("nvme_fraction").max(1.0)
+            );
+        }
         // A plain fp32 step is aliased (the parameter is its own master):
         // it reads and writes the two moments, two thirds of the state.
         let state = v["state_bytes"].as_f64().unwrap();

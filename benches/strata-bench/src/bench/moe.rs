@@ -610,7 +610,14 @@ fn run_config(
     cfg.layers = layers;
     cfg.link_priority = !p.fifo_link;
     cfg.sim_link = link_of(p);
-    let top_k = routes[0].iter().map(Vec::len).max().unwrap_or(1).max(1);
+    // The most experts any token of the routing takes (not the first
+    // token's: a replayed trace may start with fewer).
+    let top_k = routes
+        .iter()
+        .flat_map(|t| t.iter().map(Vec::len))
+        .max()
+        .unwrap_or(1)
+        .max(1);
     cfg.protect_fetches = p.protect_fetches.unwrap_or(2 * top_k as u64);
     match config {
         Config::Strata => {

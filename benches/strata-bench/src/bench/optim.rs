@@ -101,14 +101,25 @@ pub struct OptimReport {
     pub bytes_per_sec: f64,
     /// Mean seconds per step the update waited on I/O.
     pub io_wait_seconds: f64,
-    /// Single-thread memcpy bandwidth of this machine, bytes/s.
+    /// Single-thread memcpy bandwidth of this machine, bytes/s (each byte
+    /// copied counted once): a reference beside the step's rate, not a
+    /// bound on it (the step runs on every thread and counts what it reads
+    /// and what it writes; `--roofline` gives the memory bound).
     pub memcpy_bytes_per_sec: f64,
     /// `bytes_per_sec / memcpy_bytes_per_sec`.
     pub ratio_to_memcpy: f64,
     /// The NVMe store's sequential read bandwidth (NVMe tier only).
     pub nvme_seq_read_bytes_per_sec: Option<f64>,
-    /// `bytes_per_sec / nvme_seq_read_bytes_per_sec`.
-    pub ratio_to_nvme_seq_read: Option<f64>,
+    /// The NVMe store's sequential write bandwidth, over pages already
+    /// written, as a step's write-back is (NVMe tier only).
+    pub nvme_seq_write_bytes_per_sec: Option<f64>,
+    /// The disk's bound on a step: its state bytes read at the sequential
+    /// read rate plus those written at the sequential write rate, seconds
+    /// (NVMe tier only).
+    pub nvme_bound_seconds: Option<f64>,
+    /// `nvme_bound_seconds / step_seconds`: the step's fraction of the
+    /// disk's bound.
+    pub nvme_fraction: Option<f64>,
     /// CPU threads the host-tier update used (cpu).
     pub threads: usize,
     /// The parameters' type.
@@ -169,8 +180,8 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     progress("memcpy", 0.0);
     let memcpy = strata::lowlevel::local_memcpy_bandwidth();
     let nvme_seq = if matches!(tier, StateTier::Nvme(_)) {
-        progress("nvme sequential read", 0.05);
-        Some(seq_read(&p.path, p.chunk, state_bytes.min(1 << 30))?)
+        progress("nvme sequential read and write", 0.05);
+        Some(seq_read_write(&p.path, p.chunk, state_bytes.min(1 << 30))?)
     } else {
         None
     };
@@ -221,14 +232,20 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     // the aliased step, 28 bytes a parameter; in CXL or on NVMe only the
     // moments stream.
     let alias = dtype == "float32" && p.importance.is_none() && p.update == Updater::Cpu;
-    let mut timed = |progress: &mut dyn FnMut(&str, f64)| -> Result<(f64, f64, u64)> {
+    let mut timed = |progress: &mut dyn FnMut(&str, f64)| -> Result<Timed> {
         match dtype {
             "bfloat16" => time_steps::<bf16>(&mut opt, &w, &g, steps, false, progress),
             "float16" => time_steps::<f16>(&mut opt, &w, &g, steps, false, progress),
             _ => time_steps::<f32>(&mut opt, &w, &g, steps, alias, progress),
         }
     };
-    let (secs, wait, bytes) = timed(progress)?;
+    let Timed {
+        secs,
+        wait,
+        read,
+        written,
+    } = timed(progress)?;
+    let bytes = read + written;
     w.clear();
     w.shrink_to_fit();
     let roofline = if p.roofline {
@@ -252,6 +269,8 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
     };
     progress("done", 1.0);
     let bps = bytes as f64 / secs.max(1e-12);
+    let nvme_bound = nvme_seq
+        .map(|(r, w)| (read as f64 / r.max(1e-12) + written as f64 / w.max(1e-12)) / steps as f64);
     Ok(OptimReport {
         backend: opt.updater().name(),
         gpu: opt.gpu(),
@@ -266,17 +285,29 @@ pub fn run(p: &OptimParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Optim
         io_wait_seconds: wait / steps as f64,
         memcpy_bytes_per_sec: memcpy,
         ratio_to_memcpy: bps / memcpy,
-        nvme_seq_read_bytes_per_sec: nvme_seq,
-        ratio_to_nvme_seq_read: nvme_seq.map(|s| bps / s),
+        nvme_seq_read_bytes_per_sec: nvme_seq.map(|(r, _)| r),
+        nvme_seq_write_bytes_per_sec: nvme_seq.map(|(_, w)| w),
+        nvme_bound_seconds: nvme_bound,
+        nvme_fraction: nvme_bound.map(|b| b / (secs / steps as f64).max(1e-12)),
         threads: rayon::current_num_threads(),
         dtype,
         roofline,
     })
 }
 
+/// What the timed steps took, summed over them.
+struct Timed {
+    secs: f64,
+    wait: f64,
+    /// State bytes read.
+    read: u64,
+    /// State bytes written.
+    written: u64,
+}
+
 /// One untimed step, then `steps` timed ones, a framework's: gradients of
 /// `T` in, parameters of `T` written back. Seconds, I/O-wait seconds and
-/// state bytes over the timed steps.
+/// state bytes read and written over the timed steps.
 fn time_steps<T: Element>(
     opt: &mut OffloadedAdam,
     w: &[f32],
@@ -284,7 +315,7 @@ fn time_steps<T: Element>(
     steps: usize,
     alias: bool,
     progress: &mut dyn FnMut(&str, f64),
-) -> Result<(f64, f64, u64)> {
+) -> Result<Timed> {
     let mut params: Vec<T> = w.iter().map(|&x| T::from_f32(x)).collect();
     let grads: Vec<T> = g.iter().map(|&x| T::from_f32(x)).collect();
     let step = |opt: &mut OffloadedAdam, params: &mut [T]| match T::as_f32_mut(params) {
@@ -292,15 +323,21 @@ fn time_steps<T: Element>(
         _ => opt.step_mixed(&grads, 1.0, params),
     };
     step(opt, &mut params)?;
-    let (mut secs, mut wait, mut bytes) = (0.0, 0.0, 0u64);
+    let mut t = Timed {
+        secs: 0.0,
+        wait: 0.0,
+        read: 0,
+        written: 0,
+    };
     for s in 0..steps {
         progress("steps", 0.3 + 0.65 * s as f64 / steps as f64);
         let st = step(opt, &mut params)?;
-        secs += st.seconds;
-        wait += st.io_wait_seconds;
-        bytes += st.bytes_read + st.bytes_written;
+        t.secs += st.seconds;
+        t.wait += st.io_wait_seconds;
+        t.read += st.bytes_read;
+        t.written += st.bytes_written;
     }
-    Ok((secs, wait, bytes))
+    Ok(t)
 }
 
 /// STREAM's triad, a = b + s·c over `n` fp32 elements an array, on every
@@ -341,10 +378,11 @@ fn opt_tier_name(t: &str) -> &'static str {
     }
 }
 
-/// One sequential read pass over `bytes` of a fresh store (laid out first)
-/// at page size `page` and the default queue depth, as `strata bench io
-/// --pattern read` does.
-fn seq_read(dir: &std::path::Path, page: usize, bytes: u64) -> Result<f64> {
+/// A sequential write pass and a sequential read pass over `bytes` of a
+/// fresh store (laid out first, so the write overwrites as a step's
+/// write-back does) at page size `page` and the default queue depth, as
+/// `strata bench io --pattern write|read` do: (read, write) bytes/s.
+fn seq_read_write(dir: &std::path::Path, page: usize, bytes: u64) -> Result<(f64, f64)> {
     let pages = bytes.div_ceil(page as u64).max(64);
     let store = NvmeStore::new(&NvmeConfig::new(
         dir,
@@ -371,14 +409,25 @@ fn seq_read(dir: &std::path::Path, page: usize, bytes: u64) -> Result<f64> {
         &mut session,
         &mut slots,
         &mut bufs,
+        IoOp::Write,
+        &mut |b| b.fill(0xa5),
+        &mut |_| {},
+    )?;
+    let write_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    super::sequential_pass(
+        &mut session,
+        &mut slots,
+        &mut bufs,
         IoOp::Read,
         &mut |_| {},
         &mut |_| {},
     )?;
-    let secs = t.elapsed().as_secs_f64();
+    let read_secs = t.elapsed().as_secs_f64();
     drop(session);
     for s in slots.into_iter().flatten() {
         store.free(s)?;
     }
-    Ok(pages as f64 * page as f64 / secs.max(1e-12))
+    let total = pages as f64 * page as f64;
+    Ok((total / read_secs.max(1e-12), total / write_secs.max(1e-12)))
 }

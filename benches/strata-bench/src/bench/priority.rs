@@ -123,7 +123,8 @@ pub struct Phase {
     pub backlog_bytes: u64,
     /// Reclaim batches the engine ran during the phase.
     pub reclaim_batches: u64,
-    /// Mean time a demand batch waited in its lane's queue, microseconds.
+    /// Mean time a demand batch of this phase's probes waited in its
+    /// lane's queue, microseconds.
     pub demand_queued_us: f64,
 }
 
@@ -155,6 +156,15 @@ fn engine(rt: &Runtime, priority: &str) -> (u64, f64) {
         .iter()
         .find(|p| p.priority == priority)
         .map_or((0, 0.0), |p| (p.batches, p.mean_queued_us))
+}
+
+/// The mean of what was added between two (count, mean) readings of a
+/// running mean; 0 when nothing was.
+fn mean_since((n0, m0): (u64, f64), (n1, m1): (u64, f64)) -> f64 {
+    if n1 <= n0 {
+        return 0.0;
+    }
+    ((m1 * n1 as f64 - m0 * n0 as f64) / (n1 - n0) as f64).max(0.0)
 }
 
 /// Bytes of DRAM in use above the low watermark.
@@ -218,6 +228,9 @@ pub fn run(p: &PriorityParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Pr
                 }
                 None
             };
+            // The demand lane's queueing during this phase's probes alone
+            // (the engine's figure is a mean since the runtime started).
+            let demand_before = engine(&rt, "demand");
             let (mut promote, mut demote, mut backlogs) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..p.ops {
                 let b = backlog(&rt, low_pages);
@@ -251,7 +264,7 @@ pub fn run(p: &PriorityParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Pr
                 demote: Latency::of(demote),
                 backlog_bytes: backlogs.get(backlogs.len() / 2).copied().unwrap_or(0),
                 reclaim_batches: reclaim_after - reclaim_before,
-                demand_queued_us: engine(&rt, "demand").1,
+                demand_queued_us: mean_since(demand_before, engine(&rt, "demand")),
             });
             drop(data);
         }
@@ -269,7 +282,13 @@ pub fn run(p: &PriorityParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Pr
             })
             .collect();
         r.sort_by(f64::total_cmp);
-        r[r.len() / 2]
+        // The median (of an even count, the mean of the middle two).
+        let n = r.len();
+        if n % 2 == 1 {
+            r[n / 2]
+        } else {
+            (r[n / 2 - 1] + r[n / 2]) / 2.0
+        }
     };
     Ok(PriorityReport {
         ratio_promote_p50: ratio(&|x| x.promote.p50_us),

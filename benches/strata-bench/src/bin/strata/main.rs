@@ -168,7 +168,9 @@ struct CopyArgs {
     /// Emulate CXL even where a CPU-less NUMA node exists.
     #[arg(long)]
     emulate_cxl: bool,
-    /// Emulated CXL bandwidth in bytes/s (e.g. 20G); default half of local memcpy.
+    /// Emulated CXL bandwidth in bytes/s, a size with binary suffixes as
+    /// every size here (20G: 20 GiB/s, 21.47 GB/s); default half of local
+    /// memcpy.
     #[arg(long)]
     cxl_bandwidth: Option<String>,
     /// Emulated CXL added latency per transfer, ns.

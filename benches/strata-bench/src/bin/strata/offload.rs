@@ -498,12 +498,23 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
         r.io_wait_seconds
     );
     outln!(
-        "memcpy {} → {:.2}×",
+        "memcpy on one thread {} (a reference, not a bound) → {:.2}×",
         format_rate(r.memcpy_bytes_per_sec),
         r.ratio_to_memcpy
     );
-    if let (Some(s), Some(x)) = (r.nvme_seq_read_bytes_per_sec, r.ratio_to_nvme_seq_read) {
-        outln!("nvme sequential read {} → {:.2}×", format_rate(s), x);
+    if let (Some(rd), Some(wr), Some(bound), Some(x)) = (
+        r.nvme_seq_read_bytes_per_sec,
+        r.nvme_seq_write_bytes_per_sec,
+        r.nvme_bound_seconds,
+        r.nvme_fraction,
+    ) {
+        outln!(
+            "nvme sequential read {}, write {}: the step's reads and writes at those rates take {:.3}s → {:.2}× of the disk's bound",
+            format_rate(rd),
+            format_rate(wr),
+            bound,
+            x
+        );
     }
     if let Some(rf) = &r.roofline {
         outln!(
