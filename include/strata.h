@@ -1045,7 +1045,7 @@ typedef struct strata_config {
 
 /**
  * Belady's MIN, offline: it needs the whole trace, so a runtime's
- * balancer refuses it; for replays.
+ * configuration refuses it (STRATA_ERR_INVALID_ARGUMENT); for replays.
  */
 #define STRATA_POLICY_BELADY 11
 

@@ -5,8 +5,10 @@
  * The rules are the ones in src/hotness.rs (the simulated device runs that
  * code): each kernel thread keeps a strata_sampler in registers; it counts
  * one access in 2^shift on average, skipping a random number of accesses
- * (uniform in 0..2^(shift+1)-2) after each counted one, so every page is
- * sampled at the same rate and an uncounted access costs a decrement.
+ * (uniform in 0..2^(shift+1)-2) after each counted one, the first gap the
+ * smaller of two such draws (the rest of a gap met at a random point), so
+ * every page is sampled at the same rate however few accesses a thread
+ * makes, and an uncounted access costs a decrement.
  *
  * Device maps (strata_device_map / DeviceMap::prepare in Rust) hold one
  * 64-bit address per page: device memory for pages in HBM, the mapped
@@ -34,10 +36,12 @@ struct strata_sampler {
     unsigned long long state;
 };
 
-/* A sampler seeded with `seed` (e.g. the global thread index). */
+/* A sampler seeded with `seed`: different for every thread and every
+ * launch (e.g. the global thread index mixed with a launch counter; the
+ * same seed at every launch samples the same accesses every time). */
 __device__ __forceinline__ strata_sampler strata_sampler_new(unsigned long long seed) {
     strata_sampler s;
-    s.left = 0; /* the first gap is drawn on first use, at a random phase */
+    s.left = 0; /* the first gap is drawn on first use */
     s.state = strata_mix(seed);
     return s;
 }
@@ -47,15 +51,19 @@ __device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int sh
     if (shift == 0) {
         return true;
     }
-    if (s->left == 0) {
+    unsigned long long span = (2ull << shift) - 1ull;
+    if (s->left == 0 || s->left > span) {
         s->state = strata_mix(s->state);
-        s->left = 1u + (unsigned int)(s->state % ((1ull << (shift + 1)) - 1ull));
+        unsigned long long a = 1ull + s->state % span;
+        s->state = strata_mix(s->state);
+        unsigned long long b = 1ull + s->state % span;
+        s->left = (unsigned int)(a < b ? a : b);
     }
     if (--s->left != 0) {
         return false;
     }
     s->state = strata_mix(s->state);
-    s->left = 1u + (unsigned int)(s->state % ((2ull << shift) - 1ull));
+    s->left = 1u + (unsigned int)(s->state % span);
     return true;
 }
 

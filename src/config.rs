@@ -36,7 +36,7 @@
 //! mode = "auto"            # auto | emulated | off
 //! capacity = "4G"          # default: the CXL node's size, else half the
 //!                          # host tier; 0: no CXL tier
-//! bandwidth = "20G"        # emulated only: bytes/s (default: half of local memcpy)
+//! bandwidth = "20G"        # emulated only: bytes/s, binary suffixes as every size (20 GiB/s); default half of local memcpy
 //! latency_ns = 100         # emulated only
 //! [nvme]
 //! path = "/var/tmp"        # directory, new file name, or block device
@@ -583,11 +583,39 @@ impl Config {
                 )));
             }
         }
+        // A device capacity of 0 turns the tier off; any other holds a
+        // page, and the simulated device counts its pages in 32 bits (a
+        // GPU's capacity is capped by its free memory when it opens).
+        if let Some(capacity) = self.device_capacity.filter(|&c| c > 0) {
+            if capacity < page {
+                return Err(Error::invalid(format!(
+                    "device capacity {capacity} holds no whole page of {page} bytes"
+                )));
+            }
+            if self.device == DeviceChoice::Sim && capacity / page > u64::from(u32::MAX) {
+                return Err(Error::invalid(format!(
+                    "device capacity {capacity} has too many pages"
+                )));
+            }
+        }
+        if self.policy.needs_trace() {
+            return Err(Error::invalid(format!(
+                "policy {}: it needs the whole trace in advance, and the balancer runs online",
+                self.policy.name()
+            )));
+        }
         if let Some(nvme) = &self.nvme {
             if nvme.capacity % page != 0 {
                 return Err(Error::invalid(format!(
                     "nvme capacity {} is not a multiple of the page size {page}",
                     nvme.capacity
+                )));
+            }
+            if nvme.capacity / page < 2 {
+                return Err(Error::invalid(format!(
+                    "nvme capacity {} holds {} page of {page} bytes; the tier needs at least 2 (one is held back for copy-then-commit writes)",
+                    nvme.capacity,
+                    nvme.capacity / page
                 )));
             }
             if !(1..=4096).contains(&nvme.queue_depth) {

@@ -12,12 +12,15 @@
 //!   one access in 2^shift on average: after each counted access it skips a
 //!   random number of accesses, drawn uniformly from 0..2^(shift+1)−1 by a
 //!   hash-based generator ([`Sampler`]), so the sample is unbiased across
-//!   pages and costs a decrement per access. A counted access adds 1; the
-//!   harvest scales by 2^shift.
+//!   pages and costs a decrement per access. A new accessor's first gap is
+//!   the smaller of two such draws: what remains of a gap met at a random
+//!   point (a first gap drawn like the others counted a short-lived
+//!   accessor's accesses at about half the rate). A counted access adds 1;
+//!   the harvest scales by 2^shift.
 //! - **Saturation.** A counter never wraps: increments stop once it reaches
 //!   [`COUNT_CEILING`] (2^32 − 2^20; concurrent increments may pass it by
 //!   their number, never by 2^20), and counts added in bulk (a launch's
-//!   device counts coming back) saturate at `u32::MAX`.
+//!   device counts coming back) stop there too.
 //! - **Fold.** `score ← fma(score, decay, count · 2^shift)` in `f32` (one
 //!   rounding, as CUDA's `fmaf`), then `count ← 0`.
 //! - **Lists.** Hot: pages not resident with score > 0, by score
@@ -40,12 +43,14 @@ pub(crate) fn count_one(counter: &AtomicU32) {
     }
 }
 
-/// Adds `n` accesses to `counter`, saturating at `u32::MAX`.
+/// Adds `n` accesses to `counter`, saturating at [`COUNT_CEILING`] (the
+/// 2^20 above it stay for single increments racing the check in
+/// [`count_one`], so the counter never wraps).
 #[inline]
 pub(crate) fn count_many(counter: &AtomicU32, n: u32) {
     if n != 0 {
         let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-            Some(c.saturating_add(n))
+            Some(c.max(c.saturating_add(n).min(COUNT_CEILING)))
         });
     }
 }
@@ -63,9 +68,11 @@ pub fn mix(mut x: u64) -> u64 {
 
 /// One accessor's sampling state (a kernel thread's, in registers on a
 /// GPU): the accesses left until the next counted one. Gaps are drawn
-/// uniformly from 1..2^(shift+1) (mean 2^shift) at random phases, so every
-/// page's accesses are sampled at the same rate whatever the pattern, and
-/// the common case costs a decrement and a branch.
+/// uniformly from 1..2^(shift+1) (mean 2^shift), the first as the smaller
+/// of two draws (the rest of a gap met at a random point), so every page's
+/// accesses are sampled at the same rate whatever the pattern and however
+/// few accesses the accessor makes, and the common case costs a decrement
+/// and a branch.
 #[derive(Debug, Clone, Copy)]
 pub struct Sampler {
     left: u32,
@@ -76,7 +83,7 @@ impl Sampler {
     /// A sampler seeded with `seed` (different accessors, different seeds).
     pub fn new(seed: u64) -> Self {
         Self {
-            // 0: the first gap is drawn on first use, at a random phase.
+            // 0: the first gap is drawn on first use.
             left: 0,
             state: mix(seed),
         }
@@ -88,16 +95,21 @@ impl Sampler {
         if shift == 0 {
             return true;
         }
-        if self.left == 0 {
+        let span = (2u64 << shift) - 1;
+        // A first gap, or one left by a coarser shift (a thread's sampler
+        // used by two runtimes): the rest of a gap met at a random point.
+        if self.left == 0 || u64::from(self.left) > span {
             self.state = mix(self.state);
-            self.left = 1 + (self.state % (1u64 << (shift + 1)).saturating_sub(1).max(1)) as u32;
+            let a = 1 + self.state % span;
+            self.state = mix(self.state);
+            let b = 1 + self.state % span;
+            self.left = a.min(b) as u32;
         }
         self.left -= 1;
         if self.left != 0 {
             return false;
         }
         self.state = mix(self.state);
-        let span = (2u64 << shift) - 1;
         self.left = 1 + (self.state % span) as u32;
         true
     }
@@ -265,10 +277,12 @@ mod tests {
             touch(&c, 0, Some(0));
         }
         assert_eq!(c[0].load(Ordering::Relaxed), COUNT_CEILING);
+        // Above the ceiling already (single increments raced past it):
+        // neither a bulk add nor an increment moves it, and it never wraps.
         count_many(&c[1], 100);
-        assert_eq!(c[1].load(Ordering::Relaxed), u32::MAX);
+        assert_eq!(c[1].load(Ordering::Relaxed), u32::MAX - 5);
         touch(&c, 1, Some(0));
-        assert_eq!(c[1].load(Ordering::Relaxed), u32::MAX);
+        assert_eq!(c[1].load(Ordering::Relaxed), u32::MAX - 5);
         count_many(&c[2], 3);
         assert_eq!(c[2].load(Ordering::Relaxed), 10);
     }
@@ -310,6 +324,45 @@ mod tests {
             assert!((3600..4400).contains(&k), "{kept:?}");
         }
         assert!((0..100).all(|_| s.hit(0)));
+    }
+
+    #[test]
+    fn short_lived_accessors_are_sampled_at_the_same_rate() {
+        // Many accessors of a few accesses each (kernel threads, readers):
+        // together they keep about 1 in 16 of their accesses, whichever of
+        // its accesses an accessor makes.
+        for accesses in [1usize, 4, 16] {
+            let (mut kept, mut made) = (0u64, 0u64);
+            for seed in 0..200_000u64 {
+                let mut s = Sampler::new(seed);
+                for _ in 0..accesses {
+                    kept += u64::from(s.hit(4));
+                    made += 1;
+                }
+            }
+            let rate = kept as f64 * 16.0 / made as f64;
+            assert!(
+                (0.95..1.05).contains(&rate),
+                "{accesses} accesses each: {rate}"
+            );
+        }
+        // A sampler left mid-gap at a coarse shift samples at the fine one.
+        let mut s = Sampler::new(3);
+        s.hit(16);
+        let kept = (0..10_000).filter(|_| s.hit(1)).count();
+        assert!((4_500..5_500).contains(&kept), "{kept}");
+    }
+
+    #[test]
+    fn counts_added_in_bulk_stop_at_the_ceiling() {
+        let c = AtomicU32::new(COUNT_CEILING - 5);
+        count_many(&c, 100);
+        assert_eq!(c.load(Ordering::Relaxed), COUNT_CEILING);
+        count_one(&c);
+        assert_eq!(c.load(Ordering::Relaxed), COUNT_CEILING);
+        let c = AtomicU32::new(7);
+        count_many(&c, 3);
+        assert_eq!(c.load(Ordering::Relaxed), 10);
     }
 
     #[test]

@@ -90,7 +90,18 @@ pub fn gather(config: &Config) -> Info {
             Tier::Device,
             cap.map_or(g.memory_bytes, |c| c.min(g.memory_bytes)),
             false,
-            format!("GPU {} ({})", g.ordinal, g.name),
+            // The GPU's total memory (or the configured cap below it): the
+            // runtime takes its free memory less a reserve when it opens.
+            format!(
+                "GPU {} ({}){}",
+                g.ordinal,
+                g.name,
+                if cap.is_some_and(|c| c < g.memory_bytes) {
+                    ""
+                } else {
+                    ": its total memory; a runtime takes what is free, less a reserve"
+                }
+            ),
             None,
         )),
         (None, DeviceChoice::Cuda, _) => tiers.push(tier(

@@ -179,7 +179,7 @@ fn the_environment_still_overrides_the_file() {
 #[test]
 fn a_bad_value_gives_the_same_message_from_rust_and_toml() {
     type Spoil = fn(&mut Settings);
-    let cases: [(Spoil, &str, &str); 12] = [
+    let cases: [(Spoil, &str, &str); 16] = [
         (
             |s| s.page_size = Some(3000),
             "page_size = 3000",
@@ -241,6 +241,26 @@ fn a_bad_value_gives_the_same_message_from_rust_and_toml() {
             |s| (s.cxl_mode, s.cxl_latency_ns) = (Some(CxlMode::Emulated), Some(5_000_000)),
             "[cxl]\nmode = \"emulated\"\nlatency_ns = 5000000",
             "above 1 ms",
+        ),
+        (
+            |s| (s.device, s.device_capacity) = (Some(DeviceChoice::Sim), Some(1000)),
+            "device = \"sim\"\ndevice_capacity = 1000",
+            "device capacity 1000 holds no whole page",
+        ),
+        (
+            |s| (s.device, s.device_capacity) = (Some(DeviceChoice::Sim), Some(1 << 60)),
+            "device = \"sim\"\ndevice_capacity = 1152921504606846976",
+            "device capacity 1152921504606846976 has too many pages",
+        ),
+        (
+            |s| (s.page_size, s.nvme_capacity) = (Some(2 << 20), Some(2 << 20)),
+            "page_size = \"2M\"\n[nvme]\ncapacity = \"2M\"",
+            "needs at least 2",
+        ),
+        (
+            |s| s.policy = Some(PolicyKind::Belady),
+            "policy = \"belady\"",
+            "needs the whole trace",
         ),
     ];
     for (spoil, text, says) in cases {

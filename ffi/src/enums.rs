@@ -86,7 +86,7 @@ pub const STRATA_POLICY_PERFECT_LFU: strata_policy = 9;
 /// Exact access counts with admission, a reference for comparison.
 pub const STRATA_POLICY_LFU_ADMISSION: strata_policy = 10;
 /// Belady's MIN, offline: it needs the whole trace, so a runtime's
-/// balancer refuses it; for replays.
+/// configuration refuses it (STRATA_ERR_INVALID_ARGUMENT); for replays.
 pub const STRATA_POLICY_BELADY: strata_policy = 11;
 
 /// Where the offloaded optimizer's update runs (`STRATA_UPDATE_*`).

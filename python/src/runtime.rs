@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::{PyBool, PyDict, PyType};
 use strata::config::{parse_cxl_mode, Config, Settings};
 use strata::sys::Topology;
 use strata::{CxlMode, Placement};
@@ -83,7 +83,27 @@ const KEYWORDS: [&str; 18] = [
 
 /// A non-negative int keyword.
 fn bytes(v: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    // True is an int to Python; as a size or a count it is a mistake.
+    if v.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} takes an int, not a bool"
+        )));
+    }
     offset(v.extract::<i64>()?, name)
+}
+
+/// A conversion's TypeError or OverflowError (which name only the types)
+/// with the keyword at fault in front; strata's own errors name it already.
+fn naming(py: Python<'_>, key: &str, e: PyErr) -> PyErr {
+    if e.value(py).to_string().starts_with(key) {
+        e
+    } else if e.is_instance_of::<PyTypeError>(py) {
+        PyTypeError::new_err(format!("{key}: {}", e.value(py)))
+    } else if e.is_instance_of::<PyOverflowError>(py) {
+        PyOverflowError::new_err(format!("{key}: {}", e.value(py)))
+    } else {
+        e
+    }
 }
 
 /// The partial configuration of `Runtime`'s keywords: what is left out (or
@@ -102,53 +122,66 @@ fn settings(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
         if v.is_none() && KEYWORDS.contains(&key.as_str()) {
             continue;
         }
-        match key.as_str() {
-            "device" => s.device = Some(v.extract::<String>()?.parse().map_err(raise)?),
-            "device_capacity" => s.device_capacity = Some(bytes(&v, "device_capacity")?),
-            "host_capacity" => s.host_capacity = Some(bytes(&v, "host_capacity")?),
-            "huge_pages" => s.huge_pages = Some(v.extract()?),
-            "numa_node" => {
-                let n = bytes(&v, "numa_node")?;
-                s.numa_node = Some(
-                    u32::try_from(n).map_err(|_| invalid(format!("numa_node {n} is too large")))?,
-                );
-            }
-            "page_size" => s.page_size = Some(bytes(&v, "page_size")?),
-            "cxl_mode" => {
-                s.cxl_mode = Some(parse_cxl_mode(&v.extract::<String>()?).map_err(raise)?)
-            }
-            "cxl_capacity" => s.cxl_capacity = Some(bytes(&v, "cxl_capacity")?),
-            "cxl_bandwidth" => s.cxl_bandwidth = Some(bytes(&v, "cxl_bandwidth")?),
-            "cxl_latency_ns" => s.cxl_latency_ns = Some(bytes(&v, "cxl_latency_ns")?),
-            "nvme_path" => s.nvme_path = Some(v.extract::<PathBuf>()?),
-            "nvme_capacity" => s.nvme_capacity = Some(bytes(&v, "nvme_capacity")?),
-            "nvme_engine" => s.nvme_engine = Some(v.extract::<String>()?.parse().map_err(raise)?),
-            "nvme_queue_depth" => s.nvme_queue_depth = Some(bytes(&v, "nvme_queue_depth")?),
-            "background_eviction" => s.background_eviction = Some(v.extract()?),
-            "watermarks" => {
-                let (low, high): (f64, f64) = v.extract()?;
-                s.watermark_low = Some(low);
-                s.watermark_high = Some(high);
-            }
-            "policy" => s.policy = Some(v.extract::<String>()?.parse().map_err(raise)?),
-            "sampling" => {
-                s.sampling = Some(match v.extract::<String>() {
-                    Ok(text) => strata::config::parse_sampling(&text).map_err(raise)?,
-                    Err(_) => {
-                        let k = bytes(&v, "sampling")?;
-                        Some(u32::try_from(k).map_err(|_| {
-                            invalid(format!("sampling 1 in 2^{k} accesses: at most 2^16"))
-                        })?)
-                    }
-                })
-            }
-            _ => {
-                return Err(PyTypeError::new_err(format!(
-                    "Runtime() got an unexpected keyword argument '{key}' (takes {})",
-                    KEYWORDS.join(", ")
-                )))
-            }
+        if !KEYWORDS.contains(&key.as_str()) {
+            return Err(PyTypeError::new_err(format!(
+                "Runtime() got an unexpected keyword argument '{key}' (takes {})",
+                KEYWORDS.join(", ")
+            )));
         }
+        let mut set = || -> PyResult<()> {
+            match key.as_str() {
+                "device" => s.device = Some(v.extract::<String>()?.parse().map_err(raise)?),
+                "device_capacity" => s.device_capacity = Some(bytes(&v, "device_capacity")?),
+                "host_capacity" => s.host_capacity = Some(bytes(&v, "host_capacity")?),
+                "huge_pages" => s.huge_pages = Some(v.extract()?),
+                "numa_node" => {
+                    let n = bytes(&v, "numa_node")?;
+                    s.numa_node = Some(
+                        u32::try_from(n)
+                            .map_err(|_| invalid(format!("numa_node {n} is too large")))?,
+                    );
+                }
+                "page_size" => s.page_size = Some(bytes(&v, "page_size")?),
+                "cxl_mode" => {
+                    s.cxl_mode = Some(parse_cxl_mode(&v.extract::<String>()?).map_err(raise)?)
+                }
+                "cxl_capacity" => s.cxl_capacity = Some(bytes(&v, "cxl_capacity")?),
+                "cxl_bandwidth" => s.cxl_bandwidth = Some(bytes(&v, "cxl_bandwidth")?),
+                "cxl_latency_ns" => s.cxl_latency_ns = Some(bytes(&v, "cxl_latency_ns")?),
+                "nvme_path" => s.nvme_path = Some(v.extract::<PathBuf>()?),
+                "nvme_capacity" => s.nvme_capacity = Some(bytes(&v, "nvme_capacity")?),
+                "nvme_engine" => {
+                    s.nvme_engine = Some(v.extract::<String>()?.parse().map_err(raise)?)
+                }
+                "nvme_queue_depth" => s.nvme_queue_depth = Some(bytes(&v, "nvme_queue_depth")?),
+                "background_eviction" => s.background_eviction = Some(v.extract()?),
+                "watermarks" => {
+                    let (low, high): (f64, f64) = v.extract().map_err(|e: PyErr| {
+                        invalid(format!(
+                            "watermarks takes (low, high), two fractions: {}",
+                            e.value(v.py())
+                        ))
+                    })?;
+                    s.watermark_low = Some(low);
+                    s.watermark_high = Some(high);
+                }
+                "policy" => s.policy = Some(v.extract::<String>()?.parse().map_err(raise)?),
+                "sampling" => {
+                    s.sampling = Some(match v.extract::<String>() {
+                        Ok(text) => strata::config::parse_sampling(&text).map_err(raise)?,
+                        Err(_) => {
+                            let k = bytes(&v, "sampling")?;
+                            Some(u32::try_from(k).map_err(|_| {
+                                invalid(format!("sampling 1 in 2^{k} accesses: at most 2^16"))
+                            })?)
+                        }
+                    })
+                }
+                _ => unreachable!("every keyword of KEYWORDS has its arm"),
+            }
+            Ok(())
+        };
+        set().map_err(|e| naming(kw.py(), &key, e))?;
     }
     // `device=None`: no device tier, whatever the capacity says.
     if kw.get_item("device")?.is_some_and(|d| d.is_none()) {

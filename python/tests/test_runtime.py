@@ -340,3 +340,18 @@ def test_none_leaves_a_keyword_to_its_default():
     assert strata.resolve_config(host_capacity=None, page_size=None, policy=None) == strata.resolve_config()
     # device=None alone means something: no device tier.
     assert strata.resolve_config(device=None, device_capacity=1 << 20)["device_capacity"] == 0
+
+
+def test_a_keyword_of_the_wrong_type_is_named():
+    for kw, exc, says in (
+        (dict(huge_pages=1), TypeError, "huge_pages: "),
+        (dict(device=5), TypeError, "device: "),
+        (dict(page_size="64k"), TypeError, "page_size: "),
+        (dict(host_capacity=2**70), OverflowError, "host_capacity: "),
+        (dict(host_capacity=True), TypeError, "host_capacity takes an int, not a bool"),
+        (dict(sampling=True), TypeError, "sampling takes an int, not a bool"),
+        (dict(watermarks=(0.9,)), strata.InvalidArgumentError, "watermarks takes (low, high)"),
+    ):
+        with pytest.raises(exc) as e:
+            strata.Runtime(**kw)
+        assert str(e.value).startswith(says), (kw, str(e.value))

@@ -113,7 +113,7 @@ impl DeviceMap {
             }
         }
         // From here the guard ends the launch on every way out.
-        let launch = Launch::new(self, access);
+        let launch = Launch::new(self, access, next_epoch());
         let memory = table.rt.tiers.memory();
         self.stage(&memory)?;
         self.fill(&memory, access)?;
@@ -230,8 +230,9 @@ impl DeviceMap {
     /// reference to the map and ends the launch when it drops.
     pub fn prepare_owned(&self, access: Access) -> Result<OwnedLaunch> {
         let launch = self.prepare(access)?;
+        let epoch = launch.epoch;
         // The owned guard ends the launch instead (a `Launch` holds nothing
-        // but the borrow and the access mode).
+        // but the borrow, the access mode and its number).
         let _ = std::mem::ManuallyDrop::new(launch);
         Ok(OwnedLaunch {
             map: DeviceMap {
@@ -240,6 +241,7 @@ impl DeviceMap {
                 shared: self.shared.clone(),
             },
             access,
+            epoch,
         })
     }
 
@@ -289,6 +291,15 @@ pub struct Launch<'a> {
     page_shift: u32,
     len: u64,
     host_readable: bool,
+    /// This launch's number in the process: mixed into its readers' seeds,
+    /// so that a kernel run again samples other accesses.
+    epoch: u64,
+}
+
+/// A new launch's number.
+fn next_epoch() -> u64 {
+    static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for Launch<'_> {
@@ -302,7 +313,7 @@ impl std::fmt::Debug for Launch<'_> {
 
 impl<'a> Launch<'a> {
     /// The guard of a launch already counted in the table.
-    fn new(map: &'a DeviceMap, access: Access) -> Self {
+    fn new(map: &'a DeviceMap, access: Access, epoch: u64) -> Self {
         let table = &map.table;
         Launch {
             map,
@@ -315,6 +326,7 @@ impl<'a> Launch<'a> {
             page_shift: map.shared.page_size.trailing_zeros(),
             len: table.len,
             host_readable: access == Access::ReadOnly && map.shared.device.is_none(),
+            epoch,
         }
     }
 
@@ -370,11 +382,15 @@ impl<'a> Launch<'a> {
     /// A kernel thread's view: loads like [`load`](Self::load), counting
     /// accesses on the thread's own sampler (no thread-local state on the
     /// access path, as a GPU thread keeps its sampler in registers). Give
-    /// each thread a different `seed`.
+    /// each thread of a launch a different `seed`; the launch's own number
+    /// is mixed in, so the same kernel launched again samples other
+    /// accesses.
     pub fn reader(&self, seed: u64) -> Reader<'_, '_> {
         Reader {
             launch: self,
-            sampler: crate::hotness::Sampler::new(seed),
+            sampler: crate::hotness::Sampler::new(
+                seed ^ crate::hotness::mix(self.epoch ^ 0x5EED_0F1A_0C4E),
+            ),
         }
     }
 
@@ -552,6 +568,7 @@ impl Drop for Launch<'_> {
 pub struct OwnedLaunch {
     map: DeviceMap,
     access: Access,
+    epoch: u64,
 }
 
 impl std::fmt::Debug for OwnedLaunch {
@@ -563,7 +580,7 @@ impl std::fmt::Debug for OwnedLaunch {
 impl OwnedLaunch {
     /// The borrowed guard's view, which must not end the launch.
     fn launch(&self) -> std::mem::ManuallyDrop<Launch<'_>> {
-        std::mem::ManuallyDrop::new(Launch::new(&self.map, self.access))
+        std::mem::ManuallyDrop::new(Launch::new(&self.map, self.access, self.epoch))
     }
 
     /// The launch's access mode.
@@ -594,6 +611,6 @@ impl OwnedLaunch {
 
 impl Drop for OwnedLaunch {
     fn drop(&mut self) {
-        drop(Launch::new(&self.map, self.access));
+        drop(Launch::new(&self.map, self.access, self.epoch));
     }
 }
