@@ -113,12 +113,13 @@ pub struct OptimReport {
     /// The NVMe store's sequential write bandwidth, over pages already
     /// written, as a step's write-back is (NVMe tier only).
     pub nvme_seq_write_bytes_per_sec: Option<f64>,
-    /// The disk's bound on a step: its state bytes read at the sequential
-    /// read rate plus those written at the sequential write rate, seconds
-    /// (NVMe tier only).
+    /// The disk's time for a step: its state bytes read at the sequential
+    /// read rate plus those written at the sequential write rate, one after
+    /// the other, seconds (NVMe tier only). A disk that serves reads and
+    /// writes at once can beat it.
     pub nvme_bound_seconds: Option<f64>,
     /// `nvme_bound_seconds / step_seconds`: the step's fraction of the
-    /// disk's bound.
+    /// disk's time (above 1 where the disk overlapped reads and writes).
     pub nvme_fraction: Option<f64>,
     /// CPU threads the host-tier update used (cpu).
     pub threads: usize,

@@ -509,7 +509,7 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
         r.nvme_fraction,
     ) {
         outln!(
-            "nvme sequential read {}, write {}: the step's reads and writes at those rates take {:.3}s → {:.2}× of the disk's bound",
+            "nvme sequential read {}, write {}: the step's reads and writes at those rates, one after the other, take {:.3}s → {:.2}× of that (above 1: the disk overlapped them)",
             format_rate(rd),
             format_rate(wr),
             bound,
