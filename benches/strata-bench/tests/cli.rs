@@ -1373,6 +1373,11 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
     std::fs::write(d.join("two.txt"), "1\n2\n").unwrap();
     std::fs::write(d.join("bad.txt"), "1\nseven\n").unwrap();
     std::fs::write(d.join("empty.txt"), "").unwrap();
+    std::fs::write(
+        d.join("cxl.toml"),
+        "[cxl]\nmode = \"emulated\"\nlatency_ns = 2000000\n",
+    )
+    .unwrap();
     std::fs::write(d.join("route.txt"), "0 0 1\n0 1 2\n1 0 3\n1 1 0\n").unwrap();
     std::fs::write(
         d.join("bad.toml"),
@@ -1960,6 +1965,11 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
         ),
         case(&["info"], Expect::Bad("bad.toml line 3 ($STRATA_CONFIG)"))
             .env("STRATA_CONFIG", &p("bad.toml")),
+        // Removing either the mode or the value mends it: the value's line.
+        case(
+            &["info", "--config", &p("cxl.toml")],
+            Expect::Bad("cxl.toml line 3 (--config)"),
+        ),
         case(&["info", "--config", &p("")], Expect::Bad("is a directory")),
         case(
             &["info", "--config", "/nonexistent-strata-dir/c.toml"],

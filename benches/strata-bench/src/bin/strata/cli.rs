@@ -180,17 +180,46 @@ pub fn load_config(flag: Option<&Path>) -> Result<Config, Error> {
     let text_opt = file.as_ref().map(|_| text.as_str());
     if let Some((path, how)) = &file {
         if Config::resolve(text_opt, &no_env, &topology).is_err() {
-            // The file alone is bad: find the line whose removal mends it.
+            // The file alone is bad: the one line whose number the message
+            // names, or else the line whose removal mends it (of several,
+            // one whose key the message names).
             let lines: Vec<&str> = text.lines().collect();
-            let culprit = (0..lines.len().min(10_000)).find(|&i| {
-                let mended: String = lines
-                    .iter()
-                    .enumerate()
-                    .map(|(j, l)| if j == i { "" } else { *l })
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                Config::resolve(Some(&mended), &no_env, &topology).is_ok()
-            });
+            let mending: Vec<usize> = (0..lines.len().min(10_000))
+                .filter(|&i| {
+                    let mended: String = lines
+                        .iter()
+                        .enumerate()
+                        .map(|(j, l)| if j == i { "" } else { *l })
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    Config::resolve(Some(&mended), &no_env, &topology).is_ok()
+                })
+                .collect();
+            let message = e.message();
+            let part = |i: usize, which: usize| {
+                lines[i]
+                    .split_once('=')
+                    .map(|kv| if which == 0 { kv.0 } else { kv.1 })
+                    .map(|x| x.trim().trim_matches('"').to_string())
+                    .filter(|x| !x.is_empty())
+            };
+            // A number the message repeats points at its line (a word such
+            // as "emulated" may be the message's own).
+            let valued: Vec<usize> = (0..lines.len())
+                .filter(|&i| {
+                    part(i, 1).is_some_and(|x| {
+                        x.parse::<f64>().is_ok() && x.len() > 1 && message.contains(&x)
+                    })
+                })
+                .collect();
+            let keyed = mending
+                .iter()
+                .copied()
+                .find(|&i| part(i, 0).is_some_and(|x| message.contains(&x)));
+            let culprit = match valued[..] {
+                [one] => Some(one),
+                _ => keyed.or(mending.first().copied()),
+            };
             let at = match culprit {
                 Some(i) => format!("{} line {}", path.display(), i + 1),
                 None => path.display().to_string(),
