@@ -499,9 +499,12 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
             c,
             &routes,
             recorded.as_deref(),
-            layers,
-            experts,
-            slots,
+            Shape {
+                layers,
+                experts,
+                slots,
+                top_k,
+            },
             compute,
             other,
             &mut |f| progress(c.name(), base + step * f),
@@ -571,19 +574,34 @@ fn run_compute(cache: &ExpertCache, seconds: f64, measured: bool) {
     cache.advance(seconds);
 }
 
+/// The run's shape: layers, experts a layer, device slots, and the most
+/// experts any token of the routing takes (not the first token's: a
+/// replayed trace may start with fewer).
+#[derive(Clone, Copy)]
+struct Shape {
+    layers: usize,
+    experts: usize,
+    slots: usize,
+    top_k: usize,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_config(
     p: &MoeParams,
     config: Config,
     routes: &[Vec<Vec<u32>>],
     recorded: Option<&[TokenRoute]>,
-    layers: usize,
-    experts: usize,
-    slots: usize,
+    shape: Shape,
     compute: f64,
     other: f64,
     progress: &mut dyn FnMut(f64),
 ) -> Result<(MoeResult, Option<strata::link::LinkModel>)> {
+    let Shape {
+        layers,
+        experts,
+        slots,
+        top_k,
+    } = shape;
     let page = p.page_size as u64;
     let expert_pages = p.expert_bytes.div_ceil(page);
     let all = (layers * experts) as u64;
@@ -610,14 +628,6 @@ fn run_config(
     cfg.layers = layers;
     cfg.link_priority = !p.fifo_link;
     cfg.sim_link = link_of(p);
-    // The most experts any token of the routing takes (not the first
-    // token's: a replayed trace may start with fewer).
-    let top_k = routes
-        .iter()
-        .flat_map(|t| t.iter().map(Vec::len))
-        .max()
-        .unwrap_or(1)
-        .max(1);
     cfg.protect_fetches = p.protect_fetches.unwrap_or(2 * top_k as u64);
     match config {
         Config::Strata => {
