@@ -52,7 +52,7 @@ __device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int sh
         return true;
     }
     unsigned long long span = (2ull << shift) - 1ull;
-    if (s->left == 0 || s->left > span) {
+    if (s->left == 0) {
         s->state = strata_mix(s->state);
         unsigned long long a = 1ull + s->state % span;
         s->state = strata_mix(s->state);

@@ -96,9 +96,8 @@ impl Sampler {
             return true;
         }
         let span = (2u64 << shift) - 1;
-        // A first gap, or one left by a coarser shift (a thread's sampler
-        // used by two runtimes): the rest of a gap met at a random point.
-        if self.left == 0 || u64::from(self.left) > span {
+        // A first gap: the rest of a gap met at a random point.
+        if self.left == 0 {
             self.state = mix(self.state);
             let a = 1 + self.state % span;
             self.state = mix(self.state);
@@ -116,11 +115,13 @@ impl Sampler {
 }
 
 thread_local! {
-    /// The sampler of runtime-side accesses on this thread.
-    static SAMPLER: std::cell::Cell<Sampler> = std::cell::Cell::new(Sampler::new({
+    /// The sampler of runtime-side accesses on this thread, and the shift
+    /// it last sampled at (runtimes of different shifts may share the
+    /// thread: a gap drawn at another shift is drawn again).
+    static SAMPLER: std::cell::Cell<(Sampler, u32)> = std::cell::Cell::new((Sampler::new({
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         NEXT.fetch_add(1, Ordering::Relaxed)
-    }));
+    }), 0));
 }
 
 /// Records an access to `page` on this thread's sampler: bumps its counter
@@ -129,9 +130,12 @@ thread_local! {
 pub fn touch(counters: &[AtomicU32], page: usize, shift: Option<u32>) {
     let Some(shift) = shift else { return };
     let hit = SAMPLER.with(|s| {
-        let mut sampler = s.get();
+        let (mut sampler, last) = s.get();
+        if last != shift {
+            sampler.left = 0;
+        }
         let hit = sampler.hit(shift);
-        s.set(sampler);
+        s.set((sampler, shift));
         hit
     });
     if hit {
@@ -346,10 +350,14 @@ mod tests {
                 "{accesses} accesses each: {rate}"
             );
         }
-        // A sampler left mid-gap at a coarse shift samples at the fine one.
-        let mut s = Sampler::new(3);
-        s.hit(16);
-        let kept = (0..10_000).filter(|_| s.hit(1)).count();
+        // This thread's sampler, left mid-gap at a coarse shift, samples
+        // at the fine one.
+        let c = counts(&[0]);
+        touch(&c, 0, Some(16));
+        for _ in 0..10_000 {
+            touch(&c, 0, Some(1));
+        }
+        let kept = c[0].load(Ordering::Relaxed);
         assert!((4_500..5_500).contains(&kept), "{kept}");
     }
 

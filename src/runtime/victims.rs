@@ -23,12 +23,7 @@ pub(crate) fn pick(
     taken: &HashSet<usize>,
 ) -> Vec<usize> {
     let len = table.pages.len();
-    let launched = {
-        let l = table.launches.lock();
-        l.read_only + l.read_write > 0
-    };
-    // Kernels may be reading any page of a launched buffer.
-    if len == 0 || launched {
+    if len == 0 || launched(table) {
         return Vec::new();
     }
     let start = table.hand.load(Ordering::Relaxed) % len;
@@ -61,15 +56,18 @@ pub(crate) fn pick(
 /// take (unpinned, not launched, not in `keep`), referenced or not; the
 /// clock hand stays where it is.
 pub(crate) fn exists(table: &Table, tier: Tier, keep: Option<&Range<usize>>) -> bool {
-    let launched = {
-        let l = table.launches.lock();
-        l.read_only + l.read_write > 0
-    };
-    !launched
+    !launched(table)
         && table.pages.iter().enumerate().any(|(at, page)| {
             !keep.is_some_and(|k| k.contains(&at))
                 && page
                     .try_lock()
                     .is_some_and(|e| e.pins == 0 && e.tier() == Some(tier))
         })
+}
+
+/// Whether kernels run on `table`: they may be reading any of its pages,
+/// so none is a victim.
+fn launched(table: &Table) -> bool {
+    let l = table.launches.lock();
+    l.read_only + l.read_write > 0
 }
