@@ -24,6 +24,22 @@ pub(crate) fn strangers(
     n: usize,
     fast: Tier,
 ) -> Vec<u64> {
+    scored_strangers(tables, held, n, fast)
+        .into_iter()
+        .map(|x| x.1)
+        .collect()
+}
+
+/// [`strangers`] with their decayed scores, coldest first.
+pub(crate) fn scored_strangers(
+    tables: &[Arc<Table>],
+    held: &HashSet<u64>,
+    n: usize,
+    fast: Tier,
+) -> Vec<(f32, u64)> {
+    if n == 0 {
+        return Vec::new();
+    }
     let mut v: Vec<(f32, u64)> = Vec::new();
     for t in tables {
         let scores = t.scores.lock();
@@ -38,7 +54,16 @@ pub(crate) fn strangers(
         v.select_nth_unstable_by(n, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         v.truncate(n);
     }
-    v.into_iter().map(|x| x.1).collect()
+    v.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    v
+}
+
+/// Page id `p`'s decayed score (0 when its buffer is gone).
+pub(crate) fn score_of(by_id: &ById<'_>, p: u64) -> f32 {
+    by_id
+        .get(&((p >> 32) as u32))
+        .and_then(|t| t.scores.lock().get((p & 0xFFFF_FFFF) as usize).copied())
+        .unwrap_or(0.0)
 }
 
 /// Page id `p`'s page-table entry, if its buffer is alive.

@@ -64,7 +64,8 @@ use std::time::Instant;
 use super::accounting::Counters;
 use super::balance_config::{BalanceReport, BalancerConfig};
 use super::balance_pages::{
-    demote_pages, leaves_free, mark, move_pages, still_marked, strangers, tier_of, ById,
+    demote_pages, leaves_free, mark, move_pages, score_of, scored_strangers, still_marked,
+    strangers, tier_of, ById,
 };
 use super::clean;
 use super::hints::{settle_read_promotions, Hints};
@@ -509,10 +510,33 @@ impl Balancer {
         // engine, off the reader's thread. (Holding room for every mark not
         // read yet left DRAM a third to two-thirds empty on a shifting hot
         // set, the marks waiting for reads that mostly came late or never.)
-        let short = (r.used(fast) + promote.len()).saturating_sub(high);
-        if short > 0 {
-            let strangers = strangers(r.tables, &self.levels[0].held, short, fast);
-            report.demotions += demote_pages(r.engine, r.by_id, &strangers, fast);
+        //
+        // A promotion beyond the free room displaces a stranger, coldest
+        // first, the hottest candidates against the coldest strangers: it
+        // is made only where the candidate outscores its stranger by more
+        // than a move's cost in accesses (`min_accesses`). A swap of equals
+        // moves a page for no hits (PageRank's neighbour pages, each read
+        // through once an iteration, traded for one another once a long
+        // round took every one as a candidate).
+        // Strangers above the high watermark leave whatever comes in.
+        let over = r.used(fast).saturating_sub(high);
+        let free = high.saturating_sub(r.used(fast));
+        let need = promote.len().saturating_sub(free);
+        if over + need > 0 {
+            let margin = self.config.min_accesses as f32;
+            let strangers = scored_strangers(r.tables, &self.levels[0].held, over + need, fast);
+            let forced = over.min(strangers.len());
+            let pays = promote[free.min(promote.len())..]
+                .iter()
+                .zip(&strangers[forced..])
+                .take_while(|(&p, &(s, _))| score_of(r.by_id, p) > s + margin)
+                .count();
+            let leave: Vec<u64> = strangers[..forced + pays].iter().map(|x| x.1).collect();
+            report.demotions += demote_pages(r.engine, r.by_id, &leave, fast);
+            if need > pays {
+                report.deferred += (need - pays) as u64;
+                promote.truncate(promote.len() - (need - pays));
+            }
         }
         let room = high.saturating_sub(r.used(fast));
         if promote.len() > room {
@@ -552,7 +576,14 @@ impl Balancer {
         report: &mut BalanceReport,
     ) {
         let upper = self.levels[k].upper;
-        let held_above = |p: &u64| self.levels[..k].iter().any(|l| l.held.contains(p));
+        // Held above: by a faster level, and there. A page a faster level
+        // holds but could not bring up (no room it would pay for) is this
+        // level's to place.
+        let held_above = |p: &u64| {
+            self.levels[..k]
+                .iter()
+                .any(|l| l.held.contains(p) && tier_of(r.by_id, *p).is_some_and(|t| t <= l.upper))
+        };
         let demote: Vec<u64> = want
             .iter()
             .filter(|(p, &w)| !w && !held_above(p))

@@ -130,4 +130,7 @@ pub(crate) struct Counts {
     /// Nanoseconds lanes spent running batches, per priority (wall time:
     /// copies, commits, room made).
     pub(crate) busy_ns: [AtomicU64; 4],
+    /// Nanoseconds of the lanes' CPU those batches took, per priority (not
+    /// the time a lane waited for a core, a lock or the disk).
+    pub(crate) cpu_ns: [AtomicU64; 4],
 }

@@ -176,20 +176,21 @@ impl Engine {
         }
     }
 
-    /// Batches run, their mean queueing time in microseconds and the
-    /// lanes' seconds running them, per priority (demand, prefetch,
-    /// balance, reclaim).
-    pub(crate) fn priority_report(&self) -> [(u64, f64, f64); 4] {
+    /// Batches run, their mean queueing time in microseconds, the lanes'
+    /// seconds running them and the CPU seconds they took, per priority
+    /// (demand, prefetch, balance, reclaim).
+    pub(crate) fn priority_report(&self) -> [(u64, f64, f64, f64); 4] {
         std::array::from_fn(|i| {
             let n = self.counts.batches[i].load(Ordering::Relaxed);
             let ns = self.counts.queued_ns[i].load(Ordering::Relaxed);
             let busy = self.counts.busy_ns[i].load(Ordering::Relaxed) as f64 / 1e9;
+            let cpu = self.counts.cpu_ns[i].load(Ordering::Relaxed) as f64 / 1e9;
             let mean = if n == 0 {
                 0.0
             } else {
                 ns as f64 / n as f64 / 1e3
             };
-            (n, mean, busy)
+            (n, mean, busy, cpu)
         })
     }
 
@@ -337,10 +338,14 @@ impl Engine {
                 .fetch_add(job.queued.elapsed().as_nanos() as u64, Ordering::Relaxed);
             // A bug (or a panicking copy path) must not leave the ticket
             // waiting forever or kill the lane.
-            let started = Instant::now();
+            let (started, cpu) = (Instant::now(), crate::sys::thread_cpu_ns());
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(job)));
             self.counts.busy_ns[p]
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.counts.cpu_ns[p].fetch_add(
+                crate::sys::thread_cpu_ns().saturating_sub(cpu),
+                Ordering::Relaxed,
+            );
             self.in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
             if priority == Priority::Demand {
                 self.demand.fetch_sub(1, Ordering::AcqRel);

@@ -140,6 +140,9 @@ pub struct PriorityUse {
     /// Seconds lanes spent running these batches (wall time of their
     /// copies, commits and the room they made).
     pub busy_seconds: f64,
+    /// CPU seconds those batches took on the lanes: their wall time less
+    /// the time a lane waited for a core, a lock or the disk.
+    pub cpu_seconds: f64,
 }
 
 /// Page moves over one link.
@@ -212,11 +215,12 @@ pub(crate) fn collect(inner: &Inner) -> Stats {
             .into_iter()
             .zip(inner.mover.priority_report())
             .map(
-                |(priority, (batches, mean_queued_us, busy_seconds))| PriorityUse {
+                |(priority, (batches, mean_queued_us, busy_seconds, cpu_seconds))| PriorityUse {
                     priority,
                     batches,
                     mean_queued_us,
                     busy_seconds,
+                    cpu_seconds,
                 },
             )
             .collect(),

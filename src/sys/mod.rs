@@ -1,8 +1,9 @@
 //! The operating-system layer: NUMA topology and memory tiers read from
 //! sysfs, and anonymous memory arenas with huge pages and NUMA binding.
 //! Its `unsafe` code is the arena (`arena.rs`) and the system calls
-//! probing filesystems and process times here (`statvfs`, `statfs`,
-//! `getrusage`), each with its `// SAFETY:` comment.
+//! probing filesystems and process and thread times here (`statvfs`,
+//! `statfs`, `getrusage`, `clock_gettime`), each with its `// SAFETY:`
+//! comment.
 
 pub(crate) mod arena;
 pub(crate) mod numa;
@@ -94,4 +95,20 @@ pub fn process_cpu_time() -> (std::time::Duration, std::time::Duration) {
     let ru = unsafe { ru.assume_init() };
     let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+/// Nanoseconds of CPU the calling thread has run
+/// (`CLOCK_THREAD_CPUTIME_ID`): unlike wall time, not inflated while the
+/// thread waits for a core or for I/O. 0 where the clock fails.
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid, writable timespec that outlives the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    if rc != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }

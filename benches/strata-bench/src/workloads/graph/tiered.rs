@@ -640,7 +640,7 @@ impl Mem for TieredMem<'_> {
                 .engine
                 .iter()
                 .find(|p| p.priority == "balance")
-                .map_or(0.0, |p| p.busy_seconds)
+                .map_or(0.0, |p| p.cpu_seconds)
         };
         let (copied, laned) = (copying(), lanes());
         let (h2d0, d2h0) = links();
