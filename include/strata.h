@@ -575,7 +575,8 @@ typedef struct strata_balance_report {
      */
     uint64_t bypasses;
     /**
-     * Promotions put off by a rate limit or a full tier.
+     * Promotions put off by a rate limit or a full tier (no room, or no
+     * resident the page outscores by more than `min_accesses`).
      */
     uint64_t deferred;
     /**

@@ -23,7 +23,8 @@ pub struct strata_balance_report {
     pub demotions: u64,
     /// Touched pages the policy left in place.
     pub bypasses: u64,
-    /// Promotions put off by a rate limit or a full tier.
+    /// Promotions put off by a rate limit or a full tier (no room, or no
+    /// resident the page outscores by more than `min_accesses`).
     pub deferred: u64,
     /// Pages moved up into a tier below the fastest (NVMe into CXL, or into
     /// host DRAM under a device tier).

@@ -169,7 +169,9 @@ pub struct BalanceReport {
     /// Touched pages the policy chose to leave where they are (served in
     /// place, zero-copy).
     pub bypasses: u64,
-    /// Promotions put off by a rate limit or a full tier.
+    /// Promotions put off by a rate limit or a full tier (no room below
+    /// the high watermark, or none a page would outscore its resident for:
+    /// see the module's notes on strangers).
     pub deferred: u64,
     /// Pages moved up into a tier below the fastest (NVMe into CXL, or
     /// into host DRAM under a device tier).

@@ -30,7 +30,11 @@
 //! copy below stays while the tier has room — its reads are hits, and
 //! leaving later costs no I/O — and goes first, lowest decayed score first,
 //! when a round needs room (a stranger: a page the policy does not hold);
-//! background reclaim and the engine's room-making take it too. Demoting
+//! background reclaim and the engine's room-making take it too. A round
+//! displaces a stranger only for a page whose decayed score beats the
+//! stranger's by more than [`BalancerConfig::min_accesses`] (the hottest
+//! candidates against the coldest strangers): a swap of equally hot pages
+//! moves a page for no hits. Demoting
 //! such pages at once, with room kept for every mark not read yet, left DRAM
 //! a third to two-thirds empty on a shifting hot set (`strata bench pages`).
 //!

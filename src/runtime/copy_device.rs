@@ -29,11 +29,15 @@ pub(crate) fn move_pages(
     // Fresh slots, each with the index of its page in `pages`.
     let mut fresh: Vec<(usize, Slot)> = Vec::with_capacity(pages.len());
     let mut first_err = None;
+    // Failed moves: pages whose slot or copy failed (not those that found
+    // `dst` full: a refusal, not a failure).
+    let mut failed = 0u64;
     for (i, (p, _)) in pages.iter().enumerate() {
         match to.alloc() {
             Ok(s) => fresh.push((i, s)),
             Err(e) if e.kind() == ErrorKind::OutOfCapacity => full.push(*p),
             Err(e) => {
+                failed += 1;
                 first_err.get_or_insert(e);
             }
         }
@@ -43,15 +47,13 @@ pub(crate) fn move_pages(
     } else {
         to_host(device, host, &pages, &mut fresh)
     };
-    let failed = if let Err(e) = copied {
+    if let Err(e) = copied {
+        failed += fresh.len() as u64;
         for (_, s) in fresh.drain(..) {
             table.free(dst, s);
         }
         first_err.get_or_insert(e);
-        pages.len() as u64
-    } else {
-        0
-    };
+    }
     let mut committed = Vec::with_capacity(fresh.len());
     for (i, slot) in fresh {
         let (p, entry) = &mut pages[i];
