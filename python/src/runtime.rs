@@ -295,8 +295,9 @@ impl Runtime {
     /// "clean_demotions", "clean_dropped", "clean_invalidated", "promotions",
     /// "promotions_paid", "promotions_unpaid", "promotions_held_back", "promotions_on_read", "demotions",
     /// "bypasses", "lost_count_readbacks", "lost_pages", "background_errors",
-    /// "device_links", "links", "engine" (the migration engine's batches
-    /// and mean queueing time per priority).
+    /// "device_links", "links", "engine" (per priority, the migration
+    /// engine's batches, mean queueing time, and its lanes' wall and CPU
+    /// seconds running them).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let json = self.rt.stats_json();
         py.import("json")?.call_method1("loads", (json,))

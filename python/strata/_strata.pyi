@@ -124,8 +124,9 @@ class Runtime:
         "first_writes", "abandoned_moves", "faults", "reclaimed_pages",
         "in_flight_moves", "promotions", "demotions", "bypasses",
         "lost_count_readbacks", "lost_pages", "background_errors",
-        "device_links", "links", "engine" (the migration engine's batches
-        and mean queueing time per priority)."""
+        "device_links", "links", "engine" (per priority, the migration
+        engine's batches, mean queueing time, and its lanes' wall and CPU
+        seconds running them)."""
     def check(self) -> None:
         """Raises the first failure of background work (eviction, the
         balancer) since the last check, and clears it."""
