@@ -1226,6 +1226,22 @@ int strata_ticket_wait_timeout(const struct strata_ticket *ticket, uint64_t time
 int strata_ticket_declined(const struct strata_ticket *ticket, size_t *pages);
 
 /**
+ * Cancels the request of `ticket` (a `strata_prefetch` of `buf`'s runtime
+ * above all): its batches still queued are dropped, their pages left
+ * readable where they are; a batch already moving finishes, and
+ * `strata_ticket_wait` then returns as soon as it has. Stores the pages
+ * dropped in `*dropped` if not NULL (0 for a request already finished);
+ * a misaligned `dropped` is refused before anything is cancelled. The
+ * ticket must still be freed. Thread-safe.
+ *
+ * # Safety
+ * `dropped` is NULL or points to a writable `size_t`.
+ */
+int strata_ticket_cancel(const struct strata_buffer *buf,
+                         const struct strata_ticket *ticket,
+                         size_t *dropped);
+
+/**
  * Frees a ticket (the request goes on). NULL is a no-op. Thread-safe.
  */
 int strata_ticket_free(struct strata_ticket *ticket);
@@ -1745,6 +1761,24 @@ int strata_moe_read_ahead(const struct strata_moe *moe,
  * `cancelled` is NULL or points to a writable `size_t`.
  */
 int strata_moe_cancel_prefetches(const struct strata_moe *moe, uint32_t layer, size_t *cancelled);
+
+/**
+ * `strata_moe_cancel_prefetches` for the experts of `layer` not among the
+ * `n` of `keep` — call it as soon as the layer's router has picked `keep`:
+ * a wrong guess's read still queued then never runs. Finished prefetches
+ * no fetch used stay resident, no longer protected. Stores how many were
+ * cancelled in `*cancelled` if not NULL; a misaligned `cancelled` is
+ * refused before anything is cancelled. Thread-safe.
+ *
+ * # Safety
+ * `keep` points to `n` readable `uint32_t`s (NULL when `n` is 0);
+ * `cancelled` is NULL or points to a writable `size_t`.
+ */
+int strata_moe_cancel_prefetches_except(const struct strata_moe *moe,
+                                        uint32_t layer,
+                                        const uint32_t *keep,
+                                        size_t n,
+                                        size_t *cancelled);
 
 /**
  * Stores the cache's counters in `*stats`. Thread-safe.

@@ -194,6 +194,13 @@ public:
         check(strata_prefetch(get(), offset, len, to, &t));
         return Ticket(t);
     }
+    // Cancels `ticket`'s request: its queued batches are dropped (their
+    // pages stay where they are); returns the pages dropped.
+    size_t cancel(const Ticket &ticket) const {
+        size_t dropped = 0;
+        check(strata_ticket_cancel(get(), ticket.get(), &dropped));
+        return dropped;
+    }
     Pin pin(uint64_t offset, uint64_t len, strata_tier in) const {
         strata_pin *p = nullptr;
         check(strata_buffer_pin(get(), offset, len, in, &p));
@@ -310,6 +317,12 @@ public:
     size_t cancel_prefetches(uint32_t layer) const {
         size_t cancelled = 0;
         check(strata_moe_cancel_prefetches(get(), layer, &cancelled));
+        return cancelled;
+    }
+    // The same, but for the experts of `keep` (the layer's router's picks).
+    size_t cancel_prefetches(uint32_t layer, const std::vector<uint32_t> &keep) const {
+        size_t cancelled = 0;
+        check(strata_moe_cancel_prefetches_except(get(), layer, keep.data(), keep.size(), &cancelled));
         return cancelled;
     }
     strata_moe_stats stats() const {

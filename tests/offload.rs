@@ -733,6 +733,40 @@ fn a_cancelled_prefetch_frees_its_slot_and_never_returns_stale_data() {
 }
 
 #[test]
+fn the_routers_picks_keep_their_prefetches_when_the_rest_are_cancelled() {
+    let c = paged_cache(2, true);
+    assert_eq!(c.prefetch(1, &[0, 1]).unwrap(), 2);
+    // The layer's router picked 1 (and 3, never prefetched): 0 was wrong.
+    assert_eq!(c.cancel_prefetches_except(1, &[1, 3]).unwrap(), 1);
+    assert!(!c.is_resident(1, 0).unwrap() && c.is_resident(1, 1).unwrap());
+    let before = c.stats();
+    drop(c.fetch(1, 1).unwrap());
+    let s = c.stats();
+    assert_eq!((s.hits - before.hits, s.prefetches_cancelled), (1, 1));
+}
+
+#[test]
+fn a_finished_prefetch_no_fetch_used_is_unprotected_when_its_layer_cancels() {
+    let c = paged_cache(2, true);
+    assert_eq!(c.prefetch(1, &[0, 1]).unwrap(), 2);
+    c.advance(1.0);
+    // Both arrived: nothing to cancel, and the slots still hold them.
+    assert_eq!(c.cancel_prefetches(1).unwrap(), 0);
+    assert!(c.is_resident(1, 0).unwrap() && c.is_resident(1, 1).unwrap());
+    // No longer protected: another prediction may take a slot (while they
+    // were, it was dropped: see the test above).
+    assert_eq!(c.prefetch(0, &[0]).unwrap(), 1);
+    assert!(c.is_resident(0, 0).unwrap());
+    assert_eq!(
+        [0, 1]
+            .iter()
+            .filter(|&&e| c.is_resident(1, e).unwrap())
+            .count(),
+        1
+    );
+}
+
+#[test]
 fn a_finished_prefetch_is_not_cancelled() {
     let c = paged_cache(2, true);
     assert_eq!(c.prefetch(1, &[3]).unwrap(), 1);

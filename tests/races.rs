@@ -344,3 +344,55 @@ fn a_demand_move_overtakes_queued_background_moves() {
     a.read(0, &mut out).unwrap();
     assert!(out.iter().all(|&x| x == 1));
 }
+
+/// Cancelling a request drops its batches still queued — their pages stay
+/// where they are, readable — and lets the batches already moving finish;
+/// the ticket then completes with no error, and the engine's counts of
+/// what is queued come back to zero, so later moves run as before.
+#[test]
+fn a_cancelled_request_drops_its_queued_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let engine = Arc::new(GateEngine {
+        inner: strata::io::engine(EngineChoice::Psync).unwrap(),
+        gate: gate.clone(),
+    });
+    let mut nvme = NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE);
+    // Batches of 2 pages: many batches from few pages.
+    nvme.queue_depth = 2;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(64 * PAGE as u64)
+        .nvme(nvme)
+        .nvme_engine(engine)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let a = rt.alloc(24 * PAGE as u64).unwrap();
+    a.write(0, &vec![1u8; 24 * PAGE]).unwrap();
+    // 12 batches: the lane's two workers hold two at the closed engine;
+    // ten wait in the queue.
+    let moving = a.prefetch(0..a.len(), Tier::Nvme);
+    wait_until("two batches at the engine", || {
+        gate.waiting.load(Ordering::SeqCst) == 2
+    });
+    assert!(!moving.is_cancelled());
+    assert_eq!(a.cancel(&moving), 20, "the ten queued batches dropped");
+    assert!(moving.is_cancelled());
+    assert_eq!(rt.stats().in_flight_moves, 4, "the two running remain");
+    assert!(moving.poll().is_none(), "the running batches are not done");
+    gate.open.store(true, Ordering::SeqCst);
+    moving.clone().wait().unwrap();
+    assert_eq!(a.cancel(&moving), 0, "nothing left to drop");
+    let on_nvme = (0..24)
+        .filter(|&p| a.tier_of(p).unwrap() == Some(Tier::Nvme))
+        .count();
+    assert_eq!(on_nvme, 4, "only the batches that had started moved");
+    assert_eq!(rt.stats().in_flight_moves, 0);
+    // The engine runs the next request whole.
+    a.prefetch(0..a.len(), Tier::Nvme).wait().unwrap();
+    assert!((0..24).all(|p| a.tier_of(p).unwrap() == Some(Tier::Nvme)));
+    let mut out = vec![0u8; 24 * PAGE];
+    a.read(0, &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 1));
+}

@@ -206,6 +206,7 @@ def main():
     ap.add_argument("--fractions", default="0.25,0.5")
     ap.add_argument("--configs", default="strata,strata-nopf,accelerate")
     ap.add_argument("--json")
+    ap.add_argument("--work", help="keep the runs' routing traces in this folder (default: a temporary one, removed at the end)")
     args = ap.parse_args()
     import torch
 
@@ -219,7 +220,24 @@ def main():
     device = "cuda:0" if args.device == "cuda" else "cpu"
     eb = 3 * args.hidden * args.intermediate * (2 if args.dtype == "bfloat16" else 4)
     ids = prompts(args, device)
-    work = Path(tempfile.mkdtemp(prefix="strata-moe-gpu-"))
+    if args.work:
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=True)
+        tmp = None
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="strata-moe-gpu-")
+        work = Path(tmp.name)
+    try:
+        report(args, device, ids, eb, work, configs, fractions)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def report(args, device, ids, eb, work, configs, fractions):
+    """The runs, the roofline and the report, the traces in `work`."""
+    import torch
+
     bw = h2d_bandwidth(eb, device)
     print(f"{args.device}: {args.layers} layers x {args.experts} experts of {eb / 2**20:.1f} MiB; "
           f"host-to-device {bw / 1e9:.2f} GB/s", flush=True)
@@ -254,7 +272,7 @@ def main():
             r["of_roofline"] = r["tokens_per_s"] / roofline[g]["tokens_per_s"]
     out = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
            "args": vars(args), "expert_bytes": eb, "h2d_bytes_per_second": bw, "roofline": roofline,
-           "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs]}
+           "runs": [{k: v for k, v in r.items() if k != "tokens" and (args.work or k != "trace")} for r in runs]}
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -9,7 +9,7 @@ use std::time::Duration;
 use strata::runtime::Placement;
 use strata::Buffer;
 
-use crate::cast;
+use crate::cast::{self, SetOpt};
 use crate::enums::{strata_tier, tier, tier_code};
 use crate::objects::{
     self, strata_buffer, strata_runtime, strata_ticket, BufferObj, BUFFERS, TICKETS,
@@ -351,6 +351,32 @@ pub unsafe extern "C" fn strata_ticket_declined(
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(pages, "pages") }?;
         out.set(objects::get(ticket)?.declined());
+        Ok(STRATA_OK)
+    })
+}
+
+/// Cancels the request of `ticket` (a `strata_prefetch` of `buf`'s runtime
+/// above all): its batches still queued are dropped, their pages left
+/// readable where they are; a batch already moving finishes, and
+/// `strata_ticket_wait` then returns as soon as it has. Stores the pages
+/// dropped in `*dropped` if not NULL (0 for a request already finished);
+/// a misaligned `dropped` is refused before anything is cancelled. The
+/// ticket must still be freed. Thread-safe.
+///
+/// # Safety
+/// `dropped` is NULL or points to a writable `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_ticket_cancel(
+    buf: *const strata_buffer,
+    ticket: *const strata_ticket,
+    dropped: *mut usize,
+) -> c_int {
+    boundary("strata_ticket_cancel", || {
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out_opt(dropped, "dropped") }?;
+        let b = objects::get(buf)?;
+        let t = objects::get(ticket)?;
+        out.set(b.buffer.cancel(&t));
         Ok(STRATA_OK)
     })
 }

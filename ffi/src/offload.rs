@@ -621,6 +621,37 @@ pub unsafe extern "C" fn strata_moe_cancel_prefetches(
     })
 }
 
+/// `strata_moe_cancel_prefetches` for the experts of `layer` not among the
+/// `n` of `keep` — call it as soon as the layer's router has picked `keep`:
+/// a wrong guess's read still queued then never runs. Finished prefetches
+/// no fetch used stay resident, no longer protected. Stores how many were
+/// cancelled in `*cancelled` if not NULL; a misaligned `cancelled` is
+/// refused before anything is cancelled. Thread-safe.
+///
+/// # Safety
+/// `keep` points to `n` readable `uint32_t`s (NULL when `n` is 0);
+/// `cancelled` is NULL or points to a writable `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_cancel_prefetches_except(
+    moe: *const objects::strata_moe,
+    layer: u32,
+    keep: *const u32,
+    n: usize,
+    cancelled: *mut usize,
+) -> c_int {
+    // SAFETY: this function's contract is `start_moves`'.
+    unsafe {
+        start_moves(
+            "strata_moe_cancel_prefetches_except",
+            moe,
+            keep,
+            n,
+            cancelled,
+            |c, k| c.cancel_prefetches_except(layer, k),
+        )
+    }
+}
+
 /// Stores the cache's counters in `*stats`. Thread-safe.
 ///
 /// # Safety

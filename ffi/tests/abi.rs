@@ -62,7 +62,19 @@ fn oversubscribed_device_round_trips_through_every_tier() {
     // SAFETY: NULL is refused with a status, never written.
     let s = unsafe { strata_ticket_declined(ticket, null_mut()) };
     assert_eq!(s, STRATA_ERR_NULL_POINTER);
+    // A finished request: nothing left to drop.
+    let mut dropped = usize::MAX;
+    // SAFETY: a writable size_t.
+    let s = unsafe { strata_ticket_cancel(buf, ticket, &mut dropped) };
+    assert_eq!((s, dropped), (STRATA_OK, 0), "{}", last_error());
+    // SAFETY: a NULL count is allowed.
+    let s = unsafe { strata_ticket_cancel(buf, ticket, null_mut()) };
+    assert_eq!(s, STRATA_OK);
+    assert_eq!(strata_ticket_wait(ticket), STRATA_OK);
     assert_eq!(strata_ticket_free(ticket), STRATA_OK);
+    // SAFETY: a freed ticket is a bad handle, refused with a status.
+    let s = unsafe { strata_ticket_cancel(buf, ticket, null_mut()) };
+    assert_eq!(s, STRATA_ERR_INVALID_HANDLE);
     // Two pages stay below the device's watermarks, so nothing demotes them.
     assert_eq!(tier_of(buf, 1), STRATA_TIER_DEVICE);
     assert_eq!(tier_of(buf, 2), STRATA_TIER_NVME);

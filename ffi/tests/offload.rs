@@ -143,16 +143,27 @@ fn the_expert_cache_through_the_c_abi() {
     assert_eq!(unsafe { strata_moe_get_stats(moe, &mut stats) }, STRATA_OK);
     assert_eq!((stats.fetches, stats.stall_modelled), (1, 1));
     assert_eq!(stats.prefetches as usize, started);
+    // Layer 0's router picked 2: the guess of 3, if still on its way, is
+    // dropped now; 2 stays.
+    let mut dropped = usize::MAX;
+    // SAFETY: one readable expert id, a writable count.
+    let s =
+        unsafe { strata_moe_cancel_prefetches_except(moe, 0, [2u32].as_ptr(), 1, &mut dropped) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
+    assert!(dropped <= 1);
+    // SAFETY: no ids (a NULL array of 0), a NULL count.
+    let s = unsafe { strata_moe_cancel_prefetches_except(moe, 7, std::ptr::null(), 0, null_mut()) };
+    assert_eq!(s, STRATA_OK, "{}", last_error());
     // Layer 0 has run: whatever of its prefetches has not finished is
     // cancelled, and the counters agree.
     let mut cancelled = usize::MAX;
     // SAFETY: a writable count.
     let s = unsafe { strata_moe_cancel_prefetches(moe, 0, &mut cancelled) };
     assert_eq!(s, STRATA_OK, "{}", last_error());
-    assert!(cancelled <= started);
+    assert!(dropped + cancelled <= started);
     // SAFETY: a writable stats struct.
     assert_eq!(unsafe { strata_moe_get_stats(moe, &mut stats) }, STRATA_OK);
-    assert_eq!(stats.prefetches_cancelled as usize, cancelled);
+    assert_eq!(stats.prefetches_cancelled as usize, dropped + cancelled);
     assert!(stats.late_prefetch_hits <= stats.hits);
     // SAFETY: a NULL count is allowed.
     let s = unsafe { strata_moe_cancel_prefetches(moe, 0, std::ptr::null_mut()) };

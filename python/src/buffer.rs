@@ -127,6 +127,14 @@ impl Buffer {
         Ok(Ticket { ticket })
     }
 
+    /// Cancels the request of ticket (one of this runtime's, a prefetch
+    /// above all): its batches still queued are dropped, their pages left
+    /// where they are; a batch already moving finishes. Returns the pages
+    /// dropped (0 for a request already finished).
+    fn cancel(&self, py: Python<'_>, ticket: &Ticket) -> usize {
+        py.detach(|| self.buf.cancel(&ticket.ticket))
+    }
+
     /// Moves the pages of range that live in tiers faster than tier down to
     /// it (or, where it is full, to the next slower tier with room) and
     /// returns when they are there. OutOfCapacityError when none has room.
@@ -193,7 +201,7 @@ impl Buffer {
 }
 
 /// The handle of a background request (Buffer.prefetch). Dropping it does
-/// not cancel the request.
+/// not cancel the request; Buffer.cancel does.
 #[pyclass(module = "strata", frozen)]
 pub(crate) struct Ticket {
     ticket: strata::Ticket,

@@ -328,11 +328,23 @@ impl ExpertCache {
     }
 
     /// Cancels the prefetches of `layer` that no fetch used and that have
-    /// not finished (call it once the layer has run). Returns how many.
-    fn cancel_prefetches(&self, py: Python<'_>, layer: i64) -> PyResult<usize> {
-        let l = u32_of(layer, "layer")?;
-        let c = self.cache.read().clone();
-        py.detach(|| c.cancel_prefetches(l)).map_err(raise)
+    /// not finished (call it once the layer has run, or with `keep`, the
+    /// experts its router picked, as soon as it has picked them): what
+    /// they had not read yet is never read. Finished ones no fetch used
+    /// stay, no longer protected. Returns how many were cancelled.
+    #[pyo3(signature = (layer, keep = None))]
+    fn cancel_prefetches(
+        &self,
+        py: Python<'_>,
+        layer: i64,
+        keep: Option<Vec<i64>>,
+    ) -> PyResult<usize> {
+        self.start(
+            py,
+            layer,
+            keep.unwrap_or_default(),
+            cache::ExpertCache::cancel_prefetches_except,
+        )
     }
 
     /// Advances the modelled clock of the simulated device by the caller's

@@ -15,7 +15,7 @@ Conventions used throughout:
 
 from os import PathLike
 from types import TracebackType
-from typing import Any, Dict, List, Literal, Optional, Tuple, Type, Union, final
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union, final
 
 __version__: str
 
@@ -175,6 +175,10 @@ class Buffer:
     def write(self, offset: int, data: _ReadableBuffer) -> None:
         """Writes the bytes of data (any C-contiguous buffer: bytes,
         bytearray, memoryview, NumPy array, ...) at offset."""
+    def cancel(self, ticket: "Ticket") -> int:
+        """Cancels the request of ticket: its batches still queued are
+        dropped (their pages stay where they are), one already moving
+        finishes; returns the pages dropped."""
     def prefetch(self, range: _Range, tier: _TierName) -> "Ticket":
         """Moves the pages of range into tier in the background; the
         Ticket's wait() raises the first error. A full tier gets room made
@@ -196,7 +200,7 @@ class Buffer:
 
 @final
 class Ticket:
-    """A background request (Buffer.prefetch); dropping it does not cancel it."""
+    """A background request (Buffer.prefetch); dropping it does not cancel it, Buffer.cancel does."""
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits (at most timeout seconds) and raises the request's first
@@ -470,8 +474,9 @@ class ExpertCache:
     def read_ahead(self, layer: int, experts: List[int]) -> int:
         """Starts the reads of experts about to be fetched (misses whose
         fetch waits only for the rest of its read); returns how many started."""
-    def cancel_prefetches(self, layer: int) -> int:
-        """Cancels the layer's unused, unfinished prefetches; returns how many."""
+    def cancel_prefetches(self, layer: int, keep: Optional[Sequence[int]] = None) -> int:
+        """Cancels the layer's unused, unfinished prefetches (but those of
+        the experts in ``keep``, the layer's own picks); returns how many."""
     def advance(self, seconds: float) -> None:
         """Advances the simulated device's modelled clock by compute time."""
     def modelled_now(self) -> Optional[float]: ...

@@ -32,7 +32,8 @@ needs are pinned, applies the *next* MoE block's router (after that layer's
 and prefetches the experts it predicts (the pre-gated / MoE-Infinity
 lookahead); the next block fetches what it actually routes to and finds the
 right predictions resident or on their way, the rest by demand fetches.
-Prefetches a layer did not use are cancelled once it has run.
+Prefetches a layer did not use are cancelled once it has run (what they
+had not read yet is never read).
 
 **Stats** (``OffloadedMoE.stats()``), per layer and in total: fetches, hit
 rate, prefetch accuracy, bytes moved into device memory (and per token),

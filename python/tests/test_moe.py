@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -765,6 +766,29 @@ def test_recorded_routing_replays_in_strata_bench(tmp_path):
 # -- the binding ---------------------------------------------------------
 
 
+def test_cancel_prefetches_keeps_the_routers_picks():
+    """cancel_prefetches(layer, keep=...) drops the layer's other guesses
+    still on their way (on the modelled link, none has arrived yet) and
+    leaves the picked ones to be hits; bad arguments are exceptions."""
+    import numpy as np
+
+    c = strata.ExpertCache(slot_bytes=8192, host_bytes=1 << 20, device_slots=2, page_size=4096)
+    for e in range(3):
+        c.register(1, e, np.full(2048, e, dtype=np.float32))
+    assert c.prefetch(1, [0, 1]) == 2
+    assert c.cancel_prefetches(1, keep=[1, 2]) == 1
+    assert not c.is_resident(1, 0) and c.is_resident(1, 1)
+    hits = c.stats()["hits"]
+    with c.fetch(1, 1):
+        pass
+    assert c.stats()["hits"] == hits + 1 and c.stats()["prefetches_cancelled"] == 1
+    assert c.cancel_prefetches(1) == 0
+    with pytest.raises(strata.InvalidArgumentError, match="expert -1"):
+        c.cancel_prefetches(1, keep=[-1])
+    with pytest.raises(TypeError):
+        c.cancel_prefetches(1, keep=["a"])
+
+
 def test_expert_cache_binding_round_trip():
     import numpy as np
 
@@ -829,8 +853,11 @@ def test_expert_cache_on_a_shared_runtime(rt):
 def test_the_gpu_script_runs_dry_on_the_cpu(tmp_path):
     """benches/peers/moe_gpu.py, which a lent GPU runs (benches/gpu-check.sh),
     dry-run on the CPU at a tiny size: every configuration generates the
-    device run's tokens, and the report carries the roofline."""
+    device run's tokens, and the report carries the roofline; its traces'
+    temporary folder is gone after."""
     out = tmp_path / "gpu.json"
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("strata-moe-gpu-*"))
     p = subprocess.run(
         [sys.executable, str(ROOT / "benches/peers/moe_gpu.py"), "--device", "cpu", "--dtype", "float32",
          "--hidden", "64", "--intermediate", "128", "--layers", "3", "--experts", "6", "--vocab", "128",
@@ -846,3 +873,4 @@ def test_the_gpu_script_runs_dry_on_the_cpu(tmp_path):
         assert runs[c]["tokens_identical"], c
     assert runs["strata"]["device_slots"] == 9
     assert r["roofline"]["0.5"]["belady_misses"] > 0
+    assert set(tmp.glob("strata-moe-gpu-*")) <= before

@@ -95,6 +95,17 @@ def test_prefetch_evict_tier_of_residency(rt):
     assert ticket.done()
     assert [buf.tier_of(p) for p in range(4)] == ["host", "host", "nvme", "nvme"]
 
+    # Cancelling a finished request drops nothing; one cancelled while it
+    # may still be queued ends (what it moved, moved), and nothing is lost.
+    assert buf.cancel(ticket) == 0 and ticket.done()
+    t = buf.prefetch((2 * PAGE, 8 * PAGE), "host")
+    dropped = buf.cancel(t)
+    assert t.wait(timeout=30) is True and 0 <= dropped <= 6
+    assert sum(buf.tier_of(p) == "host" for p in range(2, 8)) == 6 - dropped
+    assert buf.read(0, 8 * PAGE) == data
+    with pytest.raises(TypeError):
+        buf.cancel("ticket")
+
     # None is the whole buffer.
     buf.prefetch(None, "host").wait(timeout=30)
     assert buf.residency()["host"] == 8

@@ -18,8 +18,11 @@
 //!   first evicts a victim back to the host tier.
 //! - [`ExpertCache::prefetch`] starts asynchronous moves (runtime prefetch
 //!   tickets) for experts a router predicts for an upcoming layer. A
-//!   prefetched expert is protected from eviction until it is used or
-//!   until `protect_fetches` fetches have passed.
+//!   prefetched expert is protected from eviction until it is used, until
+//!   `protect_fetches` fetches have passed, or until its layer's unused
+//!   prefetches are cancelled ([`ExpertCache::cancel_prefetches`]; those
+//!   still on their way are dropped, what they had not read yet never
+//!   read).
 //! - Eviction ([`Eviction::Lrfu`], the default) scores every expert by
 //!   LRFU ([`crate::policy::lrfu`]) — the sum over its past uses of
 //!   `decay^(age in fetches)` — which weighs frequency and recency in one
@@ -1007,7 +1010,12 @@ impl ExpertCache {
         // eviction; otherwise its error is returned once the eviction is
         // done (whatever pages it moved are moved back all the same).
         let failed = match s.meta[victim].ticket.take() {
-            Some(t) => t.wait().err().filter(|_| !self.shared),
+            Some(t) => {
+                // What has not started of it never will: it would only be
+                // moved back.
+                self.experts[victim].buffer.cancel(&t);
+                t.wait().err().filter(|_| !self.shared)
+            }
             None => None,
         };
         // The pages move first: if that fails, the victim is still
@@ -1358,23 +1366,36 @@ impl ExpertCache {
     /// Cancels the prefetches of `layer` that no fetch has used and whose
     /// transfer has not finished — call it once the layer has run, when
     /// they can only be late or wrong. The rest of each transfer is dropped
-    /// and its slot freed; the expert stays in host memory, whose copy is
-    /// the one a later fetch moves again, so a cancelled prefetch never
-    /// leaves a partial expert behind. (On a real GPU the runtime's page
-    /// moves cannot be aborted: this waits for the pages on the way, then
-    /// frees the slot.) Reads a fetch of `layer` started (`read_ahead`)
-    /// that was never fetched are not prefetches: they stay, unprotected.
-    /// Returns how many were cancelled.
+    /// (its batches still queued never run) and its slot freed; the expert
+    /// stays in host memory, whose copy is the one a later fetch moves
+    /// again, so a cancelled prefetch never leaves a partial expert behind.
+    /// (On a real GPU a page already on the way cannot be aborted: this
+    /// waits for it, then frees the slot.) A finished prefetch no fetch
+    /// used stays resident, no longer protected. Reads a fetch of `layer`
+    /// started (`read_ahead`) that was never fetched are not prefetches:
+    /// they stay, unprotected. Returns how many were cancelled.
     pub fn cancel_prefetches(&self, layer: u32) -> Result<usize> {
+        self.cancel_prefetches_except(layer, &[])
+    }
+
+    /// [`cancel_prefetches`](Self::cancel_prefetches) for the experts of
+    /// `layer` not in `keep` — call it as soon as the layer's router has
+    /// picked `keep`: a wrong guess's read still queued then never runs, and
+    /// the disk reads what the layer needs sooner.
+    pub fn cancel_prefetches_except(&self, layer: u32, keep: &[u32]) -> Result<usize> {
         let mut s = self.state.lock();
         let s = &mut *s;
         if let Some(c) = &mut s.clock {
             c.run_until(c.now, &mut s.meta);
         }
+        let kept: Vec<usize> = keep
+            .iter()
+            .filter_map(|&e| self.index.get(&(layer, e)).copied())
+            .collect();
         let mut cancelled = 0;
         for i in 0..self.experts.len() {
             let m = &mut s.meta[i];
-            if self.experts[i].layer != layer || !m.resident || m.pins > 0 {
+            if self.experts[i].layer != layer || !m.resident || m.pins > 0 || kept.contains(&i) {
                 continue;
             }
             if std::mem::take(&mut m.ahead) {
@@ -1387,7 +1408,6 @@ impl ExpertCache {
             if m.protected_since.is_none() {
                 continue;
             }
-            let m = &s.meta[i];
             let unfinished = match &s.clock {
                 Some(_) => m.in_flight,
                 None => m.ticket.as_ref().is_some_and(|t| t.poll().is_none()),
@@ -1397,6 +1417,10 @@ impl ExpertCache {
                 s.stats.evictions -= 1;
                 s.stats.prefetches_cancelled += 1;
                 cancelled += 1;
+            } else {
+                // Arrived, and not what the layer used: ranked by the
+                // policy like any resident expert from now on.
+                s.meta[i].protected_since = None;
             }
         }
         Ok(cancelled)

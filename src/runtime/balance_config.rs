@@ -31,7 +31,10 @@ pub struct BalancerConfig {
     /// costs about as much as reading it once over the link, so a workload
     /// whose reads are `s` bytes wide can set `page_size / s` to promote
     /// only pages read through at least once per round. 0: every touched
-    /// page is a candidate.
+    /// page is a candidate. It is also the margin by which a candidate's
+    /// decayed score (in accesses; at decay 0.5 about twice a steady
+    /// page's count per round) must beat a resident's to displace it where
+    /// the tier has no free room; at 0, any strict win.
     pub min_accesses: u64,
     /// Accesses the policy sees per touched page and round, at most (its
     /// count, capped): more tells a frequency policy more within a round,

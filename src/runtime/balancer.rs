@@ -30,11 +30,12 @@
 //! copy below stays while the tier has room — its reads are hits, and
 //! leaving later costs no I/O — and goes first, lowest decayed score first,
 //! when a round needs room (a stranger: a page the policy does not hold);
-//! background reclaim and the engine's room-making take it too. A round
+//! background reclaim and the engine's room-making take it too. The
+//! candidates the free room holds come in as they are; beyond it, a round
 //! displaces a stranger only for a page whose decayed score beats the
-//! stranger's by more than [`BalancerConfig::min_accesses`] (the hottest
-//! candidates against the coldest strangers): a swap of equally hot pages
-//! moves a page for no hits. Demoting
+//! stranger's by more than [`BalancerConfig::min_accesses`] (the
+//! highest-scored candidates against the coldest strangers): a swap of
+//! equally hot pages moves a page for no hits. Demoting
 //! such pages at once, with room kept for every mark not read yet, left DRAM
 //! a third to two-thirds empty on a shifting hot set (`strata bench pages`).
 //!
@@ -530,17 +531,23 @@ impl Balancer {
             let margin = self.config.min_accesses as f32;
             let strangers = scored_strangers(r.tables, &self.levels[0].held, over + need, fast);
             let forced = over.min(strangers.len());
-            let pays = promote[free.min(promote.len())..]
+            // The candidates beyond the free room, highest score first.
+            let first = free.min(promote.len());
+            let mut tail: Vec<(f32, u64)> = promote[first..]
+                .iter()
+                .map(|&p| (score_of(r.by_id, p), p))
+                .collect();
+            tail.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let pays = tail
                 .iter()
                 .zip(&strangers[forced..])
-                .take_while(|(&p, &(s, _))| score_of(r.by_id, p) > s + margin)
+                .take_while(|(c, s)| c.0 > s.0 + margin)
                 .count();
             let leave: Vec<u64> = strangers[..forced + pays].iter().map(|x| x.1).collect();
             report.demotions += demote_pages(r.engine, r.by_id, &leave, fast);
-            if need > pays {
-                report.deferred += (need - pays) as u64;
-                promote.truncate(promote.len() - (need - pays));
-            }
+            report.deferred += (need - pays) as u64;
+            promote.truncate(first);
+            promote.extend(tail[..pays].iter().map(|x| x.1));
         }
         let room = high.saturating_sub(r.used(fast));
         if promote.len() > room {
@@ -580,14 +587,15 @@ impl Balancer {
         report: &mut BalanceReport,
     ) {
         let upper = self.levels[k].upper;
-        // Held above: by a faster level, and there. A page a faster level
-        // holds but could not bring up (no room it would pay for) is this
-        // level's to place.
-        let held_above = |p: &u64| {
+        let held_above = |p: &u64| self.levels[..k].iter().any(|l| l.held.contains(p));
+        // A page a faster level holds but could not bring up (no room it
+        // would pay for) is this level's to place.
+        let there_above = |p: &u64| {
             self.levels[..k]
                 .iter()
                 .any(|l| l.held.contains(p) && tier_of(r.by_id, *p).is_some_and(|t| t <= l.upper))
         };
+        // Never demoted while a faster level holds it (it may come up yet).
         let demote: Vec<u64> = want
             .iter()
             .filter(|(p, &w)| !w && !held_above(p))
@@ -595,7 +603,7 @@ impl Balancer {
             .collect();
         let mut promote: Vec<u64> = want
             .iter()
-            .filter(|(p, &w)| w && !held_above(p))
+            .filter(|(p, &w)| w && !there_above(p))
             .map(|(&p, _)| p)
             .filter(|&p| tier_of(r.by_id, p).is_some_and(|t| t > upper))
             .collect();

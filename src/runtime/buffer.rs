@@ -347,7 +347,10 @@ impl Buffer {
     /// Folds the pages' access counts into their decayed scores and returns
     /// the hottest pages not in device memory and the coldest in it (see
     /// [`crate::hotness`]). Parameters out of range are an error
-    /// ([`HarvestParams::check`]) and change nothing.
+    /// ([`HarvestParams::check`]) and change nothing. A running balancer
+    /// harvests the same counters: the counts one takes, the other does not
+    /// see (harvest here for a placement of your own, or let the balancer
+    /// place, not both).
     pub fn harvest(&self, params: HarvestParams) -> Result<Harvest> {
         params.check()?;
         let mut scores = self.table.scores.lock();
@@ -481,6 +484,16 @@ impl Buffer {
             }
         }
         Ok(())
+    }
+
+    /// Cancels the request of `ticket` (one this runtime's moves returned,
+    /// a [`prefetch`](Self::prefetch) above all): its batches still queued
+    /// are dropped, their pages left where they are, readable as ever; a
+    /// batch already moving finishes. Waiting on the ticket then returns as
+    /// soon as that batch is done, with the request's result so far.
+    /// Returns the pages dropped (0 for a request already finished).
+    pub fn cancel(&self, ticket: &Ticket) -> usize {
+        self.engine().cancel(ticket)
     }
 
     /// Moves the pages of `range` into `tier` (up or down) in the

@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -300,6 +301,43 @@ impl Engine {
         lane.ready.notify_one();
     }
 
+    /// Cancels the request of `ticket`: its batches still queued are
+    /// dropped (their pages stay where they are) and finish at once; a
+    /// batch already running finishes as it would. Returns the pages
+    /// dropped.
+    pub(crate) fn cancel(&self, ticket: &Ticket) -> usize {
+        ticket.set_cancelled();
+        let mut dropped = Vec::new();
+        for lane in self.lanes.iter().flatten() {
+            let mut q = lane.queue.lock();
+            for jobs in q.jobs.iter_mut() {
+                let (mine, rest): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(jobs)
+                    .into_iter()
+                    .partition(|j| j.ticket.same(ticket));
+                *jobs = rest;
+                dropped.extend(mine);
+            }
+        }
+        let mut pages = 0;
+        for job in dropped {
+            pages += job.pages.len();
+            self.unqueued(&job);
+            job.ticket.finish(Ok(Vec::new()));
+        }
+        pages
+    }
+
+    /// A queued job leaves without running: what `queue` counted is given
+    /// back.
+    fn unqueued(&self, job: &Job) {
+        self.in_flight
+            .fetch_sub(job.pages.len() as u64, Ordering::Relaxed);
+        if job.priority == Priority::Demand {
+            self.demand.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.window.leave(job.priority >= Priority::Balance);
+    }
+
     /// Submits `request` and waits for it: the pages that found `dst` full
     /// (with no room made, or not enough), or the first error.
     pub(crate) fn run(&self, table: &Arc<Table>, request: Request) -> Result<Vec<usize>> {
@@ -332,6 +370,13 @@ impl Engine {
                 }
             };
             let (ticket, pages, priority) = (job.ticket.clone(), job.pages.len(), job.priority);
+            if ticket.is_cancelled() {
+                // Cancelled after it was taken from the queue's view of
+                // `cancel` (or queued after): dropped all the same.
+                self.unqueued(&job);
+                ticket.finish(Ok(Vec::new()));
+                continue;
+            }
             let p = priority as usize;
             self.counts.batches[p].fetch_add(1, Ordering::Relaxed);
             self.counts.queued_ns[p]
@@ -340,12 +385,11 @@ impl Engine {
             // waiting forever or kill the lane.
             let (started, cpu) = (Instant::now(), crate::sys::thread_cpu_ns());
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(job)));
+            // CPU first, then wall: the CPU interval lies within the wall's.
+            let cpu = crate::sys::thread_cpu_ns().saturating_sub(cpu);
             self.counts.busy_ns[p]
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            self.counts.cpu_ns[p].fetch_add(
-                crate::sys::thread_cpu_ns().saturating_sub(cpu),
-                Ordering::Relaxed,
-            );
+            self.counts.cpu_ns[p].fetch_add(cpu, Ordering::Relaxed);
             self.in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
             if priority == Priority::Demand {
                 self.demand.fetch_sub(1, Ordering::AcqRel);

@@ -1,6 +1,7 @@
 //! The handle of an asynchronous move request.
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,8 @@ use crate::error::{Error, Result};
 struct TicketState {
     inner: Mutex<Progress>,
     done: Condvar,
+    /// Cancelled: batches not started are dropped (see `Engine::cancel`).
+    cancelled: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -29,7 +32,8 @@ struct Progress {
 }
 
 /// The handle of an asynchronous request: `wait` for it, or `poll` it.
-/// Dropping a ticket does not cancel the request.
+/// Dropping a ticket does not cancel the request;
+/// [`Buffer::cancel`](crate::runtime::Buffer::cancel) does.
 #[derive(Debug, Clone)]
 #[must_use = "a ticket carries the request's error, if any"]
 pub struct Ticket {
@@ -53,6 +57,22 @@ impl Ticket {
 
     pub(crate) fn add(&self) {
         self.state.inner.lock().open += 1;
+    }
+
+    /// Marks the request cancelled (its batches not started yet are
+    /// dropped: `Engine::cancel`).
+    pub(crate) fn set_cancelled(&self) {
+        self.state.cancelled.store(true, Ordering::Release);
+    }
+
+    /// Whether the request was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.state.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Whether `other` is a handle of the same request.
+    pub(crate) fn same(&self, other: &Ticket) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
     }
 
     /// `n` pages of the request were declined (see [`declined`](Self::declined)).

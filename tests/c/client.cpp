@@ -91,6 +91,7 @@ int main(int argc, char **argv) {
                         }
                         CHECK(ticket.poll());
                         CHECK(ticket.declined() <= quarter);
+                        CHECK(buf.cancel(ticket) == 0);  // finished: nothing to drop
                     }
                     auto back = buf.read<double>(t * quarter, quarter / sizeof(double));
                     if (std::memcmp(back.data(), values.data() + t * quarter / sizeof(double), quarter) != 0) bad++;
@@ -142,6 +143,7 @@ int main(int argc, char **argv) {
                 CHECK(pin.addresses().size() == 1 && pin.addresses()[0] != 0);
             }  // released here
             CHECK(cache.prefetch(0, {2}) <= 1);
+            cache.cancel_prefetches(0, {1});
             cache.cancel_prefetches(0);
             strata_moe_stats ms = cache.stats();
             CHECK(ms.fetches == 1);

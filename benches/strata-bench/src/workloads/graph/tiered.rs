@@ -633,6 +633,7 @@ impl Mem for TieredMem<'_> {
             let (h2d, d2h) = links();
             h2d.wall_seconds + d2h.wall_seconds
         };
+        // The balance lanes' (CPU, wall) seconds.
         let lanes = || {
             self.graph
                 .rt
@@ -640,7 +641,7 @@ impl Mem for TieredMem<'_> {
                 .engine
                 .iter()
                 .find(|p| p.priority == "balance")
-                .map_or(0.0, |p| p.cpu_seconds)
+                .map_or((0.0, 0.0), |p| (p.cpu_seconds, p.busy_seconds))
         };
         let (copied, laned) = (copying(), lanes());
         let (h2d0, d2h0) = links();
@@ -650,8 +651,12 @@ impl Mem for TieredMem<'_> {
         if let Err(e) = rep {
             self.errors.push(e);
         }
-        let round = own + (lanes() - laned);
-        let cpu = (round - (copying() - copied)).max(0.0);
+        let (lane_cpu, lane_wall) = (lanes().0 - laned.0, lanes().1 - laned.1);
+        // The copies ran on the lanes: their wall time, scaled by the share
+        // of the lanes' wall time that was CPU (a lane waiting for a core
+        // inflates both alike), is what they took of the lanes' CPU.
+        let copies = (copying() - copied) * (lane_cpu / lane_wall).min(1.0);
+        let cpu = own + (lane_cpu - if lane_wall > 0.0 { copies } else { 0.0 }).max(0.0);
         self.cost.balancer_seconds += cpu;
         // The next round waits for kernels worth ten times this one: its
         // CPU time and its copies' modelled DMA time.
