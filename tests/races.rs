@@ -276,18 +276,16 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// A demand move submitted behind a queue of background demotions on the
-/// same lane runs before them: the first worker to come free takes it.
-#[test]
-fn a_demand_move_overtakes_queued_background_moves() {
-    let dir = tempfile::tempdir().unwrap();
+/// 64 pages of DRAM over NVMe in `dir` whose I/O waits at a gate (closed),
+/// in batches of 2 pages (many batches from few pages); background
+/// eviction off.
+fn gated_batches(dir: &std::path::Path) -> (Runtime, Arc<Gate>) {
     let gate = Arc::new(Gate::default());
     let engine = Arc::new(GateEngine {
         inner: strata::io::engine(EngineChoice::Psync).unwrap(),
         gate: gate.clone(),
     });
-    let mut nvme = NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE);
-    // Batches of 2 pages: many batches from few pages.
+    let mut nvme = NvmeConfig::new(dir, 128 * PAGE as u64, PAGE);
     nvme.queue_depth = 2;
     let rt = Runtime::builder()
         .page_size(PAGE)
@@ -297,6 +295,15 @@ fn a_demand_move_overtakes_queued_background_moves() {
         .background_eviction(false)
         .build()
         .unwrap();
+    (rt, gate)
+}
+
+/// A demand move submitted behind a queue of background demotions on the
+/// same lane runs before them: the first worker to come free takes it.
+#[test]
+fn a_demand_move_overtakes_queued_background_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, gate) = gated_batches(dir.path());
     let a = rt.alloc(24 * PAGE as u64).unwrap();
     a.write(0, &vec![1u8; 24 * PAGE]).unwrap();
     let b = rt.alloc(PAGE as u64).unwrap();
@@ -352,22 +359,7 @@ fn a_demand_move_overtakes_queued_background_moves() {
 #[test]
 fn a_cancelled_request_drops_its_queued_batches() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new(Gate::default());
-    let engine = Arc::new(GateEngine {
-        inner: strata::io::engine(EngineChoice::Psync).unwrap(),
-        gate: gate.clone(),
-    });
-    let mut nvme = NvmeConfig::new(dir.path(), 128 * PAGE as u64, PAGE);
-    // Batches of 2 pages: many batches from few pages.
-    nvme.queue_depth = 2;
-    let rt = Runtime::builder()
-        .page_size(PAGE)
-        .host(64 * PAGE as u64)
-        .nvme(nvme)
-        .nvme_engine(engine)
-        .background_eviction(false)
-        .build()
-        .unwrap();
+    let (rt, gate) = gated_batches(dir.path());
     let a = rt.alloc(24 * PAGE as u64).unwrap();
     a.write(0, &vec![1u8; 24 * PAGE]).unwrap();
     // 12 batches: the lane's two workers hold two at the closed engine;

@@ -100,7 +100,7 @@ pub fn process_cpu_time() -> (std::time::Duration, std::time::Duration) {
 /// Nanoseconds of CPU the calling thread has run
 /// (`CLOCK_THREAD_CPUTIME_ID`): unlike wall time, not inflated while the
 /// thread waits for a core or for I/O. 0 where the clock fails.
-pub(crate) fn thread_cpu_ns() -> u64 {
+pub fn thread_cpu_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -47,14 +47,5 @@ pub fn map_read_only(file: &File) -> std::io::Result<memmap2::Mmap> {
 /// CPU seconds the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`):
 /// unlike wall time, not inflated while the thread waits for a core.
 pub fn thread_cpu_seconds() -> f64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid, writable timespec that outlives the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    if rc != 0 {
-        return 0.0;
-    }
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    strata::sys::thread_cpu_ns() as f64 * 1e-9
 }
