@@ -388,3 +388,37 @@ fn a_cancelled_request_drops_its_queued_batches() {
     a.read(0, &mut out).unwrap();
     assert!(out.iter().all(|&x| x == 1));
 }
+
+/// A ticket cancelled through another runtime's buffer: nothing there to
+/// drop (0), but the request is marked, and its own runtime's lanes drop
+/// its queued batches as they reach them — the pages stay, the ticket
+/// completes.
+#[test]
+fn a_request_cancelled_elsewhere_is_dropped_by_its_own_lanes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, gate) = gated_batches(dir.path());
+    let other = Runtime::builder()
+        .page_size(PAGE)
+        .host(4 * PAGE as u64)
+        .build()
+        .unwrap();
+    let elsewhere = other.alloc(PAGE as u64).unwrap();
+    let a = rt.alloc(24 * PAGE as u64).unwrap();
+    a.write(0, &vec![1u8; 24 * PAGE]).unwrap();
+    let moving = a.prefetch(0..a.len(), Tier::Nvme);
+    wait_until("two batches at the engine", || {
+        gate.waiting.load(Ordering::SeqCst) == 2
+    });
+    assert_eq!(elsewhere.cancel(&moving), 0, "none of its batches here");
+    assert!(moving.is_cancelled());
+    gate.open.store(true, Ordering::SeqCst);
+    moving.clone().wait().unwrap();
+    let on_nvme = (0..24)
+        .filter(|&p| a.tier_of(p).unwrap() == Some(Tier::Nvme))
+        .count();
+    assert_eq!(on_nvme, 4, "only the batches that had started moved");
+    assert_eq!(rt.stats().in_flight_moves, 0);
+    let mut out = vec![0u8; 24 * PAGE];
+    a.read(0, &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 1));
+}

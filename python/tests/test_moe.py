@@ -785,6 +785,8 @@ def test_cancel_prefetches_keeps_the_routers_picks():
     assert c.cancel_prefetches(1) == 0
     with pytest.raises(strata.InvalidArgumentError, match="expert -1"):
         c.cancel_prefetches(1, keep=[-1])
+    with pytest.raises(strata.NotFoundError, match="expert \\(1, 7\\)"):
+        c.cancel_prefetches(1, keep=[7])
     with pytest.raises(TypeError):
         c.cancel_prefetches(1, keep=["a"])
 

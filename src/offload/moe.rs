@@ -1381,17 +1381,15 @@ impl ExpertCache {
     /// [`cancel_prefetches`](Self::cancel_prefetches) for the experts of
     /// `layer` not in `keep` — call it as soon as the layer's router has
     /// picked `keep`: a wrong guess's read still queued then never runs, and
-    /// the disk reads what the layer needs sooner.
+    /// the disk reads what the layer needs sooner. An expert of `keep` not
+    /// registered is `NotFound`, and nothing is cancelled.
     pub fn cancel_prefetches_except(&self, layer: u32, keep: &[u32]) -> Result<usize> {
+        let kept = self.lookup_all(layer, keep)?;
         let mut s = self.state.lock();
         let s = &mut *s;
         if let Some(c) = &mut s.clock {
             c.run_until(c.now, &mut s.meta);
         }
-        let kept: Vec<usize> = keep
-            .iter()
-            .filter_map(|&e| self.index.get(&(layer, e)).copied())
-            .collect();
         let mut cancelled = 0;
         for i in 0..self.experts.len() {
             let m = &mut s.meta[i];

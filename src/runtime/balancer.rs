@@ -516,14 +516,14 @@ impl Balancer {
         // read yet left DRAM a third to two-thirds empty on a shifting hot
         // set, the marks waiting for reads that mostly came late or never.)
         //
-        // A promotion beyond the free room displaces a stranger, coldest
-        // first, the hottest candidates against the coldest strangers: it
-        // is made only where the candidate outscores its stranger by more
-        // than a move's cost in accesses (`min_accesses`). A swap of equals
-        // moves a page for no hits (PageRank's neighbour pages, each read
-        // through once an iteration, traded for one another once a long
-        // round took every one as a candidate).
-        // Strangers above the high watermark leave whatever comes in.
+        // Candidates the free room holds come in; one beyond it displaces
+        // a stranger, the highest-scored candidates against the coldest
+        // strangers, only where it outscores its stranger by more than a
+        // move's cost in accesses (`min_accesses`). A swap of equals moves
+        // a page for no hits (PageRank's neighbour pages, each read through
+        // once an iteration, traded for one another once a long round took
+        // every one as a candidate). Strangers above the high watermark
+        // leave whatever comes in.
         let over = r.used(fast).saturating_sub(high);
         let free = high.saturating_sub(r.used(fast));
         let need = promote.len().saturating_sub(free);

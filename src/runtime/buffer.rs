@@ -490,8 +490,11 @@ impl Buffer {
     /// a [`prefetch`](Self::prefetch) above all): its batches still queued
     /// are dropped, their pages left where they are, readable as ever; a
     /// batch already moving finishes. Waiting on the ticket then returns as
-    /// soon as that batch is done, with the request's result so far.
-    /// Returns the pages dropped (0 for a request already finished).
+    /// soon as that batch is done, with the request's result so far (pages
+    /// that found the tier full are no error then). Returns the pages
+    /// dropped (0 for a request already finished). A ticket of another
+    /// runtime is marked cancelled, and that runtime drops its batches as
+    /// its lanes reach them (not counted here).
     pub fn cancel(&self, ticket: &Ticket) -> usize {
         self.engine().cancel(ticket)
     }

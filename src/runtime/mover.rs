@@ -306,36 +306,47 @@ impl Engine {
     /// batch already running finishes as it would. Returns the pages
     /// dropped.
     pub(crate) fn cancel(&self, ticket: &Ticket) -> usize {
+        // Every lane's queue held at once (in order; no other path holds
+        // two) while the flag is set: a lane pops a batch either before,
+        // and runs it, or after, and finds it gone or (queued later by the
+        // request's submitter) drops it at the pop.
+        let mut queues: Vec<_> = self
+            .lanes
+            .iter()
+            .flatten()
+            .map(|l| l.queue.lock())
+            .collect();
         ticket.set_cancelled();
         let mut dropped = Vec::new();
-        for lane in self.lanes.iter().flatten() {
-            let mut q = lane.queue.lock();
+        for q in &mut queues {
             for jobs in q.jobs.iter_mut() {
-                let (mine, rest): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(jobs)
-                    .into_iter()
-                    .partition(|j| j.ticket.same(ticket));
-                *jobs = rest;
-                dropped.extend(mine);
+                if jobs.iter().any(|j| j.ticket.same(ticket)) {
+                    let (mine, rest): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(jobs)
+                        .into_iter()
+                        .partition(|j| j.ticket.same(ticket));
+                    *jobs = rest;
+                    dropped.extend(mine);
+                }
             }
         }
-        let mut pages = 0;
-        for job in dropped {
-            pages += job.pages.len();
-            self.unqueued(&job);
-            job.ticket.finish(Ok(Vec::new()));
-        }
-        pages
+        drop(queues);
+        dropped.into_iter().map(|job| self.drop_queued(job)).sum()
     }
 
     /// A queued job leaves without running: what `queue` counted is given
-    /// back.
-    fn unqueued(&self, job: &Job) {
-        self.in_flight
-            .fetch_sub(job.pages.len() as u64, Ordering::Relaxed);
+    /// back and its ticket told (after the job's table is dropped, as
+    /// `run_job` does); returns its pages.
+    fn drop_queued(&self, job: Job) -> usize {
+        let pages = job.pages.len();
+        self.in_flight.fetch_sub(pages as u64, Ordering::Relaxed);
         if job.priority == Priority::Demand {
             self.demand.fetch_sub(1, Ordering::AcqRel);
         }
         self.window.leave(job.priority >= Priority::Balance);
+        let ticket = job.ticket.clone();
+        drop(job);
+        ticket.finish(Ok(Vec::new()));
+        pages
     }
 
     /// Submits `request` and waits for it: the pages that found `dst` full
@@ -350,12 +361,14 @@ impl Engine {
     /// and is empty.
     fn work(&self, lane: &Lane) {
         loop {
-            let job = {
+            let (job, cancelled) = {
                 let mut q = lane.queue.lock();
                 loop {
                     let background = self.demand.load(Ordering::Acquire) == 0;
                     if let Some(job) = q.pop(background) {
-                        break job;
+                        // Read under the queue's lock: see `cancel`.
+                        let cancelled = job.ticket.is_cancelled();
+                        break (job, cancelled);
                     }
                     if q.closed && q.is_empty() {
                         return;
@@ -369,14 +382,12 @@ impl Engine {
                     }
                 }
             };
-            let (ticket, pages, priority) = (job.ticket.clone(), job.pages.len(), job.priority);
-            if ticket.is_cancelled() {
-                // Cancelled after it was taken from the queue's view of
-                // `cancel` (or queued after): dropped all the same.
-                self.unqueued(&job);
-                ticket.finish(Ok(Vec::new()));
+            if cancelled {
+                // Queued by its request's submitter after a cancel.
+                self.drop_queued(job);
                 continue;
             }
+            let (ticket, pages, priority) = (job.ticket.clone(), job.pages.len(), job.priority);
             let p = priority as usize;
             self.counts.batches[p].fetch_add(1, Ordering::Relaxed);
             self.counts.queued_ns[p]
@@ -430,8 +441,9 @@ impl Engine {
                 result = batch::move_batched(&table, &full, dst, &wanted);
             }
         }
-        // What does not fit gets room made for it, as a pin does.
-        if let Some(protect) = &room {
+        // What does not fit gets room made for it, as a pin does (not for
+        // a request cancelled meanwhile: nobody wants its pages).
+        if let Some(protect) = room.as_ref().filter(|_| !ticket.is_cancelled()) {
             result = self.fit(&table, dst, protect, priority, result, &wanted);
         }
         // The requester's own pages (a prefetch's, a pin's) get the second
@@ -466,6 +478,8 @@ impl Engine {
             other => other,
         };
         let result = match result {
+            // Cancelled: what did not fit stays where it is, as asked.
+            Ok(_) if ticket.is_cancelled() => Ok(Vec::new()),
             Ok(full) if full_is_error && !full.is_empty() => Err(Error::new(
                 ErrorKind::OutOfCapacity,
                 format!(
