@@ -70,6 +70,10 @@ enum Op {
     TicketFree {
         t: u8,
     },
+    TicketCancel {
+        t: u8,
+        b: u8,
+    },
     Pin {
         b: u8,
         offset: u32,
@@ -330,6 +334,16 @@ fuzz_target!(|input: Input| {
             Op::TicketFree { t } => {
                 if let Some(tk) = pick(&tickets, t) {
                     st(strata_ticket_free(tk));
+                }
+            }
+            Op::TicketCancel { t, b } => {
+                if let (Some(tk), Some(m)) = (
+                    pick(&tickets, t),
+                    (!bufs.is_empty()).then(|| &bufs[b as usize % bufs.len()]),
+                ) {
+                    let mut dropped = 0usize;
+                    // SAFETY: a writable size_t.
+                    st(unsafe { strata_ticket_cancel(m.handle, tk, &mut dropped) });
                 }
             }
             Op::Pin {

@@ -48,6 +48,10 @@ enum Op {
     Cancel {
         layer: u8,
     },
+    CancelExcept {
+        layer: u8,
+        keep: Vec<u8>,
+    },
     Stats,
     MoeFree,
     OptimCreate {
@@ -288,6 +292,14 @@ fuzz_target!(init: warm_up(), |input: Input| {
                 let mut k = 0usize;
                 // SAFETY: a writable count.
                 st(unsafe { strata_moe_cancel_prefetches(moe, u32::from(layer % 5), &mut k) });
+            }
+            Op::CancelExcept { layer, keep } => {
+                let keep: Vec<u32> = keep.iter().take(8).map(|&x| u32::from(x % 10)).collect();
+                let mut k = 0usize;
+                // SAFETY: `keep` is readable for its length; a writable count.
+                st(unsafe {
+                    strata_moe_cancel_prefetches_except(moe, u32::from(layer % 5), keep.as_ptr(), keep.len(), &mut k)
+                });
             }
             Op::Stats => {
                 let mut s = strata_moe_stats::default();
