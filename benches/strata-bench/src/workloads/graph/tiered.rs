@@ -655,8 +655,12 @@ impl Mem for TieredMem<'_> {
         // The copies ran on the lanes: their wall time, scaled by the share
         // of the lanes' wall time that was CPU (a lane waiting for a core
         // inflates both alike), is what they took of the lanes' CPU.
-        let copies = (copying() - copied) * (lane_cpu / lane_wall).min(1.0);
-        let cpu = own + (lane_cpu - if lane_wall > 0.0 { copies } else { 0.0 }).max(0.0);
+        let copies = if lane_wall > 0.0 {
+            (copying() - copied) * (lane_cpu / lane_wall).min(1.0)
+        } else {
+            0.0
+        };
+        let cpu = own + (lane_cpu - copies).max(0.0);
         self.cost.balancer_seconds += cpu;
         // The next round waits for kernels worth ten times this one: its
         // CPU time and its copies' modelled DMA time.
