@@ -743,3 +743,36 @@ fn equally_hot_pages_are_not_swapped() {
     b.read(0, &mut back).unwrap();
     assert!(back.iter().all(|&x| x == 2));
 }
+
+#[test]
+fn a_round_with_everything_in_place_replays_nothing_and_resumes_when_a_page_is_below() {
+    let rt = runtime();
+    let b = rt
+        .alloc_with(6 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    b.write(0, &vec![5; 6 * PAGE]).unwrap();
+    b.prefetch(0..6 * PAGE as u64, Tier::Device).wait().unwrap();
+    rt.balance_once().unwrap(); // the writes, folded
+    assert_eq!(on_device(&b, 0..6), 6);
+    // Every page on the device (its DRAM copies clean), room to spare:
+    // no decision could move a page, and the policy is not consulted.
+    touch(&b, 0..6, 10);
+    let r = rt.balance_once().unwrap();
+    assert_eq!((r.replayed, r.promotions, r.demotions), (0, 0, 0), "{r:?}");
+    // A page below (not a clean copy) brings the policy back in; once it
+    // is up, rounds skip again.
+    b.evict(5 * PAGE as u64..6 * PAGE as u64, Tier::Host)
+        .unwrap();
+    b.write(5 * PAGE as u64, &[6; 8]).unwrap(); // its copy is the only one
+    assert_eq!(b.tier_of(5).unwrap(), Some(Tier::Host));
+    touch(&b, 0..6, 10);
+    let r = rt.balance_once().unwrap();
+    assert_eq!((r.replayed, r.promotions), (6, 1), "{r:?}");
+    assert_eq!(on_device(&b, 0..6), 6, "{:?}", rt.stats().tiers);
+    touch(&b, 0..6, 10);
+    assert_eq!(rt.balance_once().unwrap().replayed, 0);
+    let mut back = vec![0; PAGE];
+    b.read(5 * PAGE as u64, &mut back).unwrap();
+    assert_eq!(&back[..8], &[6; 8]);
+    assert!(back[8..].iter().all(|&x| x == 5));
+}

@@ -189,4 +189,9 @@ pub struct BalanceReport {
     /// not pay (most left the fastest tier with no access) and the page
     /// showed no reuse across rounds: it is served where it is.
     pub held_back: u64,
+    /// Touched pages replayed into the fastest tier's policy: none when
+    /// every resident page was already in that tier, below its high
+    /// watermark (nothing to promote, no room to make), and the round
+    /// skipped its policies.
+    pub replayed: u64,
 }

@@ -61,7 +61,7 @@
 //! priority, behind demand moves and prefetches.
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -133,15 +133,16 @@ struct Level {
 
 impl Level {
     /// Replays the round's accesses; the last decision per page stands
-    /// (true: keep at or above `upper`). Bypasses are counted in `bypasses`.
+    /// (true: keep at or above `upper`), one per page in ascending order.
+    /// Bypasses are counted in `bypasses`.
     fn decide(
         &mut self,
         hints: &[(Tier, u64)],
         touched: &[(u32, u64)],
         repeat: u32,
         bypasses: &mut u64,
-    ) -> BTreeMap<u64, bool> {
-        let mut want: BTreeMap<u64, bool> = BTreeMap::new();
+    ) -> Vec<(u64, bool)> {
+        let mut decisions = Decisions::default();
         // Prefetches into this level's tier first: a policy that honours
         // hints holds the page (and may evict for it); not an access.
         for &(_, page) in hints.iter().filter(|(t, _)| *t == self.upper) {
@@ -151,7 +152,7 @@ impl Level {
                     self.held.insert(page);
                     if let Some(e) = evicted {
                         self.held.remove(&e);
-                        want.insert(e, false);
+                        decisions.push(e, false);
                     }
                 }
             }
@@ -159,15 +160,13 @@ impl Level {
         for &(count, page) in touched {
             for _ in 0..count.min(repeat.max(1)) {
                 match self.policy.access(page) {
-                    Outcome::Hit => {
-                        want.insert(page, true);
-                    }
+                    Outcome::Hit => decisions.push(page, true),
                     Outcome::Miss { evicted } => {
                         self.held.insert(page);
-                        want.insert(page, true);
+                        decisions.push(page, true);
                         if let Some(e) = evicted {
                             self.held.remove(&e);
-                            want.insert(e, false);
+                            decisions.push(e, false);
                         }
                     }
                     Outcome::Bypass => {
@@ -177,7 +176,37 @@ impl Level {
                 }
             }
         }
-        want
+        decisions.settle()
+    }
+}
+
+/// A round's decisions for one level, in the order the policy made them.
+/// (Kept as a list and settled once: a map updated at every access of a
+/// replay, up to [`MAX_REPEAT`](super::MAX_REPEAT) a page, was most of a
+/// round's CPU time on a large buffer.)
+#[derive(Default)]
+struct Decisions(Vec<(u64, bool)>);
+
+impl Decisions {
+    fn push(&mut self, page: u64, keep: bool) {
+        // A repeat of the decision just made changes nothing.
+        if self.0.last() != Some(&(page, keep)) {
+            self.0.push((page, keep));
+        }
+    }
+
+    /// One decision per page, the last made, in ascending page order.
+    fn settle(mut self) -> Vec<(u64, bool)> {
+        // Stable: each page's decisions keep their order.
+        self.0.sort_by_key(|&(page, _)| page);
+        let mut settled: Vec<(u64, bool)> = Vec::with_capacity(self.0.len());
+        for (page, keep) in self.0 {
+            match settled.last_mut() {
+                Some(last) if last.0 == page => last.1 = keep,
+                _ => settled.push((page, keep)),
+            }
+        }
+        settled
     }
 }
 
@@ -357,6 +386,14 @@ impl Balancer {
         // round as hints, then the accesses); the last decision per page
         // stands.
         let hinted = hints.take();
+        if self.settled(rt) {
+            // Nothing is below the fastest tier to promote, and it has
+            // room: no decision could move a page. The replay, most of a
+            // round's CPU time on large buffers, is skipped; the harvest
+            // above kept the pages' scores.
+            settle_read_promotions(rt, hints, true);
+            return report;
+        }
         let repeat = self.config.repeat;
         let mut wants = Vec::with_capacity(self.levels.len());
         for (k, level) in self.levels.iter_mut().enumerate() {
@@ -364,6 +401,7 @@ impl Balancer {
             wants.push(level.decide(&hinted, &touched, repeat, &mut bypasses));
             if k == 0 {
                 report.bypasses += bypasses;
+                report.replayed = touched.len() as u64;
             }
             level
                 .held
@@ -396,6 +434,21 @@ impl Balancer {
         Counters::add(&c.bypasses, report.bypasses);
         Counters::add(&c.held_back, report.held_back);
         report
+    }
+
+    /// Whether every resident page is in the fastest tier (the tiers
+    /// below hold clean copies at most), below its high watermark.
+    fn settled(&self, rt: &Shared) -> bool {
+        let fast = self.levels[0].upper;
+        let high = |t: Tier| {
+            let store = rt.store(t).expect("balanced tiers are configured");
+            (store.used_pages() as f64) <= store.capacity_pages() as f64 * rt.watermarks.high
+        };
+        high(fast)
+            && rt.tiers.below(fast).iter().all(|&t| {
+                rt.store(t)
+                    .is_some_and(|s| u64::from(s.used_pages()) <= rt.acct.clean_copies(t))
+            })
     }
 
     /// What was touched since the last round: (count, page id), counted at
@@ -454,12 +507,7 @@ impl Balancer {
     /// The fastest tier: what the policy let go leaves it, then what it
     /// wants comes in, within the room below the high watermark, the rate
     /// limits, and (from NVMe, where promotions wait for reads) as marks.
-    fn balance_fastest(
-        &mut self,
-        r: &Round<'_>,
-        want: &BTreeMap<u64, bool>,
-        report: &mut BalanceReport,
-    ) {
+    fn balance_fastest(&mut self, r: &Round<'_>, want: &[(u64, bool)], report: &mut BalanceReport) {
         let rt = r.rt();
         let fast = self.levels[0].upper;
         // What the policy let go leaves now only if leaving costs a write
@@ -470,8 +518,8 @@ impl Balancer {
         // the policy does not hold it).
         let demote: Vec<u64> = want
             .iter()
-            .filter(|(&p, &w)| !w && !leaves_free(r.by_id, p, fast))
-            .map(|(&p, _)| p)
+            .filter(|&&(p, w)| !w && !leaves_free(r.by_id, p, fast))
+            .map(|&(p, _)| p)
             .collect();
         let demote = self.afford_down(rt, r.by_id, demote, fast, r.page_size);
         report.demotions += demote_pages(r.engine, r.by_id, &demote, fast);
@@ -493,8 +541,8 @@ impl Balancer {
         // Candidates not in the fast tier yet, hottest first.
         let mut promote: Vec<u64> = want
             .iter()
-            .filter(|(_, &w)| w)
-            .map(|(&p, _)| p)
+            .filter(|&&(_, w)| w)
+            .map(|&(p, _)| p)
             .filter(|&p| tier_of(r.by_id, p).is_some_and(|t| t != fast))
             .collect();
         r.hottest_first(&mut promote);
@@ -583,7 +631,7 @@ impl Balancer {
         &mut self,
         r: &Round<'_>,
         k: usize,
-        want: &BTreeMap<u64, bool>,
+        want: &[(u64, bool)],
         report: &mut BalanceReport,
     ) {
         let upper = self.levels[k].upper;
@@ -598,13 +646,13 @@ impl Balancer {
         // Never demoted while a faster level holds it (it may come up yet).
         let demote: Vec<u64> = want
             .iter()
-            .filter(|(p, &w)| !w && !held_above(p))
-            .map(|(&p, _)| p)
+            .filter(|&&(p, w)| !w && !held_above(&p))
+            .map(|&(p, _)| p)
             .collect();
         let mut promote: Vec<u64> = want
             .iter()
-            .filter(|(p, &w)| w && !there_above(p))
-            .map(|(&p, _)| p)
+            .filter(|&&(p, w)| w && !there_above(&p))
+            .map(|&(p, _)| p)
             .filter(|&p| tier_of(r.by_id, p).is_some_and(|t| t > upper))
             .collect();
         let demote = self.afford_down(r.rt(), r.by_id, demote, upper, r.page_size);
