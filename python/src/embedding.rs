@@ -471,7 +471,10 @@ pub(crate) fn stop_balancer(py: Python<'_>, runtime: &Runtime) {
 
 /// Runs one balancer round now and returns what it did: {"promotions",
 /// "demotions", "bypasses", "deferred", "promotions_below",
-/// "demotions_below", "marked"}. Needs a tier below the fastest.
+/// "demotions_below", "marked", "held_back", "replayed"}: "replayed" is
+/// the touched pages replayed into the policy, 0 when every resident page
+/// was already in the fastest tier with room to spare (the round skips
+/// its policy). Needs a tier below the fastest.
 #[pyfunction]
 pub(crate) fn balance_once<'py>(
     py: Python<'py>,
@@ -486,6 +489,8 @@ pub(crate) fn balance_once<'py>(
     d.set_item("promotions_below", r.promotions_below)?;
     d.set_item("demotions_below", r.demotions_below)?;
     d.set_item("marked", r.marked)?;
+    d.set_item("held_back", r.held_back)?;
+    d.set_item("replayed", r.replayed)?;
     Ok(d)
 }
 
