@@ -366,3 +366,23 @@ def test_a_keyword_of_the_wrong_type_is_named():
         with pytest.raises(exc) as e:
             strata.Runtime(**kw)
         assert str(e.value).startswith(says), (kw, str(e.value))
+
+
+def test_balance_once_reports_a_round(rt):
+    buf = rt.alloc(4 * PAGE, prefer="host")
+    buf.write(0, pattern(4 * PAGE, seed=5))
+    assert [buf.tier_of(p) for p in range(4)] == ["host"] * 4
+    # The writes count as accesses: the pages, below the device, are
+    # replayed into the policy and promoted.
+    r = strata.balance_once(rt)
+    assert set(r) == {
+        "promotions", "demotions", "bypasses", "deferred", "promotions_below",
+        "demotions_below", "marked", "held_back", "replayed",
+    }
+    assert r["replayed"] == 4 and r["promotions"] == 4
+    assert [buf.tier_of(p) for p in range(4)] == ["device"] * 4
+    for _ in range(10):
+        buf.read(0, 4 * PAGE)
+    # Every page on the device with room to spare: nothing to decide.
+    r = strata.balance_once(rt)
+    assert r["replayed"] == 0 and r["promotions"] == r["demotions"] == 0
