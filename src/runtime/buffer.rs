@@ -526,11 +526,14 @@ impl Buffer {
                 "the {tier} tier is not configured"
             ))));
         }
-        // The balancer's policies hear of it (`Policy::hint`).
-        self.inner.hints.add(tier, self.table.id, pages.clone());
         // The engine groups the pages by the tier they are in now, one lane
         // each; a lane re-checks every page under its lock.
         let ticket = Ticket::new();
+        // The balancer's policies hear of it (`Policy::hint`) unless it is
+        // cancelled first.
+        self.inner
+            .hints
+            .add(tier, self.table.id, pages.clone(), &ticket);
         self.engine().submit(
             &self.table,
             Request {

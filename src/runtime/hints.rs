@@ -20,11 +20,24 @@ use crate::tier::Tier;
 pub(crate) struct Hints {
     /// Whether a balancer is configured (no hints are kept otherwise).
     pub(crate) on: AtomicBool,
-    pages: Mutex<Vec<(Tier, u64)>>,
+    /// The prefetches since the last round, with their pages' sum (kept
+    /// to [`MAX_HINTS`]: later ones are dropped).
+    prefetches: Mutex<(Vec<Hinted>, usize)>,
     /// The moves reads started for pages the balancer marked
     /// ([`BalancerConfig::promote_on_read`]), until
     /// [`settle_read_promotions`] counts them and keeps their failures.
     pub(crate) read_promotions: Mutex<Vec<ReadPromotion>>,
+}
+
+/// A prefetch's pages, hinted unless its request is cancelled before the
+/// round takes them (its pages then stay where they are, and a policy
+/// told of them would hold pages that never came, and may let a resident
+/// go for them).
+struct Hinted {
+    tier: Tier,
+    id: u32,
+    pages: std::ops::Range<usize>,
+    ticket: Ticket,
 }
 
 /// A move a read started for a page the balancer marked.
@@ -94,21 +107,75 @@ pub(crate) fn settle_read_promotions(rt: &Shared, hints: &Hints, wait: bool) {
 const MAX_HINTS: usize = 1 << 16;
 
 impl Hints {
-    /// Notes that `pages` of buffer `id` were prefetched into `tier`.
-    pub(crate) fn add(&self, tier: Tier, id: u32, pages: std::ops::Range<usize>) {
-        if !self.on.load(Ordering::Relaxed) {
+    /// Notes that `pages` of buffer `id` were prefetched into `tier` by the
+    /// request of `ticket`.
+    pub(crate) fn add(&self, tier: Tier, id: u32, pages: std::ops::Range<usize>, ticket: &Ticket) {
+        if !self.on.load(Ordering::Relaxed) || pages.is_empty() {
             return;
         }
-        let mut v = self.pages.lock();
-        let room = MAX_HINTS.saturating_sub(v.len());
-        v.extend(
-            pages
-                .take(room)
-                .map(|p| (tier, (id as u64) << 32 | p as u64)),
-        );
+        let mut held = self.prefetches.lock();
+        let room = MAX_HINTS.saturating_sub(held.1);
+        if room == 0 {
+            return;
+        }
+        let pages = pages.start..pages.end.min(pages.start + room);
+        held.1 += pages.len();
+        held.0.push(Hinted {
+            tier,
+            id,
+            pages,
+            ticket: ticket.clone(),
+        });
     }
 
+    /// The pages hinted since the last call, as (tier, page id); those of
+    /// cancelled requests are left out.
     pub(crate) fn take(&self) -> Vec<(Tier, u64)> {
-        std::mem::take(&mut *self.pages.lock())
+        let (taken, pages) = std::mem::take(&mut *self.prefetches.lock());
+        let mut hints = Vec::with_capacity(pages);
+        for h in taken.iter().filter(|h| !h.ticket.is_cancelled()) {
+            let id = (h.id as u64) << 32;
+            hints.extend(h.pages.clone().map(|p| (h.tier, id | p as u64)));
+        }
+        hints
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on() -> Hints {
+        let h = Hints::default();
+        h.on.store(true, Ordering::Relaxed);
+        h
+    }
+
+    #[test]
+    fn a_cancelled_prefetch_is_no_hint() {
+        let h = on();
+        let (kept, cancelled) = (Ticket::new(), Ticket::new());
+        h.add(Tier::Device, 1, 0..2, &kept);
+        h.add(Tier::Device, 2, 5..7, &cancelled);
+        cancelled.set_cancelled();
+        assert_eq!(
+            h.take(),
+            vec![(Tier::Device, 1 << 32), (Tier::Device, 1 << 32 | 1)]
+        );
+        assert!(h.take().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn hints_are_kept_only_while_a_balancer_listens_and_to_a_bound() {
+        let h = Hints::default();
+        h.add(Tier::Host, 0, 0..4, &Ticket::new());
+        assert!(h.take().is_empty(), "no balancer, no hints");
+        let h = on();
+        h.add(Tier::Host, 0, 0..MAX_HINTS - 1, &Ticket::new());
+        h.add(Tier::Host, 1, 0..4, &Ticket::new());
+        h.add(Tier::Host, 2, 0..4, &Ticket::new());
+        let taken = h.take();
+        assert_eq!(taken.len(), MAX_HINTS);
+        assert_eq!(taken.last(), Some(&(Tier::Host, 1 << 32)));
     }
 }
