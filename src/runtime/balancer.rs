@@ -51,6 +51,12 @@
 //! promoted freely again. BFS frontiers, read once per level, stop being
 //! promoted; the arrays every level reads keep theirs.
 //!
+//! A round that finds every resident page in the fastest tier (the tiers
+//! below hold clean copies at most) and that tier at or under its high
+//! watermark replays nothing into its policies: nothing is below to
+//! promote and no room is needed ([`BalanceReport::replayed`] is 0). A
+//! graph that fits the device costs its rounds a harvest, not a replay.
+//!
 //! Each policy sees one access per touched page per interval, repeated up to
 //! [`BalancerConfig::repeat`] times (default [`MAX_REPEAT`](super::MAX_REPEAT)) for pages
 //! counted more often, coldest first, so the hottest pages are also the
