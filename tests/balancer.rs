@@ -763,7 +763,7 @@ fn a_round_with_everything_in_place_replays_nothing_and_resumes_when_a_page_is_b
     // is up, rounds skip again.
     b.evict(5 * PAGE as u64..6 * PAGE as u64, Tier::Host)
         .unwrap();
-    b.write(5 * PAGE as u64, &[6; 8]).unwrap(); // its copy is the only one
+    b.write(5 * PAGE as u64, &[6; 8]).unwrap(); // read back below
     assert_eq!(b.tier_of(5).unwrap(), Some(Tier::Host));
     touch(&b, 0..6, 10);
     let r = rt.balance_once().unwrap();
@@ -775,4 +775,59 @@ fn a_round_with_everything_in_place_replays_nothing_and_resumes_when_a_page_is_b
     b.read(5 * PAGE as u64, &mut back).unwrap();
     assert_eq!(&back[..8], &[6; 8]);
     assert!(back[8..].iter().all(|&x| x == 5));
+}
+
+/// A prefetch that completes the device's set is still told to the
+/// policy: the round that takes its hint replays, though every page is
+/// then on the device; and a prefetch cancelled after its pages came is
+/// a hint like any other.
+#[test]
+fn prefetches_are_hints_when_everything_is_in_place_and_when_cancelled_late() {
+    let run = |policy: PolicyKind, cancel_late: bool| {
+        let rt = Runtime::builder()
+            .page_size(PAGE)
+            .device(DeviceChoice::Sim, 16 * PAGE as u64)
+            .host(64 * PAGE as u64)
+            .background_eviction(false)
+            .build()
+            .unwrap();
+        let b = rt
+            .alloc_with(12 * PAGE as u64, Placement::Prefer(Tier::Host))
+            .unwrap();
+        b.write(0, &vec![1; 12 * PAGE]).unwrap();
+        rt.configure_balancer(BalancerConfig::default().with_policy(policy))
+            .unwrap();
+        rt.balance_once().unwrap(); // the writes, folded: all on the device
+        assert_eq!(on_device(&b, 0..12), 12);
+        b.evict((11 * PAGE) as u64..(12 * PAGE) as u64, Tier::Host)
+            .unwrap();
+        touch(&b, 0..11, 10);
+        rt.balance_once().unwrap();
+        assert_eq!(b.tier_of(11).unwrap(), Some(Tier::Host));
+        let t = b.prefetch((11 * PAGE) as u64..(12 * PAGE) as u64, Tier::Device);
+        t.clone().wait().unwrap();
+        if cancel_late {
+            assert_eq!(b.cancel(&t), 0, "nothing left to drop");
+        }
+        // Every page on the device now, but the hint is news to the policy.
+        rt.balance_once().unwrap();
+        // Six new hot pages: the policy makes room among b's.
+        let c = rt
+            .alloc_with(6 * PAGE as u64, Placement::Prefer(Tier::Host))
+            .unwrap();
+        c.write(0, &vec![2; 6 * PAGE]).unwrap();
+        touch(&b, 0..11, 10);
+        touch(&c, 0..6, 10);
+        rt.balance_once().unwrap();
+        b.tier_of(11).unwrap() == Some(Tier::Device)
+    };
+    assert!(run(PolicyKind::Lookahead, false), "the hinted page stayed");
+    assert!(
+        run(PolicyKind::Lookahead, true),
+        "a late cancel is still a hint"
+    );
+    assert!(
+        !run(PolicyKind::Lru, false),
+        "without hints it is the first to leave"
+    );
 }

@@ -52,10 +52,12 @@
 //! promoted; the arrays every level reads keep theirs.
 //!
 //! A round that finds every resident page in the fastest tier (the tiers
-//! below hold clean copies at most) and that tier at or under its high
-//! watermark replays nothing into its policies: nothing is below to
-//! promote and no room is needed ([`BalanceReport::replayed`] is 0). A
-//! graph that fits the device costs its rounds a harvest, not a replay.
+//! below hold clean copies at most), that tier at or under its high
+//! watermark and no prefetch since the last round replays nothing into
+//! its policies: nothing is below to promote and no room is needed
+//! ([`BalanceReport::replayed`] is 0). A graph that fits the device costs
+//! its rounds a harvest, not a replay; the policies' recency is then that
+//! of the last round that replayed.
 //!
 //! Each policy sees one access per touched page per interval, repeated up to
 //! [`BalancerConfig::repeat`] times (default [`MAX_REPEAT`](super::MAX_REPEAT)) for pages
@@ -391,12 +393,20 @@ impl Balancer {
         // 2. Every level's policy decides (the prefetches since the last
         // round as hints, then the accesses); the last decision per page
         // stands.
-        let hinted = hints.take();
-        if self.settled(rt) {
-            // Nothing is below the fastest tier to promote, and it has
-            // room: no decision could move a page. The replay, most of a
-            // round's CPU time on large buffers, is skipped; the harvest
-            // above kept the pages' scores.
+        // A cancelled prefetch's pages that did not come are no hints.
+        let hinted = hints.take(&|tier, p| tier_of(&by_id, p) == Some(tier));
+        if hinted.is_empty() && self.settled(rt) {
+            // Nothing is below the fastest tier to promote, it has room,
+            // and no prefetch is to be told: no decision this round could
+            // move a page. The replay, most of a round's CPU time on large
+            // buffers, is skipped (the policies hear nothing of this
+            // round's accesses: their recency is that of the last round
+            // that replayed); the harvest above kept the pages' scores.
+            for level in &mut self.levels {
+                level
+                    .held
+                    .retain(|p| by_id.contains_key(&((p >> 32) as u32)));
+            }
             settle_read_promotions(rt, hints, true);
             return report;
         }

@@ -29,10 +29,10 @@ pub(crate) struct Hints {
     pub(crate) read_promotions: Mutex<Vec<ReadPromotion>>,
 }
 
-/// A prefetch's pages, hinted unless its request is cancelled before the
-/// round takes them (its pages then stay where they are, and a policy
-/// told of them would hold pages that never came, and may let a resident
-/// go for them).
+/// A prefetch's pages. Of a request cancelled before the round takes
+/// them, only those that came are hinted: the others stay where they are,
+/// and a policy told of them would hold pages that never came, and may let
+/// a resident go for them.
 struct Hinted {
     tier: Tier,
     id: u32,
@@ -128,14 +128,21 @@ impl Hints {
         });
     }
 
-    /// The pages hinted since the last call, as (tier, page id); those of
-    /// cancelled requests are left out.
-    pub(crate) fn take(&self) -> Vec<(Tier, u64)> {
+    /// The pages hinted since the last call, as (tier, page id). Of a
+    /// cancelled request, only the pages that came (`came(tier, id)`: a
+    /// batch already moving finishes, and a request cancelled after it
+    /// finished moved everything).
+    pub(crate) fn take(&self, came: &dyn Fn(Tier, u64) -> bool) -> Vec<(Tier, u64)> {
         let (taken, pages) = std::mem::take(&mut *self.prefetches.lock());
         let mut hints = Vec::with_capacity(pages);
-        for h in taken.iter().filter(|h| !h.ticket.is_cancelled()) {
+        for h in &taken {
             let id = (h.id as u64) << 32;
-            hints.extend(h.pages.clone().map(|p| (h.tier, id | p as u64)));
+            let pages = h.pages.clone().map(|p| (h.tier, id | p as u64));
+            if h.ticket.is_cancelled() {
+                hints.extend(pages.filter(|&(t, p)| came(t, p)));
+            } else {
+                hints.extend(pages);
+            }
         }
         hints
     }
@@ -152,29 +159,36 @@ mod tests {
     }
 
     #[test]
-    fn a_cancelled_prefetch_is_no_hint() {
+    fn a_cancelled_prefetch_hints_only_the_pages_that_came() {
         let h = on();
         let (kept, cancelled) = (Ticket::new(), Ticket::new());
         h.add(Tier::Device, 1, 0..2, &kept);
-        h.add(Tier::Device, 2, 5..7, &cancelled);
+        h.add(Tier::Device, 2, 5..8, &cancelled);
         cancelled.set_cancelled();
+        // Of the cancelled request, page 6 came (its batch was moving).
+        let came = |t: Tier, p: u64| t == Tier::Device && p == (2 << 32 | 6);
         assert_eq!(
-            h.take(),
-            vec![(Tier::Device, 1 << 32), (Tier::Device, 1 << 32 | 1)]
+            h.take(&came),
+            vec![
+                (Tier::Device, 1 << 32),
+                (Tier::Device, 1 << 32 | 1),
+                (Tier::Device, 2 << 32 | 6)
+            ]
         );
-        assert!(h.take().is_empty(), "taken once");
+        assert!(h.take(&came).is_empty(), "taken once");
     }
 
     #[test]
     fn hints_are_kept_only_while_a_balancer_listens_and_to_a_bound() {
+        let all = |_: Tier, _: u64| true;
         let h = Hints::default();
         h.add(Tier::Host, 0, 0..4, &Ticket::new());
-        assert!(h.take().is_empty(), "no balancer, no hints");
+        assert!(h.take(&all).is_empty(), "no balancer, no hints");
         let h = on();
         h.add(Tier::Host, 0, 0..MAX_HINTS - 1, &Ticket::new());
         h.add(Tier::Host, 1, 0..4, &Ticket::new());
         h.add(Tier::Host, 2, 0..4, &Ticket::new());
-        let taken = h.take();
+        let taken = h.take(&all);
         assert_eq!(taken.len(), MAX_HINTS);
         assert_eq!(taken.last(), Some(&(Tier::Host, 1 << 32)));
     }
