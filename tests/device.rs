@@ -244,3 +244,45 @@ mod cuda_layer {
         s.synchronize().unwrap();
     }
 }
+
+/// A prefetch over the device link goes in batches of 128 pages (one
+/// transfer each, waited for once); a demand move (an eviction) in 32.
+#[test]
+fn prefetches_cross_the_device_link_in_large_batches() {
+    use strata::runtime::Placement;
+    use strata::{Runtime, Tier};
+    const PAGE: usize = 4096;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 256 * PAGE as u64)
+        .host(512 * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let b = rt
+        .alloc_with(200 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    let data: Vec<u8> = (0..200 * PAGE).map(|i| (i % 251) as u8).collect();
+    b.write(0, &data).unwrap();
+    let links = || rt.stats().device_links.unwrap();
+    let (h2d, _) = links();
+    b.prefetch(0..200 * PAGE as u64, Tier::Device)
+        .wait()
+        .unwrap();
+    assert_eq!(b.residency().in_tier(Tier::Device), 200);
+    let (h2d_after, d2h) = links();
+    assert_eq!(h2d_after.ops - h2d.ops, 2, "200 pages: 128 + 72");
+    assert_eq!(h2d_after.bytes - h2d.bytes, 200 * PAGE as u64);
+    // Written on the device (their host copies dropped), then evicted:
+    // a demand move, 32 pages a transfer.
+    let data: Vec<u8> = data.iter().map(|x| x ^ 0x5a).collect();
+    b.write(0, &data).unwrap();
+    assert_eq!(b.residency().in_tier(Tier::Device), 200);
+    b.evict(0..200 * PAGE as u64, Tier::Host).unwrap();
+    let (_, d2h_after) = links();
+    assert_eq!(d2h_after.ops - d2h.ops, 7, "200 pages: 6 × 32 + 8");
+    assert_eq!(b.residency().in_tier(Tier::Host), 200);
+    let mut back = vec![0; 200 * PAGE];
+    b.read(0, &mut back).unwrap();
+    assert!(back == data);
+}

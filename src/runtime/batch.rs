@@ -41,25 +41,43 @@ impl Kind {
         match self {
             Kind::Memory => copy_memory::move_pages(table, pages, dst, full),
             Kind::HostDevice => copy_device::move_pages(table, pages, dst, full),
-            Kind::Nvme if dst == Tier::Nvme => copy_nvme::write_out(table, pages, full),
-            Kind::Nvme => copy_nvme::read_in(table, pages, dst, full),
+            Kind::Nvme => {
+                // One session's queue at a time.
+                let mut pages = pages;
+                let mut first_err = None;
+                while !pages.is_empty() {
+                    let rest = pages.split_off(pages.len().min(table.batch()));
+                    let moved = if dst == Tier::Nvme {
+                        copy_nvme::write_out(table, pages, full)
+                    } else {
+                        copy_nvme::read_in(table, pages, dst, full)
+                    };
+                    if let Err(e) = moved {
+                        first_err.get_or_insert(e);
+                    }
+                    pages = rest;
+                }
+                first_err.map_or(Ok(()), Err)
+            }
         }
     }
 }
 
 /// Moves the pages of `pages` whose tier satisfies `wanted` into `dst`,
-/// `table.batch()` at a time. Returns the pages that found `dst` full; any
-/// other failure is returned as an error after the batch (its pages stay
-/// where they were).
+/// `chunk` at a time (their NVMe I/O, if any, `table.batch()` at a time:
+/// one session's queue). Returns the pages that found `dst` full; any other
+/// failure is returned as an error after the batch (its pages stay where
+/// they were).
 pub(crate) fn move_batched(
     table: &Table,
     pages: &[usize],
     dst: Tier,
     wanted: &dyn Fn(Tier) -> bool,
+    chunk: usize,
 ) -> Result<Vec<usize>> {
     let mut full = Vec::new();
     let mut first_err = None;
-    for chunk in pages.chunks(table.batch()) {
+    for chunk in pages.chunks(chunk.max(1)) {
         if let Err(e) = move_chunk(table, chunk, dst, wanted, &mut full) {
             first_err.get_or_insert(e);
         }

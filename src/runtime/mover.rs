@@ -49,7 +49,7 @@ use super::lanes::{Counts, Job, Lane, Window, IN_LANE};
 use super::registry::Registry;
 use super::request::{Priority, Request};
 use super::shared::Shared;
-use super::table::{lost, Lost, Table};
+use super::table::{lost, Lost, Table, DEVICE_BATCH};
 use super::ticket::Ticket;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::Tier;
@@ -245,9 +245,16 @@ impl Engine {
                 continue;
             };
             // Background eviction in smaller batches: a demand request
-            // waits at most for the batch its lane is running.
+            // waits at most for the batch its lane is running. Prefetches
+            // and the balancer's moves over the device link in larger ones:
+            // each batch is one transfer, waited for once.
+            let device_link = matches!(
+                (src, dst),
+                (Tier::Host, Tier::Device) | (Tier::Device, Tier::Host)
+            );
             let batch = match request.priority {
                 Priority::Reclaim => (table.batch() / 8).max(1),
+                Priority::Prefetch | Priority::Balance if device_link => DEVICE_BATCH,
                 _ => table.batch(),
             };
             for chunk in pages.chunks(batch) {
@@ -430,7 +437,9 @@ impl Engine {
             ..
         } = job;
         let wanted = |t: Tier| from.accepts(t);
-        let mut result = batch::move_batched(&table, &pages, dst, &wanted);
+        // The job is one batch (`submit` sized it).
+        let chunk = pages.len().max(1);
+        let mut result = batch::move_batched(&table, &pages, dst, &wanted, chunk);
         // A full destination gives up its clean copies first: room with
         // no I/O, and nothing lost.
         if let Ok(full) = &result {
@@ -438,7 +447,7 @@ impl Engine {
                 && clean::drop_copies(&self.tables, &self.shared, dst, full.len()) > 0
             {
                 let full = full.clone();
-                result = batch::move_batched(&table, &full, dst, &wanted);
+                result = batch::move_batched(&table, &full, dst, &wanted, chunk);
             }
         }
         // What does not fit gets room made for it, as a pin does (not for

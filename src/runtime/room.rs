@@ -59,7 +59,7 @@ impl Engine {
             if made == 0 {
                 break;
             }
-            result = batch::move_batched(table, &full, dst, wanted);
+            result = batch::move_batched(table, &full, dst, wanted, table.batch());
         }
         result
     }

@@ -31,6 +31,11 @@ pub(crate) use super::page::{lost, Begun, Entry, Freed, Loc, Lost, Resident, Zer
 /// Pages moved together: their NVMe I/O is in flight at once.
 pub(crate) const BATCH: usize = 32;
 
+/// Pages a prefetch or the balancer moves over the device link together:
+/// one transfer, waited for once (8 MiB at 64 KiB pages). Demand moves
+/// keep [`BATCH`]: one waits at most for the batch its lane is running.
+pub(crate) const DEVICE_BATCH: usize = 128;
+
 /// Pages of one batch, locked in ascending order.
 pub(crate) type Locked<'a> = Vec<(usize, MutexGuard<'a, Entry>)>;
 
