@@ -133,7 +133,8 @@ pub struct Stats {
 pub struct PriorityUse {
     /// "demand", "prefetch", "balance" or "reclaim".
     pub priority: &'static str,
-    /// Batches run (up to 32 pages each).
+    /// Batches run (up to 32 pages each; up to 128 for a prefetch or a
+    /// balancer move over the device link; 4 for background eviction).
     pub batches: u64,
     /// Mean time a batch waited in its lane's queue, in microseconds.
     pub mean_queued_us: f64,
