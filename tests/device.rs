@@ -286,3 +286,34 @@ fn prefetches_cross_the_device_link_in_large_batches() {
     b.read(0, &mut back).unwrap();
     assert!(back == data);
 }
+
+/// A large batch never asks for more move reservations than there are to
+/// spare (each page of a move holds a second slot until it commits): with
+/// most of the capacity promised to unwritten pages, a prefetch still
+/// moves every page into a device with room.
+#[test]
+fn a_large_batch_fits_the_reservations_to_spare() {
+    use strata::runtime::Placement;
+    use strata::{Runtime, Tier};
+    const PAGE: usize = 4096;
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .device(DeviceChoice::Sim, 256 * PAGE as u64)
+        .host(512 * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    // 700 of the 768 pages promised: 68 reservations to spare.
+    let b = rt
+        .alloc_with(700 * PAGE as u64, Placement::Prefer(Tier::Host))
+        .unwrap();
+    let data = vec![7u8; 128 * PAGE];
+    b.write(0, &data).unwrap();
+    b.prefetch(0..128 * PAGE as u64, Tier::Device)
+        .wait()
+        .unwrap();
+    assert_eq!(b.residency().in_tier(Tier::Device), 128);
+    let mut back = vec![0; 128 * PAGE];
+    b.read(0, &mut back).unwrap();
+    assert!(back == data);
+}

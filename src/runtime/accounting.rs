@@ -175,6 +175,13 @@ impl Accounting {
         Ok(())
     }
 
+    /// Move reservations [`reserve_move`](Self::reserve_move) would grant
+    /// now.
+    pub(crate) fn spare_for_moves(&self) -> u64 {
+        let r = self.reserved.lock();
+        self.total_pages.saturating_sub(r.promised + r.moving)
+    }
+
     /// Gives back move reservations.
     pub(crate) fn release_moves(&self, pages: u64) {
         {

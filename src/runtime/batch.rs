@@ -77,10 +77,21 @@ pub(crate) fn move_batched(
 ) -> Result<Vec<usize>> {
     let mut full = Vec::new();
     let mut first_err = None;
-    for chunk in pages.chunks(chunk.max(1)) {
-        if let Err(e) = move_chunk(table, chunk, dst, wanted, &mut full) {
+    let mut rest = pages;
+    while !rest.is_empty() {
+        // Each page of a move holds a second slot until it commits: a
+        // chunk larger than the reservations to spare would send its
+        // surplus to `full` with the tier not full. Never fewer than a
+        // batch, as before larger chunks.
+        let spare = table.rt.acct.spare_for_moves();
+        let n = (chunk.min(spare.max(table.batch() as u64) as usize))
+            .max(1)
+            .min(rest.len());
+        let (now, later) = rest.split_at(n);
+        if let Err(e) = move_chunk(table, now, dst, wanted, &mut full) {
             first_err.get_or_insert(e);
         }
+        rest = later;
     }
     first_err.map_or(Ok(full), Err)
 }
