@@ -456,15 +456,13 @@ impl Balancer {
     /// below hold clean copies at most), below its high watermark.
     fn settled(&self, rt: &Shared) -> bool {
         let fast = self.levels[0].upper;
-        let high = |t: Tier| {
-            let store = rt.store(t).expect("balanced tiers are configured");
-            (store.used_pages() as f64) <= store.capacity_pages() as f64 * rt.watermarks.high
-        };
-        high(fast)
-            && rt.tiers.below(fast).iter().all(|&t| {
-                rt.store(t)
-                    .is_some_and(|s| u64::from(s.used_pages()) <= rt.acct.clean_copies(t))
-            })
+        let store = rt.store(fast).expect("balanced tiers are configured");
+        let room =
+            f64::from(store.used_pages()) <= f64::from(store.capacity_pages()) * rt.watermarks.high;
+        room && rt.tiers.below(fast).iter().all(|&t| {
+            rt.store(t)
+                .is_some_and(|s| u64::from(s.used_pages()) <= rt.acct.clean_copies(t))
+        })
     }
 
     /// What was touched since the last round: (count, page id), counted at

@@ -81,8 +81,8 @@ pub(crate) fn move_batched(
     while !rest.is_empty() {
         // Each page of a move holds a second slot until it commits: a
         // chunk larger than the reservations to spare would send its
-        // surplus to `full` with the tier not full. Never fewer than a
-        // batch, as before larger chunks.
+        // surplus to `full` with the tier not full. (Never below a batch
+        // of `table.batch()`: what every chunk was before some grew.)
         let spare = table.rt.acct.spare_for_moves();
         let n = (chunk.min(spare.max(table.batch() as u64) as usize))
             .max(1)

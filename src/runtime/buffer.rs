@@ -529,8 +529,8 @@ impl Buffer {
         // The engine groups the pages by the tier they are in now, one lane
         // each; a lane re-checks every page under its lock.
         let ticket = Ticket::new();
-        // The balancer's policies hear of it (`Policy::hint`) unless it is
-        // cancelled first.
+        // The balancer's policies hear of it (`Policy::hint`; of a request
+        // cancelled before the next round, of the pages that came).
         self.inner
             .hints
             .add(tier, self.table.id, pages.clone(), &ticket);
