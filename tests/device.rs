@@ -8,8 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use strata::device::{self, BackendKind, DeviceBackend, DeviceChoice};
+use strata::runtime::Placement;
 use strata::tier::{DeviceStore, PageStore, Slot};
-use strata::ErrorKind;
+use strata::{ErrorKind, Tier};
 
 use common::pattern;
 
@@ -245,20 +246,26 @@ mod cuda_layer {
     }
 }
 
-/// A prefetch over the device link goes in batches of 128 pages (one
-/// transfer each, waited for once); a demand move (an eviction) in 32.
-#[test]
-fn prefetches_cross_the_device_link_in_large_batches() {
-    use strata::runtime::Placement;
-    use strata::{Runtime, Tier};
-    const PAGE: usize = 4096;
-    let rt = Runtime::builder()
+/// Pages of the runtimes below.
+const PAGE: usize = 4096;
+
+/// A runtime of a 256-page simulated device over 512 pages of DRAM, no
+/// background eviction.
+fn sim_runtime() -> strata::Runtime {
+    strata::Runtime::builder()
         .page_size(PAGE)
         .device(DeviceChoice::Sim, 256 * PAGE as u64)
         .host(512 * PAGE as u64)
         .background_eviction(false)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// A prefetch over the device link goes in batches of 128 pages (one
+/// transfer each, waited for once); a demand move (an eviction) in 32.
+#[test]
+fn prefetches_cross_the_device_link_in_large_batches() {
+    let rt = sim_runtime();
     let b = rt
         .alloc_with(200 * PAGE as u64, Placement::Prefer(Tier::Host))
         .unwrap();
@@ -293,16 +300,7 @@ fn prefetches_cross_the_device_link_in_large_batches() {
 /// moves every page into a device with room.
 #[test]
 fn a_large_batch_fits_the_reservations_to_spare() {
-    use strata::runtime::Placement;
-    use strata::{Runtime, Tier};
-    const PAGE: usize = 4096;
-    let rt = Runtime::builder()
-        .page_size(PAGE)
-        .device(DeviceChoice::Sim, 256 * PAGE as u64)
-        .host(512 * PAGE as u64)
-        .background_eviction(false)
-        .build()
-        .unwrap();
+    let rt = sim_runtime();
     // 700 of the 768 pages promised: 68 reservations to spare.
     let b = rt
         .alloc_with(700 * PAGE as u64, Placement::Prefer(Tier::Host))
