@@ -12,9 +12,15 @@ use strata::{ErrorKind, Runtime, Tier};
 const PAGE: usize = 16 << 10;
 
 fn runtime() -> Runtime {
+    runtime_with_device(8)
+}
+
+/// A simulated device of `pages` pages over 64 of DRAM, background
+/// eviction off.
+fn runtime_with_device(pages: u64) -> Runtime {
     Runtime::builder()
         .page_size(PAGE)
-        .device(DeviceChoice::Sim, 8 * PAGE as u64)
+        .device(DeviceChoice::Sim, pages * PAGE as u64)
         .host(64 * PAGE as u64)
         .background_eviction(false)
         .build()
@@ -784,13 +790,7 @@ fn a_round_with_everything_in_place_replays_nothing_and_resumes_when_a_page_is_b
 #[test]
 fn prefetches_are_hints_when_everything_is_in_place_and_when_cancelled_late() {
     let run = |policy: PolicyKind, cancel_late: bool| {
-        let rt = Runtime::builder()
-            .page_size(PAGE)
-            .device(DeviceChoice::Sim, 16 * PAGE as u64)
-            .host(64 * PAGE as u64)
-            .background_eviction(false)
-            .build()
-            .unwrap();
+        let rt = runtime_with_device(16);
         let b = rt
             .alloc_with(12 * PAGE as u64, Placement::Prefer(Tier::Host))
             .unwrap();
