@@ -369,6 +369,7 @@ def worker(args):
             offload_folder=nvme,
             checkpoint=ckpt,
             prefetch=(name != "strata-nopf"),
+            max_prefetch=args.max_prefetch or None,
             record_routing=trace,
             host_in_place=False if name == "strata-slots" else None,
         )
@@ -443,7 +444,7 @@ def run_worker(args, work, meta, name, frac, trial, limit):
     else:
         cmd = [sys.executable, __file__, "--worker", name, "--fraction", str(frac), "--trial", str(trial),
                "--work", str(work), "--new-tokens", str(args.new_tokens), "--limit", str(limit or 0),
-               "--torch-threads", str(args.torch_threads),
+               "--torch-threads", str(args.torch_threads), "--max-prefetch", str(args.max_prefetch),
                "--strata-host", str(max(0, (args.slack - args.strata_buffers) * MIB))]
     # Every configuration in a cgroup of its own (for its peak); the worker
     # sets the limit once it has loaded.
@@ -556,6 +557,8 @@ def main():
     ap.add_argument("--strata-buffers", type=int, default=176,
                     help="MiB of the slack strata leaves for its own buffers; the rest is its host tier")
     ap.add_argument("--strata-host", type=int, default=0)
+    ap.add_argument("--max-prefetch", type=int, default=0,
+                    help="experts strata prefetches per layer (0: strata.moe's default, the router's top-k)")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch's threads in every torch configuration, DRAM included (0: torch's default); "
                          "on a 2-core machine one is faster for this model in DRAM too")
