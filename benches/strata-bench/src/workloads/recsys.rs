@@ -198,7 +198,10 @@ mod tests {
         let b = generate(&dist, 8, 100_000, 64, 4, 2, 2).unwrap();
         for (ba, bb) in a.iter().zip(&b) {
             for ta in ba {
-                assert!(bb.iter().all(|tb| tb != ta), "a table's draws repeat under another seed");
+                assert!(
+                    bb.iter().all(|tb| tb != ta),
+                    "a table's draws repeat under another seed"
+                );
             }
         }
         // The same seed, the same draws.
