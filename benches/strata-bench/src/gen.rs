@@ -551,7 +551,11 @@ pub fn shift(
     let mut out = Vec::with_capacity(accesses);
     let mut k = 0u64;
     while out.len() < accesses {
-        // Each phase ranks its pages afresh: what was hot is not hot now.
+        // Each phase ranks its pages by a scramble of its own offset: the
+        // last phase's ranking rotated by a random number of ranks (not an
+        // independent draw; with overlap 0 the phases' pages are disjoint
+        // and it makes no difference). The corpus's traces are made by it,
+        // so it stays as it is.
         let scramble = Scramble::new(pages, &mut rng);
         let base = k * step;
         let n = phase.min(accesses - out.len());
