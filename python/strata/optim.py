@@ -170,6 +170,21 @@ def _check_hyper(hyper: Dict[str, Any], weight_decay: float, group: int) -> None
         )
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes a and b span (from their first element to their
+    last, strides included) overlap."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t):
+        start = t.data_ptr()
+        reach = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+        return start, start + (reach + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def _chunk_bytes(numel: int, limit: int) -> int:
     """A power-of-two chunk no larger than needed (4 KiB at least)."""
     want = max(4096, 1 << max(0, (numel * 4 - 1).bit_length()))
@@ -223,8 +238,13 @@ class _OffloadedAdamBase(Optimizer):
             raise ValueError(f"unknown optimizer state tier {tier!r} (use 'host', 'cxl' or 'nvme')")
         if updater not in ("cpu", "cuda"):
             raise InvalidArgumentError(f"unknown updater {updater!r} (use 'cpu' or 'cuda')")
-        if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
-            raise InvalidArgumentError(f"chunk_bytes {chunk_bytes!r} is not a positive byte count")
+        if (
+            not isinstance(chunk_bytes, int)
+            or isinstance(chunk_bytes, bool)
+            or not 4096 <= chunk_bytes <= 2 << 20
+            or chunk_bytes & (chunk_bytes - 1)
+        ):
+            raise InvalidArgumentError(f"chunk_bytes {chunk_bytes!r} is not a power of two from 4 KiB to 2 MiB")
         if runtime is not None and nvme_path is not None:
             raise ValueError("nvme_path is the runtime's own for an optimizer on a runtime; leave it None")
         if runtime is None:
@@ -359,6 +379,10 @@ class _OffloadedAdamBase(Optimizer):
             raise TypeError(
                 f"strata.optim cannot step {self._name(p)} ({t.dtype}): its gradient is {g.dtype} "
                 f"on {g.device}; use {t.dtype} or torch.float32 on the CPU"
+            )
+        if _overlap(g, t):
+            raise InvalidArgumentError(
+                f"the gradient of {self._name(p)} shares the parameter's memory; give it a gradient of its own"
             )
         return g
 
@@ -635,10 +659,18 @@ class _OffloadedAdamBase(Optimizer):
         params = chain.from_iterable(g["params"] for g in self.param_groups)
         saved = state_dict.get("state", {})
         raw = {p: saved[i] for i, p in zip(saved_ids, params) if i in saved}
-        # Every state checked before anything changes: a state dict refused
-        # leaves this optimizer's state as it was.
+        # Every state and every group's options checked before anything
+        # changes: a state dict refused leaves this optimizer as it was.
         for p, st in raw.items():
             self._check_loadable(p, st)
+        for k, group in enumerate(state_dict.get("param_groups", [])):
+            try:
+                hyper = self._hyper(group)
+            except (KeyError, TypeError, ValueError, IndexError):
+                raise InvalidArgumentError(
+                    f"the state dict's param group {k} lacks lr, betas, eps or weight_decay, or one is not a number"
+                ) from None
+            _check_hyper(hyper, float(group["weight_decay"]), k)
         super().load_state_dict(state_dict)
         loaded = {p: raw.get(p, st) for p, st in self.state.items()}
         self.state = defaultdict(dict)

@@ -129,6 +129,14 @@ def test_a_refused_state_dict_leaves_the_state_as_it_was():
         with pytest.raises(strata.InvalidArgumentError, match=key):
             opt.load_state_dict(sd)
         assert_same_states(opt.state_dict(), before)
+    # A group's options an Adam step cannot take are refused with the rest.
+    for key, bad in (("lr", float("nan")), ("betas", (0.9, 1.5)), ("eps", -1.0), ("lr", None)):
+        sd = copy.deepcopy(before)
+        sd["param_groups"][-1][key] = bad
+        with pytest.raises(strata.InvalidArgumentError, match=f"param group {len(sd['param_groups']) - 1}"):
+            opt.load_state_dict(sd)
+        assert_same_states(opt.state_dict(), before)
+        assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in before["param_groups"]]
     # And the optimizer goes on from where it was, as a twin that was never
     # handed a bad state dict.
     twin_m = copy.deepcopy(m)
@@ -174,6 +182,14 @@ def test_a_step_refused_for_one_parameter_moves_no_other():
         q.data, q.grad = bad, grad
         p.grad = torch.ones(4)
         with pytest.raises(error):
+            opt.step()
+        assert torch.equal(p, after_one)
+    # A gradient sharing its parameter's memory is refused the same way.
+    base = torch.ones(8)
+    for grad in (base[:6].view(3, 2), base[2:].view(3, 2)):  # the same memory, or part of it
+        q.data = base[:6].view(3, 2)
+        q.grad, p.grad = grad, torch.ones(4)
+        with pytest.raises(strata.InvalidArgumentError, match="shares the parameter's memory"):
             opt.step()
         assert torch.equal(p, after_one)
     q.data, q.grad = torch.ones(3, 2), torch.ones(3, 2)
@@ -269,8 +285,11 @@ def test_refusals():
         strata.optim.AdamW(model().parameters(), tier="host", nvme_path="/tmp")
     with pytest.raises(strata.InvalidArgumentError, match="unknown updater 'gpu'"):
         strata.optim.AdamW(model().parameters(), updater="gpu")
-    with pytest.raises(strata.InvalidArgumentError, match="chunk_bytes 0"):
-        strata.optim.AdamW(model().parameters(), chunk_bytes=0)
+    # A chunk a state array cannot stream in is refused at construction, not
+    # at the first step of a parameter large enough to use it.
+    for bad in (0, 3 << 20, 4 << 20, 2048, 12288):
+        with pytest.raises(strata.InvalidArgumentError, match=f"chunk_bytes {bad} is not a power of two"):
+            strata.optim.AdamW(model().parameters(), chunk_bytes=bad)
 
 
 def test_offloaded_adam_directly():
