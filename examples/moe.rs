@@ -36,7 +36,7 @@ fn main() -> strata::Result<()> {
             }
             predictor.observe(l, (l > 0).then(|| &routing[l - 1][..]), &routing[l]);
             // 10 µs of modelled compute per layer.
-            cache.advance(10e-6);
+            cache.advance(10e-6)?;
         }
     }
     let s = cache.stats();

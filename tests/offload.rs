@@ -2,7 +2,9 @@
 //! every tier, importance-aware convergence, the expert cache's contract.
 
 use strata::link::LinkModel;
-use strata::offload::moe::{parse_routing, parse_trace, Eviction, ExpertCache, MoeConfig};
+use strata::offload::moe::{
+    parse_routing, parse_trace, Eviction, ExpertCache, MoeConfig, MAX_MODELLED_SECONDS,
+};
 use strata::offload::optim::{
     AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier, Updater,
 };
@@ -656,6 +658,24 @@ fn the_modelled_clock_is_the_simulated_devices_link() {
     );
 }
 
+/// The caller's compute time is a duration: anything else, or one that
+/// would take the clock where its times lose their precision, is refused
+/// and leaves the clock where it was.
+#[test]
+fn the_modelled_clock_takes_only_durations() {
+    let c = paged_cache(2, true);
+    c.advance(0.5).unwrap();
+    let now = c.modelled_now().unwrap();
+    for bad in [-1.0, f64::NAN, f64::INFINITY, MAX_MODELLED_SECONDS, 1.7e308] {
+        let err = c.advance(bad).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
+        assert_eq!(c.modelled_now(), Some(now), "{bad}");
+    }
+    c.advance(MAX_MODELLED_SECONDS - 1.0).unwrap();
+    drop(c.fetch(0, 1).unwrap());
+    assert!(c.stats().stall_seconds.is_finite());
+}
+
 #[test]
 fn a_demand_fetch_overtakes_queued_prefetches() {
     let expert = link_seconds(256 << 10);
@@ -665,7 +685,7 @@ fn a_demand_fetch_overtakes_queued_prefetches() {
         assert_eq!(c.prefetch(1, &[0, 1]).unwrap(), 2);
         // The first prefetch's first page is on the wire when the demand
         // fetch comes.
-        c.advance(1e-6);
+        c.advance(1e-6).unwrap();
         drop(c.fetch(0, 2).unwrap());
         let stall = c.stats().stall_seconds;
         if priority {
@@ -694,7 +714,7 @@ fn a_fetch_of_a_prefetch_in_flight_waits_only_for_its_rest() {
     let c = paged_cache(4, true);
     assert_eq!(c.prefetch(1, &[0]).unwrap(), 1);
     // Halfway through its modelled transfer.
-    c.advance(expert / 2.0);
+    c.advance(expert / 2.0).unwrap();
     drop(c.fetch(1, 0).unwrap());
     let s = c.stats();
     assert_eq!((s.hits, s.late_prefetch_hits, s.prefetches_used), (1, 1, 1));
@@ -749,7 +769,7 @@ fn the_routers_picks_keep_their_prefetches_when_the_rest_are_cancelled() {
 fn a_finished_prefetch_no_fetch_used_is_unprotected_when_its_layer_cancels() {
     let c = paged_cache(2, true);
     assert_eq!(c.prefetch(1, &[0, 1]).unwrap(), 2);
-    c.advance(1.0);
+    c.advance(1.0).unwrap();
     // Both arrived: nothing to cancel, and the slots still hold them.
     assert_eq!(c.cancel_prefetches(1).unwrap(), 0);
     assert!(c.is_resident(1, 0).unwrap() && c.is_resident(1, 1).unwrap());
@@ -770,7 +790,7 @@ fn a_finished_prefetch_no_fetch_used_is_unprotected_when_its_layer_cancels() {
 fn a_finished_prefetch_is_not_cancelled() {
     let c = paged_cache(2, true);
     assert_eq!(c.prefetch(1, &[3]).unwrap(), 1);
-    c.advance(1e-3);
+    c.advance(1e-3).unwrap();
     assert_eq!(c.cancel_prefetches(1).unwrap(), 0);
     let before = c.stats().stall_seconds;
     drop(c.fetch(1, 3).unwrap());

@@ -350,11 +350,7 @@ impl ExpertCache {
     /// Advances the modelled clock of the simulated device by the caller's
     /// compute time, seconds (a no-op on a GPU).
     fn advance(&self, seconds: f64) -> PyResult<()> {
-        if !seconds.is_finite() || seconds < 0.0 {
-            return Err(invalid(format!("advance({seconds}): not a duration")));
-        }
-        self.cache.read().advance(seconds);
-        Ok(())
+        self.cache.read().advance(seconds).map_err(raise)
     }
 
     /// The modelled clock, seconds (simulated device); None on a GPU.

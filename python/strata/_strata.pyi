@@ -478,7 +478,9 @@ class ExpertCache:
         """Cancels the layer's unused, unfinished prefetches (but those of
         the experts in ``keep``, the layer's own picks); returns how many."""
     def advance(self, seconds: float) -> None:
-        """Advances the simulated device's modelled clock by compute time."""
+        """Advances the simulated device's modelled clock by compute time
+        (InvalidArgumentError for a negative or non-finite duration, or one
+        that would take the clock past 1e9 s)."""
     def modelled_now(self) -> Optional[float]: ...
     def is_resident(self, layer: int, expert: int) -> bool: ...
     def is_ready(self, layer: int, expert: int) -> bool:

@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_page_size
+from ._checks import check_count, check_page_size
 from ._strata import ExpertCache, InvalidArgumentError
 
 __all__ = ["offload", "OffloadedMoE", "StrataExperts", "StrataGroupedMoE", "find_moe_blocks"]
@@ -129,6 +129,9 @@ def _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path):
             raise InvalidArgumentError("give max_memory or host_bytes/device_bytes, not both")
         if not isinstance(max_memory, dict):
             raise InvalidArgumentError(f"max_memory must be a dict such as {{'cpu': '8GiB', 0: '20GiB'}}, not {max_memory!r}")
+        devices = [key for key in max_memory if key in (0, "cuda", "cuda:0")]
+        if len(devices) > 1:
+            raise InvalidArgumentError(f"max_memory names the device {len(devices)} times ({devices}); give one")
         for key, value in max_memory.items():
             if key == "cpu":
                 host_bytes = _bytes(value, 'max_memory["cpu"]')
@@ -1224,6 +1227,17 @@ def offload(
             "block with a router `gate` (Mixtral, Qwen2-MoE in transformers 5)"
         )
     device_bytes, host_bytes, nvme_path = _budgets(max_memory, offload_folder, device_bytes, host_bytes, nvme_path)
+    if device_slots is not None:
+        check_count(device_slots, "device_slots", 1)
+    if max_prefetch is not None:
+        check_count(max_prefetch, "max_prefetch")
+    if protect_fetches is not None:
+        check_count(protect_fetches, "protect_fetches")
+    if nvme_capacity is not None:
+        nvme_capacity = _bytes(nvme_capacity, "nvme_capacity")
+    if isinstance(eviction, str):
+        # The cache takes any case; the default decay depends on which.
+        eviction = eviction.lower()
     if device_slots is not None and device_bytes is not None:
         raise InvalidArgumentError("give device_slots or a device budget (device_bytes, max_memory[0]), not both")
     if page_size is not None:

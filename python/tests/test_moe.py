@@ -656,7 +656,7 @@ def test_an_unsupported_experts_module_is_named():
         strata.moe.offload(model)
 
 
-def test_bad_input_raises_clear_errors(tmp_path):
+def test_bad_input_raises_clear_errors(tmp_path, monkeypatch):
     m = mixtral()
     with pytest.raises(strata.InvalidArgumentError, match="holds no expert"):
         strata.moe.offload(m, device_bytes=EXPERT_BYTES // 2)
@@ -666,9 +666,19 @@ def test_bad_input_raises_clear_errors(tmp_path):
         strata.moe.offload(m, max_memory={"cpu": "0GiB"}, offload_folder=tmp_path)
     with pytest.raises(strata.InvalidArgumentError, match="not both"):
         strata.moe.offload(m, device_slots=2, max_memory={0: 1})
-    for page in (0, 3000, "64K"):
+    for page in (0, 3000, "64K", 1 << 30, 2048):
         with pytest.raises(strata.InvalidArgumentError, match="page_size"):
             strata.moe.offload(m, page_size=page)
+    # Counts that are not whole numbers are refused up front, naming the
+    # argument, rather than in the first forward.
+    for name, bad in (("max_prefetch", -1), ("max_prefetch", 1.5), ("max_prefetch", "2"), ("device_slots", True),
+                      ("device_slots", 0), ("protect_fetches", 1.5)):
+        with pytest.raises(strata.InvalidArgumentError, match=f"{name} {bad!r} is not a whole number"):
+            strata.moe.offload(m, **{name: bad})
+    with pytest.raises(strata.InvalidArgumentError, match="nvme_capacity -5000 is not a size"):
+        strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path, nvme_capacity=-5000)
+    with pytest.raises(strata.InvalidArgumentError, match="names the device 2 times"):
+        strata.moe.offload(m, max_memory={0: "1MiB", "cuda": "1GiB"})
     with pytest.raises(strata.InvalidArgumentError, match="host_bytes 'lots' is not a size"):
         strata.moe.offload(m, host_bytes="lots")
     with pytest.raises(strata.StrataError, match="missing"):
@@ -689,6 +699,23 @@ def test_bad_input_raises_clear_errors(tmp_path):
     padded = -(-moe.layout["expert_bytes"] // page) * page
     assert padded > EXPERT_BYTES
     assert strata.moe.offload(mixtral(), device_bytes=3 * padded - 1).cache.device_slots == 2
+    # A size in accelerate's words for the NVMe tier too.
+    m3 = mixtral()
+    moe3 = strata.moe.offload(m3, host_bytes=2 * padded, nvme_path=tmp_path, nvme_capacity="64MiB")
+    assert moe3.cache.device_slots == max(1, EXPERTS * LAYERS // 4)
+    moe3.close()
+    # The eviction's name in any case gets that eviction's default decay.
+    seen = []
+
+    def spy(**kw):
+        seen.append((kw["eviction"], kw["decay"]))
+        return strata.ExpertCache(**kw)
+
+    monkeypatch.setattr(strata.moe, "ExpertCache", spy)
+    strata.moe.offload(mixtral(), eviction="LRFU")
+    strata.moe.offload(mixtral(), eviction="lrfu")
+    assert seen[0] == seen[1] and seen[0][0] == "lrfu"
+    monkeypatch.undo()
     # Offloading twice is refused as such.
     with pytest.raises(strata.InvalidArgumentError, match="offloaded already"):
         strata.moe.offload(m2)
@@ -822,6 +849,12 @@ def test_expert_cache_binding_round_trip():
     assert s["fetches"] == 6 and s["prefetches_used"] == 2 and s["evictions"] >= 4
     assert s["stall_modelled"] is True and s["hit_rate"] == s["hits"] / 6
     assert c.nvme_stats() is None  # no NVMe tier
+    # The modelled clock takes durations, and none that would overrun it.
+    now = c.modelled_now()
+    for bad in (-1.0, float("nan"), 1.7e308):
+        with pytest.raises(strata.InvalidArgumentError, match="advance"):
+            c.advance(bad)
+    assert c.modelled_now() == now
     with pytest.raises(strata.InvalidArgumentError, match="exactly one"):
         strata.ExpertCache(slot_bytes=8192, host_bytes=1 << 20)
 

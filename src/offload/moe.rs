@@ -88,6 +88,11 @@ use super::reuse::Reuse;
 use crate::runtime::{Buffer, Pin, Placement, Runtime, Ticket};
 use crate::tier::{NvmeConfig, Tier};
 
+/// The furthest [`ExpertCache::advance`] takes the modelled clock, in
+/// seconds (about 30 years; up to there an `f64` clock still resolves a
+/// tenth of a microsecond, what the link's transfers need).
+pub const MAX_MODELLED_SECONDS: f64 = 1e9;
+
 /// How the cache picks victims.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -1426,13 +1431,28 @@ impl ExpertCache {
 
     /// Advances the modelled clock by the caller's compute time (simulated
     /// device only; a no-op on a real GPU, where time passes by itself).
-    pub fn advance(&self, seconds: f64) {
+    /// `InvalidArgument` for a duration that is negative or not finite, or
+    /// that would take the clock past [`MAX_MODELLED_SECONDS`] (where the
+    /// modelled times would lose their precision); the clock is unchanged.
+    pub fn advance(&self, seconds: f64) -> Result<()> {
+        if !seconds.is_finite() || seconds < 0.0 {
+            return Err(Error::invalid(format!(
+                "advance({seconds}): not a duration"
+            )));
+        }
         let mut s = self.state.lock();
         let s = &mut *s;
         if let Some(c) = &mut s.clock {
-            c.now += seconds.max(0.0);
+            if c.now + seconds > MAX_MODELLED_SECONDS {
+                return Err(Error::invalid(format!(
+                    "advance({seconds}): the modelled clock ({} s) would pass {MAX_MODELLED_SECONDS:e} s",
+                    c.now
+                )));
+            }
+            c.now += seconds;
             c.run_until(c.now, &mut s.meta);
         }
+        Ok(())
     }
 
     /// The host→device link the modelled clock runs on: the simulated

@@ -564,14 +564,14 @@ fn d2h_bytes(cache: &ExpertCache) -> u64 {
 
 /// `seconds` of compute: spun on a real GPU (while prefetches cross the
 /// link), advanced on the simulated device's clock.
-fn run_compute(cache: &ExpertCache, seconds: f64, measured: bool) {
+fn run_compute(cache: &ExpertCache, seconds: f64, measured: bool) -> Result<()> {
     if measured {
         let until = Instant::now() + std::time::Duration::from_secs_f64(seconds);
         while Instant::now() < until {
             std::hint::spin_loop();
         }
     }
-    cache.advance(seconds);
+    cache.advance(seconds)
 }
 
 /// The run's shape: layers, experts a layer, device slots, and the most
@@ -671,7 +671,7 @@ fn run_config(
             // The layer's attention and router: only reads already on the
             // link progress meanwhile.
             if other > 0.0 {
-                run_compute(&cache, other, measured);
+                run_compute(&cache, other, measured)?;
             }
             let routed = &tok[l];
             // strata.moe's layer: the routed experts already resident are
@@ -723,7 +723,7 @@ fn run_config(
                 }
                 drop(pin);
                 if config == Config::Strata {
-                    run_compute(&cache, share, measured);
+                    run_compute(&cache, share, measured)?;
                 }
             }
             if config == Config::Strata {
@@ -735,7 +735,7 @@ fn run_config(
             }
             pred.observe(l, (l > 0).then(|| &tok[l - 1][..]), routed);
             if config != Config::Strata {
-                run_compute(&cache, compute, measured);
+                run_compute(&cache, compute, measured)?;
             }
         }
         if t % 16 == 0 {
