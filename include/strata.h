@@ -41,7 +41,9 @@
  *   into C.
  * - Pointers: a pointer with a length must point to that many bytes (NULL
  *   is fine when the length is 0). Pointers are used only during the call,
- *   except where a function says otherwise.
+ *   except where a function says otherwise. An output (an array or an
+ *   out-pointer) that shares memory with another of the call's arrays or
+ *   outputs is refused with STRATA_ERR_INVALID_ARGUMENT.
  * - DLPack: the DLPack structs (DLDevice, DLDataType, DLTensor,
  *   DLManagedTensor, ...) follow dlpack/dlpack.h v1.1 and are declared here
  *   only when that header was not included first (include it first to use
@@ -1284,7 +1286,9 @@ int strata_dlpack_export(const struct strata_buffer *buf,
  * Deletes a tensor from `strata_dlpack_export` that was not handed to a
  * consumer (the same as calling its deleter). NULL is a no-op; a pointer
  * strata did not export, or one already deleted, is refused with
- * `STRATA_ERR_INVALID_HANDLE` (never freed). Thread-safe.
+ * `STRATA_ERR_INVALID_HANDLE` (never freed) — a deleted one while strata
+ * still holds its memory back: until 256 later tensors were deleted, after
+ * which its address may be a newer tensor's. Thread-safe.
  */
 int strata_dlpack_free(struct DLManagedTensor *tensor);
 
@@ -2109,7 +2113,10 @@ int strata_stats_json_copy(const struct strata_runtime *rt, char *buf, size_t ca
  * Frees a string strata returned (`strata_stats_json`,
  * `strata_runtime_config_json`, `strata_config_json`). NULL is a no-op; a
  * pointer strata did not return, or one already freed, is refused with
- * `STRATA_ERR_INVALID_HANDLE` (and never freed). Thread-safe.
+ * `STRATA_ERR_INVALID_HANDLE` (and never freed) — a freed one while
+ * strata still holds its memory back: until 256 later strings (or 4 MiB
+ * of them) were freed, after which its address may be a newer string's.
+ * Thread-safe.
  */
 int strata_string_free(char *s);
 
@@ -2144,8 +2151,8 @@ const char *strata_last_error(void);
  * length). Returns `STRATA_OK`, `STRATA_ERR_BUFFER_TOO_SMALL` (truncated;
  * `*len` and the truncated text are written), `STRATA_ERR_NULL_POINTER`
  * (`buf` NULL with `cap` > 0) or `STRATA_ERR_INVALID_ARGUMENT` (`len`
- * misaligned), when neither `buf` nor `*len` is changed; it never changes
- * the last error itself.
+ * misaligned, or inside `buf`), when neither `buf` nor `*len` is changed;
+ * it never changes the last error itself.
  *
  * # Safety
  * `buf` is NULL or points to `cap` writable bytes; `len` is NULL or points

@@ -107,7 +107,11 @@ pub unsafe extern "C" fn strata_alloc_in(
 #[no_mangle]
 pub extern "C" fn strata_buffer_free(buf: *mut strata_buffer) -> c_int {
     boundary("strata_buffer_free", || {
-        drop(objects::remove(buf)?);
+        // Pins and DLPack tensors made from it may keep the buffer itself
+        // alive; its device maps' launches end with the handle all the same.
+        if let Some(b) = objects::remove(buf)? {
+            b.buffer.close_launches();
+        }
         Ok(STRATA_OK)
     })
 }

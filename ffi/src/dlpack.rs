@@ -21,6 +21,7 @@ use strata::{Buffer, Error, ErrorKind, Result, Runtime, Tier};
 
 use crate::cast;
 use crate::enums::{strata_tier, tier};
+use crate::handle::Quarantine;
 use crate::objects::{self, strata_buffer};
 use crate::status::{boundary, boundary_void, Fail, R, STRATA_ERR_INVALID_HANDLE, STRATA_OK};
 
@@ -172,12 +173,18 @@ struct Managed {
     tensor: DLManagedTensor,
     shape: [i64; 1],
     strides: [i64; 1],
-    pin: OwnedPin,
+    /// Taken (the range unpinned) when the tensor is deleted.
+    pin: Option<OwnedPin>,
 }
 
 /// Tensors handed out and not yet deleted, by address: a deleter called
 /// twice, or with a stranger's pointer, is refused instead of freeing.
 static TENSORS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+/// Deleted tensors' boxes (their pins already ended), by address, held
+/// back so that a second delete is refused rather than deleting a newer
+/// tensor at the same address.
+static DELETED: Mutex<Quarantine<usize>> = Mutex::new(Quarantine::new());
 
 fn delete(t: *mut DLManagedTensor) -> R<()> {
     if t.is_null() {
@@ -190,10 +197,20 @@ fn delete(t: *mut DLManagedTensor) -> R<()> {
             format!("{t:p} is not a DLPack tensor strata exported, or it was deleted already"),
         ));
     }
+    let m = t.cast::<Managed>();
     // SAFETY: registered by `strata_dlpack_export` as a `Box<Managed>` whose
-    // first field is this tensor, and removed from the registry just now, so
-    // it is taken back exactly once.
-    drop(unsafe { cast::box_from_raw(t.cast::<Managed>()) });
+    // first field is this tensor, and removed from the registry just now: no
+    // one else takes it, and C's pointer to it is the consumer's last.
+    drop(unsafe { (*m).pin.take() });
+    let gone = DELETED
+        .lock()
+        .hold(m.expose_provenance(), std::mem::size_of::<Managed>());
+    for addr in gone {
+        // SAFETY: each a `Box<Managed>` from `strata_dlpack_export`, removed
+        // from the registry when deleted and held only by the quarantine,
+        // which let it go just now: taken back exactly once.
+        drop(unsafe { cast::box_from_raw(std::ptr::with_exposed_provenance_mut::<Managed>(addr)) });
+    }
     Ok(())
 }
 
@@ -315,7 +332,7 @@ pub fn dlpack_export_pinned(
         },
         shape: [elements],
         strides: [1],
-        pin,
+        pin: Some(pin),
     });
     let p = cast::box_into_raw(managed);
     // SAFETY: `p` is the live box just made; nothing else refers to it.
@@ -381,7 +398,9 @@ pub unsafe extern "C" fn strata_dlpack_export(
 /// Deletes a tensor from `strata_dlpack_export` that was not handed to a
 /// consumer (the same as calling its deleter). NULL is a no-op; a pointer
 /// strata did not export, or one already deleted, is refused with
-/// `STRATA_ERR_INVALID_HANDLE` (never freed). Thread-safe.
+/// `STRATA_ERR_INVALID_HANDLE` (never freed) — a deleted one while strata
+/// still holds its memory back: until 256 later tensors were deleted, after
+/// which its address may be a newer tensor's. Thread-safe.
 #[no_mangle]
 pub extern "C" fn strata_dlpack_free(tensor: *mut DLManagedTensor) -> c_int {
     boundary("strata_dlpack_free", || {

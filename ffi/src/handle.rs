@@ -373,3 +373,65 @@ mod tests {
         assert_eq!(t.get(a).unwrap_err().status, STRATA_ERR_INVALID_HANDLE);
     }
 }
+
+/// Freed blocks (strings, DLPack tensors) held back: the last
+/// [`HELD_FREED`] of a kind, at most [`HELD_FREED_BYTES`] in all.
+pub(crate) const HELD_FREED: usize = 256;
+/// See [`HELD_FREED`].
+pub(crate) const HELD_FREED_BYTES: usize = 4 << 20;
+
+/// Memory C freed (a string, a DLPack tensor), held back before it goes
+/// to the allocator, as the handle tables hold back their slots: while a
+/// block is held no new string or tensor can take its address, so a second
+/// free of the old pointer finds it unregistered and is refused, rather
+/// than freeing what then lives there. The oldest block is let go once
+/// [`HELD_FREED`] are held or they pass [`HELD_FREED_BYTES`].
+pub(crate) struct Quarantine<T> {
+    held: VecDeque<(T, usize)>,
+    bytes: usize,
+}
+
+impl<T> Quarantine<T> {
+    pub(crate) const fn new() -> Self {
+        Self {
+            held: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Holds `block` (`bytes` long); returns the blocks let go, for the
+    /// caller to free (outside its lock).
+    #[must_use]
+    pub(crate) fn hold(&mut self, block: T, bytes: usize) -> Vec<T> {
+        self.held.push_back((block, bytes));
+        self.bytes += bytes;
+        let mut out = Vec::new();
+        while self.held.len() > HELD_FREED || (self.bytes > HELD_FREED_BYTES && self.held.len() > 1)
+        {
+            let (b, n) = self.held.pop_front().expect("not empty");
+            self.bytes -= n;
+            out.push(b);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod quarantine_tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_blocks_go_first_by_count_and_by_bytes() {
+        let mut q = Quarantine::new();
+        for i in 0..HELD_FREED {
+            assert!(q.hold(i, 1).is_empty());
+        }
+        assert_eq!(q.hold(HELD_FREED, 1), vec![0]);
+        // A block past the byte bound lets the others go, never itself.
+        let gone = q.hold(usize::MAX, HELD_FREED_BYTES + 1);
+        assert_eq!(gone.len(), HELD_FREED);
+        assert_eq!(gone[0], 1);
+        assert_eq!(q.held.len(), 1);
+        assert_eq!(q.hold(7, 1), vec![usize::MAX]);
+    }
+}

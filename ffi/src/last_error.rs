@@ -15,8 +15,8 @@ use crate::status::{last_error_bytes, R, STRATA_ERR_PANIC};
 /// length). Returns `STRATA_OK`, `STRATA_ERR_BUFFER_TOO_SMALL` (truncated;
 /// `*len` and the truncated text are written), `STRATA_ERR_NULL_POINTER`
 /// (`buf` NULL with `cap` > 0) or `STRATA_ERR_INVALID_ARGUMENT` (`len`
-/// misaligned), when neither `buf` nor `*len` is changed; it never changes
-/// the last error itself.
+/// misaligned, or inside `buf`), when neither `buf` nor `*len` is changed;
+/// it never changes the last error itself.
 ///
 /// # Safety
 /// `buf` is NULL or points to `cap` writable bytes; `len` is NULL or points
@@ -28,7 +28,11 @@ pub unsafe extern "C" fn strata_last_error_copy(
     len: *mut usize,
 ) -> c_int {
     let run = || -> R {
-        // Both outputs are checked before either is written.
+        // Both outputs are checked before either is written, and apart.
+        cast::disjoint(
+            &[cast::region(buf, cap, "buf"), cast::region(len, 1, "len")],
+            &[],
+        )?;
         // SAFETY: the caller passes NULL or a writable size_t.
         let len = unsafe { cast::out_opt(len, "len") }?;
         // SAFETY: the caller passes NULL or `cap` writable bytes.

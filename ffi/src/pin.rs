@@ -90,7 +90,15 @@ pub unsafe extern "C" fn strata_pin_addresses(
     count: *mut usize,
 ) -> c_int {
     boundary("strata_pin_addresses", || {
-        // SAFETY: NULL or writable (this function's contract).
+        cast::disjoint(
+            &[
+                cast::region(addresses, cap, "addresses"),
+                cast::region(count, 1, "count"),
+            ],
+            &[],
+        )?;
+        // SAFETY: NULL or writable (this function's contract), and apart
+        // (checked above).
         let count = unsafe { cast::out(count, "count") }?;
         // SAFETY: NULL or `cap` writable elements (this function's contract).
         let dst = unsafe { cast::slice_mut(addresses, cap, "addresses") }?;
@@ -174,7 +182,15 @@ pub unsafe extern "C" fn strata_map_counts(
     count: *mut usize,
 ) -> c_int {
     boundary("strata_map_counts", || {
-        // SAFETY: NULL or writable (this function's contract).
+        cast::disjoint(
+            &[
+                cast::region(counts, cap, "counts"),
+                cast::region(count, 1, "count"),
+            ],
+            &[],
+        )?;
+        // SAFETY: NULL or writable (this function's contract), and apart
+        // (checked above).
         let count = unsafe { cast::out(count, "count") }?;
         // SAFETY: NULL or `cap` writable elements (this function's contract).
         let dst = unsafe { cast::slice_mut(counts, cap, "counts") }?;

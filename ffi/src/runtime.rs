@@ -22,7 +22,7 @@ use strata::sys::Topology;
 
 use crate::cast::{self, SetOpt};
 use crate::enums::*;
-use crate::handle::Owner;
+use crate::handle::{Owner, Quarantine};
 use crate::objects::{
     self, strata_runtime, RtObj, BUFFERS, LAUNCHES, MAPS, PINS, RUNTIMES, TICKETS,
 };
@@ -124,6 +124,10 @@ pub struct strata_config {
 /// Strings handed to C (stats and config JSON), so that `strata_string_free`
 /// can tell its own from anything else.
 static STRINGS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+/// Strings C freed, held back so that a second free of one is refused
+/// rather than freeing a newer string at the same address.
+static FREED_STRINGS: Mutex<Quarantine<CString>> = Mutex::new(Quarantine::new());
 
 /// The resolved configuration of each live runtime, by its owner number.
 static CONFIGS: Mutex<BTreeMap<Owner, Config>> = Mutex::new(BTreeMap::new());
@@ -566,7 +570,11 @@ pub unsafe extern "C" fn strata_stats_json_copy(
     len: *mut usize,
 ) -> c_int {
     boundary("strata_stats_json_copy", || {
-        // Both outputs are checked before the stats are read.
+        // Both outputs are checked before the stats are read, and apart.
+        cast::disjoint(
+            &[cast::region(buf, cap, "buf"), cast::region(len, 1, "len")],
+            &[],
+        )?;
         // SAFETY: NULL or writable (this function's contract).
         let len = unsafe { cast::out_opt(len, "len") }?;
         // SAFETY: NULL or `cap` writable bytes (this function's contract).
@@ -590,7 +598,10 @@ pub unsafe extern "C" fn strata_stats_json_copy(
 /// Frees a string strata returned (`strata_stats_json`,
 /// `strata_runtime_config_json`, `strata_config_json`). NULL is a no-op; a
 /// pointer strata did not return, or one already freed, is refused with
-/// `STRATA_ERR_INVALID_HANDLE` (and never freed). Thread-safe.
+/// `STRATA_ERR_INVALID_HANDLE` (and never freed) — a freed one while
+/// strata still holds its memory back: until 256 later strings (or 4 MiB
+/// of them) were freed, after which its address may be a newer string's.
+/// Thread-safe.
 // Safe to call with any pointer: it is freed only if found in the registry
 // of strings strata handed out.
 #[allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -610,7 +621,10 @@ pub extern "C" fn strata_string_free(s: *mut c_char) -> c_int {
         // SAFETY: registered by the call that returned it (stats or config
         // JSON) from `string_into_raw`, and removed from the registry just
         // now, so it is taken back exactly once.
-        drop(unsafe { cast::string_from_raw(s) });
+        let s = unsafe { cast::string_from_raw(s) };
+        let n = s.as_bytes().len() + 1;
+        let gone = FREED_STRINGS.lock().hold(s, n);
+        drop(gone);
         Ok(STRATA_OK)
     })
 }

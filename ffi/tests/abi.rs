@@ -154,7 +154,18 @@ fn a_pin_outlives_the_freed_buffer_handle() {
     // SAFETY: a writable out-pointer.
     let s = unsafe { strata_buffer_pin(buf, 0, 10, STRATA_TIER_DEVICE, &mut pin) };
     assert_eq!(s, STRATA_OK);
+    let mut map = null_mut();
+    // SAFETY: a writable out-pointer.
+    assert_eq!(unsafe { strata_device_map(buf, &mut map) }, STRATA_OK);
     assert_eq!(strata_buffer_free(buf), STRATA_OK);
+    // The pin keeps the buffer alive, not its device map's launches: they
+    // end with the handle, as the header says.
+    let mut launch = null_mut();
+    // SAFETY: a writable out-pointer.
+    let s = unsafe { strata_map_prepare(map, STRATA_ACCESS_READ_ONLY, &mut launch) };
+    assert_eq!(s, STRATA_ERR_CLOSED, "{}", last_error());
+    assert!(launch.is_null());
+    assert_eq!(strata_map_free(map), STRATA_OK);
     let mut a = 0u64;
     let mut n = 0usize;
     // SAFETY: one writable u64.
@@ -425,4 +436,68 @@ fn dlpack_export_of_a_pinned_range() {
     let first = unsafe { *((*t).dl_tensor.data as *const f32).add(3) };
     assert_eq!(first, 3.0);
     assert_eq!(strata_dlpack_free(t), STRATA_OK);
+}
+
+/// A string or DLPack tensor freed twice is refused even when a newer one
+/// of the same size was handed out since: strata holds freed memory back,
+/// so the newer one never takes the stale pointer's address (without that,
+/// the allocator hands the address straight back within a few rounds).
+#[test]
+fn a_second_free_is_refused_after_a_newer_object_of_the_same_size() {
+    let path = c_path(std::path::Path::new("/"));
+    let rt = create(&config(4, 8, 0, &path));
+    let json = || {
+        let (mut s, mut len) = (null_mut(), 0usize);
+        // SAFETY: writable out-pointers.
+        let status = unsafe { strata_runtime_config_json(rt, &mut s, &mut len) };
+        assert_eq!(status, STRATA_OK, "{}", last_error());
+        s
+    };
+    for _ in 0..64 {
+        let stale = json();
+        assert_eq!(strata_string_free(stale), STRATA_OK);
+        let newer = json();
+        assert_ne!(newer, stale);
+        fails(
+            strata_string_free(stale),
+            STRATA_ERR_INVALID_HANDLE,
+            "not a string",
+        );
+        assert_eq!(strata_string_free(newer), STRATA_OK);
+    }
+
+    let buf = alloc(rt, PAGE);
+    let export = || {
+        let mut t: *mut DLManagedTensor = null_mut();
+        // SAFETY: a writable out-pointer.
+        let s = unsafe {
+            strata_dlpack_export(
+                buf,
+                0,
+                64,
+                STRATA_TIER_HOST,
+                DLDataTypeCode::kDLFloat as u8,
+                32,
+                1,
+                &mut t,
+            )
+        };
+        assert_eq!(s, STRATA_OK, "{}", last_error());
+        t
+    };
+    for _ in 0..64 {
+        let stale = export();
+        assert_eq!(strata_dlpack_free(stale), STRATA_OK);
+        let newer = export();
+        assert_ne!(newer, stale);
+        fails(
+            strata_dlpack_free(stale),
+            STRATA_ERR_INVALID_HANDLE,
+            "not a DLPack tensor",
+        );
+        // The newer tensor is whole: its pin ends with it, once.
+        assert_eq!(strata_dlpack_free(newer), STRATA_OK);
+    }
+    assert_eq!(strata_buffer_free(buf), STRATA_OK);
+    assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
 }

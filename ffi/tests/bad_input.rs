@@ -153,6 +153,62 @@ fn null_pointers() {
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
 }
 
+/// An output that shares memory with another of the call's arrays is
+/// refused before anything is written: Rust would otherwise write through
+/// two references to the same bytes.
+#[test]
+fn outputs_that_share_memory_are_refused() {
+    let rt = host_runtime();
+    let buf = alloc(rt, 2 * PAGE);
+    assert_eq!(write(buf, 0, &[1u8; 16]), STRATA_OK);
+    let mut pin = null_mut();
+    // SAFETY: writable out-pointers, and arrays of the lengths passed, one
+    // overlapping another on purpose (the calls must refuse them).
+    unsafe {
+        assert_eq!(
+            strata_buffer_pin(buf, 0, 2 * PAGE, STRATA_TIER_HOST, &mut pin),
+            STRATA_OK
+        );
+        let mut a = [7u64; 3];
+        let p = a.as_mut_ptr();
+        fails(
+            strata_pin_addresses(pin, p, 3, p.add(1).cast()),
+            STRATA_ERR_INVALID_ARGUMENT,
+            "share memory",
+        );
+        assert_eq!(a, [7; 3], "nothing written");
+        assert_eq!(strata_unpin(pin), STRATA_OK);
+        let mut map = null_mut();
+        assert_eq!(strata_device_map(buf, &mut map), STRATA_OK);
+        let mut c = [7u32; 4];
+        let p = c.as_mut_ptr();
+        fails(
+            strata_map_counts(map, p, 4, p.add(2).cast()),
+            STRATA_ERR_INVALID_ARGUMENT,
+            "share memory",
+        );
+        assert_eq!(c, [7; 4]);
+        assert_eq!(strata_map_free(map), STRATA_OK);
+        let mut text = [0u64; 8];
+        let b = text.as_mut_ptr();
+        fails(
+            strata_stats_json_copy(rt, b.cast(), 64, b.add(1).cast()),
+            STRATA_ERR_INVALID_ARGUMENT,
+            "share memory",
+        );
+        assert_eq!(text, [0; 8]);
+        let before = last_error();
+        assert_eq!(
+            strata_last_error_copy(b.cast(), 64, b.add(2).cast()),
+            STRATA_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(text, [0; 8]);
+        assert_eq!(last_error(), before, "the last error stays");
+    }
+    assert_eq!(strata_buffer_free(buf), STRATA_OK);
+    assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
+}
+
 #[test]
 fn freed_and_forged_handles() {
     let rt = host_runtime();

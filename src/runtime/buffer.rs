@@ -369,6 +369,15 @@ impl Buffer {
         ))
     }
 
+    /// Refuses every kernel launch over this buffer's device maps from now
+    /// on ([`DeviceMap::prepare`] fails with `Closed`, as it does once the
+    /// buffer is dropped); launches already made, pins and reads and writes
+    /// go on. For a binding whose handle to the buffer ends while pins made
+    /// from it keep it alive (the C ABI's `strata_buffer_free`).
+    pub fn close_launches(&self) {
+        self.table.launches.lock().closed = true;
+    }
+
     /// The buffer's device map (made on first use); see [`DeviceMap`].
     pub fn device_map(&self) -> Result<DeviceMap> {
         DeviceMap::of(&self.table, &self.inner)

@@ -96,7 +96,7 @@ impl DeviceMap {
         let table = &self.table;
         {
             let mut l = table.launches.lock();
-            if l.dropped {
+            if l.dropped || l.closed {
                 return Err(Error::new(
                     ErrorKind::Closed,
                     "the buffer of this device map was freed",

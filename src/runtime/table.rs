@@ -81,6 +81,9 @@ pub(crate) struct Launches {
     /// The buffer was dropped: no launch starts (a device map may outlive
     /// its buffer), and the last launch to end frees the pages.
     pub(crate) dropped: bool,
+    /// No launch starts ([`Buffer::close_launches`](super::Buffer::close_launches)),
+    /// the pages staying while the buffer lives (pins made from it hold it).
+    pub(crate) closed: bool,
 }
 
 impl Launches {
