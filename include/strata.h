@@ -1261,7 +1261,9 @@ int strata_ticket_free(struct strata_ticket *ticket);
  * whole number of elements, start at a multiple of the element size, and
  * lie on pages that are adjacent in the tier: a range within one page
  * always is; one across pages whose slots are not adjacent gives
- * `STRATA_ERR_UNSUPPORTED` (export it page by page). NVMe has no address.
+ * `STRATA_ERR_UNSUPPORTED` (export it page by page), as does an element
+ * of bits that are not whole bytes (a type of no bits or no lanes is
+ * `STRATA_ERR_INVALID_ARGUMENT`). NVMe has no address.
  *
  * Ownership passes to the caller: the range stays pinned (and its buffer,
  * even if freed, and its runtime, even if destroyed, keep the memory)
@@ -1698,7 +1700,8 @@ int strata_moe_register(const struct strata_moe *moe,
  * when the expert fits a page) go to `addresses`, their number to `*n`.
  * The expert's memory is read-only: experts are never written back (an
  * evicted expert drops onto the copy it was read from), so a write
- * through these addresses is lost. Thread-safe.
+ * through these addresses is lost. `STRATA_ERR_NOT_FOUND` for an expert
+ * not registered. Thread-safe.
  *
  * # Safety
  * `addresses` holds `cap` writable `uint64_t`s (NULL when `cap` is 0); `n`
@@ -1720,8 +1723,9 @@ int strata_moe_release(struct strata_expert_pin *pin);
 /**
  * Starts moving `n` experts of `layer` (a router's predictions) into
  * device memory in the background; stores how many moves started in
- * `*started` if not NULL. A misaligned `started` is refused before any
- * move starts. Thread-safe.
+ * `*started` if not NULL. A misaligned `started`, or an expert not
+ * registered (`STRATA_ERR_NOT_FOUND`), is refused before any move
+ * starts. Thread-safe.
  *
  * # Safety
  * `experts` points to `n` readable `uint32_t`s; `started` is NULL or
@@ -1740,7 +1744,8 @@ int strata_moe_prefetch(const struct strata_moe *moe,
  * read. These are misses in the stats (`reads_ahead`), not prefetches.
  * Experts already resident, and those no unprotected slot can be freed
  * for, are skipped. Stores how many reads started in `*started` if not
- * NULL; a misaligned `started` is refused before any read starts.
+ * NULL; a misaligned `started`, or an expert not registered
+ * (`STRATA_ERR_NOT_FOUND`), is refused before any read starts.
  * Thread-safe.
  *
  * # Safety
@@ -1771,8 +1776,9 @@ int strata_moe_cancel_prefetches(const struct strata_moe *moe, uint32_t layer, s
  * `n` of `keep` — call it as soon as the layer's router has picked `keep`:
  * a wrong guess's read still queued then never runs. Finished prefetches
  * no fetch used stay resident, no longer protected. Stores how many were
- * cancelled in `*cancelled` if not NULL; a misaligned `cancelled` is
- * refused before anything is cancelled. Thread-safe.
+ * cancelled in `*cancelled` if not NULL; a misaligned `cancelled`, or an
+ * expert of `keep` not registered (`STRATA_ERR_NOT_FOUND`), is refused
+ * before anything is cancelled. Thread-safe.
  *
  * # Safety
  * `keep` points to `n` readable `uint32_t`s (NULL when `n` is 0);

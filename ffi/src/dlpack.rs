@@ -228,11 +228,17 @@ fn element_bytes(dtype: DLDataType) -> Result<u64> {
             dtype.code
         )));
     }
-    if dtype.bits == 0 || dtype.bits % 8 != 0 || dtype.lanes == 0 {
+    if dtype.bits == 0 || dtype.lanes == 0 {
+        return Err(Error::invalid(format!(
+            "DLPack type of {} bits × {} lanes: no element has none",
+            dtype.bits, dtype.lanes
+        )));
+    }
+    if dtype.bits % 8 != 0 {
         return Err(Error::new(
             ErrorKind::Unsupported,
             format!(
-                "DLPack type of {} bits × {} lanes: only whole bytes and at least one lane",
+                "DLPack type of {} bits × {} lanes: only whole bytes",
                 dtype.bits, dtype.lanes
             ),
         ));
@@ -357,7 +363,9 @@ pub fn dlpack_export_pinned(
 /// whole number of elements, start at a multiple of the element size, and
 /// lie on pages that are adjacent in the tier: a range within one page
 /// always is; one across pages whose slots are not adjacent gives
-/// `STRATA_ERR_UNSUPPORTED` (export it page by page). NVMe has no address.
+/// `STRATA_ERR_UNSUPPORTED` (export it page by page), as does an element
+/// of bits that are not whole bytes (a type of no bits or no lanes is
+/// `STRATA_ERR_INVALID_ARGUMENT`). NVMe has no address.
 ///
 /// Ownership passes to the caller: the range stays pinned (and its buffer,
 /// even if freed, and its runtime, even if destroyed, keep the memory)

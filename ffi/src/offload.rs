@@ -462,7 +462,8 @@ pub unsafe extern "C" fn strata_moe_register(
 /// when the expert fits a page) go to `addresses`, their number to `*n`.
 /// The expert's memory is read-only: experts are never written back (an
 /// evicted expert drops onto the copy it was read from), so a write
-/// through these addresses is lost. Thread-safe.
+/// through these addresses is lost. `STRATA_ERR_NOT_FOUND` for an expert
+/// not registered. Thread-safe.
 ///
 /// # Safety
 /// `addresses` holds `cap` writable `uint64_t`s (NULL when `cap` is 0); `n`
@@ -520,8 +521,9 @@ pub extern "C" fn strata_moe_release(pin: *mut objects::strata_expert_pin) -> c_
 
 /// Starts moving `n` experts of `layer` (a router's predictions) into
 /// device memory in the background; stores how many moves started in
-/// `*started` if not NULL. A misaligned `started` is refused before any
-/// move starts. Thread-safe.
+/// `*started` if not NULL. A misaligned `started`, or an expert not
+/// registered (`STRATA_ERR_NOT_FOUND`), is refused before any move
+/// starts. Thread-safe.
 ///
 /// # Safety
 /// `experts` points to `n` readable `uint32_t`s; `started` is NULL or
@@ -576,7 +578,8 @@ unsafe fn start_moves(
 /// read. These are misses in the stats (`reads_ahead`), not prefetches.
 /// Experts already resident, and those no unprotected slot can be freed
 /// for, are skipped. Stores how many reads started in `*started` if not
-/// NULL; a misaligned `started` is refused before any read starts.
+/// NULL; a misaligned `started`, or an expert not registered
+/// (`STRATA_ERR_NOT_FOUND`), is refused before any read starts.
 /// Thread-safe.
 ///
 /// # Safety
@@ -625,8 +628,9 @@ pub unsafe extern "C" fn strata_moe_cancel_prefetches(
 /// `n` of `keep` — call it as soon as the layer's router has picked `keep`:
 /// a wrong guess's read still queued then never runs. Finished prefetches
 /// no fetch used stay resident, no longer protected. Stores how many were
-/// cancelled in `*cancelled` if not NULL; a misaligned `cancelled` is
-/// refused before anything is cancelled. Thread-safe.
+/// cancelled in `*cancelled` if not NULL; a misaligned `cancelled`, or an
+/// expert of `keep` not registered (`STRATA_ERR_NOT_FOUND`), is refused
+/// before anything is cancelled. Thread-safe.
 ///
 /// # Safety
 /// `keep` points to `n` readable `uint32_t`s (NULL when `n` is 0);

@@ -354,6 +354,15 @@ fn dlpack_export_of_a_pinned_range() {
             STRATA_ERR_UNSUPPORTED,
             "whole bytes",
         );
+        // No bits or no lanes is no type at all: bad input, not a type
+        // strata cannot export.
+        for (bits, lanes) in [(0u8, 1u16), (32, 0)] {
+            fails(
+                strata_dlpack_export(buf, 0, 8, STRATA_TIER_HOST, 2, bits, lanes, &mut t),
+                STRATA_ERR_INVALID_ARGUMENT,
+                "no element has none",
+            );
+        }
         let unknown = DLDataType {
             code: 99,
             bits: 8,
