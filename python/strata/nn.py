@@ -174,6 +174,8 @@ def _bags(
         if off.numel() == 0:
             raise ValueError("include_last_offset=True needs at least one offset")
         return idx, off
+    if off.numel() and int(off.max()) > idx.numel():
+        raise ValueError(f"offsets run past the {idx.numel()} indices (the largest is {int(off.max())})")
     return idx, torch.cat([off, torch.tensor([idx.numel()], dtype=torch.int64)])
 
 

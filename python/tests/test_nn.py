@@ -300,6 +300,10 @@ def test_bad_input_raises_before_any_work(tmp_path):
         emb(torch.tensor([1, 2]), torch.tensor([1]))
     with pytest.raises(ValueError, match="non-decreasing"):
         emb(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 1]))
+    # An offset past the indices is named as such, not as a decrease to the
+    # end the caller never passed.
+    with pytest.raises(ValueError, match="offsets run past the 3 indices .the largest is 5."):
+        emb(torch.tensor([1, 2, 3]), torch.tensor([0, 5]))
     with pytest.raises(ValueError, match="offsets is required"):
         emb(torch.tensor([1, 2]))
     with pytest.raises(TypeError, match="integer tensor"):
