@@ -1464,6 +1464,34 @@ fn a_device_map_outliving_its_buffer_frees_the_pages_when_its_launch_ends() {
     drop(map);
 }
 
+/// A binding's handle to a buffer may end while pins made from it keep the
+/// buffer alive: `close_launches` ends its device maps' launches then,
+/// while the pins, reads and writes go on and the pages stay.
+#[test]
+fn launches_closed_leave_pins_reads_and_pages_as_they_were() {
+    let rt = sim_and_host(4, 4);
+    let b = Arc::new(rt.alloc(2 * PAGE as u64).unwrap());
+    let data = pattern(2, 7, 2 * PAGE);
+    b.write(0, &data).unwrap();
+    let pin = b.pin_owned(0..PAGE as u64, Tier::Host).unwrap();
+    let map = b.device_map().unwrap();
+    let running = map.prepare(Access::ReadOnly).unwrap();
+    b.close_launches();
+    assert_eq!(
+        map.prepare(Access::ReadOnly).unwrap_err().kind(),
+        ErrorKind::Closed
+    );
+    drop(running);
+    let mut back = vec![0u8; 2 * PAGE];
+    b.read(0, &mut back).unwrap();
+    assert_eq!(back, data, "the last launch's end freed nothing");
+    // SAFETY: the pin keeps its page's host memory in place.
+    let pinned = unsafe { std::slice::from_raw_parts(pin.addresses()[0] as *const u8, PAGE) };
+    assert_eq!(pinned, &data[..PAGE]);
+    drop(pin);
+    b.write(0, &[9u8; 4]).unwrap();
+}
+
 /// A prefetch that finds no room because the tiers below are full is short
 /// of capacity (its ticket's error), not declined: declining is for
 /// victims valued more than the prefetch, and here none could go anywhere.
