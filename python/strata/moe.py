@@ -1284,11 +1284,18 @@ def offload(
     dev = _model_device(model)
     if device is None:
         device = "cuda" if dev.type == "cuda" else "sim"
+    spare = _spare_bytes()
+    if device == "sim" or (device == "auto" and not torch.cuda.is_available()):
+        # The simulated device's slots are this process's memory too: more
+        # than the machine can spare is refused here, not met by the OOM
+        # killer once they are committed.
+        if device_slots * padded > spare:
+            raise InvalidArgumentError(
+                f"the simulated device's {device_slots} slots take {device_slots * padded} bytes of this "
+                f"process's memory and this machine can spare {spare}: give fewer device_slots"
+            )
+        spare -= device_slots * padded
     if host_bytes is None:
-        spare = _spare_bytes()
-        if device == "sim" or (device == "auto" and not torch.cuda.is_available()):
-            # The simulated device's slots are this process's memory too.
-            spare = max(0, spare - device_slots * padded)
         if nvme_path is None and spare < total:
             raise InvalidArgumentError(
                 f"the {n_experts} experts take {total} bytes and this machine can spare {spare}: "

@@ -677,6 +677,10 @@ def test_bad_input_raises_clear_errors(tmp_path, monkeypatch):
             strata.moe.offload(m, **{name: bad})
     with pytest.raises(strata.InvalidArgumentError, match="nvme_capacity -5000 is not a size"):
         strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path, nvme_capacity=-5000)
+    # The simulated device's slots are host memory: more than the machine
+    # can spare is refused up front.
+    with pytest.raises(strata.InvalidArgumentError, match="simulated device's 10000000 slots take"):
+        strata.moe.offload(m, device_slots=10**7, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path)
     with pytest.raises(strata.InvalidArgumentError, match="names the device 2 times"):
         strata.moe.offload(m, max_memory={0: "1MiB", "cuda": "1GiB"})
     with pytest.raises(strata.InvalidArgumentError, match="host_bytes 'lots' is not a size"):
