@@ -21,7 +21,7 @@ fn main() -> strata::Result<()> {
         experts,
         top_k,
     };
-    let mut predictor = TransitionPredictor::new(layers, experts);
+    let mut predictor = TransitionPredictor::new(layers, experts)?;
     for _token in 0..200 {
         let routing: Vec<Vec<u32>> = (0..layers).map(|_| router.layer()).collect();
         for l in 0..layers {
@@ -31,10 +31,10 @@ fn main() -> strata::Result<()> {
                 assert!(!pinned.addresses().is_empty());
             }
             if l + 1 < layers {
-                let guess = predictor.predict(l, &routing[l], top_k, 0.6);
+                let guess = predictor.predict(l, &routing[l], top_k, 0.6)?;
                 cache.prefetch(l as u32 + 1, &guess)?;
             }
-            predictor.observe(l, (l > 0).then(|| &routing[l - 1][..]), &routing[l]);
+            predictor.observe(l, (l > 0).then(|| &routing[l - 1][..]), &routing[l])?;
             // 10 µs of modelled compute per layer.
             cache.advance(10e-6)?;
         }

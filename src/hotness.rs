@@ -195,25 +195,42 @@ pub struct Harvest {
 
 /// Folds `counts` into `scores` (clearing the counts) and selects the
 /// lists; `resident(page)` says whether a page is in device memory.
+/// `InvalidArgument` for parameters [`HarvestParams::check`] refuses or
+/// slices of different lengths (one score per counter), and nothing is
+/// changed.
 pub fn harvest(
     counts: &[AtomicU32],
     scores: &mut [f32],
     resident: &dyn Fn(usize) -> bool,
     params: HarvestParams,
-) -> Harvest {
-    harvest_touched(counts, scores, resident, params, &mut |_, _| {})
+) -> crate::error::Result<Harvest> {
+    params.check()?;
+    if counts.len() != scores.len() {
+        return Err(crate::error::Error::invalid(format!(
+            "{} counters and {} scores: one score per counter",
+            counts.len(),
+            scores.len()
+        )));
+    }
+    Ok(harvest_touched(
+        counts,
+        scores,
+        resident,
+        params,
+        &mut |_, _| {},
+    ))
 }
 
-/// [`harvest`], also reporting every page counted since the last harvest
-/// with its (unscaled) count, in page order.
-pub fn harvest_touched(
+/// [`harvest`] on slices of one length, also reporting every page counted
+/// since the last harvest with its (unscaled) count, in page order.
+pub(crate) fn harvest_touched(
     counts: &[AtomicU32],
     scores: &mut [f32],
     resident: &dyn Fn(usize) -> bool,
     params: HarvestParams,
     touched: &mut dyn FnMut(u64, u32),
 ) -> Harvest {
-    assert_eq!(counts.len(), scores.len(), "one score per counter");
+    debug_assert_eq!(counts.len(), scores.len(), "one score per counter");
     let scale = (1u64 << params.shift) as f32;
     let mut hot: Vec<(u64, f32)> = Vec::new();
     let mut cold: Vec<(u64, f32)> = Vec::new();
@@ -301,14 +318,14 @@ mod tests {
             k: 2,
             shift: 0,
         };
-        let h = harvest(&c, &mut s, &resident, p);
+        let h = harvest(&c, &mut s, &resident, p).unwrap();
         assert_eq!(s, vec![5.0, 2.0, 9.0, 9.0, 1.0, 0.0, 4.0, 7.0]);
         assert!(c.iter().all(|x| x.load(Ordering::Relaxed) == 0));
         // Ties (9, 9) by page ascending.
         assert_eq!(h.hot, vec![(2, 9.0), (3, 9.0)]);
         assert_eq!(h.cold, vec![(5, 0.0), (4, 1.0)]);
         // Next round: nothing counted, scores halve.
-        let h = harvest(&c, &mut s, &resident, p);
+        let h = harvest(&c, &mut s, &resident, p).unwrap();
         assert_eq!(h.hot, vec![(2, 4.5), (3, 4.5)]);
     }
 
@@ -377,8 +394,19 @@ mod tests {
     fn only_pages_with_a_score_are_hot() {
         let c = counts(&[0, 0, 1]);
         let mut s = vec![0.0; 3];
-        let h = harvest(&c, &mut s, &|_| false, HarvestParams::default());
+        let h = harvest(&c, &mut s, &|_| false, HarvestParams::default()).unwrap();
         assert_eq!(h.hot, vec![(2, 1.0)]);
         assert!(h.cold.is_empty());
+    }
+
+    #[test]
+    fn slices_of_other_lengths_are_refused_and_the_counts_kept() {
+        let c = counts(&[4, 0, 1, 2]);
+        let mut s = vec![0.0; 3];
+        let err = harvest(&c, &mut s, &|_| false, HarvestParams::default()).unwrap_err();
+        assert_eq!(err.kind(), crate::error::ErrorKind::InvalidArgument);
+        assert!(err.to_string().contains("one score per counter"), "{err}");
+        assert_eq!(c[0].load(Ordering::Relaxed), 4);
+        assert_eq!(s, vec![0.0; 3]);
     }
 }

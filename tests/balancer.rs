@@ -831,3 +831,23 @@ fn prefetches_are_hints_when_everything_is_in_place_and_when_cancelled_late() {
         "without hints it is the first to leave"
     );
 }
+
+/// A round replays at most `repeat` accesses per touched page: one beyond
+/// the limit (a round costing billions of policy accesses for a page at
+/// the counters' ceiling) or none at all is refused, and the builder
+/// clamps.
+#[test]
+fn a_balancer_repeat_out_of_range_is_refused() {
+    let rt = runtime();
+    for repeat in [0, strata::runtime::REPEAT_LIMIT + 1, u32::MAX] {
+        let mut c = BalancerConfig::default();
+        c.repeat = repeat;
+        let err = rt.configure_balancer(c).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{repeat}: {err}");
+        assert!(err.message().contains("repeat"), "{err}");
+    }
+    let c = BalancerConfig::default().with_repeat(u32::MAX);
+    assert_eq!(c.repeat, strata::runtime::REPEAT_LIMIT);
+    rt.configure_balancer(c).unwrap();
+    assert_eq!(BalancerConfig::default().with_repeat(0).repeat, 1);
+}

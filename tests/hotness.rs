@@ -56,7 +56,7 @@ fn the_reference_harvest_matches_the_shared_vectors() {
     for (params, case) in vectors() {
         let counts: Vec<AtomicU32> = case.counts.iter().map(|&c| AtomicU32::new(c)).collect();
         let mut scores = case.scores.clone();
-        let h = harvest(&counts, &mut scores, &|p| case.resident[p], params);
+        let h = harvest(&counts, &mut scores, &|p| case.resident[p], params).unwrap();
         assert_eq!(scores, case.expect_scores);
         assert_eq!(h.hot, case.expect_hot, "{params:?}");
         assert_eq!(h.cold, case.expect_cold, "{params:?}");

@@ -3,7 +3,8 @@
 
 use strata::link::LinkModel;
 use strata::offload::moe::{
-    parse_routing, parse_trace, Eviction, ExpertCache, MoeConfig, MAX_MODELLED_SECONDS,
+    parse_routing, parse_trace, Eviction, ExpertCache, MoeConfig, TransitionPredictor,
+    MAX_MODELLED_SECONDS,
 };
 use strata::offload::optim::{
     AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier, Updater,
@@ -553,6 +554,55 @@ fn prefetched_experts_are_protected_until_used_and_count_for_accuracy() {
     );
     assert_eq!(s.hits, 1);
     assert!((s.prefetch_accuracy() - 0.5).abs() < 1e-12);
+}
+
+/// The simulated device's slots are this process's memory: slots beyond
+/// what the machine has available are refused before they are backed.
+#[test]
+fn simulated_slots_beyond_the_available_memory_are_refused() {
+    let available = strata::sys::mem_available_bytes().unwrap();
+    let slot = 2u64 << 20;
+    let slots = (available / slot + 1) as usize;
+    let mut cfg = MoeConfig::new(slots, slot, 8 << 20);
+    cfg.page_size = 2 << 20;
+    let err = ExpertCache::new(cfg).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutOfCapacity, "{err}");
+    assert!(err.to_string().contains("simulated device"), "{err}");
+}
+
+/// The activation predictor learns which experts follow which, and takes
+/// no layer or expert beyond its own (an error, nothing recorded), nor a
+/// size whose tables would not fit.
+#[test]
+fn the_transition_predictor_learns_and_refuses_ids_beyond_its_own() {
+    let mut p = TransitionPredictor::new(3, 4).unwrap();
+    for _ in 0..8 {
+        p.observe(0, None, &[1]).unwrap();
+        p.observe(1, Some(&[1]), &[3]).unwrap();
+    }
+    assert_eq!(p.predict(0, &[1], 2, 0.5).unwrap(), vec![3]);
+    assert_eq!(p.predict(2, &[1], 2, 0.5).unwrap(), Vec::<u32>::new());
+    let kind = |r: strata::Result<()>| r.unwrap_err().kind();
+    assert_eq!(kind(p.observe(3, None, &[0])), ErrorKind::InvalidArgument);
+    assert_eq!(kind(p.observe(1, None, &[4])), ErrorKind::InvalidArgument);
+    assert_eq!(
+        kind(p.observe(1, Some(&[9]), &[0])),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        p.predict(0, &[7], 2, 0.5).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    // The refused observations left the counts as they were.
+    assert_eq!(p.predict(0, &[1], 2, 0.5).unwrap(), vec![3]);
+    for (layers, experts) in [(2, 1 << 32), (1 << 20, 1 << 10), (usize::MAX, 2)] {
+        assert_eq!(
+            TransitionPredictor::new(layers, experts)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
 }
 
 #[test]

@@ -656,6 +656,22 @@ impl ExpertCache {
             b = b.nvme(n.clone());
         }
         let rt = b.build()?;
+        // The simulated device's slots are this process's memory: more than
+        // the machine has available is refused here, not met by the OOM
+        // killer as they are backed below.
+        if rt.device_backend() == Some(BackendKind::Sim) {
+            if let Some(available) = crate::sys::mem_available_bytes() {
+                if device_bytes > available {
+                    return Err(Error::new(
+                        ErrorKind::OutOfCapacity,
+                        format!(
+                            "the simulated device's {} slots take {device_bytes} bytes of host memory; {available} are available",
+                            config.device_slots
+                        ),
+                    ));
+                }
+            }
+        }
         // Every slot will hold experts: backed now, not by the first reads.
         rt.commit_device_memory();
         Self::with_runtime(rt, config, false)
@@ -1508,20 +1524,63 @@ pub struct TransitionPredictor {
     decay: f32,
 }
 
+/// The most a [`TransitionPredictor`]'s tables may take.
+const PREDICTOR_BYTES: u64 = 1 << 30;
+
 impl TransitionPredictor {
     /// A predictor for `layers` layers of `experts` experts each.
-    pub fn new(layers: usize, experts: usize) -> Self {
-        Self {
+    /// `InvalidArgument` where its tables (an `experts × experts` matrix per
+    /// pair of adjacent layers) would pass 1 GiB.
+    pub fn new(layers: usize, experts: usize) -> Result<Self> {
+        let floats = (experts as u64)
+            .checked_mul(experts as u64)
+            .and_then(|m| m.checked_mul(layers.saturating_sub(1) as u64))
+            .and_then(|m| m.checked_add((layers as u64).checked_mul(experts as u64)?));
+        if floats.is_none_or(|f| f > PREDICTOR_BYTES / 4) {
+            return Err(Error::invalid(format!(
+                "a predictor for {layers} layers of {experts} experts would need more than 1 GiB of tables"
+            )));
+        }
+        Ok(Self {
             experts,
             counts: vec![vec![0.0; experts * experts]; layers.saturating_sub(1)],
             popularity: vec![vec![0.0; experts]; layers],
             decay: 0.999,
+        })
+    }
+
+    /// `InvalidArgument` unless `layer` is one of the predictor's and every
+    /// expert of `sets` one of a layer's.
+    fn check(&self, layer: usize, sets: &[&[u32]]) -> Result<()> {
+        if layer >= self.popularity.len() {
+            return Err(Error::invalid(format!(
+                "layer {layer}: the predictor has {} layers",
+                self.popularity.len()
+            )));
         }
+        if let Some(&x) = sets
+            .iter()
+            .flat_map(|s| s.iter())
+            .find(|&&x| x as usize >= self.experts)
+        {
+            return Err(Error::invalid(format!(
+                "expert {x}: the predictor's layers have {} experts",
+                self.experts
+            )));
+        }
+        Ok(())
     }
 
     /// Records one token's routing at `layer` (and, if given, at the
-    /// layer before).
-    pub fn observe(&mut self, layer: usize, previous: Option<&[u32]>, routed: &[u32]) {
+    /// layer before). `InvalidArgument` for a layer or an expert beyond the
+    /// predictor's, and nothing is recorded.
+    pub fn observe(
+        &mut self,
+        layer: usize,
+        previous: Option<&[u32]>,
+        routed: &[u32],
+    ) -> Result<()> {
+        self.check(layer, &[routed, previous.unwrap_or(&[])])?;
         let e = self.experts;
         for p in &mut self.popularity[layer] {
             *p *= self.decay;
@@ -1541,14 +1600,24 @@ impl TransitionPredictor {
                 }
             }
         }
+        Ok(())
     }
 
     /// Up to `n` experts of `layer + 1` whose estimated probability given
-    /// `routed` at `layer` is at least `min_confidence`, best first.
-    pub fn predict(&self, layer: usize, routed: &[u32], n: usize, min_confidence: f32) -> Vec<u32> {
+    /// `routed` at `layer` is at least `min_confidence`, best first (none
+    /// after the last layer). `InvalidArgument` for a layer or an expert
+    /// beyond the predictor's.
+    pub fn predict(
+        &self,
+        layer: usize,
+        routed: &[u32],
+        n: usize,
+        min_confidence: f32,
+    ) -> Result<Vec<u32>> {
+        self.check(layer, &[routed])?;
         let e = self.experts;
         let Some(c) = self.counts.get(layer) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         // The largest P(b follows a) over the routed experts a, where
         // P(b | a) = count(a→b) / observations of a (each observation adds
@@ -1566,11 +1635,11 @@ impl TransitionPredictor {
         }
         let mut order: Vec<u32> = (0..e as u32).collect();
         order.sort_by(|&a, &b| score[b as usize].total_cmp(&score[a as usize]));
-        order
+        Ok(order
             .into_iter()
             .take(n)
             .filter(|&x| score[x as usize] >= min_confidence && score[x as usize] > 0.0)
-            .collect()
+            .collect())
     }
 }
 

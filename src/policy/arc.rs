@@ -61,8 +61,8 @@ impl Arc {
         Self {
             capacity,
             p: 0.0,
-            map: page_map(2 * capacity),
-            arena: Arena::with_capacity(2 * capacity),
+            map: page_map(capacity.saturating_mul(2)),
+            arena: Arena::with_capacity(capacity.saturating_mul(2)),
             lists: [List::default(); 4],
         }
     }

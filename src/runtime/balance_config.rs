@@ -12,6 +12,11 @@ use crate::tier::Tier;
 /// Accesses replayed per touched page per interval, at most, by default.
 pub const MAX_REPEAT: u32 = 8;
 
+/// The largest [`BalancerConfig::repeat`] a balancer takes: a round
+/// replays up to this many accesses per touched page (a page counted to
+/// the counters' ceiling would otherwise cost billions).
+pub const REPEAT_LIMIT: u32 = 1024;
+
 /// How the balancer runs. Start from [`BalancerConfig::default`] and set
 /// what differs (`BalancerConfig::default().with_policy(PolicyKind::Lfu)`,
 /// or assign the fields); new fields may be added in any release.
@@ -38,7 +43,7 @@ pub struct BalancerConfig {
     pub min_accesses: u64,
     /// Accesses the policy sees per touched page and round, at most (its
     /// count, capped): more tells a frequency policy more within a round,
-    /// and costs a policy access each.
+    /// and costs a policy access each. 1 to [`REPEAT_LIMIT`].
     pub repeat: u32,
     /// Bytes per second the balancer moves at most over each link, indexed
     /// `from * 4 + to` by tier (see [`with_link_rate_limit`](Self::with_link_rate_limit));
@@ -153,9 +158,9 @@ impl BalancerConfig {
     }
 
     /// With the policy seeing at most `repeat` accesses per touched page a
-    /// round (at least 1).
+    /// round (1 to [`REPEAT_LIMIT`]).
     pub fn with_repeat(mut self, repeat: u32) -> Self {
-        self.repeat = repeat.max(1);
+        self.repeat = repeat.clamp(1, REPEAT_LIMIT);
         self
     }
 }

@@ -75,7 +75,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::accounting::Counters;
-use super::balance_config::{BalanceReport, BalancerConfig};
+use super::balance_config::{BalanceReport, BalancerConfig, REPEAT_LIMIT};
 use super::balance_pages::{
     demote_pages, leaves_free, mark, move_pages, score_of, scored_strangers, still_marked,
     strangers, tier_of, ById,
@@ -248,6 +248,12 @@ impl Balancer {
             return Err(Error::invalid(format!(
                 "harvest decay {} is not in (0, 1]",
                 config.decay
+            )));
+        }
+        if !(1..=REPEAT_LIMIT).contains(&config.repeat) {
+            return Err(Error::invalid(format!(
+                "balancer repeat {} is not 1 to {REPEAT_LIMIT}",
+                config.repeat
             )));
         }
         let tiers = rt.tiers.list();

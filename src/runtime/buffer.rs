@@ -361,12 +361,7 @@ impl Buffer {
                 .note_harvest(p, c.load(std::sync::atomic::Ordering::Relaxed));
         }
         let resident = |p: usize| self.table.pages[p].lock().tier() == Some(Tier::Device);
-        Ok(crate::hotness::harvest(
-            &self.table.counters,
-            &mut scores,
-            &resident,
-            params,
-        ))
+        crate::hotness::harvest(&self.table.counters, &mut scores, &resident, params)
     }
 
     /// Refuses every kernel launch over this buffer's device maps from now

@@ -115,7 +115,7 @@ use crate::link::LinkModel;
 use crate::size::{check_page_size, format_size};
 use crate::tier::{CxlConfig, HostConfig, NvmeConfig, NvmeStats, Tier};
 
-pub use balance_config::{BalanceReport, BalancerConfig, MAX_REPEAT};
+pub use balance_config::{BalanceReport, BalancerConfig, MAX_REPEAT, REPEAT_LIMIT};
 pub use buffer::{Buffer, Residency};
 pub use map::{Access, DeviceMap, Launch, Reader};
 pub use pin::Pin;

@@ -31,6 +31,20 @@ fn existing_ancestor(path: &Path) -> &Path {
         .unwrap_or(Path::new("."))
 }
 
+/// The kernel's estimate of the memory available to start new work
+/// without swapping (`MemAvailable` in `/proc/meminfo`); `None` where it
+/// cannot be read.
+pub fn mem_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 /// Free bytes (for unprivileged users) on the filesystem holding `path`,
 /// or on its nearest existing ancestor.
 pub fn fs_free_bytes(path: &Path) -> Option<u64> {
@@ -111,4 +125,19 @@ pub fn thread_cpu_ns() -> u64 {
         return 0;
     }
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_from_its_line() {
+        let text =
+            "MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   12345678 kB\n";
+        assert_eq!(parse_mem_available(text), Some(12345678 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
+        assert!(mem_available_bytes().is_some_and(|b| b > 0));
+    }
 }

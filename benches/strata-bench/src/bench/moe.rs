@@ -657,7 +657,7 @@ fn run_config(
             cache.register(l as u32, e as u32, &w)?;
         }
     }
-    let mut pred = TransitionPredictor::new(layers, experts);
+    let mut pred = TransitionPredictor::new(layers, experts)?;
     let measured = cache.modelled_now().is_none();
     // Registration moved the experts beyond the host tier down through the
     // device (the fastest tier with room): not the decoding's traffic.
@@ -692,10 +692,11 @@ fn run_config(
                     held.push(cache.fetch(l as u32, e)?);
                 }
                 order = [&resident[..], &missing[..]].concat();
-                let guess = (l + 1 < layers).then(|| match recorded {
-                    Some(r) => r[t][l + 1].clone(),
-                    None => pred.predict(l, routed, top_k, MIN_CONFIDENCE),
-                });
+                let guess = match (l + 1 < layers, recorded) {
+                    (false, _) => None,
+                    (true, Some(r)) => Some(r[t][l + 1].clone()),
+                    (true, None) => Some(pred.predict(l, routed, top_k, MIN_CONFIDENCE)?),
+                };
                 let called = Instant::now();
                 cache.read_ahead(l as u32, &missing)?;
                 if let Some(guess) = guess {
@@ -733,7 +734,7 @@ fn run_config(
                 cache.cancel_prefetches(l as u32)?;
                 call_seconds += called.elapsed().as_secs_f64();
             }
-            pred.observe(l, (l > 0).then(|| &tok[l - 1][..]), routed);
+            pred.observe(l, (l > 0).then(|| &tok[l - 1][..]), routed)?;
             if config != Config::Strata {
                 run_compute(&cache, compute, measured)?;
             }
