@@ -106,9 +106,12 @@ impl StepScalars {
     }
 }
 
-/// The element-wise update over equal-length slices (see the module docs
-/// for the exact formula). A plain loop the compiler vectorizes, at the
-/// widest vectors the CPU has (chosen at run time).
+/// The element-wise update (see the module docs for the exact formula)
+/// of the first `n` elements, `n` the shortest of the four slices' lengths
+/// (the optimizer's chunks pass state slices of a whole page beside a
+/// shorter tail of gradients); elements past `n` are left as they are. A
+/// plain loop the compiler vectorizes, at the widest vectors the CPU has
+/// (chosen at run time).
 pub fn adam_update(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], s: &StepScalars) {
     adam_update_with(w, m, v, g, |x| x, s);
 }
