@@ -3,7 +3,7 @@
 from ._strata import InvalidArgumentError
 
 
-def check_page_size(page_size) -> None:
+def check_page_size(page_size, what: str = "page_size") -> None:
     """Raises InvalidArgumentError unless `page_size` is a power of two
     from 4 KiB to 2 MiB (the runtime's range), before anything is sized by it."""
     if (
@@ -12,7 +12,7 @@ def check_page_size(page_size) -> None:
         or not 4096 <= page_size <= 2 << 20
         or page_size & (page_size - 1)
     ):
-        raise InvalidArgumentError(f"page_size {page_size!r} is not a power of two from 4096 to 2 MiB")
+        raise InvalidArgumentError(f"{what} {page_size!r} is not a power of two from 4 KiB to 2 MiB")
 
 
 def check_count(value, what: str, least: int = 0) -> None:

@@ -92,6 +92,7 @@ from torch.optim import Optimizer
 
 import torch.distributed as dist
 
+from ._checks import check_page_size
 from ._strata import InvalidArgumentError, NotFoundError, OffloadedAdam
 
 try:
@@ -238,13 +239,8 @@ class _OffloadedAdamBase(Optimizer):
             raise ValueError(f"unknown optimizer state tier {tier!r} (use 'host', 'cxl' or 'nvme')")
         if updater not in ("cpu", "cuda"):
             raise InvalidArgumentError(f"unknown updater {updater!r} (use 'cpu' or 'cuda')")
-        if (
-            not isinstance(chunk_bytes, int)
-            or isinstance(chunk_bytes, bool)
-            or not 4096 <= chunk_bytes <= 2 << 20
-            or chunk_bytes & (chunk_bytes - 1)
-        ):
-            raise InvalidArgumentError(f"chunk_bytes {chunk_bytes!r} is not a power of two from 4 KiB to 2 MiB")
+        # A chunk streams in pages of its size.
+        check_page_size(chunk_bytes, "chunk_bytes")
         if runtime is not None and nvme_path is not None:
             raise ValueError("nvme_path is the runtime's own for an optimizer on a runtime; leave it None")
         if runtime is None:
