@@ -4,7 +4,7 @@
 use strata::link::LinkModel;
 use strata::offload::moe::{
     parse_routing, parse_trace, Eviction, ExpertCache, MoeConfig, TransitionPredictor,
-    MAX_MODELLED_SECONDS,
+    MAX_MODELLED_SECONDS, MAX_ROUTING_CELLS,
 };
 use strata::offload::optim::{
     AdamParams, Importance, OffloadedAdam, OptimConfig, StateTier, Updater,
@@ -635,6 +635,25 @@ fn trace_errors_name_the_line() {
     assert!(err.to_string().contains("t:2"), "{err}");
     let err = parse_trace("0 0 1 fetched\n", "t").unwrap_err();
     assert!(err.to_string().contains("t:1"), "{err}");
+}
+
+#[test]
+fn a_trace_asking_for_more_routing_lists_than_it_may_hold_is_refused_while_read() {
+    // 9 000 one-line tokens, then one naming layer 4 000: 36 M lists of
+    // mostly nothing, refused at that line rather than allocated.
+    let mut text: String = (0..9000).map(|t| format!("{t} 0 1\n")).collect();
+    text.push_str("9000 4000 1\n");
+    let err = parse_routing(&text, "big.txt").unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("big.txt:9001") && msg.contains("routing lists"),
+        "{msg}"
+    );
+    // The same shape within the bound reads.
+    let ok: String = (0..1000).map(|t| format!("{t} 3 1\n")).collect();
+    let t = parse_routing(&ok, "ok.txt").unwrap();
+    assert_eq!((t.routes.len(), t.layers), (1000, 4));
+    assert!(1000 * 4 <= MAX_ROUTING_CELLS);
 }
 
 #[test]

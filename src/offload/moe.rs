@@ -1664,6 +1664,10 @@ pub struct RoutingTrace {
     pub experts: usize,
 }
 
+/// The most `tokens × layers` a routing trace may hold ([`parse_routing`]
+/// refuses more: each is a list of its own).
+pub const MAX_ROUTING_CELLS: usize = 1 << 25;
+
 /// Parses a routing trace: `token layer expert` per line (blank lines and
 /// `#` comments skipped), tokens in non-decreasing order. Returns, per
 /// token, the experts of every layer (`[token][layer]`), and the number of
@@ -1727,6 +1731,16 @@ pub fn parse_routing(text: &str, source: &str) -> Result<RoutingTrace> {
         }
         layers = layers.max(l as usize + 1);
         experts = experts.max(e as usize + 1);
+        // Every token gets every layer's list: a short file naming a high
+        // layer once would otherwise ask for tokens × layers lists.
+        let cells = out.routes.len().saturating_mul(layers);
+        if cells > MAX_ROUTING_CELLS {
+            return Err(bad(&format!(
+                "{} tokens × {layers} layers is {cells} routing lists, more than the \
+                 {MAX_ROUTING_CELLS} a trace may hold",
+                out.routes.len()
+            )));
+        }
     }
     if out.routes.iter().all(|t| t.is_empty()) {
         return Err(Error::invalid(format!("{source}: no routing lines")));
