@@ -649,6 +649,7 @@ fn a_trace_asking_for_more_routing_lists_than_it_may_hold_is_refused_while_read(
         msg.contains("big.txt:9001") && msg.contains("routing lists"),
         "{msg}"
     );
+    assert!(msg.contains(&MAX_ROUTING_CELLS.to_string()), "{msg}");
     // The same shape within the bound reads.
     let ok: String = (0..1000).map(|t| format!("{t} 3 1\n")).collect();
     let t = parse_routing(&ok, "ok.txt").unwrap();
