@@ -48,6 +48,13 @@
  *   DLManagedTensor, ...) follow dlpack/dlpack.h v1.1 and are declared here
  *   only when that header was not included first (include it first to use
  *   its declarations; including it after this header is an error).
+ * - Layouts: the structs a program fills (strata_config,
+ *   strata_optim_config, strata_moe_config) start with their layout's
+ *   version, written by their *_init function; a call refuses another
+ *   version with STRATA_ERR_INVALID_ARGUMENT before reading more. The
+ *   structs the library writes (stats, reports) have this header's layout:
+ *   build a program against the strata.h of the libstrata it loads
+ *   (strata_version() names it).
  */
 
 #ifndef STRATA_H
@@ -58,6 +65,20 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/**
+ * The layout of `strata_optim_config` this library reads: its size in
+ * bytes, set by `strata_optim_config_init` (the first layout had no
+ * version and began with `tier`).
+ */
+#define STRATA_OPTIM_CONFIG_VERSION 72
+
+/**
+ * The layout of `strata_moe_config` this library reads: its size in bytes,
+ * set by `strata_moe_config_init` (the first layout had no version and
+ * began with `device`).
+ */
+#define STRATA_MOE_CONFIG_VERSION 56
 
 /**
  * The layout of `strata_config` this library reads: its size in bytes, so
@@ -599,9 +620,14 @@ typedef int32_t strata_updater;
 
 /**
  * How to build an offloaded optimizer (`strata_optim_create`). Start from
- * `strata_optim_config_init`.
+ * `strata_optim_config_init`, then change the fields you want.
  */
 typedef struct strata_optim_config {
+    /**
+     * `STRATA_OPTIM_CONFIG_VERSION` (set by `strata_optim_config_init`;
+     * the create calls refuse another).
+     */
+    uint32_t version;
     /**
      * Where the states live: `STRATA_TIER_HOST`, `_CXL` (a CPU-less NUMA
      * node, else emulated) or `_NVME`.
@@ -684,9 +710,14 @@ typedef int32_t strata_device;
 
 /**
  * How to build an MoE expert cache (`strata_moe_create`). Start from
- * `strata_moe_config_init`.
+ * `strata_moe_config_init`, then change the fields you want.
  */
 typedef struct strata_moe_config {
+    /**
+     * `STRATA_MOE_CONFIG_VERSION` (set by `strata_moe_config_init`; the
+     * create calls refuse another).
+     */
+    uint32_t version;
     /**
      * `STRATA_DEVICE_AUTO`, `_CUDA` or `_SIM`.
      */
@@ -1567,9 +1598,10 @@ int strata_balancer_stop(const struct strata_runtime *rt);
 int strata_balance_once(const struct strata_runtime *rt, struct strata_balance_report *report);
 
 /**
- * Fills `*config` with the defaults: host states, 1 MiB chunks, Adam with
- * lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode, the
- * update on the CPU.
+ * Fills `*config` with the defaults: version
+ * `STRATA_OPTIM_CONFIG_VERSION`, host states, 1 MiB chunks, Adam with lr
+ * 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode, the update
+ * on the CPU.
  *
  * # Safety
  * `config` is NULL or points to a writable `strata_optim_config`.
@@ -1583,8 +1615,9 @@ int strata_optim_config_init(struct strata_optim_config *config);
  * serializes its own calls.
  *
  * # Safety
- * `config` points to a readable `strata_optim_config` whose `nvme_path` is
- * NULL or NUL-terminated; `weights` points to `n` readable floats; `out`
+ * `config` points to a readable `strata_optim_config` (or, for a struct of
+ * another layout, at least to its `version`, which is refused) whose
+ * `nvme_path` is NULL or NUL-terminated; `weights` points to `n` readable floats; `out`
  * points to a writable handle.
  */
 int strata_optim_create(const float *weights,
@@ -1604,8 +1637,9 @@ int strata_optim_create(const float *weights,
  * its own calls.
  *
  * # Safety
- * `config` points to a readable `strata_optim_config`; `weights` points to
- * `n` readable floats; `out` points to a writable handle.
+ * `config` points to a readable `strata_optim_config` (or, for a struct of
+ * another layout, at least to its `version`, which is refused); `weights`
+ * points to `n` readable floats; `out` points to a writable handle.
  */
 int strata_optim_create_on(const struct strata_runtime *rt,
                            const float *weights,
@@ -1642,8 +1676,9 @@ int strata_optim_weights(const struct strata_optim *opt, float *out, size_t n);
 int strata_optim_free(struct strata_optim *opt);
 
 /**
- * Fills `*config` with the defaults: simulated device, 8 slots of 1 MiB,
- * 64 MiB of host memory, no NVMe, 64 KiB pages.
+ * Fills `*config` with the defaults: version `STRATA_MOE_CONFIG_VERSION`,
+ * simulated device, 8 slots of 1 MiB, 64 MiB of host memory, no NVMe, 64
+ * KiB pages.
  *
  * # Safety
  * `config` is NULL or points to a writable `strata_moe_config`.
@@ -1655,8 +1690,9 @@ int strata_moe_config_init(struct strata_moe_config *config);
  * `strata_moe_free`. Thread-safe.
  *
  * # Safety
- * `config` points to a readable config whose `nvme_path` is NULL or
- * NUL-terminated; `out` points to a writable handle.
+ * `config` points to a readable config (or, for a struct of another
+ * layout, at least to its `version`, which is refused) whose `nvme_path`
+ * is NULL or NUL-terminated; `out` points to a writable handle.
  */
 int strata_moe_create(const struct strata_moe_config *config, struct strata_moe **out);
 
@@ -1673,7 +1709,9 @@ int strata_moe_create(const struct strata_moe_config *config, struct strata_moe 
  * the runtime alive until `strata_moe_free`. Thread-safe.
  *
  * # Safety
- * `config` points to a readable config; `out` points to a writable handle.
+ * `config` points to a readable config (or, for a struct of another
+ * layout, at least to its `version`, which is refused); `out` points to a
+ * writable handle.
  */
 int strata_moe_create_on(const struct strata_runtime *rt,
                          const struct strata_moe_config *config,

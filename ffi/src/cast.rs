@@ -94,6 +94,33 @@ pub(crate) unsafe fn read_in<T: Copy>(p: *const T, what: &str) -> R<T> {
     Ok(unsafe { p.as_ptr().read() })
 }
 
+/// Copies in a versioned struct: its first field, a `u32`, is read first
+/// and must be `version` (the struct's size in this library's layout), so
+/// that a struct of another layout is refused before more of it is read;
+/// `init` names the function that fills it.
+///
+/// # Safety
+/// `p` is NULL or points to a readable, initialized `T` whose every bit
+/// pattern is valid and whose first field is a `u32` (or, for a struct of
+/// another layout, at least to that `u32`).
+pub(crate) unsafe fn read_versioned<T: Copy>(
+    p: *const T,
+    version: u32,
+    what: &str,
+    init: &str,
+) -> R<T> {
+    // SAFETY: NULL or readable at least for its first field (the contract).
+    let found = unsafe { read_in(p.cast::<u32>(), what) }?;
+    if found != version {
+        return Err(Fail::invalid(format!(
+            "{what} version {found} is not {version}: fill the struct with {init} (a program \
+             built against an older strata.h must be rebuilt)"
+        )));
+    }
+    // SAFETY: a whole `T` of this layout (its version says so).
+    unsafe { read_in(p, what) }
+}
+
 fn check_len(len: usize, what: &str) -> R<()> {
     if len > isize::MAX as usize {
         return Err(Fail::invalid(format!(

@@ -14,11 +14,30 @@ use crate::enums::{
 use crate::objects::{self, strata_optim, OPTIMS};
 use crate::status::{boundary, Fail, STRATA_OK};
 
+/// The layout of `strata_optim_config` this library reads: its size in
+/// bytes, set by `strata_optim_config_init` (the first layout had no
+/// version and began with `tier`).
+pub const STRATA_OPTIM_CONFIG_VERSION: u32 = 72;
+
+const _: () =
+    assert!(std::mem::size_of::<strata_optim_config>() == STRATA_OPTIM_CONFIG_VERSION as usize);
+
+/// The layout of `strata_moe_config` this library reads: its size in bytes,
+/// set by `strata_moe_config_init` (the first layout had no version and
+/// began with `device`).
+pub const STRATA_MOE_CONFIG_VERSION: u32 = 56;
+
+const _: () =
+    assert!(std::mem::size_of::<strata_moe_config>() == STRATA_MOE_CONFIG_VERSION as usize);
+
 /// How to build an offloaded optimizer (`strata_optim_create`). Start from
-/// `strata_optim_config_init`.
+/// `strata_optim_config_init`, then change the fields you want.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct strata_optim_config {
+    /// `STRATA_OPTIM_CONFIG_VERSION` (set by `strata_optim_config_init`;
+    /// the create calls refuse another).
+    pub version: u32,
     /// Where the states live: `STRATA_TIER_HOST`, `_CXL` (a CPU-less NUMA
     /// node, else emulated) or `_NVME`.
     pub tier: strata_tier,
@@ -64,9 +83,10 @@ pub struct strata_step_stats {
     pub io_wait_seconds: f64,
 }
 
-/// Fills `*config` with the defaults: host states, 1 MiB chunks, Adam with
-/// lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode, the
-/// update on the CPU.
+/// Fills `*config` with the defaults: version
+/// `STRATA_OPTIM_CONFIG_VERSION`, host states, 1 MiB chunks, Adam with lr
+/// 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, plain mode, the update
+/// on the CPU.
 ///
 /// # Safety
 /// `config` is NULL or points to a writable `strata_optim_config`.
@@ -76,6 +96,7 @@ pub unsafe extern "C" fn strata_optim_config_init(config: *mut strata_optim_conf
         let d = AdamParams::default();
         // SAFETY: NULL or writable (this function's contract).
         unsafe { cast::out(config, "config") }?.set(strata_optim_config {
+            version: STRATA_OPTIM_CONFIG_VERSION,
             tier: STRATA_TIER_HOST,
             nvme_path: std::ptr::null(),
             chunk_bytes: 1 << 20,
@@ -90,6 +111,40 @@ pub unsafe extern "C" fn strata_optim_config_init(config: *mut strata_optim_conf
         });
         Ok(STRATA_OK)
     })
+}
+
+/// Reads `*config`, its version first.
+///
+/// # Safety
+/// `config` is NULL or points to a readable `strata_optim_config` (or, for
+/// a struct of another layout, at least to its `version`).
+unsafe fn read_optim(config: *const strata_optim_config) -> Result<strata_optim_config, Fail> {
+    // SAFETY: as this function's contract states.
+    unsafe {
+        cast::read_versioned(
+            config,
+            STRATA_OPTIM_CONFIG_VERSION,
+            "config",
+            "strata_optim_config_init",
+        )
+    }
+}
+
+/// Reads `*config`, its version first.
+///
+/// # Safety
+/// `config` is NULL or points to a readable `strata_moe_config` (or, for a
+/// struct of another layout, at least to its `version`).
+unsafe fn read_moe(config: *const strata_moe_config) -> Result<strata_moe_config, Fail> {
+    // SAFETY: as this function's contract states.
+    unsafe {
+        cast::read_versioned(
+            config,
+            STRATA_MOE_CONFIG_VERSION,
+            "config",
+            "strata_moe_config_init",
+        )
+    }
 }
 
 /// The optimizer's configuration from the C struct; with `read_path`, an
@@ -146,8 +201,9 @@ unsafe fn optim_config(c: &strata_optim_config, read_path: bool) -> Result<Optim
 /// serializes its own calls.
 ///
 /// # Safety
-/// `config` points to a readable `strata_optim_config` whose `nvme_path` is
-/// NULL or NUL-terminated; `weights` points to `n` readable floats; `out`
+/// `config` points to a readable `strata_optim_config` (or, for a struct of
+/// another layout, at least to its `version`, which is refused) whose
+/// `nvme_path` is NULL or NUL-terminated; `weights` points to `n` readable floats; `out`
 /// points to a writable handle.
 #[no_mangle]
 pub unsafe extern "C" fn strata_optim_create(
@@ -160,7 +216,7 @@ pub unsafe extern "C" fn strata_optim_create(
         // SAFETY: as this function's contract states.
         let (c, w, out) = unsafe {
             (
-                cast::read_in(config, "config")?,
+                read_optim(config)?,
                 cast::slice(weights, n, "weights")?,
                 cast::out(out, "out")?,
             )
@@ -187,8 +243,9 @@ pub unsafe extern "C" fn strata_optim_create(
 /// its own calls.
 ///
 /// # Safety
-/// `config` points to a readable `strata_optim_config`; `weights` points to
-/// `n` readable floats; `out` points to a writable handle.
+/// `config` points to a readable `strata_optim_config` (or, for a struct of
+/// another layout, at least to its `version`, which is refused); `weights`
+/// points to `n` readable floats; `out` points to a writable handle.
 #[no_mangle]
 pub unsafe extern "C" fn strata_optim_create_on(
     rt: *const objects::strata_runtime,
@@ -201,7 +258,7 @@ pub unsafe extern "C" fn strata_optim_create_on(
         // SAFETY: as this function's contract states.
         let (c, w, out) = unsafe {
             (
-                cast::read_in(config, "config")?,
+                read_optim(config)?,
                 cast::slice(weights, n, "weights")?,
                 cast::out(out, "out")?,
             )
@@ -287,10 +344,13 @@ pub extern "C" fn strata_optim_free(opt: *mut strata_optim) -> c_int {
 }
 
 /// How to build an MoE expert cache (`strata_moe_create`). Start from
-/// `strata_moe_config_init`.
+/// `strata_moe_config_init`, then change the fields you want.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct strata_moe_config {
+    /// `STRATA_MOE_CONFIG_VERSION` (set by `strata_moe_config_init`; the
+    /// create calls refuse another).
+    pub version: u32,
     /// `STRATA_DEVICE_AUTO`, `_CUDA` or `_SIM`.
     pub device: crate::enums::strata_device,
     /// Experts the device holds at once.
@@ -341,8 +401,9 @@ pub struct strata_moe_stats {
     pub prefetches_declined: u64,
 }
 
-/// Fills `*config` with the defaults: simulated device, 8 slots of 1 MiB,
-/// 64 MiB of host memory, no NVMe, 64 KiB pages.
+/// Fills `*config` with the defaults: version `STRATA_MOE_CONFIG_VERSION`,
+/// simulated device, 8 slots of 1 MiB, 64 MiB of host memory, no NVMe, 64
+/// KiB pages.
 ///
 /// # Safety
 /// `config` is NULL or points to a writable `strata_moe_config`.
@@ -351,6 +412,7 @@ pub unsafe extern "C" fn strata_moe_config_init(config: *mut strata_moe_config) 
     boundary("strata_moe_config_init", || {
         // SAFETY: NULL or writable (this function's contract).
         unsafe { cast::out(config, "config") }?.set(strata_moe_config {
+            version: STRATA_MOE_CONFIG_VERSION,
             device: crate::enums::STRATA_DEVICE_SIM,
             device_slots: 8,
             slot_bytes: 1 << 20,
@@ -367,8 +429,9 @@ pub unsafe extern "C" fn strata_moe_config_init(config: *mut strata_moe_config) 
 /// `strata_moe_free`. Thread-safe.
 ///
 /// # Safety
-/// `config` points to a readable config whose `nvme_path` is NULL or
-/// NUL-terminated; `out` points to a writable handle.
+/// `config` points to a readable config (or, for a struct of another
+/// layout, at least to its `version`, which is refused) whose `nvme_path`
+/// is NULL or NUL-terminated; `out` points to a writable handle.
 #[no_mangle]
 pub unsafe extern "C" fn strata_moe_create(
     config: *const strata_moe_config,
@@ -376,7 +439,7 @@ pub unsafe extern "C" fn strata_moe_create(
 ) -> c_int {
     boundary("strata_moe_create", || {
         // SAFETY: as this function's contract states.
-        let (c, out) = unsafe { (cast::read_in(config, "config")?, cast::out(out, "out")?) };
+        let (c, out) = unsafe { (read_moe(config)?, cast::out(out, "out")?) };
         let mut cfg =
             strata::offload::moe::MoeConfig::new(c.device_slots, c.slot_bytes, c.host_bytes);
         cfg.device = crate::enums::device(c.device)?;
@@ -410,7 +473,9 @@ pub unsafe extern "C" fn strata_moe_create(
 /// the runtime alive until `strata_moe_free`. Thread-safe.
 ///
 /// # Safety
-/// `config` points to a readable config; `out` points to a writable handle.
+/// `config` points to a readable config (or, for a struct of another
+/// layout, at least to its `version`, which is refused); `out` points to a
+/// writable handle.
 #[no_mangle]
 pub unsafe extern "C" fn strata_moe_create_on(
     rt: *const objects::strata_runtime,
@@ -419,7 +484,7 @@ pub unsafe extern "C" fn strata_moe_create_on(
 ) -> c_int {
     boundary("strata_moe_create_on", || {
         // SAFETY: as this function's contract states.
-        let (c, out) = unsafe { (cast::read_in(config, "config")?, cast::out(out, "out")?) };
+        let (c, out) = unsafe { (read_moe(config)?, cast::out(out, "out")?) };
         let runtime = objects::get(rt)?;
         let cfg = strata::offload::moe::MoeConfig::new(c.device_slots, c.slot_bytes, 0);
         let cache = strata::offload::moe::ExpertCache::on(&runtime.rt, cfg)?;

@@ -151,16 +151,15 @@ fn set(v: u64) -> Option<u64> {
 /// `config` is NULL or points to a readable `strata_config` (or, for a
 /// struct of another layout, at least to its `version`).
 unsafe fn read_config(config: *const strata_config) -> R<strata_config> {
-    // SAFETY: NULL or readable at least for its first field (the contract).
-    let version = unsafe { cast::read_in(config.cast::<u32>(), "config") }?;
-    if version != STRATA_CONFIG_VERSION {
-        return Err(Fail::invalid(format!(
-            "config version {version} is not {STRATA_CONFIG_VERSION}: fill the struct with \
-             strata_config_init (a program built against an older strata.h must be rebuilt)"
-        )));
+    // SAFETY: as this function's contract states.
+    unsafe {
+        cast::read_versioned(
+            config,
+            STRATA_CONFIG_VERSION,
+            "config",
+            "strata_config_init",
+        )
     }
-    // SAFETY: a whole strata_config of this layout (its version says so).
-    unsafe { cast::read_in(config, "config") }
 }
 
 /// The partial configuration `c` states; integers are checked here before

@@ -349,3 +349,52 @@ fn reads_ahead_are_misses_in_the_stats() {
     assert_ne!(s, STRATA_OK);
     assert_eq!(strata_moe_free(moe), STRATA_OK);
 }
+
+#[test]
+fn offload_configs_of_another_layout_are_refused_before_more_is_read() {
+    let w = [1.0f32; 16];
+    // The version init writes is the struct's size in this layout.
+    let c = config();
+    assert_eq!(c.version, STRATA_OPTIM_CONFIG_VERSION);
+    assert_eq!(
+        std::mem::size_of::<strata_optim_config>(),
+        STRATA_OPTIM_CONFIG_VERSION as usize
+    );
+    let mut m = std::mem::MaybeUninit::<strata_moe_config>::uninit();
+    // SAFETY: a writable config.
+    assert_eq!(unsafe { strata_moe_config_init(m.as_mut_ptr()) }, STRATA_OK);
+    // SAFETY: filled above.
+    let m = unsafe { m.assume_init() };
+    assert_eq!(m.version, STRATA_MOE_CONFIG_VERSION);
+    assert_eq!(
+        std::mem::size_of::<strata_moe_config>(),
+        STRATA_MOE_CONFIG_VERSION as usize
+    );
+    // A struct of the layout before the version field starts with its tier
+    // (or device): a small number, refused by name, and nothing is made.
+    let mut old = c;
+    old.version = STRATA_TIER_HOST as u32;
+    let mut opt = null_mut();
+    // SAFETY: readable weights and config, a writable handle.
+    let s = unsafe { strata_optim_create(w.as_ptr(), w.len(), &old, &mut opt) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "strata_optim_config_init");
+    assert!(opt.is_null());
+    let mut old = m;
+    old.version = 2;
+    let mut moe = null_mut();
+    // SAFETY: a readable config and a writable handle.
+    let s = unsafe { strata_moe_create(&old, &mut moe) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "strata_moe_config_init");
+    assert!(moe.is_null());
+    // Only the version is read from a struct of another layout.
+    let short: u32 = 3;
+    // SAFETY: the version at the start is readable (the rest of this
+    // object is not a strata_moe_config, and is never read).
+    let s = unsafe { strata_moe_create((&short as *const u32).cast(), &mut moe) };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "must be rebuilt");
+    // SAFETY: as above.
+    let s = unsafe {
+        strata_optim_create(w.as_ptr(), w.len(), (&short as *const u32).cast(), &mut opt)
+    };
+    fails(s, STRATA_ERR_INVALID_ARGUMENT, "must be rebuilt");
+}
