@@ -1,9 +1,16 @@
 // strata.hpp: a small C++17 RAII wrapper over the C ABI in strata.h.
 //
 // Each handle type owns its C handle and frees it in its destructor; they
-// are movable, not copyable. A failing call throws strata::Error carrying the
-// status and the message from strata_last_error(). Thread safety is that of
-// the C ABI: every object may be used from any thread.
+// are movable, not copyable. An object made through a Runtime (a buffer and
+// its pins, tickets, device maps and launches) keeps that runtime alive: the
+// runtime is destroyed when its Runtime and the last such object are gone, so
+// a pin's addresses stay valid for as long as the pin lives, whatever the
+// order of destruction. A failing call throws strata::Error carrying the
+// status and the message from strata_last_error(). Threads: distinct objects
+// may be used from any thread at once, and so may one object's calls, except
+// that an object must not be reset, closed, moved from or assigned to while
+// another thread uses it (the C ABI allows a call beside the free of its
+// handle; a C++ object's own member is not synchronized).
 //
 // Written by hand (not generated): it only calls functions of strata.h.
 #ifndef STRATA_HPP
@@ -11,9 +18,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -38,17 +47,22 @@ inline int check(int status) {
     return status;
 }
 
-// Owns one C handle; `Free` ends it (and accepts NULL).
+// A runtime, shared by its Runtime and the objects made through it.
+using RuntimeRef = std::shared_ptr<strata_runtime>;
+
+// Owns one C handle; `Free` ends it (and accepts NULL). `owner`, if set, is
+// the runtime the handle was made through, released after the handle.
 template <class T, int (*Free)(T *)>
 class Owned {
 public:
     Owned() noexcept = default;
-    explicit Owned(T *p) noexcept : p_(p) {}
-    Owned(Owned &&o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+    explicit Owned(T *p, RuntimeRef owner = nullptr) noexcept : p_(p), owner_(std::move(owner)) {}
+    Owned(Owned &&o) noexcept : p_(std::exchange(o.p_, nullptr)), owner_(std::move(o.owner_)) {}
     Owned &operator=(Owned &&o) noexcept {
         if (this != &o) {
             reset();
             p_ = std::exchange(o.p_, nullptr);
+            owner_ = std::move(o.owner_);
         }
         return *this;
     }
@@ -58,14 +72,32 @@ public:
 
     T *get() const noexcept { return p_; }
     explicit operator bool() const noexcept { return p_ != nullptr; }
-    // Frees now; a destructor cannot report failure, so this is the way to
-    // see it (the C free functions fail only for invalid handles).
+    // Frees now and ignores a failure, as the destructor does.
     void reset() noexcept {
         if (p_) Free(std::exchange(p_, nullptr));
+        owner_.reset();
     }
+    // Frees now and throws strata::Error if the library refuses (a handle
+    // already freed by other means, which C allows: STRATA_ERR_CLOSED or
+    // STRATA_ERR_INVALID_HANDLE). The object is empty either way.
+    void close() {
+        int status = p_ ? Free(std::exchange(p_, nullptr)) : STRATA_OK;
+        if (status < 0) {
+            Error e(status, strata_last_error());
+            owner_.reset();
+            throw e;
+        }
+        owner_.reset();
+    }
+
+protected:
+    // The runtime this object was made through (empty for an object made
+    // otherwise); objects made through this one share it.
+    const RuntimeRef &owner() const noexcept { return owner_; }
 
 private:
     T *p_ = nullptr;
+    RuntimeRef owner_;
 };
 
 class Ticket : public Owned<strata_ticket, strata_ticket_free> {
@@ -74,10 +106,20 @@ public:
     void wait() const { check(strata_ticket_wait(get())); }
     // True when the request is done (throws its error, if any).
     bool poll() const { return check(strata_ticket_poll(get())) == STRATA_OK; }
+    // True when the request finished within `d` (throws its error, if
+    // any); a negative or NaN `d` polls, one beyond 2^64 ns waits for good.
     template <class Rep, class Period>
     bool wait_for(std::chrono::duration<Rep, Period> d) const {
-        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-        return check(strata_ticket_wait_timeout(get(), ns < 0 ? 0 : static_cast<uint64_t>(ns))) == STRATA_OK;
+        // Through double: an integer duration such as seconds::max() would
+        // overflow on its way to nanoseconds.
+        const double wanted = std::chrono::duration<double, std::nano>(d).count();
+        uint64_t ns = 0;
+        if (wanted >= 18446744073709551616.0) {
+            ns = UINT64_MAX;
+        } else if (wanted > 0) {
+            ns = static_cast<uint64_t>(wanted);
+        }
+        return check(strata_ticket_wait_timeout(get(), ns)) == STRATA_OK;
     }
     // Pages of a prefetch declined so far (its room would have demoted
     // pages valued more); they stay readable where they are.
@@ -144,7 +186,7 @@ public:
     Launch prepare(strata_access access) const {
         strata_launch *l = nullptr;
         check(strata_map_prepare(get(), access, &l));
-        return Launch(l);
+        return Launch(l, owner());
     }
     std::vector<uint32_t> counts() const {
         std::vector<uint32_t> out(pages());
@@ -176,12 +218,16 @@ public:
         check(strata_write(get(), offset, src, len));
     }
     void read(uint64_t offset, void *dst, size_t len) const { check(strata_read(get(), offset, dst, len)); }
+    // The vector's bytes; `T` is copied as bytes, so it must be trivially
+    // copyable (no pointers to memory of its own, as std::string has).
     template <class T>
     void write(uint64_t offset, const std::vector<T> &v) const {
+        static_assert(std::is_trivially_copyable_v<T>, "strata::Buffer::write copies T as bytes");
         write(offset, v.data(), v.size() * sizeof(T));
     }
     template <class T>
     std::vector<T> read(uint64_t offset, size_t n) const {
+        static_assert(std::is_trivially_copyable_v<T>, "strata::Buffer::read copies T as bytes");
         std::vector<T> v(n);
         read(offset, v.data(), n * sizeof(T));
         return v;
@@ -192,7 +238,7 @@ public:
     Ticket prefetch(uint64_t offset, uint64_t len, strata_tier to) const {
         strata_ticket *t = nullptr;
         check(strata_prefetch(get(), offset, len, to, &t));
-        return Ticket(t);
+        return Ticket(t, owner());
     }
     // Cancels `ticket`'s request: its queued batches are dropped (their
     // pages stay where they are); returns the pages dropped.
@@ -204,18 +250,28 @@ public:
     Pin pin(uint64_t offset, uint64_t len, strata_tier in) const {
         strata_pin *p = nullptr;
         check(strata_buffer_pin(get(), offset, len, in, &p));
-        return Pin(p);
+        return Pin(p, owner());
     }
     Map device_map() const {
         strata_map *m = nullptr;
         check(strata_device_map(get(), &m));
-        return Map(m);
+        return Map(m, owner());
     }
 };
 
-class Runtime : public Owned<strata_runtime, strata_runtime_destroy> {
+// A runtime. The objects made through it keep it alive: reset() (or the
+// destructor) drops this reference, and strata_runtime_destroy runs once the
+// last of them is gone too.
+class Runtime {
 public:
-    using Owned::Owned;
+    Runtime() noexcept = default;
+    // Adopts `rt` (destroyed with strata_runtime_destroy).
+    explicit Runtime(strata_runtime *rt) : rt_(adopt(rt)) {}
+    Runtime(Runtime &&) noexcept = default;
+    Runtime &operator=(Runtime &&) noexcept = default;
+    Runtime(const Runtime &) = delete;
+    Runtime &operator=(const Runtime &) = delete;
+
     static strata_config defaults() {
         strata_config c;
         check(strata_config_init(&c));
@@ -224,22 +280,28 @@ public:
     explicit Runtime(const strata_config &config) {
         strata_runtime *rt = nullptr;
         check(strata_runtime_create(&config, &rt));
-        *this = Runtime(rt);
+        rt_ = adopt(rt);
     }
     static Runtime from_toml(std::string_view text, uint32_t flags = 0) {
         strata_runtime *rt = nullptr;
         check(strata_runtime_from_toml(text.data(), text.size(), flags, &rt));
         return Runtime(rt);
     }
+
+    strata_runtime *get() const noexcept { return rt_.get(); }
+    explicit operator bool() const noexcept { return rt_ != nullptr; }
+    // Drops this reference (see the class comment).
+    void reset() noexcept { rt_.reset(); }
+
     Buffer alloc(uint64_t bytes) const {
         strata_buffer *b = nullptr;
         check(strata_alloc(get(), bytes, &b));
-        return Buffer(b);
+        return Buffer(b, rt_);
     }
     Buffer alloc_in(uint64_t bytes, strata_tier preferred) const {
         strata_buffer *b = nullptr;
         check(strata_alloc_in(get(), bytes, preferred, &b));
-        return Buffer(b);
+        return Buffer(b, rt_);
     }
     size_t page_size() const {
         size_t n = 0;
@@ -250,19 +312,47 @@ public:
         char *s = nullptr;
         size_t n = 0;
         check(strata_stats_json(get(), &s, &n));
-        std::string out(s, n);
-        strata_string_free(s);
-        return out;
+        // Freed also when the copy below throws.
+        std::unique_ptr<char, int (*)(char *)> held(s, strata_string_free);
+        return std::string(held.get(), n);
     }
+
+private:
+    static RuntimeRef adopt(strata_runtime *rt) {
+        // If the control block cannot be allocated, shared_ptr runs the
+        // deleter before it throws: the runtime is not leaked.
+        return RuntimeRef(rt, [](strata_runtime *r) { strata_runtime_destroy(r); });
+    }
+
+    RuntimeRef rt_;
 };
 
 // An expert pinned in device memory until it drops (strata_moe_release).
+// Its addresses stay valid while it lives, also after its cache is freed.
 class ExpertPin : public Owned<strata_expert_pin, strata_moe_release> {
 public:
     ExpertPin(strata_expert_pin *p, std::vector<uint64_t> addresses) noexcept
         : Owned(p), addresses_(std::move(addresses)) {}
-    // The expert's page addresses in device memory, in order.
+    ExpertPin(ExpertPin &&o) noexcept : Owned(std::move(o)), addresses_(std::exchange(o.addresses_, {})) {}
+    ExpertPin &operator=(ExpertPin &&o) noexcept {
+        if (this != &o) {
+            Owned::operator=(std::move(o));
+            addresses_ = std::exchange(o.addresses_, {});
+        }
+        return *this;
+    }
+    // The expert's page addresses in device memory, in order (none once
+    // released).
     const std::vector<uint64_t> &addresses() const noexcept { return addresses_; }
+    // Releases now, as Owned's reset() and close() do; the addresses go too.
+    void reset() noexcept {
+        addresses_.clear();
+        Owned::reset();
+    }
+    void close() {
+        addresses_.clear();
+        Owned::close();
+    }
 
 private:
     std::vector<uint64_t> addresses_;

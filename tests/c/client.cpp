@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -141,7 +142,12 @@ int main(int argc, char **argv) {
             {
                 strata::ExpertPin pin = cache.fetch(0, 1);
                 CHECK(pin.addresses().size() == 1 && pin.addresses()[0] != 0);
-            }  // released here
+                // The addresses go with the handle: moved, then released.
+                strata::ExpertPin other = std::move(pin);
+                CHECK(!pin && pin.addresses().empty() && other && other.addresses().size() == 1);
+                other.reset();
+                CHECK(!other && other.addresses().empty());
+            }
             CHECK(cache.prefetch(0, {2}) <= 1);
             cache.cancel_prefetches(0, {1});
             cache.cancel_prefetches(0);
@@ -182,6 +188,45 @@ int main(int argc, char **argv) {
                      STRATA_ERR_INVALID_ARGUMENT, "not UTF-8");
         strata::Buffer moved = std::move(buf);
         CHECK(!buf && moved);
+
+        // "Wait for good" waits: a duration too long for nanoseconds (it
+        // overflowed to a poll) and a huge floating one.
+        {
+            strata::Ticket t = moved.prefetch(0, n * sizeof(double), STRATA_TIER_NVME);
+            CHECK(t.wait_for(std::chrono::seconds::max()));
+            CHECK(t.wait_for(std::chrono::duration<double>(1e300)));
+            CHECK(t.wait_for(std::chrono::seconds(-1)));  // done: a poll says so
+        }
+
+        // close() reports what the destructor cannot: a handle freed behind
+        // the wrapper's back.
+        {
+            strata::Buffer b = rt.alloc(kPage);
+            CHECK(strata_buffer_free(b.get()) == STRATA_OK);
+            EXPECT_ERROR(b.close(), STRATA_ERR_INVALID_HANDLE, "");
+            CHECK(!b);
+            b.close();  // empty: nothing to free
+        }
+
+        // Objects made through a runtime keep it alive: a pin outlives its
+        // Runtime and its buffer, and its addresses still hold the bytes.
+        {
+            strata_config c2 = config;
+            c2.nvme_path = nullptr;
+            c2.nvme_capacity = 0;
+            std::optional<strata::Runtime> own(std::in_place, c2);
+            strata::Buffer b = own->alloc(2 * kPage);
+            b.write(0, values.data(), 2 * kPage);
+            strata::Pin pin = b.pin(kPage, kPage, STRATA_TIER_HOST);
+            strata::Ticket t = b.prefetch(0, kPage, STRATA_TIER_HOST);
+            own.reset();
+            b.reset();
+            std::vector<uint64_t> a = pin.addresses();
+            CHECK(a.size() == 1 && pin.tier() == STRATA_TIER_HOST);
+            const void *page = reinterpret_cast<const void *>(static_cast<uintptr_t>(a[0]));
+            CHECK(std::memcmp(page, values.data() + kPage / sizeof(double), kPage) == 0);
+            t.wait();
+        }  // the runtime is destroyed with the last of them
         EXPECT_ERROR(strata::Buffer(reinterpret_cast<strata_buffer *>(rt.get())).size(),
                      STRATA_ERR_INVALID_HANDLE, "not a live buffer handle");
     } catch (const strata::Error &e) {
