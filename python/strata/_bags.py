@@ -21,11 +21,13 @@ def _concat_bags(bags) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     return ids.contiguous(), torch.cat(offs), weights
 
 
-def _bag_backward(module, idx, off, w, grad_out, rows_grad=True, weights_grad=False):
+def _bag_backward(module, idx, off, w, grad_out, rows_grad=True, weights_grad=False, rows=None):
     """The backward of module's pooling of bags (idx, off, weights w) for
     grad_out, the bags' gradient: the touched rows' gradient applied to
     the table (by its optimizer, or into module.grad); returns the
-    per-sample weights' gradient where weights_grad."""
+    per-sample weights' gradient where weights_grad, from rows (the rows
+    the forward pooled, read then: another backward may have updated the
+    table since), else from the table as it is now."""
     grad_out = grad_out.detach().to("cpu", torch.float32).contiguous()
     if rows_grad and not weights_grad and module.optimizer is not None and idx.numel() > 0:
         # The table's fused backward: the rows' gradients summed and the
@@ -55,9 +57,10 @@ def _bag_backward(module, idx, off, w, grad_out, rows_grad=True, weights_grad=Fa
         scale = scale / counts.clamp(min=1)[bag]
     grad_w = None
     if weights_grad:
-        # d out[bag] / d w[i] = row[i]: the rows as they are before the update.
-        rows = torch.empty(idx.numel(), module.embedding_dim, dtype=torch.float32)
-        module._table.read_rows(idx.numpy(), rows.numpy())
+        # d out[bag] / d w[i] = row[i]: the rows the forward pooled.
+        if rows is None:
+            rows = torch.empty(idx.numel(), module.embedding_dim, dtype=torch.float32)
+            module._table.read_rows(idx.numpy(), rows.numpy())
         grad_w = (grad_out[bag] * rows).sum(1)
         if keep is not None:
             grad_w = grad_w * keep

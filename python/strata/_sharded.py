@@ -58,6 +58,9 @@ class Plan:
         # Row-wise: each table's block of rows per rank.
         self.block = [-(-s.rows // self.world) for s in specs]
         self.anchor = torch.zeros((), requires_grad=True)
+        # The collection's requires_grad_(False): no backward, no update
+        # (every rank freezes alike, or the all-to-alls of backward hang).
+        self.frozen = False
         self.divide = divide
 
     def _rows_on(self, k: int, r: int) -> Tuple[int, int]:
@@ -88,7 +91,8 @@ class Plan:
         return [i for i, (_, k) in enumerate(features) if self._rows_on(k, r)[1] > self._rows_on(k, r)[0]]
 
     def pool(self, coll, batch: int, bags: List[Bag]) -> Tensor:
-        return _Route.apply(self.anchor, self, coll, batch, bags)
+        anchor = self.anchor.detach() if self.frozen else self.anchor
+        return _Route.apply(anchor, self, coll, batch, bags)
 
     def route(self, features, batch: int, bags: List[Bag], weighted: bool):
         """Per owner: the lengths, local ids and weights of this rank's bags

@@ -42,6 +42,7 @@ fastest tier when the batch was gathered.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -173,8 +174,15 @@ def _bags(
     if include_last_offset:
         if off.numel() == 0:
             raise ValueError("include_last_offset=True needs at least one offset")
+        last = int(off[-1])
+        if 0 <= last < idx.numel():
+            # torch pools up to the last offset and leaves the rest.
+            idx = idx[:last]
         return idx, off
-    if off.numel() and int(off.max()) > idx.numel():
+    if off.numel() == 0:
+        # No bags: torch's result has no rows, whatever the input.
+        return idx[:0], torch.zeros(1, dtype=torch.int64)
+    if int(off.max()) > idx.numel():
         raise ValueError(f"offsets run past the {idx.numel()} indices (the largest is {int(off.max())})")
     return idx, torch.cat([off, torch.tensor([idx.numel()], dtype=torch.int64)])
 
@@ -219,13 +227,19 @@ class _BagFunction(torch.autograd.Function):
         # gathered: the pooled rows and weights _gather gave already.
         out, w = gathered if gathered is not None else _gather(module, idx, off, weights)
         ctx.module = module
-        ctx.save_for_backward(idx, off, w)
+        rows = None
+        if weights is not None and ctx.needs_input_grad[1]:
+            # The weights' gradient is the rows pooled now: a backward of
+            # another use of the table may update them before this one runs.
+            rows = torch.empty(idx.numel(), module.embedding_dim, dtype=torch.float32)
+            module._table.read_rows(idx.numpy(), rows.numpy())
+        ctx.save_for_backward(idx, off, w, rows)
         ctx.has_weights = weights is not None
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        idx, off, w = ctx.saved_tensors
+        idx, off, w, rows = ctx.saved_tensors
         grad_w = _bag_backward(
             ctx.module,
             idx,
@@ -234,6 +248,7 @@ class _BagFunction(torch.autograd.Function):
             grad_out,
             rows_grad=ctx.needs_input_grad[0],
             weights_grad=ctx.has_weights and ctx.needs_input_grad[1],
+            rows=rows,
         )
         return None, grad_w, None, None, None, None
 
@@ -243,9 +258,15 @@ class EmbeddingBag(nn.Module):
 
     num_embeddings, embedding_dim, mode ("sum" or "mean"; "max" is not
     offered), padding_idx and include_last_offset as torch's.
-    max_norm, scale_grad_by_freq and sparse are not offered (they raise if
-    set): gradients are sparse by nature here and go to ``self.grad`` (a
-    coalesced sparse COO tensor) or, with an optimizer, into the table.
+    max_norm and scale_grad_by_freq are not offered (they raise if set);
+    sparse is accepted and changes nothing: gradients are sparse by nature
+    here and go to ``self.grad`` (a coalesced sparse COO tensor) or, with an
+    optimizer, into the table. Backward does so whenever autograd
+    differentiates through the module (torch.autograd.grad for other
+    inputs included); ``requires_grad_(False)`` on the module (or on its
+    collection) freezes the table — a parent module's does not reach it,
+    since the table is no parameter. The table is float32 on the CPU side:
+    .to(), .half() and the like change neither it nor its accumulators.
 
     Tiers: runtime (a strata.Runtime to allocate in), or fast_bytes (DRAM
     for the hot rows), nvme_path and nvme_bytes (NVMe for the rest) and
@@ -256,10 +277,12 @@ class EmbeddingBag(nn.Module):
     optimizer: None, "sgd" (w -= lr*g) or "rowwise_adagrad" (FBGEMM's
     EXACT_ROWWISE_ADAGRAD: one accumulator per row, state += mean(g*g),
     w -= lr/(sqrt(state)+eps)*g), applied in backward to the touched rows.
-    The accumulators are the buffer ``momentum`` (in DRAM, 4 bytes a row).
+    The accumulators are ``momentum`` (float32 in DRAM, 4 bytes a row).
     state_dict() holds the table as torch's ``weight`` (read into a dense
-    tensor: the whole table in memory) beside ``momentum``;
-    load_state_dict() writes it back.
+    tensor: the whole table in memory), and with rowwise_adagrad
+    ``momentum`` beside it, so a state dict loads between this module and
+    torch's EmbeddingBag; load_state_dict() writes them back (a dict
+    without ``momentum``, torch's, starts the accumulators at zero).
 
     _weight: initial rows (a (num_embeddings, embedding_dim) tensor);
     without it the rows are drawn from N(0, 1), as torch's, or from
@@ -356,10 +379,9 @@ class EmbeddingBag(nn.Module):
         # The graph's handle on the table: autograd calls backward only
         # for outputs that depend on something requiring a gradient.
         self._anchor = torch.zeros((), requires_grad=True)
-        self.register_buffer(
-            "momentum",
-            torch.zeros(num_embeddings if optimizer == "rowwise_adagrad" else 0, dtype=torch.float32),
-        )
+        # Not a buffer: .to() and .half() must not move or cast what the
+        # table's update reads as float32 memory (state_dict() saves it).
+        self.momentum = torch.zeros(num_embeddings if optimizer == "rowwise_adagrad" else 0, dtype=torch.float32)
         self._init_rows(_weight, generator, init)
         if padding_idx is not None and _weight is None:
             self._table.write_rows(padding_idx, torch.zeros(embedding_dim).numpy())
@@ -426,6 +448,13 @@ class EmbeddingBag(nn.Module):
 
     _frozen = False
 
+    def requires_grad_(self, requires_grad: bool = True) -> "EmbeddingBag":
+        """As torch's: False freezes the table (backward neither updates its
+        rows nor fills grad), True trains it again."""
+        super().requires_grad_(requires_grad)
+        self._frozen = not requires_grad
+        return self
+
     def forward(
         self,
         input: Tensor,
@@ -450,7 +479,8 @@ class EmbeddingBag(nn.Module):
                     f"per_sample_weights has shape {tuple(per_sample_weights.shape)}, "
                     f"input {tuple(input.shape)}"
                 )
-            per_sample_weights = per_sample_weights.reshape(-1)
+            # The lookups torch leaves unpooled (see _bags) weigh nothing.
+            per_sample_weights = per_sample_weights.reshape(-1)[: idx.numel()]
         return idx, off, per_sample_weights
 
     def _pool(self, idx: Tensor, off: Tensor, weights: Optional[Tensor], gathered=None) -> Tensor:
@@ -502,6 +532,8 @@ class EmbeddingBag(nn.Module):
         # tiers): saved as the dense (num_embeddings, embedding_dim) rows
         # torch's EmbeddingBag saves, read in chunks.
         destination[prefix + "weight"] = self._dense_rows()
+        if self.optimizer == "rowwise_adagrad":
+            destination[prefix + "momentum"] = self.momentum.clone()
 
     def _dense_rows(self) -> Tensor:
         n, d = self.num_embeddings, self.embedding_dim
@@ -518,6 +550,21 @@ class EmbeddingBag(nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        mkey = prefix + "momentum"
+        momentum_ok = True
+        if mkey in unexpected_keys:
+            saved = state_dict[mkey]
+            if self.optimizer == "rowwise_adagrad":
+                unexpected_keys.remove(mkey)
+                n = self.num_embeddings
+                if not isinstance(saved, Tensor) or tuple(saved.shape) != (n,):
+                    got = tuple(saved.shape) if isinstance(saved, Tensor) else type(saved).__name__
+                    error_msgs.append(f"size mismatch for {mkey}: copying a buffer with shape {got}, the table has ({n},)")
+                    momentum_ok = False
+            elif isinstance(saved, Tensor) and saved.numel() == 0:
+                # The empty accumulators earlier versions saved for every
+                # optimizer: nothing to load.
+                unexpected_keys.remove(mkey)
         key = prefix + "weight"
         if key in unexpected_keys:
             unexpected_keys.remove(key)
@@ -531,7 +578,15 @@ class EmbeddingBag(nn.Module):
             got = tuple(rows.shape) if isinstance(rows, Tensor) else type(rows).__name__
             error_msgs.append(f"size mismatch for {key}: copying a param with shape {got}, the table is ({n}, {d})")
             return
+        if not momentum_ok:
+            return
         self._init_rows(rows, None)
+        if self.optimizer == "rowwise_adagrad":
+            saved = state_dict.get(mkey)
+            if saved is None:
+                self.momentum.zero_()
+            else:
+                self.momentum.copy_(saved.detach().to("cpu", torch.float32))
 
     def flush(self) -> None:
         """Writes the rows the row cache holds changed back to the table's
@@ -572,6 +627,31 @@ class EmbeddingBag(nn.Module):
         return s + f", tiers={self.runtime.tiers}"
 
 
+def _default_init_fn(fn, bounds) -> bool:
+    """Whether fn is the init_fn TorchRec's config gives itself when none
+    is set: torch.nn.init.uniform_ over the config's range."""
+    return (
+        isinstance(fn, functools.partial)
+        and fn.func is torch.nn.init.uniform_
+        and not fn.args
+        and fn.keywords == {"a": bounds[0], "b": bounds[1]}
+    )
+
+
+def _init_fn_rows(fn, dim: int):
+    """EmbeddingBag's init from TorchRec's init_fn (which fills a weight
+    tensor in place, or returns one), applied chunk by chunk: element-wise
+    initialisers (torch.nn.init's uniform_, normal_, zeros_, ...) give the
+    law they give the whole table."""
+
+    def init(start: int, stop: int) -> Tensor:
+        rows = torch.empty(stop - start, dim)
+        got = fn(rows)
+        return got if isinstance(got, Tensor) else rows
+
+    return init
+
+
 def _table_init(seed: int, table: int, dim: int, lo: int, bounds):
     """EmbeddingBag's init for a shard starting at table row lo."""
     return lambda start, stop: initial_rows(seed, table, dim, lo + start, lo + stop, bounds[0], bounds[1])
@@ -582,9 +662,11 @@ class _Spec:
     serves (TorchRec's EmbeddingBagConfig, or a plain (rows, dim) pair),
     its name and its initial rows' range."""
 
-    def __init__(self, rows, dim, mode, name, features, init):
+    def __init__(self, rows, dim, mode, name, features, init, init_fn=None):
         self.rows, self.dim, self.mode = rows, dim, mode
         self.name, self.features, self.init = name, features, init
+        # TorchRec's init_fn, where the config has one: it replaces init.
+        self.init_fn = init_fn
 
     @classmethod
     def of(cls, table, k: int, mode: str) -> "_Spec":
@@ -611,7 +693,14 @@ class _Spec:
         lo = getattr(table, "weight_init_min", None)
         hi = getattr(table, "weight_init_max", None)
         init = (-bound if lo is None else float(lo), bound if hi is None else float(hi))
-        return cls(rows, dim, pmode, name, features, init)
+        init_fn = getattr(table, "init_fn", None)
+        if init_fn is not None and not callable(init_fn):
+            raise TypeError(f"table {name!r}: init_fn {init_fn!r} is not callable")
+        if _default_init_fn(init_fn, init):
+            # TorchRec's own default (uniform over the config's range): the
+            # seeded draw below gives that law, the same on every rank.
+            init_fn = None
+        return cls(rows, dim, pmode, name, features, init, init_fn)
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -635,7 +724,9 @@ class EmbeddingBagCollection(nn.Module):
     returns a ``KeyedTensor`` (one column block per feature, in the configs'
     order), so the module drops into TorchRec's DLRM in place of
     ``torchrec.EmbeddingBagCollection``; is_weighted=True pools with the
-    KJT's weights. ``embedding_bag_configs()`` returns the configs.
+    KJT's weights (which get their gradient, as TorchRec's); features no
+    table serves are left alone; a config's init_fn fills its table chunk
+    by chunk. ``embedding_bag_configs()`` returns the configs.
 
     Plain, without TorchRec: ``forward(inputs, offsets=None,
     per_sample_weights=None)``, one input (and offsets, per_sample_weights
@@ -733,7 +824,9 @@ class EmbeddingBagCollection(nn.Module):
         for k, rows in local:
             spec = specs[k]
             init = spec.init
-            if self._configs is not None and weights is None:
+            if self._configs is not None and weights is None and spec.init_fn is not None:
+                init = _init_fn_rows(spec.init_fn, spec.dim)
+            elif self._configs is not None and weights is None:
                 lo = 0 if self._shard is None else self._shard._rows_on(k, self._shard.rank)[0]
                 init = _table_init(seed, k, spec.dim, lo, spec.init)
             w = None
@@ -778,16 +871,11 @@ class EmbeddingBagCollection(nn.Module):
         weights) from a KeyedJaggedTensor, checked, naming the feature
         at fault."""
         jt = features.to_dict()
-        known = {f for f, _ in self._features}
         keys = list(features.keys())
         for k in keys:
             if keys.count(k) > 1:
                 raise ValueError(f"feature {k!r} appears {keys.count(k)} times in the KeyedJaggedTensor")
-            if k not in known:
-                raise ValueError(
-                    f"feature {k!r} of the KeyedJaggedTensor is served by no table "
-                    f"(the features: {sorted(known)})"
-                )
+            # A feature no table serves is left alone, as TorchRec does.
         batch = int(features.stride())
         out = []
         for f, k in self._features:
@@ -809,7 +897,11 @@ class EmbeddingBagCollection(nn.Module):
                 w = j.weights_or_none()
                 if w is None:
                     raise ValueError(f"feature {f!r} has no weights, and the collection is_weighted")
-                w = w.detach().to("cpu", torch.float32).reshape(-1)
+                # Attached, so that the weights get their gradient as
+                # TorchRec's do (sharded tables take none: see the class).
+                w = w.to("cpu", torch.float32).reshape(-1)
+                if self._shard is not None:
+                    w = w.detach()
             out.append((idx, off, w))
         return batch, out
 
@@ -903,3 +995,12 @@ class EmbeddingBagCollection(nn.Module):
         super().zero_grad(set_to_none)
         for t in self.tables:
             t.grad = None
+
+    def requires_grad_(self, requires_grad: bool = True) -> "EmbeddingBagCollection":
+        """Every table's requires_grad_ (False freezes them all)."""
+        super().requires_grad_(requires_grad)
+        for t in self.tables:
+            t.requires_grad_(requires_grad)
+        if self._shard is not None:
+            self._shard.frozen = not requires_grad
+        return self

@@ -393,3 +393,99 @@ def test_binding_maps_each_refusal_of_the_table_to_its_exception():
     out = emb(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long))
     assert out.shape == (0, 4)
     t.read_rows(np.zeros(0, np.int64), np.zeros((0, 4), np.float32))
+
+
+def test_weights_gradient_uses_the_rows_the_forward_pooled(tmp_path):
+    """The table pooled twice in one graph, trained by sgd: the weights'
+    gradients are torch's, though the later backward updates the rows
+    before the earlier one runs."""
+    w = table(seed=8)
+    ours = tiered(w, tmp_path, optimizer="sgd", lr=1.0)
+    ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), freeze=False, mode="sum")
+    idx, off = bags(seed=9)
+    grads = []
+    for m in (ours, ref):
+        p1 = torch.rand(idx.numel(), generator=torch.Generator().manual_seed(1)).requires_grad_()
+        p2 = p1.detach().clone().requires_grad_()
+        (m(idx, off, p1) + 2 * m(idx, off, p2)).pow(2).sum().backward()
+        grads.append((p1.grad, p2.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, **TOL)
+    torch.testing.assert_close(ours.weight, w - ref.weight.grad, **TOL)
+
+
+def test_requires_grad_false_freezes_the_table(tmp_path):
+    w = table(seed=10)
+    emb = tiered(w, tmp_path, optimizer="sgd", lr=0.5)
+    idx, off = bags(seed=11)
+    assert emb.requires_grad_(False) is emb
+    psw = torch.rand(idx.numel(), requires_grad=True)
+    emb(idx, off, psw).sum().backward()
+    assert torch.equal(emb.weight, w) and emb.grad is None
+    assert psw.grad is not None  # the rest of the graph still differentiates
+    emb.requires_grad_(True)
+    emb(idx, off).sum().backward()
+    assert not torch.equal(emb.weight, w)
+    # A collection freezes every table.
+    coll = strata.nn.EmbeddingBagCollection([(50, 4), (60, 4)], optimizer="sgd", lr=0.5)
+    before = [t.weight for t in coll.tables]
+    coll.requires_grad_(False)
+    x = [torch.tensor([[1, 2], [3, 4]]), torch.tensor([[5, 6], [7, 8]])]
+    sum(o.sum() for o in coll(x)).requires_grad_().backward()
+    assert all(torch.equal(t.weight, b) for t, b in zip(coll.tables, before))
+
+
+def test_state_dicts_load_between_torch_and_strata(tmp_path):
+    """torch's EmbeddingBag saves only "weight": a table without an
+    optimizer (or with sgd) saves the same keys, each loads the other's, and
+    rowwise_adagrad's accumulators start at zero from torch's dict."""
+    w = table(seed=12)
+    ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), freeze=False, mode="sum")
+    for optimizer in (None, "sgd"):
+        ours = tiered(table(seed=13), tmp_path / str(optimizer), optimizer=optimizer)
+        assert set(ours.state_dict()) == {"weight"}
+        ours.load_state_dict(ref.state_dict())
+        assert torch.equal(ours.weight, w)
+        back = torch.nn.EmbeddingBag(ROWS, DIM, mode="sum")
+        back.load_state_dict(ours.state_dict())
+        assert torch.equal(back.weight, w)
+    ada = tiered(table(seed=14), tmp_path / "ada", optimizer="rowwise_adagrad", lr=0.1)
+    idx, off = bags(seed=15)
+    ada(idx, off).sum().backward()
+    assert float(ada.momentum.abs().sum()) > 0
+    ada.load_state_dict(ref.state_dict())
+    assert torch.equal(ada.weight, w) and float(ada.momentum.abs().sum()) == 0
+    # The empty accumulators earlier versions saved for every optimizer load.
+    plain = tiered(table(seed=13), tmp_path / "plain")
+    plain.load_state_dict({"weight": w, "momentum": torch.zeros(0)})
+    assert torch.equal(plain.weight, w)
+
+
+def test_moving_or_casting_the_module_keeps_training(tmp_path):
+    """.half() and .to() leave the table and its accumulators float32 on
+    the CPU: backward after them trains as before."""
+    w = table(seed=16)
+    a = tiered(w, tmp_path / "a", optimizer="rowwise_adagrad", lr=0.05)
+    b = tiered(w, tmp_path / "b", optimizer="rowwise_adagrad", lr=0.05)
+    b.half().to(torch.float64).to("cpu")
+    assert b.momentum.dtype == torch.float32
+    for seed in (17, 18):
+        idx, off = bags(seed=seed)
+        for m in (a, b):
+            (m(idx, off) ** 2).sum().backward()
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.momentum, b.momentum)
+
+
+def test_offsets_as_torch_reads_them(tmp_path):
+    """include_last_offset with indices past the last offset pools up to
+    it, as torch does; empty offsets are no bags."""
+    w = table(seed=19)
+    ours = tiered(w, tmp_path)
+    ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), mode="sum", include_last_offset=True)
+    ilo = tiered(w, tmp_path / "ilo", include_last_offset=True)
+    idx, off = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2, 3])
+    psw = torch.rand(5)
+    torch.testing.assert_close(ilo(idx, off, psw), ref(idx, off, psw), **TOL)
+    plain = torch.nn.EmbeddingBag.from_pretrained(w.clone(), mode="sum")
+    empty = torch.zeros(0, dtype=torch.int64)
+    assert ours(idx, empty).shape == plain(idx, empty).shape == (0, DIM)
