@@ -703,6 +703,24 @@ class _Spec:
         return cls(rows, dim, pmode, name, features, init, init_fn)
 
 
+def _renamed(state_dict, old: str, new: str) -> None:
+    """Moves state_dict's keys under old to new, in place."""
+    for key in [k for k in state_dict if k.startswith(old)]:
+        state_dict[new + key[len(old) :]] = state_dict.pop(key)
+
+
+def _torchrec_names(module, state_dict, prefix, local_metadata) -> None:
+    """A collection of configs saves its tables under TorchRec's names."""
+    for k, spec in enumerate(module._specs):
+        _renamed(state_dict, f"{prefix}tables.{k}.", f"{prefix}embedding_bags.{spec.name}.")
+
+
+def _strata_names(module, state_dict, prefix, *_) -> None:
+    """... and loads them under TorchRec's names or its own."""
+    for k, spec in enumerate(module._specs):
+        _renamed(state_dict, f"{prefix}embedding_bags.{spec.name}.", f"{prefix}tables.{k}.")
+
+
 class EmbeddingBagCollection(nn.Module):
     """Several EmbeddingBags (a DLRM model's sparse features) in one
     runtime, so that all tables share its fast tier and the balancer
@@ -723,7 +741,10 @@ class EmbeddingBagCollection(nn.Module):
     ``KeyedJaggedTensor`` whose keys are the configs' feature names and
     returns a ``KeyedTensor`` (one column block per feature, in the configs'
     order), so the module drops into TorchRec's DLRM in place of
-    ``torchrec.EmbeddingBagCollection``; is_weighted=True pools with the
+    ``torchrec.EmbeddingBagCollection``, and its state_dict() has
+    TorchRec's keys (``embedding_bags.<table name>.weight``: checkpoints
+    load either way; load_state_dict() also takes the ``tables.<k>.``
+    keys of earlier versions); is_weighted=True pools with the
     KJT's weights (which get their gradient, as TorchRec's); features no
     table serves are left alone; a config's init_fn fills its table chunk
     by chunk. ``embedding_bag_configs()`` returns the configs.
@@ -852,6 +873,10 @@ class EmbeddingBagCollection(nn.Module):
                     f"table {spec.name!r} ({rows} rows of {spec.dim} floats) does not fit in the tiers: {e}"
                 ) from e
         self.tables = nn.ModuleList(modules)
+        if self._configs is not None and self._shard is None:
+            # TorchRec's names in state_dict(): embedding_bags.<table>.weight.
+            self.register_state_dict_post_hook(_torchrec_names)
+            self.register_load_state_dict_pre_hook(_strata_names)
         if own and balance == "background" and "device" in runtime.tiers:
             start_balancer(runtime, interval=balance_interval)
 

@@ -227,3 +227,24 @@ def test_weighted_batches_get_torchrecs_weight_gradient_and_init_fn_is_used():
     cfg = EmbeddingBagConfig(num_embeddings=300, embedding_dim=4, name="z", feature_names=["f"],
                              init_fn=torch.nn.init.ones_)
     assert torch.equal(strata.nn.EmbeddingBagCollection([cfg]).tables[0].weight, torch.ones(300, 4))
+
+
+def test_state_dicts_load_between_torchrec_and_strata():
+    cfgs, ref, ours = _pair()
+    assert set(ours.state_dict()) == set(ref.state_dict())
+    fresh = torchrec.EmbeddingBagCollection(tables=ebc_worker.configs(), device=torch.device("cpu"))
+    fresh.load_state_dict(ours.state_dict())
+    mine = strata.nn.EmbeddingBagCollection(ebc_worker.configs(), seed=3)
+    mine.load_state_dict(ref.state_dict())
+    for c in cfgs:
+        assert torch.equal(fresh.embedding_bags[c.name].weight, ref.embedding_bags[c.name].weight)
+    for k, c in enumerate(cfgs):
+        assert torch.equal(mine.tables[k].weight, ref.embedding_bags[c.name].weight.detach())
+    # Inside a model, under its prefix; and the names of earlier versions.
+    outer = torch.nn.ModuleDict({"ebc": strata.nn.EmbeddingBagCollection(ebc_worker.configs(), seed=4)})
+    outer.load_state_dict({f"ebc.{k}": v for k, v in ref.state_dict().items()})
+    old = {f"tables.{k}.weight": ref.embedding_bags[c.name].weight.detach() for k, c in enumerate(cfgs)}
+    again = strata.nn.EmbeddingBagCollection(ebc_worker.configs(), seed=5)
+    again.load_state_dict(old)
+    for k, c in enumerate(cfgs):
+        assert torch.equal(outer["ebc"].tables[k].weight, again.tables[k].weight)
