@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -204,6 +205,13 @@ def _gather(module, idx: Tensor, off: Tensor, weights: Optional[Tensor]) -> Tupl
     return out, w
 
 
+def _graph_task() -> Optional[int]:
+    """The backward pass running on this thread (None where torch does not
+    say: every deferred update is then applied)."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return None if current is None else int(current())
+
+
 # Threads that gather a collection's tables at once, where their rows may
 # be on NVMe: each table's reads wait on the disk with the GIL released,
 # so several tables keep more reads in flight than one.
@@ -240,17 +248,18 @@ class _BagFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         idx, off, w, rows = ctx.saved_tensors
-        grad_w = _bag_backward(
-            ctx.module,
-            idx,
-            off,
-            w,
-            grad_out,
-            rows_grad=ctx.needs_input_grad[0],
-            weights_grad=ctx.has_weights and ctx.needs_input_grad[1],
-            rows=rows,
-        )
-        return None, grad_w, None, None, None, None
+        module = ctx.module
+        grad_out = grad_out.detach().to("cpu", torch.float32).contiguous()
+        grad_w = None
+        if ctx.has_weights and ctx.needs_input_grad[1]:
+            grad_w = _bag_backward(module, idx, off, w, grad_out, rows_grad=False, weights_grad=True, rows=rows)
+        grad_anchor = None
+        if ctx.needs_input_grad[0]:
+            # The rows' update waits for the anchor's gradient (see
+            # EmbeddingBag.__init__): only a pass that wants it applies it.
+            module._defer(lambda: _bag_backward(module, idx, off, w, grad_out))
+            grad_anchor = torch.zeros(())
+        return grad_anchor, grad_w, None, None, None, None
 
 
 class EmbeddingBag(nn.Module):
@@ -261,9 +270,10 @@ class EmbeddingBag(nn.Module):
     max_norm and scale_grad_by_freq are not offered (they raise if set);
     sparse is accepted and changes nothing: gradients are sparse by nature
     here and go to ``self.grad`` (a coalesced sparse COO tensor) or, with an
-    optimizer, into the table. Backward does so whenever autograd
-    differentiates through the module (torch.autograd.grad for other
-    inputs included); ``requires_grad_(False)`` on the module (or on its
+    optimizer, into the table, in a backward pass that wants the table's
+    gradient (``loss.backward()``; not torch.autograd.grad for other
+    inputs, nor backward(inputs=...) without the module);
+    ``requires_grad_(False)`` on the module (or on its
     collection) freezes the table — a parent module's does not reach it,
     since the table is no parameter. The table is float32 on the CPU side:
     .to(), .half() and the like change neither it nor its accumulators.
@@ -379,6 +389,21 @@ class EmbeddingBag(nn.Module):
         # The graph's handle on the table: autograd calls backward only
         # for outputs that depend on something requiring a gradient.
         self._anchor = torch.zeros((), requires_grad=True)
+        # Backward's updates of the rows wait here until the anchor's
+        # gradient is accumulated, which autograd does only in a pass that
+        # wants it (not torch.autograd.grad for other inputs, nor
+        # backward(inputs=...) without it). A weak reference: no cycle
+        # keeps the table's memory alive after the module goes.
+        self._pending: list = []
+        me = weakref.ref(self)
+
+        def _accumulated(anchor: Tensor) -> None:
+            anchor.grad = None
+            m = me()
+            if m is not None:
+                m._apply_pending()
+
+        self._anchor.register_post_accumulate_grad_hook(_accumulated)
         # Not a buffer: .to() and .half() must not move or cast what the
         # table's update reads as float32 memory (state_dict() saves it).
         self.momentum = torch.zeros(num_embeddings if optimizer == "rowwise_adagrad" else 0, dtype=torch.float32)
@@ -488,6 +513,19 @@ class EmbeddingBag(nn.Module):
         bags), with autograd; gathered: what _gather gave for them already."""
         anchor = self._anchor if not self._frozen else self._anchor.detach()
         return _BagFunction.apply(anchor, weights, self, idx, off, gathered)
+
+    def _defer(self, update) -> None:
+        """Holds backward's update of the rows for _apply_pending."""
+        self._pending.append((_graph_task(), update))
+
+    def _apply_pending(self) -> None:
+        """Applies the updates the running backward pass deferred; those of
+        passes that did not want the table's gradient are dropped."""
+        task = _graph_task()
+        pending, self._pending = self._pending, []
+        for t, update in pending:
+            if task is None or t == task:
+                update()
 
     def _apply_grad(self, rows: Tensor, grads: Tensor) -> None:
         rows = rows.contiguous()

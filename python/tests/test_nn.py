@@ -489,3 +489,26 @@ def test_offsets_as_torch_reads_them(tmp_path):
     plain = torch.nn.EmbeddingBag.from_pretrained(w.clone(), mode="sum")
     empty = torch.zeros(0, dtype=torch.int64)
     assert ours(idx, empty).shape == plain(idx, empty).shape == (0, DIM)
+
+
+@pytest.mark.parametrize("optimizer", [None, "sgd"])
+def test_only_a_pass_that_wants_the_tables_gradient_changes_it(optimizer, tmp_path):
+    """torch.autograd.grad for the weights alone, and backward(inputs=...)
+    without the table, leave the table (and grad) alone; the next full
+    backward applies its own update once, as torch's EmbeddingBag with SGD."""
+    w = table(seed=20)
+    ours = tiered(w, tmp_path, optimizer=optimizer, lr=1.0)
+    ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), freeze=False, mode="sum")
+    idx, off = bags(seed=21)
+    psw = torch.rand(idx.numel(), requires_grad=True)
+    (g,) = torch.autograd.grad(ours(idx, off, psw).pow(2).sum(), [psw])
+    (r,) = torch.autograd.grad(ref(idx, off, psw).pow(2).sum(), [psw])
+    torch.testing.assert_close(g, r, **TOL)
+    ours(idx, off, psw).pow(2).sum().backward(inputs=[psw])
+    assert torch.equal(ours.weight, w) and ours.grad is None
+    ours(idx, off).pow(2).sum().backward()
+    ref(idx, off).pow(2).sum().backward()
+    if optimizer is None:
+        torch.testing.assert_close(ours.grad.to_dense(), ref.weight.grad, **TOL)
+    else:
+        torch.testing.assert_close(ours.weight, w - ref.weight.grad, **TOL)
