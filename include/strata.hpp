@@ -196,6 +196,14 @@ public:
     }
 };
 
+// A DLPack tensor strata exported, deleted (strata_dlpack_free) when it
+// drops unless release() handed it to a consumer. It keeps its pages and
+// their runtime alive on its own.
+struct DLPackFree {
+    void operator()(DLManagedTensor *t) const noexcept { strata_dlpack_free(t); }
+};
+using DLPackTensor = std::unique_ptr<DLManagedTensor, DLPackFree>;
+
 class Buffer : public Owned<strata_buffer, strata_buffer_free> {
 public:
     using Owned::Owned;
@@ -257,6 +265,16 @@ public:
         check(strata_device_map(get(), &m));
         return Map(m, owner());
     }
+    // Pins [offset, offset + len) in `tier_in` and exports it as a DLPack
+    // tensor of `bits`-bit elements of `code` (kDLFloat, kDLInt, ...),
+    // deleted with the result unless released to a consumer (which then
+    // calls its deleter: at::fromDLPack does).
+    DLPackTensor dlpack(uint64_t offset, uint64_t len, strata_tier tier_in, uint8_t code, uint8_t bits,
+                        uint16_t lanes = 1) const {
+        DLManagedTensor *t = nullptr;
+        check(strata_dlpack_export(get(), offset, len, tier_in, code, bits, lanes, &t));
+        return DLPackTensor(t);
+    }
 };
 
 // A runtime. The objects made through it keep it alive: reset() (or the
@@ -308,6 +326,24 @@ public:
         check(strata_runtime_page_size(get(), &n));
         return n;
     }
+    // The background balancer: every `interval` it places pages by
+    // `policy` (STRATA_POLICY_*), at most `rate_limit` bytes a second (0:
+    // no limit); start again to change them.
+    void balancer_start(strata_policy policy = STRATA_POLICY_DEFAULT,
+                        std::chrono::microseconds interval = std::chrono::milliseconds(10),
+                        uint64_t rate_limit = 0) const {
+        check(strata_balancer_start(get(), policy, static_cast<uint64_t>(interval.count()), rate_limit));
+    }
+    void balancer_stop() const { check(strata_balancer_stop(get())); }
+    // One balancer round now.
+    strata_balance_report balance_once() const {
+        strata_balance_report r{};
+        check(strata_balance_once(get(), &r));
+        return r;
+    }
+    // Throws the first failure of background work (balancer, eviction)
+    // since the last call, if any.
+    void check_background() const { check(strata_runtime_check(get())); }
     std::string stats_json() const {
         char *s = nullptr;
         size_t n = 0;
@@ -420,6 +456,97 @@ public:
         check(strata_moe_get_stats(get(), &s));
         return s;
     }
+};
+
+// An embedding table in a runtime's tiers (strata_embedding_*): rows of
+// `dim` floats, gathered and pooled in torch.nn.EmbeddingBag's form. It
+// keeps its runtime alive on its own.
+class EmbeddingTable : public Owned<strata_embedding, strata_embedding_free> {
+public:
+    using Owned::Owned;
+    EmbeddingTable(const Runtime &rt, uint64_t rows, size_t dim, size_t threads = 4) {
+        strata_embedding *e = nullptr;
+        check(strata_embedding_create(rt.get(), rows, dim, threads, &e));
+        *this = EmbeddingTable(e);
+    }
+    // Its pages in `preferred` while it has room.
+    EmbeddingTable(const Runtime &rt, uint64_t rows, size_t dim, strata_tier preferred, size_t threads = 4) {
+        strata_embedding *e = nullptr;
+        check(strata_embedding_create_in(rt.get(), rows, dim, preferred, threads, &e));
+        *this = EmbeddingTable(e);
+    }
+    // With a row cache of `cache_rows` rows under `policy` (see
+    // strata_embedding_create_cached).
+    static EmbeddingTable cached(const Runtime &rt, uint64_t rows, size_t dim, strata_tier preferred,
+                                 size_t cache_rows, strata_policy policy = STRATA_POLICY_DEFAULT,
+                                 size_t threads = 4) {
+        strata_embedding *e = nullptr;
+        check(strata_embedding_create_cached(rt.get(), rows, dim, preferred, threads, cache_rows, policy, &e));
+        return EmbeddingTable(e);
+    }
+    uint64_t rows() const {
+        uint64_t r = 0;
+        check(strata_embedding_shape(get(), &r, nullptr));
+        return r;
+    }
+    size_t dim() const {
+        size_t d = 0;
+        check(strata_embedding_shape(get(), nullptr, &d));
+        return d;
+    }
+    // Rows `start`, `start + 1`, ... from `data` (a whole number of rows).
+    void write_rows(int64_t start, const std::vector<float> &data) const {
+        check(strata_embedding_write_rows(get(), start, data.data(), data.size()));
+    }
+    // The rows of `indices`, one after another.
+    std::vector<float> read_rows(const std::vector<int64_t> &indices) const {
+        std::vector<float> out(indices.size() * dim());
+        check(strata_embedding_read_rows(get(), indices.data(), indices.size(), out.data(), out.size()));
+        return out;
+    }
+    // The bags (`offsets`: one entry more than the bags, from 0 to the
+    // indices' count) pooled by `pooling`, one row of dim() per bag;
+    // `weights` empty or one per index; indices equal to `padding_idx`
+    // (when not negative) left out.
+    std::vector<float> forward(const std::vector<int64_t> &indices, const std::vector<int64_t> &offsets,
+                               strata_pooling pooling = STRATA_POOLING_SUM,
+                               const std::vector<float> &weights = {}, int64_t padding_idx = -1,
+                               strata_embedding_stats *stats = nullptr) const {
+        strata_bags bags{};
+        bags.indices = indices.data();
+        bags.num_indices = indices.size();
+        bags.offsets = offsets.data();
+        bags.num_offsets = offsets.size();
+        bags.weights = weights.empty() ? nullptr : weights.data();
+        bags.pooling = pooling;
+        bags.padding_idx = padding_idx;
+        if (!weights.empty() && weights.size() != indices.size())
+            throw Error(STRATA_ERR_INVALID_ARGUMENT, "strata::EmbeddingTable::forward: one weight per index");
+        std::vector<float> out((offsets.empty() ? 0 : offsets.size() - 1) * dim());
+        check(strata_embedding_forward(get(), &bags, out.data(), out.size(), stats));
+        return out;
+    }
+    // w -= lr * g on the distinct `rows`, `grads` row by row.
+    void sgd(const std::vector<int64_t> &rows, const std::vector<float> &grads, float lr) const {
+        check(strata_embedding_sgd(get(), rows.data(), rows.size(), grads.data(), grads.size(), lr));
+    }
+    // Row-wise Adagrad; `state` holds one accumulator per table row.
+    void rowwise_adagrad(const std::vector<int64_t> &rows, const std::vector<float> &grads,
+                         std::vector<float> &state, float lr, float eps = 1e-8f) const {
+        check(strata_embedding_rowwise_adagrad(get(), rows.data(), rows.size(), grads.data(), grads.size(),
+                                               state.data(), state.size(), lr, eps));
+    }
+    strata_tier tier_of_row(int64_t row) const {
+        strata_tier t = STRATA_TIER_NONE;
+        check(strata_embedding_tier_of_row(get(), row, &t));
+        return t;
+    }
+    strata_embedding_stats stats() const {
+        strata_embedding_stats s{};
+        check(strata_embedding_get_stats(get(), &s));
+        return s;
+    }
+    void reset_stats() const { check(strata_embedding_reset_stats(get())); }
 };
 
 // Adam/AdamW with its states in a tier (strata_optim_*).

@@ -189,6 +189,51 @@ int main(int argc, char **argv) {
         strata::Buffer moved = std::move(buf);
         CHECK(!buf && moved);
 
+        // An embedding table on the same runtime: rows written and read
+        // back, bags pooled (weighted sum) as the rows say, SGD and
+        // row-wise Adagrad on distinct rows, stats, and bad input refused.
+        {
+            const size_t dim = 4;
+            strata::EmbeddingTable emb(rt, 1000, dim);
+            CHECK(emb.rows() == 1000 && emb.dim() == dim);
+            std::vector<float> rows(1000 * dim);
+            for (size_t i = 0; i < rows.size(); i++) rows[i] = static_cast<float>(i % 97) * 0.25f;
+            emb.write_rows(0, rows);
+            CHECK(emb.read_rows({7, 3}) == std::vector<float>({rows[28], rows[29], rows[30], rows[31], rows[12],
+                                                              rows[13], rows[14], rows[15]}));
+            strata_embedding_stats st{};
+            std::vector<float> out = emb.forward({1, 2, 5}, {0, 2, 3}, STRATA_POOLING_SUM, {1.0f, 2.0f, 0.5f}, -1, &st);
+            bool pooled = out.size() == 2 * dim;
+            for (size_t j = 0; pooled && j < dim; j++) {
+                pooled = out[j] == rows[4 + j] + 2.0f * rows[8 + j] && out[dim + j] == 0.5f * rows[20 + j];
+            }
+            CHECK(pooled && st.lookups == 3 && emb.stats().lookups == 3);
+            emb.sgd({2}, std::vector<float>(dim, 1.0f), 0.5f);
+            CHECK(emb.read_rows({2})[0] == rows[8] - 0.5f);
+            std::vector<float> state(1000, 0.0f);
+            emb.rowwise_adagrad({9}, std::vector<float>(dim, 2.0f), state, 0.1f);
+            CHECK(state[9] == 4.0f && std::abs(emb.read_rows({9})[0] - (rows[36] - 0.1f)) < 1e-5f);
+            CHECK(emb.tier_of_row(0) != STRATA_TIER_NONE);
+            emb.reset_stats();
+            CHECK(emb.stats().lookups == 0);
+            EXPECT_ERROR(emb.read_rows({1000}), STRATA_ERR_INVALID_ARGUMENT, "");
+            EXPECT_ERROR(emb.forward({1, 2}, {0, 2}, STRATA_POOLING_SUM, {1.0f}), STRATA_ERR_INVALID_ARGUMENT,
+                         "one weight per index");
+            EXPECT_ERROR(emb.sgd({1, 1}, std::vector<float>(2 * dim), 0.1f), STRATA_ERR_INVALID_ARGUMENT, "");
+        }
+
+        // The balancer through the runtime, and a DLPack view of a page.
+        {
+            rt.balance_once();  // a round runs (what it moves depends on the counts)
+            rt.balancer_start(STRATA_POLICY_LRU, std::chrono::milliseconds(5));
+            rt.balancer_stop();
+            rt.check_background();
+            strata::DLPackTensor t = moved.dlpack(2 * kPage, kPage, STRATA_TIER_HOST, kDLFloat, 64);
+            CHECK(t && t->dl_tensor.ndim == 1 && t->dl_tensor.shape[0] == static_cast<int64_t>(kPage / 8));
+            const char *bytes = static_cast<const char *>(t->dl_tensor.data) + t->dl_tensor.byte_offset;
+            CHECK(std::memcmp(bytes, values.data() + 2 * kPage / sizeof(double), kPage) == 0);
+        }  // the tensor is deleted here
+
         // "Wait for good" waits: a duration too long for nanoseconds (it
         // overflowed to a poll) and a huge floating one.
         {
