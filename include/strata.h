@@ -1967,12 +1967,28 @@ int strata_launch_map_address(const struct strata_launch *launch, uint64_t *addr
  * `strata_device.cuh`: one `uint32_t` per page): device memory on CUDA,
  * added to the buffer's counts (the balancer's input) when the buffer's
  * last launch ends; on the simulated device the buffer's counters in host
- * memory. Valid until the launch ends. Thread-safe.
+ * memory; 0 while the runtime's sampling is off (kernels given it count
+ * nothing). Kernels sample at `strata_launch_sample_shift`. Valid until
+ * the launch ends. Thread-safe.
  *
  * # Safety
  * `address` is NULL or points to a writable `uint64_t`.
  */
 int strata_launch_counters_address(const struct strata_launch *launch, uint64_t *address);
+
+/**
+ * Stores in `*shift` the `shift` kernels pass to `strata_touch` /
+ * `strata_load` (`strata_device.cuh`: one access in 2^shift counted): the
+ * runtime's sampling, by which the balancer scales the counts back up. A
+ * kernel sampling at another shift skews the balancer by the difference.
+ * While sampling is off, `STRATA_SAMPLING_OFF`, and
+ * `strata_launch_counters_address` gives 0 (nothing is counted).
+ * Thread-safe.
+ *
+ * # Safety
+ * `shift` is NULL or points to a writable `uint32_t`.
+ */
+int strata_launch_sample_shift(const struct strata_launch *launch, uint32_t *shift);
 
 /**
  * Stores page `page`'s current map entry (the address kernels use for it)

@@ -167,11 +167,19 @@ public:
         check(strata_launch_entry(get(), page, &e));
         return e;
     }
-    /* Where kernels count their accesses (one uint32_t per page). */
+    /* Where kernels count their accesses (one uint32_t per page; 0 while
+       the runtime's sampling is off). */
     uint64_t counters_address() const {
         uint64_t a = 0;
         check(strata_launch_counters_address(get(), &a));
         return a;
+    }
+    /* The shift kernels sample at (strata_touch's `shift`; the runtime's
+       sampling, STRATA_SAMPLING_OFF while it is off). */
+    uint32_t sample_shift() const {
+        uint32_t s = 0;
+        check(strata_launch_sample_shift(get(), &s));
+        return s;
     }
 };
 
@@ -469,11 +477,13 @@ public:
         check(strata_embedding_create(rt.get(), rows, dim, threads, &e));
         *this = EmbeddingTable(e);
     }
-    // Its pages in `preferred` while it has room.
-    EmbeddingTable(const Runtime &rt, uint64_t rows, size_t dim, strata_tier preferred, size_t threads = 4) {
+    // Its pages in `preferred` while it has room (a named maker: strata_tier
+    // is an int, which a constructor would confuse with `threads`).
+    static EmbeddingTable in_tier(const Runtime &rt, uint64_t rows, size_t dim, strata_tier preferred,
+                                  size_t threads = 4) {
         strata_embedding *e = nullptr;
         check(strata_embedding_create_in(rt.get(), rows, dim, preferred, threads, &e));
-        *this = EmbeddingTable(e);
+        return EmbeddingTable(e);
     }
     // With a row cache of `cache_rows` rows under `policy` (see
     // strata_embedding_create_cached).

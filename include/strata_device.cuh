@@ -75,7 +75,10 @@ __device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int sh
  * null: not counting). The counters of a launch are at
  * strata_launch_counters_address (Launch::counters_address in Rust): device
  * memory on a GPU, added to the buffer's counts, which the balancer
- * harvests, when the buffer's last launch ends. */
+ * harvests, when the buffer's last launch ends; null while the runtime's
+ * sampling is off. `shift` must be the launch's strata_launch_sample_shift
+ * (Launch::sample_shift; the runtime's sampling): the balancer scales the
+ * counts back up by 2^shift, so another shift skews it by the difference. */
 __device__ __forceinline__ void strata_touch(unsigned int *counters, unsigned long long page,
                                              strata_sampler *s, unsigned int shift) {
     /* The ceiling check costs a load from L2 (__ldcg: the counters change

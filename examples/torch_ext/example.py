@@ -62,6 +62,24 @@ if cuda:
     assert v.device.type == "cuda" and torch.equal(v.cpu(), tensors["w3"].flatten()[:1000])
     del v
 
+# A lazily conjugated view is stored as its values; what the store cannot
+# hold as bytes (a sparse tensor), or a range past the tensor's end, is
+# refused with ValueError.
+z = torch.tensor([1 + 2j, 3 - 4j])
+store.put("z", z.conj())
+assert torch.equal(store.get("z"), torch.tensor([1 - 2j, 3 + 4j]))
+refused = [
+    lambda: store.put("s", torch.eye(3).to_sparse()),
+    lambda: store.pinned("w5", 2**62, 5, "host"),
+    lambda: store.pinned("w5", 1024 * 1024 - 2, 3, "host"),
+]
+for call in refused:
+    try:
+        call()
+    except ValueError:
+        continue
+    raise SystemExit("bad input was not refused")
+
 stats = json.loads(store.stats())
 print("backend:", stats["backend"], "moves:", stats["moves"], "faults:", stats["faults"])
 print("strata", strata_torch.version(), "torch", torch.__version__, "ok")

@@ -64,10 +64,14 @@ public:
     // 'device = "cuda"\ndevice_capacity = "8G"\n[host]\ncapacity = "32G"\n[nvme]\npath = "/scratch"'.
     explicit TieredStore(const std::string &config) : rt_(strata::Runtime::from_toml(config)) {}
 
-    // Stores a copy of `t` (any device; made contiguous) under `key`,
-    // replacing what was there.
+    // Stores a copy of `t` (any device; made contiguous, a conjugated or
+    // negated view resolved to its values) under `key`, replacing what was
+    // there. Dense tensors only: a quantized or sparse one is refused (its
+    // bytes alone are not its value).
     void put(const std::string &key, const at::Tensor &t) {
-        at::Tensor src = t.detach().to(at::kCPU).contiguous();
+        if (t.is_quantized() || t.layout() != at::kStrided)
+            throw std::invalid_argument("put takes a dense tensor, not a quantized or sparse one");
+        at::Tensor src = t.detach().to(at::kCPU).resolve_conj().resolve_neg().contiguous();
         uint64_t bytes = src.numel() * src.element_size();
         Entry e{rt_.alloc(bytes == 0 ? 1 : bytes), src.sizes().vec(), src.scalar_type(), bytes};
         {
@@ -118,7 +122,12 @@ public:
     at::Tensor pinned(const std::string &key, int64_t start, int64_t count, const std::string &tier) {
         auto e = find(key);
         int64_t size = at::elementSize(e->dtype);
-        if (start < 0 || count <= 0) throw std::invalid_argument("start >= 0 and count > 0");
+        // In elements first: start * size could overflow past the check
+        // strata makes in bytes.
+        int64_t numel = static_cast<int64_t>(e->bytes) / size;
+        if (start < 0 || count <= 0 || start > numel || count > numel - start)
+            throw std::invalid_argument("elements [start, start + count) must lie within the tensor's " +
+                                        std::to_string(numel) + " elements");
         at::Tensor probe = at::empty({0}, at::TensorOptions().dtype(e->dtype));
         DLDataType dtype = at::getDLDataType(probe);
         DLManagedTensor *dl = nullptr;

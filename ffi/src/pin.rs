@@ -269,7 +269,9 @@ pub unsafe extern "C" fn strata_launch_map_address(
 /// `strata_device.cuh`: one `uint32_t` per page): device memory on CUDA,
 /// added to the buffer's counts (the balancer's input) when the buffer's
 /// last launch ends; on the simulated device the buffer's counters in host
-/// memory. Valid until the launch ends. Thread-safe.
+/// memory; 0 while the runtime's sampling is off (kernels given it count
+/// nothing). Kernels sample at `strata_launch_sample_shift`. Valid until
+/// the launch ends. Thread-safe.
 ///
 /// # Safety
 /// `address` is NULL or points to a writable `uint64_t`.
@@ -282,6 +284,30 @@ pub unsafe extern "C" fn strata_launch_counters_address(
         // SAFETY: NULL or writable (this function's contract).
         let out = unsafe { cast::out(address, "address") }?;
         out.set(objects::with(launch, |l| l.counters_address())?);
+        Ok(STRATA_OK)
+    })
+}
+
+/// Stores in `*shift` the `shift` kernels pass to `strata_touch` /
+/// `strata_load` (`strata_device.cuh`: one access in 2^shift counted): the
+/// runtime's sampling, by which the balancer scales the counts back up. A
+/// kernel sampling at another shift skews the balancer by the difference.
+/// While sampling is off, `STRATA_SAMPLING_OFF`, and
+/// `strata_launch_counters_address` gives 0 (nothing is counted).
+/// Thread-safe.
+///
+/// # Safety
+/// `shift` is NULL or points to a writable `uint32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_launch_sample_shift(
+    launch: *const strata_launch,
+    shift: *mut u32,
+) -> c_int {
+    boundary("strata_launch_sample_shift", || {
+        // SAFETY: NULL or writable (this function's contract).
+        let out = unsafe { cast::out(shift, "shift") }?;
+        let s = objects::with(launch, |l| l.sample_shift())?;
+        out.set(s.unwrap_or(crate::runtime::STRATA_SAMPLING_OFF));
         Ok(STRATA_OK)
     })
 }

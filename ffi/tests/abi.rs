@@ -510,3 +510,44 @@ fn a_second_free_is_refused_after_a_newer_object_of_the_same_size() {
     assert_eq!(strata_buffer_free(buf), STRATA_OK);
     assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
 }
+
+#[test]
+fn a_launch_says_the_shift_kernels_sample_at_and_counts_nothing_with_sampling_off() {
+    for (sampling, shift, counting) in [
+        (0u32, 0u32, true),
+        (5, 5, true),
+        (STRATA_SAMPLING_OFF, STRATA_SAMPLING_OFF, false),
+    ] {
+        let mut c = config(2, 8, 0, &c_path(std::path::Path::new("/")));
+        c.sampling = sampling;
+        let rt = create(&c);
+        let buf = alloc(rt, 2 * PAGE);
+        let mut map = null_mut();
+        let mut launch = null_mut();
+        // SAFETY: writable out-pointers throughout.
+        unsafe {
+            assert_eq!(strata_device_map(buf, &mut map), STRATA_OK);
+            assert_eq!(
+                strata_map_prepare(map, STRATA_ACCESS_READ_ONLY, &mut launch),
+                STRATA_OK
+            );
+            let mut got = 7u32;
+            assert_eq!(strata_launch_sample_shift(launch, &mut got), STRATA_OK);
+            assert_eq!(got, shift);
+            let mut address = 7u64;
+            assert_eq!(
+                strata_launch_counters_address(launch, &mut address),
+                STRATA_OK
+            );
+            assert_eq!(address != 0, counting, "sampling {sampling}");
+            fails(
+                strata_launch_sample_shift(launch, std::ptr::null_mut()),
+                STRATA_ERR_NULL_POINTER,
+                "shift",
+            );
+            assert_eq!(strata_launch_end(launch), STRATA_OK);
+            assert_eq!(strata_map_free(map), STRATA_OK);
+        }
+        assert_eq!(strata_runtime_destroy(rt), STRATA_OK);
+    }
+}

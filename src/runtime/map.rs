@@ -353,11 +353,24 @@ impl<'a> Launch<'a> {
     /// the buffer's counters when its last launch ends; on the simulated
     /// device the buffer's counters themselves, in host memory (Rust
     /// kernels count through [`load`](Self::load) and [`reader`](Self::reader)).
+    /// 0 while the runtime's sampling is off: a kernel given it counts
+    /// nothing (`strata_touch` skips a null array).
     pub fn counters_address(&self) -> u64 {
+        if self.shift.is_none() {
+            return 0;
+        }
         match &self.map.shared.device_counters {
             Some(c) => c.address(),
             None => self.counters.as_ptr() as u64,
         }
+    }
+
+    /// The `shift` kernels sample with (`strata_touch` counts one access
+    /// in 2^shift): the runtime's sampling, which the balancer scales the
+    /// counts back by; `None` while sampling is off (and
+    /// [`counters_address`](Self::counters_address) is 0).
+    pub fn sample_shift(&self) -> Option<u32> {
+        self.shift
     }
 
     /// Reads element `index` of the buffer seen as an array of `T`, the way
@@ -551,6 +564,9 @@ impl Drop for Launch<'_> {
         // runtime's errors.
         if let Some(c) = &self.map.shared.device_counters {
             match c.drain() {
+                // Sampling off: kernels were given no counters; nothing
+                // counted goes to the balancer.
+                Ok(_) if self.shift.is_none() => {}
                 Ok(counts) => {
                     for (h, n) in self.counters.iter().zip(counts) {
                         crate::hotness::count_many(h, n);
@@ -606,6 +622,11 @@ impl OwnedLaunch {
     /// As [`Launch::counters_address`].
     pub fn counters_address(&self) -> u64 {
         self.launch().counters_address()
+    }
+
+    /// As [`Launch::sample_shift`].
+    pub fn sample_shift(&self) -> Option<u32> {
+        self.launch().sample_shift()
     }
 }
 

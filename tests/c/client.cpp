@@ -126,6 +126,7 @@ int main(int argc, char **argv) {
             strata::Map map = small.device_map();
             strata::Launch launch = map.prepare(STRATA_ACCESS_READ_WRITE);
             CHECK(launch.map_address() != 0 && launch.entry(3) != 0 && launch.counters_address() != 0);
+            CHECK(launch.sample_shift() == 0);  // the default sampling: every access
             CHECK(map.counts().size() == 4);
             EXPECT_ERROR(launch.entry(4), STRATA_ERR_INVALID_ARGUMENT, "beyond");
         }
@@ -214,6 +215,13 @@ int main(int argc, char **argv) {
             emb.rowwise_adagrad({9}, std::vector<float>(dim, 2.0f), state, 0.1f);
             CHECK(state[9] == 4.0f && std::abs(emb.read_rows({9})[0] - (rows[36] - 0.1f)) < 1e-5f);
             CHECK(emb.tier_of_row(0) != STRATA_TIER_NONE);
+            // An int thread count is a thread count (not a tier).
+            strata::EmbeddingTable three(rt, 100, dim, 3);
+            three.write_rows(0, std::vector<float>(dim, 1.0f));
+            CHECK(three.tier_of_row(0) != STRATA_TIER_NVME);
+            strata::EmbeddingTable on_host = strata::EmbeddingTable::in_tier(rt, 100, dim, STRATA_TIER_HOST, 2);
+            on_host.write_rows(0, std::vector<float>(dim, 1.0f));
+            CHECK(on_host.tier_of_row(0) == STRATA_TIER_HOST);
             emb.reset_stats();
             CHECK(emb.stats().lookups == 0);
             EXPECT_ERROR(emb.read_rows({1000}), STRATA_ERR_INVALID_ARGUMENT, "");
