@@ -876,7 +876,8 @@ typedef struct strata_config {
     const char *nvme_path;
     /**
      * NVMe tier capacity: a whole number of pages, at least two (default:
-     * 16 GiB or half the free space under `nvme_path`, whichever is less).
+     * 16 GiB or half the free space under `nvme_path`, whichever is less;
+     * on a block device its size).
      * 0: no NVMe tier.
      */
     uint64_t nvme_capacity;

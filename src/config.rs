@@ -41,7 +41,7 @@
 //! [nvme]
 //! path = "/var/tmp"        # directory, new file name, or block device
 //!                          # (default: the temporary directory)
-//! capacity = "16G"         # default: 16 GiB or half the free space; 0: no NVMe tier
+//! capacity = "16G"         # default: 16 GiB or half the free space (a block device: its size); 0: no NVMe tier
 //! engine = "auto"          # auto | uring | psync
 //! queue_depth = 32
 //! ```
@@ -523,7 +523,10 @@ impl Config {
                         Error::invalid(format!("nvme queue depth {d} is too large"))
                     })?,
                 };
-                let capacity = capacity.unwrap_or_else(|| default_nvme_capacity(&path, page_size));
+                let capacity = match capacity {
+                    Some(c) => c,
+                    None => default_nvme_capacity(&path, page_size)?,
+                };
                 Some(NvmeConfig {
                     engine: s.nvme_engine.unwrap_or_default(),
                     queue_depth,
@@ -707,10 +710,36 @@ fn default_host_capacity(page_size: usize) -> u64 {
     round_down(total / 4, page_size).max(page_size as u64)
 }
 
-/// 16 GiB, or half the free space of the filesystem holding `path`.
-fn default_nvme_capacity(path: &Path, page_size: usize) -> u64 {
-    let free = crate::sys::fs_free_bytes(path).unwrap_or(u64::MAX);
-    round_down((16u64 << 30).min(free / 2), page_size).max(page_size as u64)
+/// 16 GiB, or half the free space of the filesystem holding `path` (the
+/// device's size where `path` is a block device), whichever is less; an
+/// error naming the setting where that holds fewer than the tier's two
+/// pages.
+fn default_nvme_capacity(path: &Path, page_size: usize) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileTypeExt;
+    let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    let room = if block {
+        std::fs::File::open(path)
+            .and_then(|mut f| f.seek(SeekFrom::End(0)))
+            .ok()
+    } else {
+        crate::sys::fs_free_bytes(path).map(|free| free / 2)
+    };
+    let capacity = round_down((16u64 << 30).min(room.unwrap_or(u64::MAX)), page_size);
+    if capacity < 2 * page_size as u64 {
+        return Err(Error::invalid(format!(
+            "nvme path {}: {} leaves the NVMe tier's default capacity under two pages of {} \
+             bytes; set [nvme] capacity (STRATA_NVME_CAPACITY), or 0 for no NVMe tier",
+            path.display(),
+            if block {
+                "the device's size"
+            } else {
+                "half the free space"
+            },
+            page_size
+        )));
+    }
+    Ok(capacity)
 }
 
 #[cfg(test)]
@@ -719,6 +748,29 @@ mod tests {
 
     fn no_env(_: &str) -> Option<String> {
         None
+    }
+
+    #[test]
+    fn an_nvme_default_that_holds_no_two_pages_says_which_setting_to_set() {
+        // /proc has no free space: half of none is no tier.
+        let toml = "[nvme]\npath = \"/proc\"\n";
+        let e = Config::resolve(Some(toml), &no_env, &Topology::default()).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("/proc") && m.contains("set [nvme] capacity"),
+            "{m}"
+        );
+        // Set, it is taken as given (and checked as every capacity).
+        let toml = "[nvme]\npath = \"/proc\"\ncapacity = 0\n";
+        let c = Config::resolve(Some(toml), &no_env, &Topology::default()).unwrap();
+        assert!(c.nvme.is_none());
+    }
+
+    #[test]
+    fn policy_names_are_read_in_any_case() {
+        let env = |k: &str| (k == "STRATA_POLICY").then(|| " ARC ".to_string());
+        let c = Config::resolve(None, &env, &Topology::default()).unwrap();
+        assert_eq!(c.policy, crate::PolicyKind::Arc);
     }
 
     #[test]

@@ -122,18 +122,33 @@ pub fn gather(config: &Config) -> Info {
             None,
         )),
     }
-    let host_problem = config.host.numa_node.and_then(|n| {
-        (!topo.numa_nodes.iter().any(|node| node.id == n)).then(|| {
-            format!(
-                "[host] numa_node {n} does not exist (nodes: {})",
-                topo.numa_nodes
-                    .iter()
-                    .map(|node| node.id.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+    let host_problem = config
+        .host
+        .numa_node
+        .and_then(|n| {
+            (!topo.numa_nodes.iter().any(|node| node.id == n)).then(|| {
+                format!(
+                    "[host] numa_node {n} does not exist (nodes: {})",
+                    topo.numa_nodes
+                        .iter()
+                        .map(|node| node.id.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
         })
-    });
+        .or_else(|| {
+            // The arena is mapped whole when the runtime starts: more than
+            // the machine's memory is refused then (or thrashes).
+            let memory: u64 = topo.numa_nodes.iter().map(|n| n.memory_bytes).sum();
+            (memory > 0 && config.host.capacity > memory).then(|| {
+                format!(
+                    "[host] capacity {} is more than this machine's {} of memory",
+                    crate::size::format_size(config.host.capacity),
+                    crate::size::format_size(memory)
+                )
+            })
+        });
     tiers.push(tier(
         Tier::Host,
         config.host.capacity,

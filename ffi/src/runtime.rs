@@ -87,7 +87,8 @@ pub struct strata_config {
     /// the call it is passed to only.
     pub nvme_path: *const c_char,
     /// NVMe tier capacity: a whole number of pages, at least two (default:
-    /// 16 GiB or half the free space under `nvme_path`, whichever is less).
+    /// 16 GiB or half the free space under `nvme_path`, whichever is less;
+    /// on a block device its size).
     /// 0: no NVMe tier.
     pub nvme_capacity: u64,
     /// NVMe operations in flight per queue, at least 1 (default 32).

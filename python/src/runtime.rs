@@ -156,14 +156,23 @@ fn settings(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
                 "nvme_queue_depth" => s.nvme_queue_depth = Some(bytes(&v, "nvme_queue_depth")?),
                 "background_eviction" => s.background_eviction = Some(v.extract()?),
                 "watermarks" => {
-                    let (low, high): (f64, f64) = v.extract().map_err(|e: PyErr| {
-                        invalid(format!(
-                            "watermarks takes (low, high), two fractions: {}",
-                            e.value(v.py())
+                    // Any sequence of two numbers (a tuple or a list); a value
+                    // of another type is a TypeError, as for the other keys.
+                    let said = || v.repr().map_or_else(|_| "that".into(), |r| r.to_string());
+                    let pair = v.extract::<Vec<f64>>().map_err(|_| {
+                        PyTypeError::new_err(format!(
+                            "watermarks takes (low, high), two fractions, not {}",
+                            said()
                         ))
                     })?;
-                    s.watermark_low = Some(low);
-                    s.watermark_high = Some(high);
+                    if pair.len() != 2 {
+                        return Err(invalid(format!(
+                            "watermarks takes (low, high), two fractions, not {}",
+                            said()
+                        )));
+                    }
+                    s.watermark_low = Some(pair[0]);
+                    s.watermark_high = Some(pair[1]);
                 }
                 "policy" => s.policy = Some(v.extract::<String>()?.parse().map_err(raise)?),
                 "sampling" => {

@@ -113,6 +113,16 @@ def test_bad_keyword_values():
         strata.Runtime(device=None, nvme_path="/tmp", nvme_engine="aio")
     with pytest.raises(strata.InvalidArgumentError, match="watermark"):
         strata.Runtime(device=None, watermarks=(0.9, 0.5))
+    # A value of the wrong type is a TypeError, as for every key; a list is
+    # a sequence of two as a tuple is; a policy name in capitals is a name.
+    for bad in (0.9, "ab", ("a", "b")):
+        with pytest.raises(TypeError, match="watermarks takes"):
+            strata.Runtime(device=None, watermarks=bad)
+    for bad in ([0.5], (0.5, 0.9, 1.0)):
+        with pytest.raises(strata.InvalidArgumentError, match="watermarks takes"):
+            strata.Runtime(device=None, watermarks=bad)
+    assert strata.resolve_config(device=None, watermarks=[0.5, 0.9])["watermarks"] == {"low": 0.5, "high": 0.9}
+    assert strata.resolve_config(device=None, policy="LRU")["policy"] == "lru"
     with pytest.raises(TypeError):
         strata.Runtime("sim")  # keyword arguments only
 

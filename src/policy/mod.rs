@@ -138,14 +138,18 @@ impl fmt::Display for PolicyKind {
 impl FromStr for PolicyKind {
     type Err = Error;
 
+    /// Names as [`PolicyKind::name`] spells them, in any case, spaces
+    /// around them ignored (as the other names of the configuration).
     fn from_str(s: &str) -> Result<Self> {
+        let name = s.trim().to_ascii_lowercase();
         PolicyKind::ALL
             .into_iter()
-            .find(|k| k.name() == s)
+            .find(|k| k.name() == name)
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "unknown policy {s:?} (choose lru, lfu, gmt, lookahead, arc, s3fifo, \
-                     sieve, lrfu, perfect-lfu, lfu-admission, belady or default)"
+                     sieve, lrfu, perfect-lfu, lfu-admission or default; belady replays \
+                     traces only)"
                 ))
             })
     }

@@ -1389,6 +1389,21 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
         format!("[nvme]\npath = {:?}\n", p("cfgdir")),
     )
     .unwrap();
+    // The tier off, the path still the benches'.
+    std::fs::write(
+        d.join("nvme0.toml"),
+        format!("[nvme]\npath = {:?}\ncapacity = 0\n", p("cfgdir")),
+    )
+    .unwrap();
+    // The page size the message quotes is not the line at fault.
+    std::fs::write(
+        d.join("quoted.toml"),
+        format!(
+            "page_size = 4096\n[nvme]\npath = {:?}\ncapacity = \"6k\"\n",
+            p("cfgdir")
+        ),
+    )
+    .unwrap();
     std::fs::create_dir(d.join("cfgdir")).unwrap();
     let two = p("two.txt");
     let out_json = d.join("out.json");
@@ -1965,6 +1980,12 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
         ),
         case(&["info"], Expect::Bad("bad.toml line 3 ($STRATA_CONFIG)"))
             .env("STRATA_CONFIG", &p("bad.toml")),
+        case(
+            &["info", "--config", &p("quoted.toml")],
+            Expect::Bad("quoted.toml line 4 (--config)"),
+        ),
+        // Policy names in any case, as the other names.
+        case(&["info"], Expect::Ok).env("STRATA_POLICY", " LRU"),
         // Removing either the mode or the value mends it: the value's line.
         case(
             &["info", "--config", &p("cxl.toml")],
@@ -1995,6 +2016,13 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
         args: with(&[], &small_optim)
             .into_iter()
             .chain([s("--config"), p("nvme.toml"), s("--json"), p("cfg.json")])
+            .collect(),
+        ..case(&[], Expect::Ok)
+    });
+    cases.push(Case {
+        args: with(&[], &small_optim)
+            .into_iter()
+            .chain([s("--config"), p("nvme0.toml"), s("--json"), p("cfg0.json")])
             .collect(),
         ..case(&[], Expect::Ok)
     });
@@ -2077,6 +2105,9 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("cfg.json")).unwrap()).unwrap();
     assert_eq!(v["params"]["path"], p("cfgdir"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("cfg0.json")).unwrap()).unwrap();
+    assert_eq!(v["params"]["path"], p("cfgdir"), "capacity 0 kept the path");
 }
 
 #[test]
@@ -2152,6 +2183,11 @@ fn info_names_what_is_wrong_with_each_configured_tier() {
         .find(|t| t["tier"] == "host")
         .unwrap();
     assert!(host["problem"].as_str().unwrap().contains("4000"));
+    // A host tier larger than the machine (the arena is mapped whole when a
+    // runtime starts, and refused then).
+    std::fs::write(&config, "[host]\ncapacity = \"64T\"\n").unwrap();
+    let out = strata(&["--config", config.to_str().unwrap(), "info"]);
+    assert_bad_input(&out, "more than this machine's");
     // Capacity 0 turns the NVMe tier off.
     let out = strata_env(&["info", "--json"], "STRATA_NVME_CAPACITY", "0");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
