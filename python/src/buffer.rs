@@ -115,13 +115,24 @@ impl Buffer {
         py.detach(|| self.buf.write(at, src)).map_err(raise)
     }
 
-    /// Moves the pages of range into tier in the background and returns at
-    /// once; the Ticket's wait() raises the first error. A full tier gets
+    /// Moves the pages of range into tier in the background; the call
+    /// returns once the moves are queued (with the GIL released: it can
+    /// wait while the engine's queues are full), and the Ticket's wait()
+    /// raises the first error. A range outside the buffer is refused here. A full tier gets
     /// room made by demoting its coldest unpinned pages outside range, as
     /// pin does (OutOfCapacityError when even that cannot fit it). Pinned pages stay
     /// where they are pinned, pages never written stay unmaterialized.
     fn prefetch(&self, py: Python<'_>, range: Option<(i64, i64)>, tier: &str) -> PyResult<Ticket> {
         let r = byte_range(range, self.buf.len())?;
+        if r.end > self.buf.len() {
+            // As evict and pin refuse it: at once, not at the ticket's wait.
+            return Err(invalid(format!(
+                "range {}..{} is outside the buffer's {} bytes",
+                r.start,
+                r.end,
+                self.buf.len()
+            )));
+        }
         let t = crate::convert::tier(tier)?;
         let ticket = py.detach(|| self.buf.prefetch(r, t));
         Ok(Ticket { ticket })
@@ -172,7 +183,9 @@ impl Buffer {
     /// dtype ("uint8", "int8", "int16", "int32", "int64", "uint16",
     /// "uint32", "uint64", "float16", "bfloat16", "float32", "float64",
     /// "bool"): the range must hold whole elements and start aligned to
-    /// one.
+    /// one. A page pinned in another tier (by another Pin, or by a tensor
+    /// exported from one, which keeps its pages pinned after the Pin is
+    /// released) is refused with InvalidArgumentError.
     #[pyo3(signature = (range, tier, *, dtype = "uint8"))]
     fn pin(
         &self,

@@ -180,8 +180,10 @@ class Buffer:
         dropped (their pages stay where they are), one already moving
         finishes; returns the pages dropped."""
     def prefetch(self, range: _Range, tier: _TierName) -> "Ticket":
-        """Moves the pages of range into tier in the background; the
-        Ticket's wait() raises the first error. A full tier gets room made
+        """Moves the pages of range into tier in the background (the call
+        returns once the moves are queued, which can wait while the
+        engine's queues are full); the Ticket's wait() raises the first
+        error, a range outside the buffer is refused at once. A full tier gets room made
         by demoting its coldest unpinned pages outside range, as pin does;
         OutOfCapacityError when even that cannot fit the range (what fits
         moves, the rest stays readable where it was)."""
@@ -196,7 +198,9 @@ class Buffer:
     def pin(self, range: _Range, tier: _TierName, *, dtype: _DType = "uint8") -> "Pin":
         """Makes the pages of range resident in tier ("device", "host" or
         "cxl") and keeps them there until the Pin is released. The Pin
-        exports the range through DLPack as a 1-D tensor of dtype."""
+        exports the range through DLPack as a 1-D tensor of dtype. A page
+        pinned in another tier (also by a tensor exported from a released
+        Pin) is refused with InvalidArgumentError."""
 
 @final
 class Ticket:
@@ -207,6 +211,12 @@ class Ticket:
         error. True when finished, False if the timeout passed first."""
     def done(self) -> bool:
         """Whether the request has finished."""
+    @property
+    def declined(self) -> int:
+        """Pages of a prefetch declined so far: the tier was full and
+        making room would have demoted pages referenced since the clock
+        hand last passed. They stay readable where they are; wait() still
+        succeeds."""
 
 @final
 class Pin:

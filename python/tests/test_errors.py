@@ -82,6 +82,10 @@ def test_out_of_range(rt):
         buf.prefetch((-5, 10), "host")
     with pytest.raises(strata.InvalidArgumentError, match="ends before it starts"):
         buf.evict((10, 5), "nvme")
+    # A range past the end is refused by the call, not by the ticket.
+    with pytest.raises(strata.InvalidArgumentError, match="outside the buffer's"):
+        buf.prefetch((0, 3 * PAGE), "host")
+    assert buf.prefetch((0, 2 * PAGE), "host").declined == 0
     with pytest.raises(TypeError):
         buf.prefetch("all", "host")
     with pytest.raises(strata.OutOfCapacityError, match="cannot allocate"):
