@@ -322,7 +322,8 @@ impl Runtime {
     /// Stops the background work of this runtime (every handle of it),
     /// waits for the moves in flight, and raises the first background
     /// failure not yet raised by check(). Buffers go on working, without
-    /// background threads.
+    /// background threads (start_balancer() starts the balancer again;
+    /// background eviction stays off).
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.rt.clone().shutdown())
             .map_err(crate::errors::raise)

@@ -132,7 +132,9 @@ class Runtime:
         balancer) since the last check, and clears it."""
     def shutdown(self) -> None:
         """Stops background work, waits for moves in flight, raises the
-        first background failure not yet raised by check()."""
+        first background failure not yet raised by check(). Buffers go on
+        working; start_balancer() starts the balancer again (background
+        eviction stays off)."""
     def stats_json(self) -> str:
         """stats() as a JSON string."""
     @property

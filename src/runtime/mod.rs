@@ -463,7 +463,9 @@ impl Runtime {
     /// for every queued and running move to finish, and returns the first
     /// background failure not yet returned by [`check`](Self::check).
     /// It stops them for every handle of this runtime (clones share it).
-    /// Buffers still alive go on working, without background threads;
+    /// Buffers still alive go on working, without background threads
+    /// ([`start_balancer`](Self::start_balancer) through another handle
+    /// starts the balancer again; background eviction stays off);
     /// dropping the last handle and buffer does the same, dropping the
     /// result.
     pub fn shutdown(self) -> Result<()> {
