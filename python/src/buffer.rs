@@ -123,16 +123,8 @@ impl Buffer {
     /// pin does (OutOfCapacityError when even that cannot fit it). Pinned pages stay
     /// where they are pinned, pages never written stay unmaterialized.
     fn prefetch(&self, py: Python<'_>, range: Option<(i64, i64)>, tier: &str) -> PyResult<Ticket> {
-        let r = byte_range(range, self.buf.len())?;
-        if r.end > self.buf.len() {
-            // As evict and pin refuse it: at once, not at the ticket's wait.
-            return Err(invalid(format!(
-                "range {}..{} is outside the buffer's {} bytes",
-                r.start,
-                r.end,
-                self.buf.len()
-            )));
-        }
+        // A range past the end is refused here, not at the ticket's wait.
+        let r = byte_range(range, self.buf.len(), "buffer")?;
         let t = crate::convert::tier(tier)?;
         let ticket = py.detach(|| self.buf.prefetch(r, t));
         Ok(Ticket { ticket })
@@ -150,7 +142,7 @@ impl Buffer {
     /// it (or, where it is full, to the next slower tier with room) and
     /// returns when they are there. OutOfCapacityError when none has room.
     fn evict(&self, py: Python<'_>, range: Option<(i64, i64)>, tier: &str) -> PyResult<()> {
-        let r = byte_range(range, self.buf.len())?;
+        let r = byte_range(range, self.buf.len(), "buffer")?;
         let t = crate::convert::tier(tier)?;
         py.detach(|| self.buf.evict(r, t)).map_err(raise)
     }
@@ -194,7 +186,7 @@ impl Buffer {
         tier: &str,
         dtype: &str,
     ) -> PyResult<Pin> {
-        let r = byte_range(range, self.buf.len())?;
+        let r = byte_range(range, self.buf.len(), "buffer")?;
         let t = crate::convert::tier(tier)?;
         let dt = dlpack::dtype(dtype)?;
         strata_ffi::dlpack_elements(r.start, r.end - r.start, dt).map_err(raise)?;

@@ -21,8 +21,9 @@ pub(crate) fn offset(value: i64, what: &str) -> PyResult<u64> {
 }
 
 /// A byte range: `None` for the whole buffer of `len` bytes, or a
-/// `(start, stop)` tuple of byte offsets, half-open like a slice.
-pub(crate) fn byte_range(range: Option<(i64, i64)>, len: u64) -> PyResult<Range<u64>> {
+/// `(start, stop)` tuple of byte offsets, half-open like a slice, within
+/// the `len` bytes of the object `of` names ("buffer", "expert").
+pub(crate) fn byte_range(range: Option<(i64, i64)>, len: u64, of: &str) -> PyResult<Range<u64>> {
     let Some((start, stop)) = range else {
         return Ok(0..len);
     };
@@ -34,6 +35,11 @@ pub(crate) fn byte_range(range: Option<(i64, i64)>, len: u64) -> PyResult<Range<
     if e < s {
         return Err(invalid(format!(
             "range ({start}, {stop}) ends before it starts"
+        )));
+    }
+    if e > len {
+        return Err(invalid(format!(
+            "range {s}..{e} is outside the {of}'s {len} bytes"
         )));
     }
     Ok(s..e)

@@ -552,15 +552,7 @@ impl ExpertSlot {
                 ),
             )));
         }
-        let r = byte_range(range, self.buf.len())?;
-        if r.end > self.buf.len() {
-            return Err(invalid(format!(
-                "range ({}, {}) exceeds the expert's {} bytes",
-                r.start,
-                r.end,
-                self.buf.len()
-            )));
-        }
+        let r = byte_range(range, self.buf.len(), "expert")?;
         let dt = dlpack::dtype(dtype)?;
         strata_ffi::dlpack_elements(r.start, r.end - r.start, dt).map_err(raise)?;
         let pin = py
