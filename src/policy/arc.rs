@@ -67,6 +67,45 @@ impl Arc {
         }
     }
 
+    /// A full or partly full cache of `capacity` pages that starts from a
+    /// resident set another policy held: `recent` (seen once lately) in
+    /// `T1`, `frequent` in `T2`, each least recent first; no ghosts, and
+    /// `T1`'s target its length, so that ARC adapts from where it starts.
+    ///
+    /// # Panics
+    /// If `capacity` is 0 or the pages do not fit.
+    pub(crate) fn with_resident(capacity: usize, recent: &[u64], frequent: &[u64]) -> Self {
+        assert!(
+            recent.len() + frequent.len() <= capacity,
+            "more pages than the capacity"
+        );
+        let mut a = Self::new(capacity);
+        for (list, pages) in [(T1, recent), (T2, frequent)] {
+            for &page in pages {
+                let i = a.arena.alloc(page, list);
+                a.lists[list as usize].push_front(&mut a.arena, i);
+                a.map.insert(page, i);
+            }
+        }
+        a.p = recent.len() as f64;
+        a
+    }
+
+    /// The resident pages: those of `T1` and those of `T2`, each least
+    /// recent first.
+    pub(crate) fn resident(&self) -> (Vec<u64>, Vec<u64>) {
+        let pages = |list: u8| {
+            let mut out = Vec::with_capacity(self.len_of(list));
+            let mut i = self.lists[list as usize].back();
+            while let Some(n) = i {
+                out.push(self.arena.get(n).key);
+                i = List::prev_of(&self.arena, n);
+            }
+            out
+        };
+        (pages(T1), pages(T2))
+    }
+
     /// The current target size of `T1`, in `0..=capacity`.
     pub fn target(&self) -> f64 {
         self.p

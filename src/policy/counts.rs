@@ -94,7 +94,6 @@ impl Counts {
     }
 
     /// Accesses to `page` counted so far (halved with the others).
-    #[cfg(test)]
     pub fn get(&self, page: u64) -> u32 {
         self.counts.get(&page).map_or(0, |e| u32::from(e.count))
     }

@@ -1,5 +1,5 @@
 //! The default policy: W-TinyLFU whose window is sized by miniature
-//! simulations.
+//! simulations, which also decide when ARC would do better.
 //!
 //! - A small LRU *window* takes every missing page.
 //! - The *main* cache is a segmented LRU: pages enter its *probation*
@@ -26,6 +26,17 @@
 //!   noise. The copies compare the candidate windows on the same accesses.
 //! - A window that grows takes main's most recently used pages at once, so
 //!   the cache's order is by recency across the move.
+//! - One more copy runs ARC, a step past the whole-cache window: where it
+//!   misses significantly less than the current window's copy (the same
+//!   test as between windows), the real cache becomes ARC, its resident
+//!   pages kept (protected's as ARC's frequent list, the rest as its recent
+//!   one); where a window's copy later misses less, it becomes W-TinyLFU
+//!   again with the whole-cache window, then steps on as before. On traces
+//!   that read a few tables in turn, each with its own skew (embedding
+//!   lookups), frequency matters across the turns and recency within one:
+//!   no window of W-TinyLFU came within 5% of ARC's misses there, the limit
+//!   of the default on the policy corpus's embedding traces at small
+//!   capacities.
 //! - Cost: the copies share one index of their sampled pages (one hash
 //!   lookup per sampled access for all six), every node caches its page's
 //!   access count for admission (no count lookups on a miss), and at most
@@ -36,11 +47,14 @@
 //!   to choose well on the training corpus (both in `docs/perf-log.md`).
 //!
 //! O(1) per access, plus the copies' work in proportion to the sampled share
-//! (six copies at min(1/2, 1024 / capacity)); a window move sorts the
-//! resident pages by last use (O(n log n)), which the tuner does rarely.
+//! (seven copies at min(1/2, 1024 / capacity); the ARC copy keeps its own
+//! index of pages, one more lookup per sampled access); a window move or a
+//! switch between W-TinyLFU and ARC sorts the resident pages by last use
+//! (O(n log n)), which the tuner does rarely.
 
 #![forbid(unsafe_code)]
 
+use super::arc::Arc;
 use super::base::{mix64, page_map, Outcome, PageMap, Policy};
 use super::counts::Counts;
 use super::list::{Arena, List};
@@ -63,6 +77,9 @@ pub struct Config {
     pub tune: bool,
     /// Window shares the tuner simulates (ascending; the first 32).
     pub tune_windows: Vec<f64>,
+    /// Whether the tuner also simulates ARC, a step past the last window,
+    /// and runs the cache as ARC when that copy misses less.
+    pub tune_arc: bool,
     /// Capacity of each simulated copy, in pages (the sampling rate is this
     /// over the capacity, at most 1).
     pub tune_pages: usize,
@@ -93,6 +110,7 @@ impl std::default::Default for Config {
             count_gap: 0.04,
             tune: true,
             tune_windows: vec![0.01, 0.04, 0.12, 0.3, 0.6, 1.0],
+            tune_arc: true,
             tune_pages: 1024,
             tune_half_life: 8.0,
             tune_margin: 0.005,
@@ -108,8 +126,19 @@ pub struct DefaultPolicy {
     /// Counts of every access, shared by the real cache and the copies (a
     /// sampled page's accesses are all sampled, so its count is the same).
     counts: Counts,
-    core: Core,
+    real: Real,
+    /// Protected share of main (for a W-TinyLFU rebuilt after ARC).
+    protected: f64,
     tuner: Option<Tuner>,
+}
+
+/// The real cache: W-TinyLFU, or ARC where the tuner found it missing less.
+/// One per policy, and W-TinyLFU the usual one: kept inline, not boxed,
+/// on the access path.
+#[allow(clippy::large_enum_variant)]
+enum Real {
+    Tiny(Core),
+    Arc(Box<Arc>),
 }
 
 impl DefaultPolicy {
@@ -132,20 +161,51 @@ impl DefaultPolicy {
                 (capacity as f64 * config.count_period) as u64,
                 (capacity as f64 * config.count_gap) as u32,
             ),
-            core: Core::new(capacity, window, config.protected, true),
+            real: Real::Tiny(Core::new(capacity, window, config.protected, true)),
+            protected: config.protected,
             tuner: (config.tune && capacity >= 2 && !config.tune_windows.is_empty())
                 .then(|| Tuner::new(capacity, config)),
         }
     }
 
-    /// The window's current size limit, in pages.
-    pub fn window_size(&self) -> usize {
-        self.core.window_max
+    /// The window's current size limit, in pages (`None` while the cache
+    /// runs as ARC).
+    pub fn window_size(&self) -> Option<usize> {
+        match &self.real {
+            Real::Tiny(core) => Some(core.window_max),
+            Real::Arc(_) => None,
+        }
     }
 
-    /// Sets the window's size limit, in pages (the tuner may move it again).
+    /// Sets the window's size limit, in pages (the tuner may move it again);
+    /// a cache running as ARC becomes W-TinyLFU again.
     pub fn set_window_size(&mut self, pages: usize) {
-        self.core.set_window(pages);
+        match &mut self.real {
+            Real::Tiny(core) => core.set_window(pages),
+            Real::Arc(arc) => {
+                let (recent, frequent) = arc.resident();
+                self.real = Real::Tiny(Core::with_resident(
+                    arc.capacity(),
+                    pages,
+                    self.protected,
+                    &recent,
+                    &frequent,
+                    &self.counts,
+                ));
+            }
+        }
+    }
+
+    /// Runs the cache as ARC from now on, its resident pages kept.
+    fn become_arc(&mut self) {
+        if let Real::Tiny(core) = &self.real {
+            let (recent, frequent) = core.resident();
+            self.real = Real::Arc(Box::new(Arc::with_resident(
+                core.capacity,
+                &recent,
+                &frequent,
+            )));
+        }
     }
 }
 
@@ -155,23 +215,36 @@ impl Policy for DefaultPolicy {
     }
 
     fn capacity(&self) -> usize {
-        self.core.capacity
+        match &self.real {
+            Real::Tiny(core) => core.capacity,
+            Real::Arc(arc) => arc.capacity(),
+        }
     }
 
     fn len(&self) -> usize {
-        self.core.map.len()
+        match &self.real {
+            Real::Tiny(core) => core.map.len(),
+            Real::Arc(arc) => arc.len(),
+        }
     }
 
     fn access(&mut self, page: u64) -> Outcome {
         let count = self.counts.record(page);
         let halvings = self.counts.halvings();
         if let Some(t) = &mut self.tuner {
-            if let Some(share) = t.observe(page, count, halvings) {
-                let w = (self.core.capacity as f64 * share).round() as usize;
-                self.core.set_window(w);
+            match t.observe(page, count, halvings) {
+                Some(Some(share)) => {
+                    let w = (self.capacity() as f64 * share).round() as usize;
+                    self.set_window_size(w);
+                }
+                Some(None) => self.become_arc(),
+                None => {}
             }
         }
-        self.core.access(page, count, halvings)
+        match &mut self.real {
+            Real::Tiny(core) => core.access(page, count, halvings),
+            Real::Arc(arc) => arc.access(page),
+        }
     }
 }
 
@@ -202,6 +275,9 @@ struct Tuner {
     /// Pages whose hash is at most this are sampled.
     threshold: u64,
     copies: Vec<Copy>,
+    /// A copy run as ARC, the choice after the last window (keyed by page:
+    /// it keeps its own index).
+    arc: Option<Arc>,
     slots: Slots,
     horizons: [Horizon; 2],
     current: usize,
@@ -364,7 +440,7 @@ impl Tuner {
                 ),
             })
             .collect();
-        let k = copies.len();
+        let k = copies.len() + usize::from(config.tune_arc);
         // Start from the copy nearest the initial window.
         let current = config
             .tune_windows
@@ -379,7 +455,7 @@ impl Tuner {
             .map_or(0, |(i, _)| i);
         let half_life = config.tune_half_life * pages as f64;
         let every = (pages / 8).max(1) as u32;
-        let slots = Slots::new(k, pages);
+        let slots = Slots::new(copies.len(), pages);
         Self {
             threshold: if rate >= 1.0 {
                 u64::MAX
@@ -387,6 +463,7 @@ impl Tuner {
                 (rate * u64::MAX as f64) as u64
             },
             copies,
+            arc: config.tune_arc.then(|| Arc::new(pages)),
             slots,
             horizons: [
                 Horizon::new(k, half_life),
@@ -402,8 +479,8 @@ impl Tuner {
 
     /// Feeds one access (the page's access count is `count` after it, with
     /// the counts halved `halvings` times so far); returns a new window
-    /// share when it should change.
-    fn observe(&mut self, page: u64, count: u32, halvings: u32) -> Option<f64> {
+    /// share when it should change (`Some(None)`: run as ARC).
+    fn observe(&mut self, page: u64, count: u32, halvings: u32) -> Option<Option<f64>> {
         if mix64(page ^ 0x2545_f491_4f6c_dd1d) > self.threshold {
             return None;
         }
@@ -424,6 +501,12 @@ impl Tuner {
                 self.slots.drop_holder(e as usize, j);
             }
         }
+        let n = self.copies.len();
+        if let Some(arc) = &mut self.arc {
+            if !arc.access(page).is_hit() {
+                missed |= 1 << n;
+            }
+        }
         // Time is counted in accesses where some copy missed: the evidence
         // the recent past holds is then the same at any miss rate.
         if missed != 0 {
@@ -438,7 +521,7 @@ impl Tuner {
         self.countdown = self.every;
         let cur = self.current;
         let [short, long] = &self.horizons;
-        let best = (0..self.copies.len())
+        let best = (0..n + usize::from(self.arc.is_some()))
             .filter(|&j| j != cur)
             .filter_map(|j| {
                 let g = short.gain(cur, j, self.z, self.margin)?;
@@ -447,7 +530,7 @@ impl Tuner {
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))?;
         self.current = if best.0 > cur { cur + 1 } else { cur - 1 };
-        Some(self.copies[self.current].share)
+        Some(self.copies.get(self.current).map(|c| c.share))
     }
 }
 
@@ -550,6 +633,59 @@ impl Core {
         for (_, n) in window {
             self.window.push_front(&mut self.arena, n);
         }
+    }
+
+    /// The resident pages: the window's and probation's, and protected's,
+    /// each least recently used first.
+    fn resident(&self) -> (Vec<u64>, Vec<u64>) {
+        let by_use = |lists: &[&List]| {
+            let mut pages: Vec<(u64, u64)> = Vec::new();
+            for list in lists {
+                let mut i = list.back();
+                while let Some(n) = i {
+                    pages.push((self.stamps[n as usize], self.arena.get(n).key));
+                    i = List::prev_of(&self.arena, n);
+                }
+            }
+            pages.sort_unstable();
+            pages
+                .into_iter()
+                .map(|(_, page)| page)
+                .collect::<Vec<u64>>()
+        };
+        (
+            by_use(&[&self.window, &self.probation]),
+            by_use(&[&self.protected]),
+        )
+    }
+
+    /// A cache (with its own index) holding `recent` in probation and
+    /// `frequent` in protected, each least recently used first and all of
+    /// `frequent` used after `recent`, with a window of `window` pages taken
+    /// from the most recent.
+    fn with_resident(
+        capacity: usize,
+        window: usize,
+        protected_share: f64,
+        recent: &[u64],
+        frequent: &[u64],
+        counts: &Counts,
+    ) -> Self {
+        let mut c = Self::new(capacity, capacity, protected_share, true);
+        c.halvings = counts.halvings();
+        for (tag, pages) in [(PROBATION, recent), (PROTECTED, frequent)] {
+            for &page in pages {
+                let i = c.arena.alloc(page, tag);
+                c.stamp(i, counts.get(page));
+                match tag {
+                    PROBATION => c.probation.push_front(&mut c.arena, i),
+                    _ => c.protected.push_front(&mut c.arena, i),
+                }
+                c.map.insert(page, i);
+            }
+        }
+        c.set_window(window);
+        c
     }
 
     /// Moves protected overflow back to probation.
@@ -684,6 +820,7 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testkit;
     use super::*;
 
     #[test]
@@ -733,6 +870,92 @@ mod tests {
             assert_eq!(p.access(new), Outcome::Miss { evicted: Some(old) });
         }
         assert!((0..5).all(|page| p.access(page).is_hit()));
+    }
+
+    /// Tables read one after another, each with its own skew, over and
+    /// over (the shape of embedding-bag lookups): frequency matters across
+    /// the rounds, recency within a table's turn.
+    fn tables_in_turn(capacity: usize) -> Vec<u64> {
+        let alphas = [1.1, 0.9, 0.7, 0.5];
+        let pages = 40 * capacity as u64;
+        let mut t = Vec::new();
+        for round in 0..40 {
+            for (k, &alpha) in alphas.iter().enumerate() {
+                let seed = round * 31 + k as u64;
+                let draws = testkit::zipf(alpha, pages, 32 * capacity, seed);
+                t.extend(draws.into_iter().map(|p| k as u64 * pages + p));
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn runs_as_arc_where_arc_misses_less() {
+        let cap = 64;
+        let t = tables_in_turn(cap);
+        let arc = testkit::misses(&mut super::super::arc::Arc::new(cap), &t) as f64;
+        let without = Config {
+            tune_arc: false,
+            ..Config::default()
+        };
+        let windows_only = testkit::misses(&mut DefaultPolicy::with_config(cap, &without), &t);
+        assert!(
+            windows_only as f64 > 1.05 * arc,
+            "the trace should favour ARC: {windows_only} against {arc}"
+        );
+        let mut p = DefaultPolicy::new(cap);
+        let misses = testkit::misses(&mut p, &t) as f64;
+        assert!(misses <= 1.02 * arc, "{misses} against ARC's {arc}");
+        assert_eq!(p.window_size(), None, "the cache runs as ARC");
+    }
+
+    #[test]
+    fn switching_to_arc_and_back_keeps_the_resident_pages() {
+        let config = Config {
+            tune: false,
+            ..Config::default()
+        };
+        let mut p = DefaultPolicy::with_config(50, &config);
+        testkit::check_residency(&mut p, &testkit::mixed(50, 1000, 7));
+        let resident = |p: &DefaultPolicy| {
+            let (a, b) = match &p.real {
+                Real::Tiny(core) => core.resident(),
+                Real::Arc(arc) => arc.resident(),
+            };
+            let mut all: Vec<u64> = a.into_iter().chain(b).collect();
+            all.sort_unstable();
+            all
+        };
+        let before = resident(&p);
+        assert_eq!(before.len(), 50);
+        p.become_arc();
+        assert_eq!(p.window_size(), None);
+        assert_eq!(resident(&p), before);
+        assert!(before.iter().all(|&x| p.access(x).is_hit()));
+        match p.access(1_000_000) {
+            Outcome::Miss { evicted: Some(e) } => assert!(before.contains(&e)),
+            other => panic!("{other:?}"),
+        }
+        let during = resident(&p);
+        p.set_window_size(5);
+        assert_eq!(p.window_size(), Some(5));
+        assert_eq!(resident(&p), during);
+        assert!(during.iter().all(|&x| p.access(x).is_hit()));
+        assert_eq!(p.len(), 50);
+    }
+
+    #[test]
+    fn a_switching_cache_reports_its_residency_truly() {
+        let cap = 32;
+        let mut p = DefaultPolicy::new(cap);
+        let mut resident = std::collections::HashSet::new();
+        testkit::check_residency_from(&mut p, &tables_in_turn(cap), &mut resident);
+        assert_eq!(p.window_size(), None, "ARC after the tables");
+        // Then a loop a little larger than the cache among frequent pages,
+        // where small windows win.
+        let t = testkit::zipf(0.9, 2000, 200_000, 5);
+        testkit::check_residency_from(&mut p, &t, &mut resident);
+        assert!(p.window_size().is_some(), "W-TinyLFU again");
     }
 
     #[test]

@@ -107,9 +107,14 @@ pub(crate) fn misses(p: &mut dyn Policy, trace: &[u64]) -> usize {
 /// `len` is the set's size, never above the capacity. These policies admit
 /// every miss, so a bypass is an error.
 pub(crate) fn check_residency(p: &mut dyn Policy, trace: &[u64]) {
+    check_residency_from(p, trace, &mut HashSet::new());
+}
+
+/// [`check_residency`] for a cache that holds `resident` already (a
+/// previous check's set, which it leaves as the cache holds it after).
+pub(crate) fn check_residency_from(p: &mut dyn Policy, trace: &[u64], resident: &mut HashSet<u64>) {
     let cap = p.capacity();
     let name = p.name();
-    let mut resident = HashSet::new();
     for (i, &x) in trace.iter().enumerate() {
         let was = resident.contains(&x);
         match p.access(x) {

@@ -140,6 +140,7 @@ fn default_config() -> policy::default::Config {
                 "tune_z" => c.tune_z = f,
                 "tune_long" => c.tune_long = f,
                 "tune_rate_max" => c.tune_rate_max = f,
+                "tune_arc" => c.tune_arc = f != 0.0,
 
                 _ => panic!("unknown key {k}"),
             }
