@@ -39,16 +39,30 @@ const B1: u8 = 2;
 const B2: u8 = 3;
 
 /// The Adaptive Replacement Cache.
-pub struct Arc {
-    capacity: usize,
-    /// The target size of `T1`.
-    p: f64,
-    /// Page → node, for resident and ghost pages; the node's tag names its
-    /// list.
-    map: PageMap<u32>,
-    arena: Arena,
-    /// `T1`, `T2`, `B1`, `B2`, most recent at the head.
-    lists: [List; 4],
+pub struct Arc(ArcCache<PageMap<u32>>);
+
+/// Where an [`ArcCache`] finds the node of each page it knows, resident or
+/// ghost: its own map, or an index its owner keeps (the default policy's
+/// tuner keys its copies by slot).
+pub(crate) trait Nodes: Send {
+    fn find(&self, page: u64) -> Option<u32>;
+    fn put(&mut self, page: u64, node: u32);
+    fn forget(&mut self, page: u64);
+}
+
+impl Nodes for PageMap<u32> {
+    #[inline]
+    fn find(&self, page: u64) -> Option<u32> {
+        self.get(&page).copied()
+    }
+    #[inline]
+    fn put(&mut self, page: u64, node: u32) {
+        self.insert(page, node);
+    }
+    #[inline]
+    fn forget(&mut self, page: u64) {
+        self.remove(&page);
+    }
 }
 
 impl Arc {
@@ -57,11 +71,81 @@ impl Arc {
     /// # Panics
     /// If `capacity` is 0.
     pub fn new(capacity: usize) -> Self {
+        Self(ArcCache::with_nodes(
+            capacity,
+            page_map(capacity.saturating_mul(2)),
+        ))
+    }
+
+    /// See [`ArcCache::with_resident`].
+    pub(crate) fn with_resident(capacity: usize, recent: &[u64], frequent: &[u64]) -> Self {
+        Self(ArcCache::with_resident(
+            capacity,
+            page_map(capacity.saturating_mul(2)),
+            recent,
+            frequent,
+        ))
+    }
+
+    /// See [`ArcCache::resident`].
+    pub(crate) fn resident(&self) -> (Vec<u64>, Vec<u64>) {
+        self.0.resident()
+    }
+
+    /// The current target size of `T1`, in `0..=capacity`.
+    pub fn target(&self) -> f64 {
+        self.0.p
+    }
+
+    /// The lengths of `T1`, `T2`, `B1` and `B2`.
+    pub fn list_lens(&self) -> [usize; 4] {
+        self.0.lists.map(|l| l.len())
+    }
+}
+
+impl Policy for Arc {
+    fn name(&self) -> &'static str {
+        "arc"
+    }
+
+    fn capacity(&self) -> usize {
+        self.0.capacity
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn access(&mut self, page: u64) -> Outcome {
+        self.0.access(page)
+    }
+}
+
+/// ARC over the page index `N`.
+pub(crate) struct ArcCache<N> {
+    capacity: usize,
+    /// The target size of `T1`.
+    p: f64,
+    /// Page → node, for resident and ghost pages; the node's tag names its
+    /// list.
+    map: N,
+    arena: Arena,
+    /// `T1`, `T2`, `B1`, `B2`, most recent at the head.
+    lists: [List; 4],
+}
+
+impl<N: Nodes> ArcCache<N> {
+    /// An empty cache of `capacity` pages (at least 1) over `map`, which
+    /// knows no page.
+    ///
+    /// # Panics
+    /// If `capacity` is 0.
+    pub(crate) fn with_nodes(capacity: usize, map: N) -> Self {
         assert!(capacity >= 1, "a cache of 0 pages");
         Self {
             capacity,
             p: 0.0,
-            map: page_map(capacity.saturating_mul(2)),
+            map,
             arena: Arena::with_capacity(capacity.saturating_mul(2)),
             lists: [List::default(); 4],
         }
@@ -74,17 +158,17 @@ impl Arc {
     ///
     /// # Panics
     /// If `capacity` is 0 or the pages do not fit.
-    pub(crate) fn with_resident(capacity: usize, recent: &[u64], frequent: &[u64]) -> Self {
+    pub(crate) fn with_resident(capacity: usize, map: N, recent: &[u64], frequent: &[u64]) -> Self {
         assert!(
             recent.len() + frequent.len() <= capacity,
             "more pages than the capacity"
         );
-        let mut a = Self::new(capacity);
+        let mut a = Self::with_nodes(capacity, map);
         for (list, pages) in [(T1, recent), (T2, frequent)] {
             for &page in pages {
                 let i = a.arena.alloc(page, list);
                 a.lists[list as usize].push_front(&mut a.arena, i);
-                a.map.insert(page, i);
+                a.map.put(page, i);
             }
         }
         a.p = recent.len() as f64;
@@ -106,14 +190,14 @@ impl Arc {
         (pages(T1), pages(T2))
     }
 
-    /// The current target size of `T1`, in `0..=capacity`.
-    pub fn target(&self) -> f64 {
-        self.p
+    /// The index of pages.
+    pub(crate) fn nodes_mut(&mut self) -> &mut N {
+        &mut self.map
     }
 
-    /// The lengths of `T1`, `T2`, `B1` and `B2`.
-    pub fn list_lens(&self) -> [usize; 4] {
-        self.lists.map(|l| l.len())
+    /// Resident pages.
+    pub(crate) fn len(&self) -> usize {
+        self.len_of(T1) + self.len_of(T2)
     }
 
     fn len_of(&self, list: u8) -> usize {
@@ -134,7 +218,7 @@ impl Arc {
             .pop_back(&mut self.arena)
             .expect("the list is not empty");
         let page = self.arena.get(i).key;
-        self.map.remove(&page);
+        self.map.forget(page);
         self.arena.release(i);
         page
     }
@@ -154,24 +238,11 @@ impl Arc {
         self.move_to(i, to);
         self.arena.get(i).key
     }
-}
 
-impl Policy for Arc {
-    fn name(&self) -> &'static str {
-        "arc"
-    }
-
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    fn len(&self) -> usize {
-        self.len_of(T1) + self.len_of(T2)
-    }
-
-    fn access(&mut self, page: u64) -> Outcome {
+    /// An access to `page`, as [`Policy::access`].
+    pub(crate) fn access(&mut self, page: u64) -> Outcome {
         let c = self.capacity;
-        if let Some(&i) = self.map.get(&page) {
+        if let Some(i) = self.map.find(page) {
             let evicted = match self.arena.get(i).tag {
                 // Case I: a hit.
                 T1 | T2 => {
@@ -218,7 +289,7 @@ impl Policy for Arc {
         };
         let i = self.arena.alloc(page, T1);
         self.lists[T1 as usize].push_front(&mut self.arena, i);
-        self.map.insert(page, i);
+        self.map.put(page, i);
         Outcome::Miss { evicted }
     }
 }

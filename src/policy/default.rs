@@ -38,7 +38,7 @@
 //!   of the default on the policy corpus's embedding traces at small
 //!   capacities.
 //! - Cost: the copies share one index of their sampled pages (one hash
-//!   lookup per sampled access for all six), every node caches its page's
+//!   lookup per sampled access for all seven), every node caches its page's
 //!   access count for admission (no count lookups on a miss), and at most
 //!   half of the accesses are sampled (below 2048 pages of capacity the
 //!   copies are half the cache's size). Sampling everything at small
@@ -47,14 +47,14 @@
 //!   to choose well on the training corpus (both in `docs/perf-log.md`).
 //!
 //! O(1) per access, plus the copies' work in proportion to the sampled share
-//! (seven copies at min(1/2, 1024 / capacity); the ARC copy keeps its own
-//! index of pages, one more lookup per sampled access); a window move or a
+//! (seven copies at min(1/2, 1024 / capacity), all keyed by the one index
+//! of sampled pages); a window move or a
 //! switch between W-TinyLFU and ARC sorts the resident pages by last use
 //! (O(n log n)), which the tuner does rarely.
 
 #![forbid(unsafe_code)]
 
-use super::arc::Arc;
+use super::arc::{Arc, ArcCache, Nodes};
 use super::base::{mix64, page_map, Outcome, PageMap, Policy};
 use super::counts::Counts;
 use super::list::{Arena, List};
@@ -275,9 +275,9 @@ struct Tuner {
     /// Pages whose hash is at most this are sampled.
     threshold: u64,
     copies: Vec<Copy>,
-    /// A copy run as ARC, the choice after the last window (keyed by page:
-    /// it keeps its own index).
-    arc: Option<Arc>,
+    /// A copy run as ARC, the choice after the last window (keyed by slot,
+    /// as the windows' copies).
+    arc: Option<ArcCache<SlotNodes>>,
     slots: Slots,
     horizons: [Horizon; 2],
     current: usize,
@@ -342,11 +342,53 @@ impl Slots {
     /// copy does.
     fn drop_holder(&mut self, s: usize, j: usize) {
         self.nodes[s * self.copies + j] = NO_NODE;
+        self.release(s);
+    }
+
+    /// One holder fewer of slot `s` (a window's copy, or the ARC copy,
+    /// which keeps its nodes in [`SlotNodes`]); forgets the slot when none
+    /// is left.
+    fn release(&mut self, s: usize) {
         self.holders[s] -= 1;
         if self.holders[s] == 0 {
             self.index.remove(&self.page[s]);
             self.free.push(s as u32);
         }
+    }
+}
+
+/// The ARC copy's nodes by slot, and the slots it took or let go of during
+/// an access (the tuner counts them as holders in [`Slots`]).
+#[derive(Default)]
+struct SlotNodes {
+    node: Vec<u32>,
+    taken: Vec<u64>,
+    left: Vec<u64>,
+}
+
+impl Nodes for SlotNodes {
+    #[inline]
+    fn find(&self, slot: u64) -> Option<u32> {
+        self.node
+            .get(slot as usize)
+            .copied()
+            .filter(|&n| n != NO_NODE)
+    }
+
+    #[inline]
+    fn put(&mut self, slot: u64, node: u32) {
+        let s = slot as usize;
+        if s >= self.node.len() {
+            self.node.resize(s + 1, NO_NODE);
+        }
+        self.node[s] = node;
+        self.taken.push(slot);
+    }
+
+    #[inline]
+    fn forget(&mut self, slot: u64) {
+        self.node[slot as usize] = NO_NODE;
+        self.left.push(slot);
     }
 }
 
@@ -463,7 +505,9 @@ impl Tuner {
                 (rate * u64::MAX as f64) as u64
             },
             copies,
-            arc: config.tune_arc.then(|| Arc::new(pages)),
+            arc: config
+                .tune_arc
+                .then(|| ArcCache::with_nodes(pages, SlotNodes::default())),
             slots,
             horizons: [
                 Horizon::new(k, half_life),
@@ -503,8 +547,15 @@ impl Tuner {
         }
         let n = self.copies.len();
         if let Some(arc) = &mut self.arc {
-            if !arc.access(page).is_hit() {
+            if !arc.access(s as u64).is_hit() {
                 missed |= 1 << n;
+            }
+            let nodes = arc.nodes_mut();
+            for t in nodes.taken.drain(..) {
+                self.slots.holders[t as usize] += 1;
+            }
+            for t in nodes.left.drain(..) {
+                self.slots.release(t as usize);
             }
         }
         // Time is counted in accesses where some copy missed: the evidence
