@@ -1024,7 +1024,8 @@ typedef struct strata_config {
 #define STRATA_ACCESS_READ_WRITE 1
 
 /**
- * The default policy (W-TinyLFU with an adaptive window).
+ * The default policy (W-TinyLFU with an adaptive window, or ARC where
+ * the policy's simulations find it missing less).
  */
 #define STRATA_POLICY_DEFAULT 0
 

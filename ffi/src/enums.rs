@@ -63,7 +63,8 @@ pub const STRATA_ACCESS_READ_WRITE: strata_access = 1;
 
 /// A placement policy for the balancer (`STRATA_POLICY_*`).
 pub type strata_policy = i32;
-/// The default policy (W-TinyLFU with an adaptive window).
+/// The default policy (W-TinyLFU with an adaptive window, or ARC where
+/// the policy's simulations find it missing less).
 pub const STRATA_POLICY_DEFAULT: strata_policy = 0;
 /// Least recently used.
 pub const STRATA_POLICY_LRU: strata_policy = 1;

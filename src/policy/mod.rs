@@ -20,7 +20,7 @@
 //! | `lrfu` | [`lrfu`] | LRFU (Lee et al., 2001): decayed counts of uses; the expert cache's eviction, also as a [`lrfu::Ranking`] for callers that filter victims |
 //! | `perfect-lfu` | [`reference`](mod@reference) | reference only: exact counts of every page ever seen, evicts the lowest |
 //! | `lfu-admission` | [`reference`](mod@reference) | reference only: perfect LFU that admits a page only if it is counted more than the victim |
-//! | `default` | [`default`] | W-TinyLFU with an adaptive window; what the runtime uses when none is named |
+//! | `default` | [`default`] | W-TinyLFU with an adaptive window, or ARC where its simulations find ARC missing less; what the runtime uses when none is named |
 
 #![forbid(unsafe_code)]
 
