@@ -48,9 +48,9 @@
 //!
 //! O(1) per access, plus the copies' work in proportion to the sampled share
 //! (seven copies at min(1/2, 1024 / capacity), all keyed by the one index
-//! of sampled pages); a window move or a
-//! switch between W-TinyLFU and ARC sorts the resident pages by last use
-//! (O(n log n)), which the tuner does rarely.
+//! of sampled pages); a window move or a switch between W-TinyLFU and ARC
+//! sorts the resident pages by last use (O(n log n)), which the tuner does
+//! rarely.
 
 #![forbid(unsafe_code)]
 
