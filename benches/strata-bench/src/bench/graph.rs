@@ -180,6 +180,9 @@ pub struct TrialCost {
     pub migrations: f64,
     /// strata's balancer rounds (measured CPU time).
     pub balancer: f64,
+    /// strata's device maps to the device and access counters back, at
+    /// each launch over them (modelled; see `RunCost::maps_seconds`).
+    pub maps: f64,
     /// Unified Memory's fault service, evictions and prefetch.
     pub uvm: f64,
     /// What the run read and what the driver did.
@@ -469,7 +472,8 @@ pub fn run_on(
             let arrays = tg.buffers().iter().flatten().count() as u64;
             let (cost, bytes_moved) =
                 charge(config, &platform, run, h2d, d2h, footprint, arrays, !resume);
-            let seconds = cost.kernels + cost.upload + cost.migrations + cost.balancer + cost.uvm;
+            let seconds =
+                cost.kernels + cost.upload + cost.migrations + cost.balancer + cost.maps + cost.uvm;
             let tr = &run.traffic;
             let faults = run.uvm.map_or(0, |u| u.faults);
             let hit_rate =
@@ -603,6 +607,7 @@ fn charge(
         upload: 0.0,
         migrations: 0.0,
         balancer: 0.0,
+        maps: 0.0,
         uvm: run.uvm_seconds,
         detail: run,
     };
@@ -610,6 +615,7 @@ fn charge(
         Config::Strata => {
             cost.migrations = p.h2d(h2d.0, h2d.1) + p.d2h(d2h.0, d2h.1);
             cost.balancer = run.balancer_seconds;
+            cost.maps = run.maps_seconds;
             h2d.0 + d2h.0
         }
         Config::AllDevice if first => {

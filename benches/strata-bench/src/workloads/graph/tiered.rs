@@ -396,6 +396,16 @@ pub struct RunCost {
     pub uvm_seconds: f64,
     /// Measured CPU seconds of strata's balancer rounds.
     pub balancer_seconds: f64,
+    /// Modelled seconds of strata's device maps' upkeep. On a GPU each
+    /// launch over a buffer uploads its device map (8 bytes a page) and,
+    /// when it ends, reads back the kernels' access counters (4 bytes a
+    /// page): one copy each way per buffer at the link's DMA rate. The
+    /// simulated device keeps its maps and counters in host memory, so the
+    /// model charges what the CUDA backend does.
+    pub maps_seconds: f64,
+    /// Launches over the buffers' device maps (strata's; each charged in
+    /// `maps_seconds`).
+    pub map_launches: u64,
     /// Balancer rounds run.
     pub rounds: u64,
 }
@@ -526,6 +536,16 @@ impl<'m> TieredMem<'m> {
             .iter()
             .map(|m| m.as_ref().map(|m| m.prepare(Access::ReadOnly)).transpose())
             .collect::<Result<_>>()?;
+        if self.counting {
+            // The maps up now, the counters back when these launches end
+            // (see `RunCost::maps_seconds`).
+            let p = &self.platform;
+            for m in self.maps.iter().flatten() {
+                let pages = m.pages() as u64;
+                self.cost.maps_seconds += p.h2d(8 * pages, 1) + p.d2h(4 * pages, 1);
+                self.cost.map_launches += 1;
+            }
+        }
         Ok(())
     }
 
@@ -1259,5 +1279,45 @@ mod tests {
             verify::pagerank(g, 1e-4, 100, &algo::pagerank(&mut mem, 1e-4, 100)).unwrap();
             verify::cc(g, &algo::cc(&mut mem)).unwrap();
         }
+    }
+
+    /// strata pays for its device maps at every launch over them (the map
+    /// up, the counters back, one copy each way per buffer); a peer that
+    /// reads in place pays nothing of the kind.
+    #[test]
+    fn strata_is_charged_for_its_device_maps() {
+        let g = Csr::load(&"kron:10".parse().unwrap(), 3).unwrap();
+        let p = model::H200_SXM5;
+        let mut charged = Vec::new();
+        for config in [Config::Strata, Config::ZeroCopy] {
+            let tg = TieredGraph::build(&g, config, 64 << 10, 4096, true).unwrap();
+            let maps = tg.maps().unwrap();
+            let mut mem = TieredMem::new(&tg, &maps, &p, 64 << 10, false).unwrap();
+            let source = (0..g.vertices()).find(|&v| g.degree(v) > 0).unwrap();
+            algo::bfs(&mut mem, source);
+            let cost = mem.finish();
+            charged.push((config, cost));
+            if config == Config::Strata {
+                let buffers = maps.iter().flatten().count() as u64;
+                assert_eq!(cost.map_launches, buffers * (cost.rounds + 1));
+                let per_launch: f64 = maps
+                    .iter()
+                    .flatten()
+                    .map(|m| {
+                        let pages = m.pages() as u64;
+                        p.h2d(8 * pages, 1) + p.d2h(4 * pages, 1)
+                    })
+                    .sum();
+                let want = per_launch * (cost.rounds + 1) as f64;
+                assert!(
+                    (cost.maps_seconds - want).abs() <= 1e-12,
+                    "{} against {want}",
+                    cost.maps_seconds
+                );
+                assert!(cost.maps_seconds > 0.0);
+            }
+        }
+        let (_, zero_copy) = charged[1];
+        assert_eq!((zero_copy.maps_seconds, zero_copy.map_launches), (0.0, 0));
     }
 }
