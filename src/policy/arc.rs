@@ -26,7 +26,7 @@
 //! [`Outcome`] reports; forgetting a ghost is not an eviction.
 //!
 //! O(1) per access: one hash map from page to a node of an intrusive list,
-//! the four lists sharing one arena of at most `2c` nodes. [`ArcCache`] is
+//! the four lists sharing one arena of at most `2c` nodes. `ArcCache` is
 //! the same cache over an index its owner keeps instead of the hash map:
 //! the default policy's tuner runs one over the slots of its sampled
 //! pages, beside its W-TinyLFU copies.
