@@ -439,7 +439,7 @@ fn policy(name: Option<&str>) -> PyResult<PolicyKind> {
 /// the fastest tier (the device tier; on the simulated device a host DRAM
 /// arena) and demotes others. Needs a device tier.
 #[pyfunction]
-#[pyo3(signature = (runtime, *, interval = 0.02, min_accesses = 0, policy = None))]
+#[pyo3(signature = (runtime, *, interval = 0.01, min_accesses = 0, policy = None))]
 pub(crate) fn start_balancer(
     runtime: &Runtime,
     interval: f64,
