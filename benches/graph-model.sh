@@ -104,7 +104,7 @@ def graph_table(name, title):
           f"{r0['budget_bytes'] / 2**20:.1f} MiB of {r0['graph_bytes'] / 2**20:.1f} MiB "
           f"(BFS/PR/CC; SSSP adds its weights), {len(r0['results'][0]['trials'])} trial(s), medians, modelled ms\n")
     configs = [c["config"] for c in r0["results"]]
-    print("| algo | " + " | ".join(configs) + " | strata / best of the uvm, uvm-advised and zero-copy run | strata / static-optimum | zero-copy / static-optimum | strata: kernels, migrations, balancer |")
+    print("| algo | " + " | ".join(configs) + " | strata / best of the uvm, uvm-advised and zero-copy run | strata / static-optimum | zero-copy / static-optimum | strata: kernels, migrations, balancer, device maps |")
     print("|---" * (len(configs) + 5) + "|")
     for rep in reps:
         c = by_config(rep)
@@ -119,7 +119,7 @@ def graph_table(name, title):
         parts = "-"
         if s:
             k = cost(s)
-            parts = f"{ms(k.get('kernels', 0))}, {ms(k.get('migrations', 0))}, {ms(k.get('balancer', 0))}"
+            parts = f"{ms(k.get('kernels', 0))}, {ms(k.get('migrations', 0))}, {ms(k.get('balancer', 0))}, {ms(k.get('maps', 0))}"
         print(f"| {rep['params']['algo']} | " + " | ".join(row) + f" | {ratio_best} | {ratio_so} | {headroom} | {parts} |")
 
 if which in ("train", "all"):
