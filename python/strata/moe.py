@@ -668,10 +668,13 @@ class StrataExperts(nn.Module):
         counts = torch.bincount(idx, minlength=logits.shape[-1])
         order = torch.argsort(counts, descending=True, stable=True)
         n = int((counts > 0).sum())
-        # The k most-voted: every prediction of a single token, the surest
-        # of a batch's (a wrong prefetch costs a whole read).
+        # The k most-voted of those that need a read: every prediction of a
+        # single token, the surest of a batch's (a wrong prefetch costs a
+        # whole read). A prediction already in a slot or read in place costs
+        # nothing, so the next-voted one takes its place in the cap.
         cap = st.max_prefetch if st.max_prefetch is not None else k
-        return order[: min(n, cap)].tolist()
+        cache, layer = st.cache, self.layer + 1
+        return [e for e in order[:n].tolist() if not cache.is_ready(layer, e)][:cap]
 
     def forward(self, hidden_states, top_k_index=None, top_k_weights=None):
         if self.dense:
@@ -1162,8 +1165,9 @@ def offload(
     device: "sim" (no GPU: slots are host memory, stall also modelled),
         "cuda" or "auto"; default "cuda" for a model on a GPU, else "sim".
     prefetch: the lookahead through the next layer's router; max_prefetch
-        caps the experts prefetched per layer (default: the router's top-k,
-        the experts most of the batch's tokens are predicted to pick).
+        caps the experts prefetched per layer (default: the router's top-k;
+        the experts most of the batch's tokens are predicted to pick, among
+        those not already in a slot or read in place).
     record_routing: a path for the `token layer expert` trace
         (record_per_token: one trace token per token row, not per step).
         Per step, the lookahead is recorded too: `token layer expert

@@ -156,6 +156,24 @@ def test_lookahead_prefetch_is_used_with_room_to_spare():
     assert t["hit_rate"] > 0.5
 
 
+def test_lookahead_asks_only_for_experts_that_need_a_read(tmp_path):
+    """A prediction already in a slot costs nothing, so the lookahead's cap
+    goes to the next-voted ones that need a read: with a slot for every
+    expert (none leaves but a prefetch cancelled unfinished), each expert
+    of layers 1 and up is predicted once, however many steps run."""
+    m = mixtral()
+    trace = tmp_path / "steps.txt"
+    moe = strata.moe.offload(m, device_slots=ALL, host_in_place=False, record_routing=trace)
+    generate(m, prompts(batch=2), n=12)
+    moe.close()
+    guesses = [tuple(line.split()[1:3]) for line in trace.read_text().splitlines() if line.endswith(" prefetched")]
+    t = moe.stats()["total"]
+    assert moe.stats()["steps"] == 12 and guesses
+    assert len(set(guesses)) <= (LAYERS - 1) * EXPERTS
+    assert len(guesses) <= len(set(guesses)) + t["prefetches_cancelled"]
+    assert t["prefetches"] == len(guesses)
+
+
 @pytest.mark.parametrize(
     "nvme_miss_cost,host_cache,in_place",
     [(4.0, False, False), (1.0, False, False), (4.0, True, False), (4.0, False, True), (4.0, True, True)],
