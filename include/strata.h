@@ -1761,6 +1761,21 @@ int strata_moe_fetch(const struct strata_moe *moe,
 int strata_moe_release(struct strata_expert_pin *pin);
 
 /**
+ * Whether a fetch of `expert` of `layer` needs no read of its own: the
+ * expert is in device memory (or on its way there), or read in place
+ * from host memory. Stores 1 or 0 in `*ready`. A lookahead that caps its
+ * predictions caps those not ready: `strata_moe_prefetch` skips the
+ * others. An expert not registered is `STRATA_ERR_NOT_FOUND`. Thread-safe.
+ *
+ * # Safety
+ * `ready` points to a writable `uint32_t`.
+ */
+int strata_moe_is_ready(const struct strata_moe *moe,
+                        uint32_t layer,
+                        uint32_t expert,
+                        uint32_t *ready);
+
+/**
  * Starts moving `n` experts of `layer` (a router's predictions) into
  * device memory in the background; stores how many moves started in
  * `*started` if not NULL. A misaligned `started`, or an expert not

@@ -441,6 +441,13 @@ public:
         if (!fits) throw Error(STRATA_ERR_INVALID_ARGUMENT, "the expert has more pages than max_pages");
         return pin;
     }
+    // Whether a fetch of the expert needs no read of its own (in device
+    // memory or on its way, or read in place from host memory).
+    bool is_ready(uint32_t layer, uint32_t expert) const {
+        uint32_t ready = 0;
+        check(strata_moe_is_ready(get(), layer, expert, &ready));
+        return ready != 0;
+    }
     // Starts moving a router's predictions for `layer`; how many started.
     size_t prefetch(uint32_t layer, const std::vector<uint32_t> &experts) const {
         size_t started = 0;

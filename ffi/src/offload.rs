@@ -584,6 +584,31 @@ pub extern "C" fn strata_moe_release(pin: *mut objects::strata_expert_pin) -> c_
     })
 }
 
+/// Whether a fetch of `expert` of `layer` needs no read of its own: the
+/// expert is in device memory (or on its way there), or read in place
+/// from host memory. Stores 1 or 0 in `*ready`. A lookahead that caps its
+/// predictions caps those not ready: `strata_moe_prefetch` skips the
+/// others. An expert not registered is `STRATA_ERR_NOT_FOUND`. Thread-safe.
+///
+/// # Safety
+/// `ready` points to a writable `uint32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strata_moe_is_ready(
+    moe: *const objects::strata_moe,
+    layer: u32,
+    expert: u32,
+    ready: *mut u32,
+) -> c_int {
+    boundary("strata_moe_is_ready", || {
+        // SAFETY: writable (this function's contract).
+        let out = unsafe { cast::out(ready, "ready") }?;
+        out.set(u32::from(
+            objects::get(moe)?.read().is_ready(layer, expert)?,
+        ));
+        Ok(STRATA_OK)
+    })
+}
+
 /// Starts moving `n` experts of `layer` (a router's predictions) into
 /// device memory in the background; stores how many moves started in
 /// `*started` if not NULL. A misaligned `started`, or an expert not

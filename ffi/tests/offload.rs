@@ -133,11 +133,35 @@ fn the_expert_cache_through_the_c_abi() {
     let s = unsafe { strata_moe_register(moe, 1, 0, w.as_ptr().cast(), w.len()) };
     fails(s, STRATA_ERR_INVALID_ARGUMENT, "pinned");
     assert_eq!(strata_moe_release(pin), STRATA_OK);
+    // The fetched expert needs no read now; one still in host memory does
+    // (this cache moves host experts into its slots).
+    let ready = |e: u32| {
+        let mut r = 7u32;
+        // SAFETY: a writable flag.
+        let s = unsafe { strata_moe_is_ready(moe, 0, e, &mut r) };
+        assert_eq!(s, STRATA_OK, "{}", last_error());
+        r
+    };
+    assert_eq!((ready(1), ready(2)), (1, 0));
     let mut started = 0usize;
     // SAFETY: 2 readable expert ids, a writable count.
     let s = unsafe { strata_moe_prefetch(moe, 0, [2u32, 3].as_ptr(), 2, &mut started) };
     assert_eq!(s, STRATA_OK, "{}", last_error());
     assert!(started >= 1);
+    assert_eq!(ready(2) + ready(3), 1 + u32::from(started == 2));
+    let mut r = 0u32;
+    // SAFETY: a writable flag; the expert was never registered.
+    fails(
+        unsafe { strata_moe_is_ready(moe, 0, 9, &mut r) },
+        STRATA_ERR_NOT_FOUND,
+        "9",
+    );
+    // SAFETY: NULL is refused before anything is read.
+    fails(
+        unsafe { strata_moe_is_ready(moe, 0, 1, null_mut()) },
+        STRATA_ERR_NULL_POINTER,
+        "ready",
+    );
     let mut stats = strata_moe_stats::default();
     // SAFETY: a writable stats struct.
     assert_eq!(unsafe { strata_moe_get_stats(moe, &mut stats) }, STRATA_OK);

@@ -48,6 +48,10 @@ enum Op {
     Cancel {
         layer: u8,
     },
+    IsReady {
+        layer: u8,
+        expert: u8,
+    },
     CancelExcept {
         layer: u8,
         keep: Vec<u8>,
@@ -287,6 +291,14 @@ fuzz_target!(init: warm_up(), |input: Input| {
                 st(unsafe {
                     strata_moe_prefetch(moe, u32::from(layer % 5), e.as_ptr(), e.len(), &mut started)
                 });
+            }
+            Op::IsReady { layer, expert } => {
+                let mut r = 7u32;
+                // SAFETY: a writable flag.
+                let s = st(unsafe {
+                    strata_moe_is_ready(moe, u32::from(layer % 5), u32::from(expert % 10), &mut r)
+                });
+                assert!(s != STRATA_OK || r <= 1, "ready {r}");
             }
             Op::Cancel { layer } => {
                 let mut k = 0usize;

@@ -1308,7 +1308,9 @@ impl ExpertCache {
 
     /// Starts moving `experts` of `layer` into device memory in the
     /// background (a router's predictions for an upcoming layer). Experts
-    /// already resident are skipped; predictions for which no unprotected
+    /// already resident or read in place are skipped, so a caller that caps its predictions
+    /// does better to cap those that need a read ([`is_ready`](Self::is_ready)
+    /// false), as `strata.moe` does; predictions for which no unprotected
     /// slot can be freed are dropped. Returns how many moves started.
     pub fn prefetch(&self, layer: u32, experts: &[u32]) -> Result<usize> {
         if self.config.eviction == Eviction::NoCache {

@@ -149,6 +149,7 @@ int main(int argc, char **argv) {
                 other.reset();
                 CHECK(!other && other.addresses().empty());
             }
+            CHECK(cache.is_ready(0, 1) && !cache.is_ready(0, 2));
             CHECK(cache.prefetch(0, {2}) <= 1);
             cache.cancel_prefetches(0, {1});
             cache.cancel_prefetches(0);
