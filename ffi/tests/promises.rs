@@ -480,7 +480,7 @@ fn optim_config() -> strata_optim_config {
 fn step(w: &World, rng: &mut Rng) {
     use Kind::*;
     let mut s = Scratch::new();
-    let op = rng.below(56);
+    let op = rng.below(57);
     match op {
         // ------------------------------------------------ runtimes --
         0 | 1 => {
@@ -1378,6 +1378,22 @@ fn step(w: &World, rng: &mut Rng) {
             );
             assert_eq!(strata_string_free(null_mut()), STRATA_OK);
             assert_eq!(strata_dlpack_free(null_mut()), STRATA_OK);
+        }
+        55 => {
+            let p = w.pick(rng, Moe);
+            let ptr = Ptr::draw(rng);
+            let out = ptr.make::<u32>(&mut s, 0);
+            // Layer 0 holds experts 0 to 3: 4 is not registered.
+            let expert = rng.below(5) as u32;
+            // SAFETY: `out` as above.
+            let st = unsafe { strata_moe_is_ready(h(p.bits), 0, expert, out) };
+            let ok = [0, STRATA_ERR_NOT_FOUND];
+            if check("strata_moe_is_ready", st, w.seen(p), ptr.status(), &ok) {
+                // SAFETY: written by the call.
+                assert!(unsafe { *out } <= 1);
+            } else {
+                assert!(s.untouched(), "strata_moe_is_ready wrote on error");
+            }
         }
         _ => {
             assert!(!strata_version().is_null());
