@@ -54,6 +54,7 @@ longer holds them). torch and transformers are imported by this module
 only; ``import strata`` does not need them.
 """
 
+import itertools
 import os
 import re
 import time
@@ -674,7 +675,8 @@ class StrataExperts(nn.Module):
         # nothing, so the next-voted one takes its place in the cap.
         cap = st.max_prefetch if st.max_prefetch is not None else k
         cache, layer = st.cache, self.layer + 1
-        return [e for e in order[:n].tolist() if not cache.is_ready(layer, e)][:cap]
+        needed = (e for e in order[:n].tolist() if not cache.is_ready(layer, e))
+        return list(itertools.islice(needed, cap))
 
     def forward(self, hidden_states, top_k_index=None, top_k_weights=None):
         if self.dense:
