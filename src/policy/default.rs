@@ -874,6 +874,14 @@ mod tests {
     use super::super::testkit;
     use super::*;
 
+    /// The default configuration with its tuner off.
+    fn untuned() -> Config {
+        Config {
+            tune: false,
+            ..Config::default()
+        }
+    }
+
     #[test]
     fn holds_at_most_its_capacity() {
         for cap in 1..6 {
@@ -887,10 +895,7 @@ mod tests {
 
     #[test]
     fn frequent_pages_survive_a_scan() {
-        let config = Config {
-            tune: false,
-            ..Config::default()
-        };
+        let config = untuned();
         let mut p = DefaultPolicy::with_config(100, &config);
         for _ in 0..20 {
             for page in 0..90 {
@@ -906,10 +911,7 @@ mod tests {
 
     #[test]
     fn a_grown_window_orders_the_cache_by_recency() {
-        let config = Config {
-            tune: false,
-            ..Config::default()
-        };
+        let config = untuned();
         let mut p = DefaultPolicy::with_config(10, &config);
         for page in (0..10).chain(0..5) {
             p.access(page);
@@ -962,10 +964,7 @@ mod tests {
 
     #[test]
     fn switching_to_arc_and_back_keeps_the_resident_pages() {
-        let config = Config {
-            tune: false,
-            ..Config::default()
-        };
+        let config = untuned();
         let mut p = DefaultPolicy::with_config(50, &config);
         testkit::check_residency(&mut p, &testkit::mixed(50, 1000, 7));
         let resident = |p: &DefaultPolicy| {
@@ -1013,8 +1012,7 @@ mod tests {
     fn a_full_window_is_lru() {
         let config = Config {
             window: 1.0,
-            tune: false,
-            ..Config::default()
+            ..untuned()
         };
         let mut p = DefaultPolicy::with_config(3, &config);
         let mut lru = super::super::lru::Lru::new(3);
