@@ -342,6 +342,20 @@ class _Block:
         # JetMoE's: the block is its own experts module (input_linear and
         # output_linear, [E, 2I, H] and [E, H, I]), replaced whole.
         self.grouped = grouped
+        # What the lookahead runs on the layer before's input.
+        self.router_linear = self._router_linear()
+
+    def _router_linear(self) -> Optional[nn.Module]:
+        """The router's linear layer (an [E, H] weight, perhaps a bias),
+        wherever the family keeps it: the router itself (Mixtral's gate),
+        or its `layer` (DBRX, JetMoE), `wg` (HunYuan) or `gate` (AFMoE);
+        None where there is none (the lookahead then predicts nothing)."""
+        e, _, h = self.dims()
+        for m in (self.gate, *(getattr(self.gate, n, None) for n in ("layer", "wg", "gate"))):
+            w = getattr(m, "weight", None)
+            if isinstance(w, torch.Tensor) and tuple(w.shape) == (e, h):
+                return m
+        return None
 
     def dims(self):
         """(experts, 2 * intermediate, hidden) of the experts."""
@@ -578,8 +592,9 @@ class StrataExperts(nn.Module):
 
     def _linear(self, x, slot, at, rows, cols):
         """x @ W.T for the [rows, cols] matrix at byte `at` of the slot,
-        computed on the slot's pages in place: one tensor per run of
-        adjacent pages when runs hold whole rows, else through a copy."""
+        computed on the slot's pages in place: on the CPU one tensor per run
+        of adjacent pages when runs hold whole rows, else (and on a GPU)
+        through a copy."""
         page = slot.page_size
         nbytes = rows * cols * self._elt
         addrs = slot.addresses
@@ -599,7 +614,12 @@ class StrataExperts(nn.Module):
             pin.unpin()  # the tensor holds its own pin
         if len(views) == 1:
             return F.linear(x, views[0].view(rows, cols))
-        if all((a - at) % row_bytes == 0 for a, _ in runs):
+        # Split by rows, each output column is the same sum over the same
+        # row, and the CPU's GEMM gives the same bits as over the whole
+        # matrix (the tests check it). A GPU's library may pick another
+        # kernel, with another order of the sum, for a narrower product:
+        # there the runs are copied into one matrix (device memory, cheap).
+        if not x.is_cuda and all((a - at) % row_bytes == 0 for a, _ in runs):
             out = x.new_empty(x.shape[:-1] + (rows,))
             r0 = 0
             for (a, b), v in zip(runs, views):
@@ -654,9 +674,8 @@ class StrataExperts(nn.Module):
     def _predict_next(self, st: _State) -> List[int]:
         nxt = st.blocks[self.layer + 1]
         resid = st.residual[self.layer]
-        # The router's own weight, or its linear layer's (DBRX's `layer`).
-        router = nxt.gate if hasattr(nxt.gate, "weight") else getattr(nxt.gate, "layer", None)
-        if resid is None or router is None or not isinstance(getattr(router, "weight", None), torch.Tensor):
+        router = nxt.router_linear
+        if resid is None or router is None:
             return []
         h = resid.reshape(-1, resid.shape[-1])
         if nxt.norm is not None:
@@ -740,7 +759,7 @@ class StrataExperts(nn.Module):
                 # Each token's experts, in its top-k order.
                 chosen = torch.repeat_interleave(torch.arange(self.num_experts), torch.tensor(sizes))
                 index = torch.empty_like(chosen)
-                index[index_sorted_experts] = chosen
+                index[index_sorted_experts.cpu()] = chosen
                 self._record(st, index.view(x.shape[0], -1), order)
         self._end()
         return final
@@ -1029,6 +1048,32 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _check_device(model: nn.Module, dev: torch.device, device) -> bool:
+    """Whether the slots go to the GPU (device "cuda", or "auto" where one
+    is present); refuses a model that does not sit where its experts will
+    be computed: on the CPU for the simulated device, on GPU 0 (the one
+    strata opens) for CUDA, all of it on one device."""
+    where = sorted({str(p.device) for p in model.parameters() if p.device.type != "meta"})
+    if len(where) > 1:
+        raise InvalidArgumentError(
+            f"the model's parameters are on {', '.join(where)}: strata.moe offloads a model on one device"
+        )
+    if device not in ("sim", "cuda", "auto"):
+        raise InvalidArgumentError(f"device must be 'sim', 'cuda' or 'auto', not {device!r}")
+    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if on_gpu and (dev.type != "cuda" or (dev.index or 0) != 0):
+        raise InvalidArgumentError(
+            f"the model is on {dev}, and device={device!r} puts the expert slots on GPU 0: "
+            "move the model to cuda:0, or give device='sim' for a model on the CPU"
+        )
+    if not on_gpu and dev.type != "cpu":
+        raise InvalidArgumentError(
+            f"the model is on {dev}, and device={device!r} keeps the expert slots in host memory: "
+            "give device='cuda' for a model on the GPU, or move the model to the CPU"
+        )
+    return on_gpu
+
+
 def _checkpoint(path) -> Dict[str, Any]:
     """Tensor name -> the open safetensors file holding it, for a file or a
     directory of them."""
@@ -1104,9 +1149,11 @@ def _expert_source(blocks, checkpoint):
     return read
 
 
-def _biases(b, checkpoint):
+def _biases(b, checkpoint, dtype):
     """A transposed block's experts' biases (gate_up [E, 2I], down [E, H]):
-    the model's, or the checkpoint's for experts on the meta device."""
+    the model's, or the checkpoint's for experts on the meta device, in the
+    experts' dtype (a model built on the meta device has the config's
+    default dtype there, the checkpoint's experts their own)."""
     names = ("gate_up_proj_bias", "down_proj_bias")
     own = [getattr(b.experts, n) for n in names]
     if all(t.device.type != "meta" for t in own):
@@ -1119,7 +1166,7 @@ def _biases(b, checkpoint):
         key = f"{b.name}.{n}"
         if key not in where:
             raise InvalidArgumentError(f"checkpoint {os.fspath(checkpoint)!r} has no tensor {key!r}")
-        out.append(where[key].get_tensor(key).to(t.dtype))
+        out.append(where[key].get_tensor(key).to(dtype))
     return out
 
 
@@ -1165,7 +1212,10 @@ def offload(
         max_memory={"cpu": host, 0: device} (bytes or sizes such as
         "8GiB"; "disk" ignored) and offload_folder for nvme_path.
     device: "sim" (no GPU: slots are host memory, stall also modelled),
-        "cuda" or "auto"; default "cuda" for a model on a GPU, else "sim".
+        "cuda" (GPU 0) or "auto" (a GPU where present); default "cuda" for
+        a model on a GPU, else "sim". A model that is not where the slots
+        go (on the CPU for "sim", on cuda:0 for a GPU, all on one device)
+        is refused.
     prefetch: the lookahead through the next layer's router; max_prefetch
         caps the experts prefetched per layer (default: the router's top-k;
         the experts most of the batch's tokens are predicted to pick, among
@@ -1290,8 +1340,9 @@ def offload(
     dev = _model_device(model)
     if device is None:
         device = "cuda" if dev.type == "cuda" else "sim"
+    on_gpu = _check_device(model, dev, device)
     spare = _spare_bytes()
-    if device == "sim" or (device == "auto" and not torch.cuda.is_available()):
+    if not on_gpu:
         # The simulated device's slots are this process's memory too: more
         # than the machine can spare is refused here, not met by the OOM
         # killer once they are committed.
@@ -1327,7 +1378,7 @@ def offload(
     if nvme_capacity is not None:
         nvme_capacity = -(-nvme_capacity // page_size) * page_size
     if host_in_place is None:
-        host_in_place = device == "sim" and dev.type == "cpu"
+        host_in_place = not on_gpu
     if decay is None:
         # A half-life of 16 passes over all experts' fetches for LRFU, of
         # 256 visits of a layer for the reuse estimate.
@@ -1370,7 +1421,7 @@ def offload(
     # Everything that can fail comes before the model changes: the biases,
     # the trace file, every expert registered. A failed offload leaves the
     # model as it was.
-    biases = {b.index: _biases(b, checkpoint) for b in blocks if b.transposed and not b.dense}
+    biases = {b.index: _biases(b, checkpoint, dtype) for b in blocks if b.transposed and not b.dense}
     # Opened to append: a trace already there is replaced only once the
     # offload has succeeded (and a file this call created goes if it fails).
     existed = record_routing is not None and os.path.exists(record_routing)

@@ -431,17 +431,24 @@ FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "minimax",
     [(torch.float32, None), (torch.bfloat16, None), (torch.float16, None), (torch.bfloat16, False)],
 )
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_fused_family_offloads_with_identical_logits_and_tokens(family, dtype, in_place):
+def test_every_fused_family_offloads_with_identical_logits_and_tokens(family, dtype, in_place, tmp_path):
     skip_unless_family(family)
     ref = tiny_family(family, dtype)
     ids = prompts(seed=3)
     want, tokens = logits(ref, ids), generate(ref, ids, n=4)
     m = tiny_family(family, dtype)
-    moe = strata.moe.offload(m, device_slots=2, host_in_place=in_place)
+    trace = tmp_path / "route.txt"
+    moe = strata.moe.offload(m, device_slots=2, host_in_place=in_place, record_routing=trace)
     assert torch.equal(logits(m, ids), want)
     assert torch.equal(generate(m, ids, n=4), tokens)
     t = moe.stats()["total"]
     assert (t["served_in_place"] == t["fetches"]) if in_place is None else (t["served_in_place"] == 0 < t["moves"])
+    if in_place is False and moe.layers > 1:
+        # Through the slots, the lookahead finds each family's router and
+        # asks for experts of the next layer (its trace's `prefetched`).
+        moe.flush()
+        lines = trace.read_text().splitlines()
+        assert any(line.endswith(" prefetched") for line in lines if not line.startswith("#"))
 
 
 def test_llama4_records_the_experts_its_tokens_chose(tmp_path):
@@ -487,6 +494,23 @@ def test_gpt_oss_experts_over_small_pages_and_from_a_checkpoint(tmp_path):
     assert torch.equal(logits(m, ids), want)
     m = empty_beside_its_checkpoint(ref, "gpt_oss", tmp_path, lambda k: ".mlp.experts." in k)
     strata.moe.offload(m, device_slots=3, checkpoint=tmp_path)
+    assert torch.equal(logits(m, ids), want)
+
+
+def test_gpt_oss_biases_from_a_bf16_checkpoint_take_the_experts_dtype(tmp_path):
+    """A model built on the meta device has float32 there; the experts and
+    their biases both come in the checkpoint's bfloat16."""
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
+
+    ref = tiny_family("gpt_oss", torch.bfloat16, seed=2)
+    ids = prompts(seed=2)
+    want = logits(ref, ids)
+    m = empty_beside_its_checkpoint(ref, "gpt_oss", tmp_path, lambda k: ".mlp.experts." in k)
+    # The shell's buffers (not in the checkpoint) as the reference has them.
+    m.model.rotary_emb.to(torch.bfloat16)
+    assert m.model.layers[0].mlp.experts.down_proj_bias.dtype == torch.float32  # on the meta device
+    moe = strata.moe.offload(m, device_slots=3, checkpoint=tmp_path)
+    assert moe.layout["dtype"] == torch.bfloat16
     assert torch.equal(logits(m, ids), want)
 
 
@@ -707,6 +731,13 @@ def test_bad_input_raises_clear_errors(tmp_path, monkeypatch):
         strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path / "missing" / "swap")
     with pytest.raises(strata.InvalidArgumentError, match="nvme_miss_cost"):
         strata.moe.offload(m, host_bytes=EXPERT_BYTES * 2, nvme_path=tmp_path, nvme_miss_cost=0.0)
+    # The slots go where the model is computed, or the call is refused
+    # before the model changes (not in the first forward, with the model's
+    # experts already gone).
+    with pytest.raises(strata.InvalidArgumentError, match="the model is on cpu, and device='cuda'"):
+        strata.moe.offload(m, device="cuda")
+    with pytest.raises(strata.InvalidArgumentError, match="device must be 'sim', 'cuda' or 'auto', not 'gpu'"):
+        strata.moe.offload(m, device="gpu")
     # A failed offload leaves the model as it was.
     assert m.model.layers[0].mlp.experts.gate_up_proj.shape == (EXPERTS, 2 * INTER, HIDDEN)
     # Sizes as accelerate reads them, a lower-case b in bits.
