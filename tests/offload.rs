@@ -1615,3 +1615,40 @@ fn a_failed_register_leaves_the_cache_as_it_was() {
         assert!(got.iter().all(|&b| b == byte), "layer {layer}");
     }
 }
+
+/// A pin taken through an expert's buffer outlives its fetch (a view kept
+/// by the caller, as a DLPack tensor from Python can be): the expert keeps
+/// its slot, and the cache evicts another, so that what it counts resident
+/// is what is in device memory.
+#[test]
+fn an_expert_pinned_through_its_buffer_is_no_victim() {
+    use strata::tier::Tier;
+    const P: usize = 64 << 10;
+    let mut c = ExpertCache::new(MoeConfig::new(2, P as u64, 8 * P as u64)).unwrap();
+    for e in 0..3u32 {
+        c.register(0, e, &vec![e as u8 + 1; P]).unwrap();
+    }
+    let c = std::sync::Arc::new(c);
+    let kept = {
+        let pin = c.fetch_owned(0, 0).unwrap();
+        pin.buffer()
+            .pin_read_owned(0..P as u64, Tier::Device)
+            .unwrap()
+    };
+    drop(c.fetch(0, 1).unwrap());
+    drop(c.fetch(0, 2).unwrap());
+    let tier = |e: u32| {
+        let pin = c.fetch_owned(0, e).unwrap();
+        pin.buffer().tier_of(0).unwrap()
+    };
+    assert!(
+        c.is_resident(0, 0).unwrap(),
+        "the pinned expert keeps its slot"
+    );
+    assert!(!c.is_resident(0, 1).unwrap(), "the other one made the room");
+    assert!(c.is_resident(0, 2).unwrap());
+    let before = c.stats();
+    assert_eq!(tier(0), Some(Tier::Device));
+    assert_eq!(c.stats().hits, before.hits + 1);
+    drop(kept);
+}

@@ -951,7 +951,10 @@ impl ExpertCache {
     }
 
     /// The victim for a new expert of `layer`: unpinned, and unprotected
-    /// unless `demand` allows taking the oldest protected one.
+    /// unless `demand` allows taking the oldest protected one. Unpinned
+    /// means by anyone: a pin taken through the expert's buffer (a view
+    /// that outlived its fetch) keeps its pages in device memory, where an
+    /// eviction would leave them while the cache counted the slot free.
     fn victim(&self, s: &State, layer: u32, demand: bool) -> Option<usize> {
         let protect = |m: &Meta| {
             m.protected_since
@@ -962,6 +965,7 @@ impl ExpertCache {
                 m.resident
                     && m.pins == 0
                     && (!self.config.per_layer || self.experts[*i].layer == layer)
+                    && !self.experts[*i].buffer.any_pinned()
             })
         };
         let unprotected = candidates()
@@ -1026,19 +1030,18 @@ impl ExpertCache {
     /// Evicts `victim` back to the host tier (or below); `incoming`, the
     /// expert it makes room for, keeps its place in host memory.
     fn evict(&self, s: &mut State, victim: usize, incoming: Option<usize>) -> Result<()> {
-        // The victim's move, if one was started, is waited for. On a shared
-        // runtime a prefetch that found no room is no error of this
-        // eviction; otherwise its error is returned once the eviction is
-        // done (whatever pages it moved are moved back all the same).
-        let failed = match s.meta[victim].ticket.take() {
-            Some(t) => {
-                // What has not started of it never will: it would only be
-                // moved back.
-                self.experts[victim].buffer.cancel(&t);
-                t.wait().err().filter(|_| !self.shared)
-            }
-            None => None,
-        };
+        // The victim's move, if one was started, is waited for. Its failure
+        // (a read error, or on a shared runtime no room) is no error of this
+        // eviction nor of the call that needed the room: the expert's copy
+        // below is intact, whatever pages did arrive are moved back, and a
+        // later fetch of the expert moves it again (and reports an error
+        // that persists).
+        if let Some(t) = s.meta[victim].ticket.take() {
+            // What has not started of it never will: it would only be
+            // moved back.
+            self.experts[victim].buffer.cancel(&t);
+            let _ = t.wait();
+        }
         // The pages move first: if that fails, the victim is still
         // resident as far as the cache counts (its pages are still there).
         if s.meta[victim].nvme_copy && s.host_slots > 0 && s.in_host >= s.host_slots {
@@ -1061,7 +1064,7 @@ impl ExpertCache {
             m.in_host = true;
             s.in_host += 1;
         }
-        failed.map_or(Ok(()), Err)
+        Ok(())
     }
 
     /// The host tier is full as `victim` leaves device memory: the expert
@@ -1220,30 +1223,31 @@ impl ExpertCache {
         // On a shared runtime, background eviction or the balancer may
         // have moved an unpinned expert out of device memory: a miss, its
         // slot still the cache's.
-        // A prefetch on its way is waited for first. On a shared runtime
-        // one that failed (its room taken by others) is no error: the pin
-        // below moves the expert.
+        // A prefetch on its way is waited for first. One that failed (a
+        // read error; on a shared runtime also its room taken by others) is
+        // no error of this fetch: a miss, which the pin below moves again
+        // (and whose error, if it persists, it returns).
         let mut prefetch_failed = false;
         let mut tier = Tier::Device;
         let mut missed = false;
         if s.meta[i].resident {
             if let Some(t) = s.meta[i].ticket.take() {
-                if let Err(e) = t.wait() {
-                    if !self.shared {
-                        return Err(e);
-                    }
-                    prefetch_failed = true;
-                }
+                prefetch_failed = t.wait().is_err();
             }
         }
         let displaced = self.shared
             && s.meta[i].resident
             && s.meta[i].pins == 0
             && (prefetch_failed || !self.in_device(i));
-        if displaced {
-            s.stats.displaced += 1;
+        if displaced || (prefetch_failed && s.meta[i].pins == 0) {
+            s.stats.displaced += u64::from(displaced);
             s.meta[i].protected_since = None;
             s.meta[i].ahead = false;
+            // The failed move's modelled transfer goes with it: the
+            // demand transfer below is the one the fetch waits for.
+            if let (Some(c), true) = (&mut s.clock, s.meta[i].in_flight) {
+                s.stats.bytes_moved -= c.cancel(i, &mut s.meta);
+            }
             let from_nvme = !s.meta[i].in_host;
             self.demand_transfer(s, i, bytes, from_nvme);
         } else if s.meta[i].resident {
@@ -1311,7 +1315,10 @@ impl ExpertCache {
     /// already resident or read in place are skipped, so a caller that caps its predictions
     /// does better to cap those that need a read ([`is_ready`](Self::is_ready)
     /// false), as `strata.moe` does; predictions for which no unprotected
-    /// slot can be freed are dropped. Returns how many moves started.
+    /// slot can be freed are dropped. Returns how many moves started. A
+    /// move that fails later (a read error) is nobody's error: the expert's
+    /// copy below is intact, and its fetch moves it again, returning the
+    /// error only if that move fails too.
     pub fn prefetch(&self, layer: u32, experts: &[u32]) -> Result<usize> {
         if self.config.eviction == Eviction::NoCache {
             return Ok(0);
@@ -1754,3 +1761,7 @@ pub fn parse_routing(text: &str, source: &str) -> Result<RoutingTrace> {
     out.experts = experts;
     Ok(out)
 }
+
+#[cfg(test)]
+#[path = "moe_faults.rs"]
+mod faults;
