@@ -1354,7 +1354,9 @@ impl ExpertCache {
     /// prefetch these are misses in the stats (`reads_ahead`), not
     /// predictions. Experts already resident are skipped, and so are those
     /// for which no unpinned, unprotected slot can be freed (their fetch
-    /// makes room itself). Returns how many reads started.
+    /// makes room itself). Returns how many reads started. Fetch the
+    /// layer's resident experts first, as `strata.moe` does: one left
+    /// unpinned may be the victim that makes room for another's read.
     pub fn read_ahead(&self, layer: u32, experts: &[u32]) -> Result<usize> {
         if self.config.eviction == Eviction::NoCache {
             return Ok(0);
