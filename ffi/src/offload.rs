@@ -668,9 +668,10 @@ unsafe fn start_moves(
 /// read. These are misses in the stats (`reads_ahead`), not prefetches.
 /// Experts already resident, and those no unprotected slot can be freed
 /// for, are skipped. Fetch the layer's resident experts first: one left
-/// unpinned may be the victim that makes room for another's read. Stores how many reads started in `*started` if not
-/// NULL; a misaligned `started`, or an expert not registered
-/// (`STRATA_ERR_NOT_FOUND`), is refused before any read starts.
+/// unpinned may be the victim that makes room for another's read. Stores
+/// how many reads started in `*started` if not NULL; a misaligned
+/// `started`, or an expert not registered (`STRATA_ERR_NOT_FOUND`), is
+/// refused before any read starts.
 /// Thread-safe.
 ///
 /// # Safety
