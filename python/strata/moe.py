@@ -1096,10 +1096,10 @@ def _checkpoint(path) -> Dict[str, Any]:
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
 
-def _checkpoint_dtype(checkpoint, block) -> torch.dtype:
-    """The dtype of `block`'s experts in the checkpoint."""
+def _checkpoint_dtype(checkpoint, where, block) -> torch.dtype:
+    """The dtype of `block`'s experts in the checkpoint (`where`: its
+    tensors' files, from _checkpoint)."""
     key = f"{block.name}.{next(iter(block.tensors()))}"
-    where = _checkpoint(checkpoint)
     if key not in where:
         raise InvalidArgumentError(f"checkpoint {os.fspath(checkpoint)!r} has no tensor {key!r}")
     name = where[key].get_slice(key).get_dtype()
@@ -1108,10 +1108,10 @@ def _checkpoint_dtype(checkpoint, block) -> torch.dtype:
     return _SAFETENSORS_DTYPES[name]
 
 
-def _expert_source(blocks, checkpoint):
+def _expert_source(blocks, checkpoint, where):
     """A function (block, expert) -> (gate_up [2I, H], down [H, I]) reading
     the model's own tensors or, for experts on the meta device, the
-    checkpoint (one expert at a time)."""
+    checkpoint (one expert at a time; `where`: its tensors' files)."""
     meta = [b.name for b in blocks if any(t.device.type == "meta" for t in b.tensors().values())]
     if checkpoint is None:
         if meta:
@@ -1120,7 +1120,6 @@ def _expert_source(blocks, checkpoint):
                 "safetensors the model was saved to) to read them from"
             )
         return lambda b, x: b.expert({n: t.detach() for n, t in b.tensors().items()}, x)
-    where = _checkpoint(checkpoint)
     for b in blocks:
         for t, own in b.tensors().items():
             key = f"{b.name}.{t}"
@@ -1149,7 +1148,7 @@ def _expert_source(blocks, checkpoint):
     return read
 
 
-def _biases(b, checkpoint, dtype):
+def _biases(b, checkpoint, where, dtype):
     """A transposed block's experts' biases (gate_up [E, 2I], down [E, H]):
     the model's, or the checkpoint's for experts on the meta device, in the
     experts' dtype (a model built on the meta device has the config's
@@ -1160,7 +1159,6 @@ def _biases(b, checkpoint, dtype):
         return [t.detach().clone() for t in own]
     if checkpoint is None:
         raise InvalidArgumentError(f"the expert biases of {b.name} are on the meta device: pass checkpoint=")
-    where = _checkpoint(checkpoint)
     out = []
     for n, t in zip(names, own):
         key = f"{b.name}.{n}"
@@ -1304,7 +1302,9 @@ def offload(
     on_meta = first.device.type == "meta"
     # Experts left on the meta device take the checkpoint's dtype (a model
     # built under init_empty_weights has the config's default there).
-    dtype = _checkpoint_dtype(checkpoint, blocks[0]) if on_meta and checkpoint is not None else first.dtype
+    # The checkpoint's files, opened once for the whole call.
+    where = _checkpoint(checkpoint) if checkpoint is not None else None
+    dtype = _checkpoint_dtype(checkpoint, where, blocks[0]) if on_meta and where is not None else first.dtype
     if dtype not in _DTYPES:
         raise InvalidArgumentError(f"experts of dtype {dtype} are not supported (use float32, float16 or bfloat16)")
     for b in blocks:
@@ -1316,7 +1316,7 @@ def offload(
             != (blocks[0].transposed, blocks[0].dense, blocks[0].split, blocks[0].grouped)
         ):
             raise InvalidArgumentError(f"{b.name}: every MoE block must have experts of the same layout and dtype")
-    source = _expert_source(blocks, checkpoint)
+    source = _expert_source(blocks, checkpoint, where)
     elt = dtype.itemsize
     gate_up_bytes = two_i * h * elt
     down_bytes = h * i * elt
@@ -1421,7 +1421,7 @@ def offload(
     # Everything that can fail comes before the model changes: the biases,
     # the trace file, every expert registered. A failed offload leaves the
     # model as it was.
-    biases = {b.index: _biases(b, checkpoint, dtype) for b in blocks if b.transposed and not b.dense}
+    biases = {b.index: _biases(b, checkpoint, where, dtype) for b in blocks if b.transposed and not b.dense}
     # Opened to append: a trace already there is replaced only once the
     # offload has succeeded (and a file this call created goes if it fails).
     existed = record_routing is not None and os.path.exists(record_routing)
