@@ -1960,7 +1960,9 @@ int strata_map_free(struct strata_map *map);
  * `STRATA_ACCESS_READ_ONLY` pages may still be promoted (the old copy stays
  * valid until the last launch ends) and writes through strata are refused.
  * `STRATA_ERR_OUT_OF_CAPACITY` when the memory tiers cannot hold the whole
- * buffer; `STRATA_ERR_CLOSED` when the map's buffer was freed (or its
+ * buffer; `STRATA_ERR_INVALID_ARGUMENT` while a launch of the buffer in the
+ * other mode is live (read-only and read-write launches exclude each
+ * other); `STRATA_ERR_CLOSED` when the map's buffer was freed (or its
  * runtime destroyed). End it with `strata_launch_end`. Thread-safe.
  *
  * # Safety

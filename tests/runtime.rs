@@ -424,6 +424,44 @@ fn moves_never_starve_a_reserved_first_write() {
     }
 }
 
+/// Read-only and read-write launches of one buffer exclude each other: a
+/// read-only launch's kernels read the bytes as unchanging (on the
+/// simulated device as `&[u8]`, `Reader::page`), which a read-write
+/// launch's kernels would write under them. Launches of one mode overlap.
+#[test]
+fn read_only_and_read_write_launches_of_a_buffer_exclude_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tiny(dir.path(), engines()[0].1.clone(), 32);
+    let b = rt.alloc(2 * PAGE as u64).unwrap();
+    b.write(0, &[1; 2 * PAGE]).unwrap();
+    let map = b.device_map().unwrap();
+    let (ro, ro2) = (
+        map.prepare(Access::ReadOnly).unwrap(),
+        map.prepare(Access::ReadOnly).unwrap(),
+    );
+    let e = map.prepare(Access::ReadWrite).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(
+        e.message()
+            .contains("read-only launch of the buffer is live"),
+        "{e}"
+    );
+    assert_eq!(ro.load::<u8>(0), 1);
+    drop((ro, ro2));
+    let (rw, rw2) = (
+        map.prepare(Access::ReadWrite).unwrap(),
+        map.prepare(Access::ReadWrite).unwrap(),
+    );
+    let e = map.prepare(Access::ReadOnly).unwrap_err();
+    assert!(
+        e.message()
+            .contains("read-write launch of the buffer is live"),
+        "{e}"
+    );
+    drop((rw, rw2));
+    drop(map.prepare(Access::ReadOnly).unwrap());
+}
+
 /// Device maps: `prepare` stages NVMe pages into memory and counts the
 /// faults; under a read-only launch writes are refused, demotions wait and a
 /// promotion swaps the map entry while the old copy stays valid until the

@@ -1075,8 +1075,14 @@ fn step(w: &World, rng: &mut Rng) {
             let bad = ptr
                 .status()
                 .also((access == 7).then_some(STRATA_ERR_INVALID_ARGUMENT));
-            // CLOSED: the map's buffer was freed.
-            let ok = [0, STRATA_ERR_OUT_OF_CAPACITY, STRATA_ERR_CLOSED];
+            // CLOSED: the map's buffer was freed; INVALID_ARGUMENT: a launch
+            // of the buffer in the other mode is live.
+            let ok = [
+                0,
+                STRATA_ERR_OUT_OF_CAPACITY,
+                STRATA_ERR_CLOSED,
+                STRATA_ERR_INVALID_ARGUMENT,
+            ];
             if check("strata_map_prepare", st, w.seen_making(p), bad, &ok) {
                 // SAFETY: written by the call.
                 let l = unsafe { *out };

@@ -91,7 +91,10 @@ impl DeviceMap {
     /// Makes every page addressable by kernels (NVMe pages staged into a
     /// memory tier, never-written pages materialized as zeros), fills the
     /// map and returns the launch guard. Fails with `OutOfCapacity` when the
-    /// memory tiers cannot hold the whole buffer.
+    /// memory tiers cannot hold the whole buffer, and with `InvalidArgument`
+    /// while a launch of the buffer in the other mode is live (read-only and
+    /// read-write launches exclude each other; launches of one mode may
+    /// overlap) or a borrowed view forbids it.
     pub fn prepare(&self, access: Access) -> Result<Launch<'_>> {
         let table = &self.table;
         {
@@ -106,6 +109,20 @@ impl DeviceMap {
                 return Err(Error::invalid(
                     "a borrowed view of the buffer is live (Buffer::view): read-write launches, and any launch during a mutable view, wait until it drops",
                 ));
+            }
+            // A read-only launch lends its kernels the bytes as unchanging
+            // (on the simulated device as `&[u8]`: Reader::page), which a
+            // read-write launch of the same buffer could write under them.
+            let other = match access {
+                Access::ReadOnly => l.read_write,
+                Access::ReadWrite => l.read_only,
+            };
+            if other > 0 {
+                return Err(Error::invalid(format!(
+                    "a {} launch of the buffer is live: a {} launch waits until it ends (read-only launches read the bytes as unchanging)",
+                    if access == Access::ReadOnly { "read-write" } else { "read-only" },
+                    if access == Access::ReadOnly { "read-only" } else { "read-write" },
+                )));
             }
             match access {
                 Access::ReadOnly => l.read_only += 1,
