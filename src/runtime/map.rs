@@ -28,6 +28,7 @@ use std::sync::Arc;
 use super::accounting::Counters;
 use super::inner::Inner;
 use super::mapping::MapShared;
+use super::page::one_more;
 use super::record::TraceSink;
 use super::request::{Priority, Request, Source};
 use super::table::{lost, Lost, Resident, Table, Zero};
@@ -125,8 +126,8 @@ impl DeviceMap {
                 )));
             }
             match access {
-                Access::ReadOnly => l.read_only += 1,
-                Access::ReadWrite => l.read_write += 1,
+                Access::ReadOnly => one_more(&mut l.read_only),
+                Access::ReadWrite => one_more(&mut l.read_write),
             }
         }
         // From here the guard ends the launch on every way out.

@@ -48,6 +48,17 @@ pub(crate) enum Loc<S = Slot> {
 
 pub(crate) use Loc::{Lost, Resident, Zero};
 
+/// One more holder of a count that keeps memory in place (a page's pins, a
+/// buffer's views and launches). A count that wrapped to zero would let the
+/// runtime move or free what a holder still reads, and guards can be leaked
+/// in safe code (`mem::forget`), so this aborts rather than wrap, as `Arc`
+/// does with its count: reached only by leaking 2^32 guards.
+pub(crate) fn one_more(count: &mut u32) {
+    *count = count
+        .checked_add(1)
+        .unwrap_or_else(|| std::process::abort());
+}
+
 /// One page-table entry.
 #[derive(Debug)]
 pub(crate) struct Entry<S = Slot> {
@@ -294,7 +305,7 @@ impl<S> Entry<S> {
     /// clean copy comes back for the caller to free (a read-only pin keeps
     /// both: the bytes do not change). True for the page's first pin.
     pub(crate) fn pin(&mut self, writable: bool) -> (bool, Option<(Tier, S)>) {
-        self.pins += 1;
+        one_more(&mut self.pins);
         let stale = if writable { self.note_write() } else { None };
         (self.pins == 1, stale)
     }

@@ -24,6 +24,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::buffer::Buffer;
+use super::page::one_more;
 use super::pin::{OwnedPin, Pin};
 use crate::error::{Error, Result};
 use crate::tier::Tier;
@@ -102,7 +103,7 @@ impl Buffer {
                     "a read-write kernel launch of this buffer is live: views wait until it ends",
                 ));
             }
-            l.views += 1;
+            one_more(&mut l.views);
         }
         let mut view = View {
             pin: None,
@@ -206,7 +207,7 @@ impl Buffer {
                 "a kernel launch of this buffer is live: a mutable view waits until it ends",
             ));
         }
-        l.views += 1;
+        one_more(&mut l.views);
         l.exclusive = true;
         Ok(())
     }
