@@ -117,17 +117,22 @@ impl HostStore {
     pub fn bytes<'a>(&'a self, slot: &'a Slot) -> Result<&'a [u8]> {
         let ptr = self.slot_ptr(slot)?;
         // SAFETY: `slot_ptr` checked the slot is ours, so `ptr..ptr+page_size`
-        // lies inside the arena; the caller holds `&Slot`, and the only way to
-        // get `&mut [u8]` to the same bytes is through `&mut Slot`, which the
-        // borrow checker keeps exclusive.
+        // lies inside the arena. Rust code gets `&mut [u8]` to these bytes
+        // only through `&mut Slot` (exclusive by the borrow checker, and the
+        // caller holds `&Slot`) or through a mutable view of a pinned page,
+        // which holds `&mut Buffer`, so nothing reads that buffer's pages
+        // through the runtime while it lives; writes through a pin's raw
+        // address are the holder's to order (see `runtime/view.rs`).
         Ok(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), self.page_size) })
     }
 
     /// The bytes of a slot, writable.
     pub fn bytes_mut<'a>(&'a self, slot: &'a mut Slot) -> Result<&'a mut [u8]> {
         let ptr = self.slot_ptr(slot)?;
-        // SAFETY: as in `bytes`; `&mut Slot` is the unique token for these
-        // bytes, so no other reference to them exists while this one lives.
+        // SAFETY: as in `bytes`; `&mut Slot` is the runtime's unique token
+        // for these bytes, and a page lent out (pinned, perhaps viewed
+        // mutably) is never written through the store: the copy paths and
+        // moves refuse pinned pages.
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.page_size) })
     }
 
