@@ -130,9 +130,10 @@ impl HostStore {
     pub fn bytes_mut<'a>(&'a self, slot: &'a mut Slot) -> Result<&'a mut [u8]> {
         let ptr = self.slot_ptr(slot)?;
         // SAFETY: as in `bytes`; `&mut Slot` is the runtime's unique token
-        // for these bytes, and a page lent out (pinned, perhaps viewed
-        // mutably) is never written through the store: the copy paths and
-        // moves refuse pinned pages.
+        // for these bytes, and no slice lent out of them lives meanwhile: a
+        // borrowed view or a read-only launch (whose kernels may hold
+        // `&[u8]`) refuses writes through the runtime, and a mutable view
+        // holds `&mut Buffer`.
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.page_size) })
     }
 
