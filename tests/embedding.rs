@@ -298,3 +298,65 @@ fn concurrent_gathers_under_a_background_balancer_read_what_was_written() {
     assert_eq!(table.stats().lookups, 3 * 40 * 64);
     rt.check().unwrap();
 }
+
+/// A row across a page boundary, written by one thread while another
+/// updates it or writes it too (no row cache): each call applies whole, so
+/// the row ends as one order or the other made it, never half of each.
+#[test]
+fn a_row_across_two_pages_is_written_and_updated_whole() {
+    for placement in [Tier::Host, Tier::Nvme] {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = Runtime::builder()
+            .page_size(PAGE)
+            .host(64 * PAGE as u64)
+            .nvme(NvmeConfig::new(dir.path(), 256 * PAGE as u64, PAGE))
+            .background_eviction(false)
+            .build()
+            .unwrap();
+        let dim = 300;
+        let options = TableOptions {
+            placement: strata::runtime::Placement::Prefer(placement),
+            ..TableOptions::default()
+        };
+        let t = EmbeddingTable::with_options(&rt, 32, dim, options).unwrap();
+        t.write_rows(0, &vec![0.0; 32 * dim]).unwrap();
+        // Row 3 is bytes 3 600..4 800: pages 0 and 1.
+        let r = 3i64;
+        let rounds = 200;
+        let barrier = std::sync::Barrier::new(3);
+        let torn = std::thread::scope(|s| {
+            let (t, b) = (&t, &barrier);
+            s.spawn(move || {
+                for k in 0..rounds {
+                    b.wait();
+                    t.write_rows(r, &vec![(k * 10) as f32; dim]).unwrap();
+                    b.wait();
+                }
+            });
+            s.spawn(move || {
+                for k in 0..rounds {
+                    b.wait();
+                    if k % 2 == 0 {
+                        t.sgd(&[r], &vec![1.0; dim], 1.0).unwrap();
+                    } else {
+                        t.write_rows(r, &vec![-7.0; dim]).unwrap();
+                    }
+                    b.wait();
+                }
+            });
+            let mut torn = 0;
+            for _ in 0..rounds {
+                b.wait();
+                b.wait();
+                let mut got = vec![0.0f32; dim];
+                t.read_rows(&[r], &mut got).unwrap();
+                torn += usize::from(got.iter().any(|&x| x != got[0]));
+            }
+            torn
+        });
+        assert_eq!(
+            torn, 0,
+            "{placement:?}: {torn} of {rounds} rounds left a row half written"
+        );
+    }
+}

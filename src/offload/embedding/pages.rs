@@ -90,24 +90,25 @@ impl Rows<'_> {
         (self.buf.len() - p * self.page).min(self.page) as usize
     }
 
-    /// Writes `data` at byte `at`, in page-aligned pieces on the worker
-    /// threads (an NVMe page's write is synchronous: loading a table keeps
-    /// that many in flight).
+    /// Writes `data` (whole rows) at byte `at` (a row's start), in pieces
+    /// of whole rows on the worker threads (an NVMe page's write is
+    /// synchronous: loading a table keeps that many in flight).
     pub(super) fn write_parallel(&self, at: u64, data: &[u8]) -> Result<()> {
+        let row = self.row_bytes() as usize;
+        debug_assert!(at % row as u64 == 0 && data.len() % row == 0);
         let page = self.page as usize;
-        // The first piece ends at a page boundary, the others are whole pages.
-        let head = ((self.page - at % self.page) % self.page) as usize;
-        let head = head.min(data.len());
-        self.write_pages(at, &data[..head])?;
-        let rest = &data[head..];
-        let pages = rest.len().div_ceil(page);
-        let per = pages.div_ceil(self.threads.max(1)).max(1) * page;
+        let pages = data.len().div_ceil(page);
+        // About an equal share of the pages each, cut between rows.
+        let per = (pages.div_ceil(self.threads.max(1)).max(1) * page).div_ceil(row) * row;
+        if data.len() <= per {
+            return self.write_pages(at, data);
+        }
         let errors: Vec<Error> = std::thread::scope(|s| {
-            let workers: Vec<_> = rest
+            let workers: Vec<_> = data
                 .chunks(per)
                 .enumerate()
                 .map(|(k, piece)| {
-                    let off = at + (head + k * per) as u64;
+                    let off = at + (k * per) as u64;
                     s.spawn(move || self.write_pages(off, piece))
                 })
                 .collect();
@@ -119,18 +120,23 @@ impl Rows<'_> {
         first_error(errors)
     }
 
-    /// Writes `data` at byte `at` a page at a time, each under its page's
-    /// lock.
+    /// Writes `data` (whole rows) at byte `at` (a row's start), the rows
+    /// that start in one page at a time, under the locks of every page they
+    /// span: a row across a page boundary is written whole, as an update
+    /// of it (which holds the same locks) sees it, never half.
     fn write_pages(&self, at: u64, data: &[u8]) -> Result<()> {
+        let row = self.row_bytes();
+        let end = at + data.len() as u64;
         let mut off = at;
-        let mut rest = data;
-        while !rest.is_empty() {
-            let n = ((self.page - off % self.page) as usize).min(rest.len());
-            let p = off / self.page;
-            let _held = self.locks.hold(p..=p);
-            self.buf.write(off, &rest[..n])?;
-            off += n as u64;
-            rest = &rest[n..];
+        while off < end {
+            let first = off / self.page;
+            // The rows that start before the next page does.
+            let rows = ((first + 1) * self.page - off).div_ceil(row).max(1);
+            let stop = (off + rows * row).min(end);
+            let _held = self.locks.hold(first..=(stop - 1) / self.page);
+            self.buf
+                .write(off, &data[(off - at) as usize..(stop - at) as usize])?;
+            off = stop;
         }
         Ok(())
     }
