@@ -360,3 +360,39 @@ fn a_row_across_two_pages_is_written_and_updated_whole() {
         );
     }
 }
+
+/// A row a gather fills into the row cache counts as one access of its
+/// page, as a lookup of the table without a cache does: the bytes read for
+/// the fill are the ones pooled (read again, its page looked twice as hot
+/// to the balancer as an NVMe page, whose lookups count once).
+#[test]
+fn a_row_filled_into_the_row_cache_counts_once_as_an_access_of_its_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(64 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir.path(), 64 * PAGE as u64, PAGE))
+        .sampling(Some(0))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    // 16 floats a row: rows 0..64 are page 0.
+    let dim = 16;
+    let accesses = |cache: Option<usize>| {
+        let options = TableOptions {
+            placement: strata::runtime::Placement::Prefer(Tier::Host),
+            row_cache: cache.map(RowCacheOptions::new),
+            ..TableOptions::default()
+        };
+        let t = EmbeddingTable::with_options(&rt, 64, dim, options).unwrap();
+        t.write_rows(0, &vec![1.0; 64 * dim]).unwrap();
+        let map = t.buffer().device_map().unwrap();
+        let before = map.counts()[0];
+        let mut out = vec![0.0; dim];
+        t.gather(&Bags::new(&[5, 6, 7, 8], &[0, 4]), &mut out)
+            .unwrap();
+        assert_eq!(out, vec![4.0; dim]);
+        map.counts()[0] - before
+    };
+    assert_eq!(accesses(Some(8)), accesses(None));
+}

@@ -725,32 +725,46 @@ impl EmbeddingTable {
     ) -> Result<Lookups> {
         self.write_back(cache)?;
         let dim = self.dim;
-        let mut looks: Vec<Look> = Vec::with_capacity(bags.indices.len());
+        // Where each lookup's row comes from for the pooling.
+        enum From {
+            /// A hit, read from its slot into `staged` (in order).
+            Slot,
+            /// A row filled by this call: the `k`-th of `filled` (its
+            /// miss or a repeat of it), read once for its fill.
+            Fill(usize),
+            /// Not cached: read from the table.
+            Table,
+        }
+        let mut looks: Vec<From> = Vec::with_capacity(bags.indices.len());
         let mut staged: Vec<f32> = Vec::new();
         let mut need: Vec<i64> = Vec::new();
         let mut filled: Vec<(u32, u64)> = Vec::new();
         let mut row = vec![0f32; dim];
         let served = cache.with_slots(|slots| {
-            let mut fresh = std::collections::HashSet::new();
+            // The slots filled by this call, and which of `filled` each is.
+            let mut fresh = std::collections::HashMap::new();
             for b in 0..bags.len() {
                 for (r, _) in bag_rows(bags, b) {
                     let look = match slots.lookup(r) {
-                        Look::Cached(s) if !fresh.contains(&s) => {
-                            slots.read(s, &mut row);
-                            staged.extend_from_slice(&row);
-                            Look::Cached(s)
-                        }
-                        // Admitted earlier in this call: its miss fetched it.
-                        Look::Cached(_) => Look::Table,
+                        Look::Cached(s) => match fresh.get(&s) {
+                            // Admitted earlier in this call: its miss
+                            // fetched it.
+                            Some(&k) => From::Fill(k),
+                            None => {
+                                slots.read(s, &mut row);
+                                staged.extend_from_slice(&row);
+                                From::Slot
+                            }
+                        },
                         Look::Fill(s) => {
-                            fresh.insert(s);
+                            fresh.insert(s, filled.len());
                             filled.push((s, r));
                             need.push(r as i64);
-                            Look::Fill(s)
+                            From::Fill(filled.len() - 1)
                         }
                         Look::Table => {
                             need.push(r as i64);
-                            Look::Table
+                            From::Table
                         }
                     };
                     looks.push(look);
@@ -793,12 +807,15 @@ impl EmbeddingTable {
             dst.fill(0.0);
             let mut kept = 0;
             for (r, w) in bag_rows(bags, b) {
+                // A filled row is pooled from the bytes read for its fill:
+                // read again, it would count twice as an access of its page.
                 match looks[i] {
-                    Look::Cached(_) => {
+                    From::Slot => {
                         row.copy_from_slice(&staged[k * dim..(k + 1) * dim]);
                         k += 1;
                     }
-                    _ => io.row(&fetched, r, &mut row)?,
+                    From::Fill(f) => row.copy_from_slice(&rows[f * dim..(f + 1) * dim]),
+                    From::Table => io.row(&fetched, r, &mut row)?,
                 }
                 add_row(dst, &row, w);
                 kept += 1;
