@@ -65,12 +65,15 @@ pub enum Update<'s> {
     },
 }
 
-/// Runs `f` on a copy of `out`, written back once `f` has succeeded.
+/// Runs `f` on a copy of `out` (strata's own memory lent out: a pinned
+/// page's view), written back once `f` has returned, failed or not.
 fn through_copy<R>(out: &mut [f32], f: impl FnOnce(&mut [f32]) -> Result<R>) -> Result<R> {
     let mut copy = out.to_vec();
-    let r = f(&mut copy)?;
+    let r = f(&mut copy);
+    // Back on error too: what the call did to it (an update's accumulators
+    // of the rows that took their step) stays as it would without the copy.
     out.copy_from_slice(&copy);
-    Ok(r)
+    r
 }
 
 /// Lookups a gather pools on the calling thread alone, below which a
