@@ -1569,3 +1569,37 @@ fn a_prefetch_with_the_tiers_below_full_is_out_of_capacity_not_declined() {
     a.read(0, &mut back).unwrap();
     assert_eq!(back, a_data);
 }
+
+/// A launch over pages on NVMe when memory is full and NVMe's every slot
+/// is taken, some by clean copies of the pages in memory: demoting those
+/// pages onto their copies makes the room, with no I/O and no free slot.
+#[test]
+fn a_launch_makes_room_over_clean_copies_when_nvme_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(2 * PAGE as u64)
+        .nvme(NvmeConfig::new(dir.path(), 4 * PAGE as u64, PAGE))
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let a = rt.alloc(2 * PAGE as u64).unwrap();
+    a.write(0, &[1; 2 * PAGE]).unwrap();
+    a.evict(0..a.len(), Tier::Nvme).unwrap();
+    // Back in host memory, each keeping its NVMe copy.
+    a.prefetch(0..a.len(), Tier::Host).wait().unwrap();
+    assert_eq!(rt.stats().tiers[rt.stats().tiers.len() - 1].clean_copies, 2);
+    let b = rt.alloc(2 * PAGE as u64).unwrap();
+    b.write(0, &[2; 2 * PAGE]).unwrap();
+    assert_eq!(
+        (0..2).map(|p| b.tier_of(p).unwrap()).collect::<Vec<_>>(),
+        [Some(Tier::Nvme); 2]
+    );
+    let map = b.device_map().unwrap();
+    let launch = map.prepare(Access::ReadOnly).unwrap();
+    assert_eq!(launch.load::<u8>(PAGE as u64), 2);
+    drop(launch);
+    let mut out = vec![0; 2 * PAGE];
+    a.read(0, &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 1));
+}

@@ -163,11 +163,15 @@ impl DeviceMap {
         let mut left = on_nvme;
         loop {
             // Room for what is left, as far as NVMe can take other pages
-            // (each page staged frees an NVMe slot for the next round).
+            // (each page staged frees an NVMe slot for the next round): in
+            // its free slots, and onto the clean copies it holds of pages in
+            // memory (demoted with no I/O; a full NVMe gives those up for
+            // the others).
             let short = (left.len() + zero).saturating_sub(tiers.free_pages(memory));
             if short > 0 {
-                let nvme_free = tiers.free_pages(&[Tier::Nvme]);
-                self.rt.mover.make_room_for_launch(short.min(nvme_free));
+                let nvme_room = tiers.free_pages(&[Tier::Nvme])
+                    + table.rt.acct.clean_copies(Tier::Nvme) as usize;
+                self.rt.mover.make_room_for_launch(short.min(nvme_room));
             }
             let before = left.len();
             for &t in &staging {
