@@ -236,7 +236,9 @@ impl Engine {
     /// Moves the batches of `victims` out of `room.tier` to the first tier
     /// of `room.to` with room: every batch is submitted before any is
     /// waited for; what found a tier full cascades further down. Returns
-    /// how many moved.
+    /// how many of them left the tier: not a page the move passed over
+    /// (pinned or moved meanwhile) or whose write-out it abandoned to a
+    /// racing write.
     fn demote(
         &self,
         table: &Arc<Table>,
@@ -255,25 +257,21 @@ impl Engine {
             priority: room.priority,
             room: None,
         };
-        let tickets: Vec<(usize, Ticket)> = victims
+        let all: Vec<usize> = victims.iter().flatten().copied().collect();
+        let tickets: Vec<Ticket> = victims
             .into_iter()
             .map(|batch| {
                 let ticket = Ticket::new();
-                let n = batch.len();
                 self.submit(table, request(batch, first), false, &ticket);
-                (n, ticket)
+                ticket
             })
             .collect();
-        let mut moved = 0;
         let mut left = Vec::new();
-        for (n, ticket) in tickets {
+        for ticket in tickets {
             // The pages stay readable (or are counted lost); the error goes
             // to whoever asked for the room.
             match ticket.wait_full() {
-                Ok(full) => {
-                    moved += n - full.len();
-                    left.extend(full);
-                }
+                Ok(full) => left.extend(full),
                 Err(e) => failed(&format!("demoting pages from {tier} to {first}"), e),
             }
         }
@@ -281,16 +279,17 @@ impl Engine {
             if left.is_empty() {
                 break;
             }
-            let full = match self.run(table, request(left.clone(), dst)) {
+            left = match self.run(table, request(left.clone(), dst)) {
                 Ok(full) => full,
                 Err(e) => {
                     failed(&format!("demoting pages from {tier} to {dst}"), e);
                     break;
                 }
             };
-            moved += left.len() - full.len();
-            left = full;
         }
-        moved
+        // The room made is what left the tier, counted where it is now.
+        all.iter()
+            .filter(|&&p| table.pages[p].lock().tier() != Some(tier))
+            .count()
     }
 }
