@@ -1588,7 +1588,7 @@ fn a_launch_makes_room_over_clean_copies_when_nvme_is_full() {
     a.evict(0..a.len(), Tier::Nvme).unwrap();
     // Back in host memory, each keeping its NVMe copy.
     a.prefetch(0..a.len(), Tier::Host).wait().unwrap();
-    assert_eq!(rt.stats().tiers[rt.stats().tiers.len() - 1].clean_copies, 2);
+    assert_eq!(rt.stats().tiers.last().unwrap().clean_copies, 2);
     let b = rt.alloc(2 * PAGE as u64).unwrap();
     b.write(0, &[2; 2 * PAGE]).unwrap();
     assert_eq!(

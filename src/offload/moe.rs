@@ -1235,12 +1235,14 @@ impl ExpertCache {
                 prefetch_failed = t.wait().is_err();
             }
         }
-        let displaced = self.shared
-            && s.meta[i].resident
+        // Moved again: its prefetch failed, or (on a shared runtime) its
+        // pages left device memory; on a shared runtime either is counted
+        // as displaced.
+        let again = s.meta[i].resident
             && s.meta[i].pins == 0
-            && (prefetch_failed || !self.in_device(i));
-        if displaced || (prefetch_failed && s.meta[i].pins == 0) {
-            s.stats.displaced += u64::from(displaced);
+            && (prefetch_failed || (self.shared && !self.in_device(i)));
+        if again {
+            s.stats.displaced += u64::from(self.shared);
             s.meta[i].protected_since = None;
             s.meta[i].ahead = false;
             // The failed move's modelled transfer goes with it: the

@@ -114,15 +114,13 @@ impl DeviceMap {
             // A read-only launch lends its kernels the bytes as unchanging
             // (on the simulated device as `&[u8]`: Reader::page), which a
             // read-write launch of the same buffer could write under them.
-            let other = match access {
-                Access::ReadOnly => l.read_write,
-                Access::ReadWrite => l.read_only,
+            let (others, other, this) = match access {
+                Access::ReadOnly => (l.read_write, "read-write", "read-only"),
+                Access::ReadWrite => (l.read_only, "read-only", "read-write"),
             };
-            if other > 0 {
+            if others > 0 {
                 return Err(Error::invalid(format!(
-                    "a {} launch of the buffer is live: a {} launch waits until it ends (read-only launches read the bytes as unchanging)",
-                    if access == Access::ReadOnly { "read-write" } else { "read-only" },
-                    if access == Access::ReadOnly { "read-only" } else { "read-write" },
+                    "a {other} launch of the buffer is live: a {this} launch waits until it ends (read-only launches read the bytes as unchanging)"
                 )));
             }
             match access {
