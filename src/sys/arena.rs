@@ -49,8 +49,14 @@ impl Arena {
         if len == 0 {
             return Err(Error::invalid("arena size is zero"));
         }
+        // The mapping is one huge page longer (room to align), and the
+        // arena is lent as one slice, which may not exceed `isize::MAX`
+        // bytes. Unchecked, a length near `usize::MAX` wrapped the
+        // mapping's length to 0 (memmap2 then maps one page) behind an
+        // arena claiming the whole length.
         let len = len
             .checked_next_multiple_of(ARENA_ALIGN)
+            .filter(|&l| l <= isize::MAX as usize - ARENA_ALIGN)
             .ok_or_else(|| Error::invalid(format!("arena size {len} is too large")))?;
         let mut map = MmapOptions::new()
             .len(len + ARENA_ALIGN)
@@ -222,6 +228,17 @@ mod tests {
     fn zero_size_is_an_error() {
         assert_eq!(
             Arena::new(0, false, None).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn a_length_the_slack_would_overflow_is_an_error() {
+        // Rounded up it is a whole number of huge pages; the extra huge
+        // page mapped for alignment would take it past `usize::MAX`.
+        let len = usize::MAX - ARENA_ALIGN + 1;
+        assert_eq!(
+            Arena::new(len, false, None).unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
     }
