@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::host::{HostConfig, HostStore};
 use super::slots::Slot;
-use super::store::{PageStore, Tier};
+use super::store::{check_page_len, check_range, PageStore, Tier};
 use crate::error::{Error, ErrorKind, Result};
 pub use crate::link::{LinkModel, Throttle};
 use crate::sys::Topology;
@@ -221,6 +221,10 @@ impl CxlStore {
         &self.host
     }
 
+    /// Runs `f`, a transfer of `bytes`, at the emulated link's pace. Callers
+    /// check their arguments first: a call refused after the pacing would
+    /// have waited for, and counted in the modelled time, bytes that never
+    /// moved.
     fn paced<T>(&self, bytes: usize, f: impl FnOnce() -> T) -> T {
         match &self.throttle {
             Some(t) => t.transfer(bytes, f),
@@ -231,12 +235,18 @@ impl CxlStore {
     /// Copies a page from a host slot into a CXL slot (demotion).
     pub fn copy_from_host(&self, src_store: &HostStore, src: &Slot, dst: &mut Slot) -> Result<()> {
         let bytes = self.host.page_size();
+        check_page_len("source", src_store.page_size(), bytes)?;
+        src_store.check(src)?;
+        self.host.check(dst)?;
         self.paced(bytes, || src_store.copy_page(src, &self.host, dst))
     }
 
     /// Copies a page from a CXL slot into a host slot (promotion).
     pub fn copy_to_host(&self, src: &Slot, dst_store: &HostStore, dst: &mut Slot) -> Result<()> {
         let bytes = self.host.page_size();
+        check_page_len("destination", dst_store.page_size(), bytes)?;
+        self.host.check(src)?;
+        dst_store.check(dst)?;
         self.paced(bytes, || self.host.copy_page(src, dst_store, dst))
     }
 
@@ -278,22 +288,31 @@ impl PageStore for CxlStore {
         self.host.free(slot)
     }
     fn write_page(&self, slot: &mut Slot, data: &[u8]) -> Result<()> {
+        check_page_len("source", data.len(), self.host.page_size())?;
+        self.host.check(slot)?;
         self.paced(data.len(), || self.host.write_page(slot, data))
     }
     fn read_page(&self, slot: &Slot, out: &mut [u8]) -> Result<()> {
+        check_page_len("destination", out.len(), self.host.page_size())?;
+        self.host.check(slot)?;
         let bytes = out.len();
         self.paced(bytes, || self.host.read_page(slot, out))
     }
     fn with_page(&self, slot: &Slot, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        self.host.check(slot)?;
         // The copy `f` makes out of CXL memory is the transfer to pace.
         let bytes = self.host.page_size();
         self.paced(bytes, || self.host.with_page(slot, f))
     }
     fn read_range(&self, slot: &Slot, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_range(offset, out.len(), self.host.page_size())?;
+        self.host.check(slot)?;
         let bytes = out.len();
         self.paced(bytes, || self.host.read_range(slot, offset, out))
     }
     fn write_range(&self, slot: &mut Slot, offset: usize, data: &[u8]) -> Result<()> {
+        check_range(offset, data.len(), self.host.page_size())?;
+        self.host.check(slot)?;
         self.paced(data.len(), || self.host.write_range(slot, offset, data))
     }
     fn emulated(&self) -> bool {
@@ -335,6 +354,39 @@ mod tests {
         s.read_page(&slot, &mut out).unwrap();
         assert_eq!(out, data);
         s.free(slot).unwrap();
+    }
+
+    #[test]
+    fn refused_transfers_are_neither_paced_nor_counted() {
+        let mut cfg = CxlConfig::new(CxlMode::Emulated, 16 * 4096, 4096);
+        cfg.bandwidth = Some(1e9);
+        cfg.latency_ns = 1000;
+        let s = CxlStore::new(&cfg, &Topology::default()).unwrap();
+        let other = CxlStore::new(&cfg, &Topology::default()).unwrap();
+        let host = HostStore::new(&HostConfig::new(1 << 20, 8192)).unwrap();
+        let mut slot = s.alloc().unwrap();
+        let foreign = other.alloc().unwrap();
+        let mut host_slot = host.alloc().unwrap();
+        // A source or destination of the wrong length, a range past the
+        // page, a slot of another store, stores of different page sizes:
+        // each is refused before a byte moves.
+        let mut big = vec![0; 64 << 20];
+        assert!(s.write_page(&mut slot, &big).is_err());
+        assert!(s.read_page(&slot, &mut big).is_err());
+        assert!(s.read_range(&slot, 4000, &mut [0; 200]).is_err());
+        assert!(s.write_range(&mut slot, 4096, &[1]).is_err());
+        assert!(s.read_page(&foreign, &mut [0; 4096]).is_err());
+        assert!(s.with_page(&foreign, &mut |_| Ok(())).is_err());
+        assert!(s.copy_to_host(&slot, &host, &mut host_slot).is_err());
+        assert!(s.copy_from_host(&host, &host_slot, &mut slot).is_err());
+        // (Counted, 128 MiB at 1 GB/s: the calls spun for 134 ms too.)
+        assert_eq!(s.modelled(), Some(Duration::ZERO));
+        // A transfer that happens is still paced and counted.
+        s.write_page(&mut slot, &[7; 4096]).unwrap();
+        assert_eq!(s.modelled(), Some(Duration::from_nanos(4096 + 1000)));
+        s.free(slot).unwrap();
+        other.free(foreign).unwrap();
+        host.free(host_slot).unwrap();
     }
 
     #[test]

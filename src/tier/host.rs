@@ -137,6 +137,11 @@ impl HostStore {
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.page_size) })
     }
 
+    /// Checks that `slot` is one of this store's.
+    pub(crate) fn check(&self, slot: &Slot) -> Result<()> {
+        self.slots.check(slot)
+    }
+
     /// The address of a slot's first byte. Stays valid while the store lives;
     /// dereferencing it is up to the caller (C ABI, device copies).
     pub fn slot_ptr(&self, slot: &Slot) -> Result<NonNull<u8>> {
