@@ -117,11 +117,15 @@ impl SlotAllocator {
 
     /// Ends a copy-then-commit write begun with `alloc_reserve`, freeing
     /// `slot` (the old copy or the failed new one) in the same step.
+    /// Refused, the slot handed back, when no write is in progress.
     pub fn end_borrow(&self, slot: Slot) -> Result<(), (Error, Slot)> {
         if let Err(e) = self.check(&slot) {
             return Err((e, slot));
         }
         let mut list = self.list.lock();
+        if list.borrowed == 0 {
+            return Err((no_borrow(), slot));
+        }
         list.free.push(slot.index);
         list.in_use -= 1;
         list.borrowed -= 1;
@@ -136,7 +140,11 @@ impl SlotAllocator {
         if let Err(e) = self.check(&slot) {
             return Err((e, slot));
         }
-        self.list.lock().borrowed -= 1;
+        let mut list = self.list.lock();
+        if list.borrowed == 0 {
+            return Err((no_borrow(), slot));
+        }
+        list.borrowed -= 1;
         Ok(())
     }
 
@@ -155,7 +163,9 @@ impl SlotAllocator {
         }
     }
 
-    /// Returns a slot. A slot of another store is refused and handed back.
+    /// Returns a slot. A slot of another store is refused and handed back,
+    /// and so is one that can only be a write's reserve slot (every slot in
+    /// use is one): [`SlotAllocator::end_borrow`] ends a write.
     pub fn free(&self, slot: Slot) -> Result<(), (Error, Slot)> {
         if slot.store != self.store || slot.index >= self.capacity {
             return Err((
@@ -167,6 +177,18 @@ impl SlotAllocator {
             ));
         }
         let mut list = self.list.lock();
+        // With every slot in use held by a write, this one is a write's:
+        // freed here, `in_use` would drop below `borrowed`, and `alloc`'s
+        // count of ordinary slots would wrap.
+        if list.in_use == list.borrowed {
+            return Err((
+                Error::invalid(format!(
+                    "slot {} is held by a copy-then-commit write: end it with end_borrow",
+                    slot.index
+                )),
+                slot,
+            ));
+        }
         list.free.push(slot.index);
         list.in_use -= 1;
         Ok(())
@@ -211,6 +233,14 @@ impl SlotAllocator {
     pub fn store_id(&self) -> u64 {
         self.store
     }
+}
+
+/// `end_borrow` with no write in progress: ending it would wrap the count
+/// of borrows, and with it `alloc`'s count of ordinary slots.
+fn no_borrow() -> Error {
+    Error::invalid(
+        "no copy-then-commit write is in progress (no slot was taken with alloc_reserve)",
+    )
 }
 
 #[cfg(test)]
@@ -275,6 +305,34 @@ mod tests {
         b.end_borrow(old).unwrap();
         for s in [new, other] {
             b.free(s).unwrap();
+        }
+    }
+
+    #[test]
+    fn misplaced_ends_of_borrows_are_refused() {
+        let a = SlotAllocator::with_reserve(3, 1);
+        // No copy-then-commit write is in progress: nothing to end.
+        let s = a.alloc().unwrap();
+        let (e, s) = a.end_borrow(s).unwrap_err();
+        assert!(e.message().contains("no copy-then-commit write"), "{e}");
+        let (_, s) = a.end_borrow_keeping(s).unwrap_err();
+        assert_eq!((a.used(), a.used_ordinary()), (1, 1));
+        a.free(s).unwrap();
+        // A write's reserve slot, the only slot in use, given back with
+        // `free` instead of `end_borrow`.
+        let r = a.alloc_reserve().unwrap();
+        let (e, r) = a.free(r).unwrap_err();
+        assert!(e.message().contains("end_borrow"), "{e}");
+        assert_eq!((a.used(), a.used_ordinary()), (1, 0));
+        a.end_borrow(r).unwrap();
+        assert_eq!((a.used(), a.used_ordinary()), (0, 0));
+        // Whole again: two ordinary slots and the reserve.
+        let held: Vec<Slot> = (0..2).map(|_| a.alloc().unwrap()).collect();
+        assert!(a.alloc().is_none());
+        let r = a.alloc_reserve().unwrap();
+        a.end_borrow(r).unwrap();
+        for s in held {
+            a.free(s).unwrap();
         }
     }
 
