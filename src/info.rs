@@ -166,7 +166,14 @@ pub fn gather(config: &Config) -> Info {
                 format!("CPU-less NUMA node {id}"),
                 cxl.check(&topo).err().map(|e| e.message().to_string()),
             ),
-            _ => (
+            // No memory to give it: the runtime refuses such a tier, so
+            // it is a problem here, not an emulated tier.
+            crate::tier::CxlBacking::Absent => (
+                false,
+                "none".into(),
+                cxl.check(&topo).err().map(|e| e.message().to_string()),
+            ),
+            crate::tier::CxlBacking::Emulated => (
                 true,
                 format!(
                     "emulated: DRAM capped at {}, +{} ns per transfer",
@@ -218,5 +225,30 @@ pub fn gather(config: &Config) -> Info {
             }
         }),
         tiers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::{CxlConfig, CxlMode, CxlStore};
+
+    #[test]
+    fn a_cxl_tier_the_machine_cannot_provide_is_a_problem_not_an_emulated_tier() {
+        let topo = Topology::detect();
+        if topo.cpu_less_nodes().next().is_some() {
+            eprintln!("skipping: this machine has a CPU-less node, so auto finds one");
+            return;
+        }
+        let mut config = Config::from_settings(&Default::default(), &topo).unwrap();
+        for mode in [CxlMode::Auto, CxlMode::Off] {
+            let cxl = CxlConfig::new(mode, 1 << 20, config.page_size);
+            let refused = CxlStore::new(&cxl, &topo).unwrap_err();
+            config.cxl = Some(cxl);
+            let info = gather(&config);
+            let tier = info.tiers.iter().find(|t| t.tier == Tier::Cxl).unwrap();
+            assert!(!tier.emulated, "{mode:?}: {tier:?}");
+            assert_eq!(tier.problem.as_deref(), Some(refused.message()), "{mode:?}");
+        }
     }
 }

@@ -140,11 +140,13 @@ pub struct CxlStore {
 }
 
 impl CxlConfig {
-    /// Checks that this machine can provide the tier: real CXL memory must
-    /// hold the capacity (what `strata info` reports and
-    /// [`CxlStore::new`] refuses).
+    /// Checks that this machine can provide the tier: a mode that finds no
+    /// memory (`off`, or `auto` with no CPU-less node) provides none, and
+    /// real CXL memory must hold the capacity (what `strata info` reports
+    /// and [`CxlStore::new`] refuses).
     pub fn check(&self, topology: &Topology) -> Result<()> {
         match self.mode.backing(topology) {
+            CxlBacking::Absent => Err(absent(self.mode)),
             CxlBacking::Node { id, memory_bytes } if self.capacity > memory_bytes => {
                 Err(Error::invalid(format!(
                     "cxl capacity {} exceeds NUMA node {id}'s {}",
@@ -154,6 +156,18 @@ impl CxlConfig {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// Why a mode whose backing is [`CxlBacking::Absent`] gives no tier.
+fn absent(mode: CxlMode) -> Error {
+    if mode == CxlMode::Off {
+        Error::invalid("the CXL tier is configured off")
+    } else {
+        Error::new(
+            ErrorKind::Unsupported,
+            "no CPU-less NUMA node (CXL memory) on this machine; set cxl mode to \"emulated\" to emulate one",
+        )
     }
 }
 
@@ -169,13 +183,7 @@ impl CxlStore {
             numa_node,
         };
         match config.mode.backing(topology) {
-            CxlBacking::Absent if config.mode == CxlMode::Off => {
-                Err(Error::invalid("the CXL tier is configured off"))
-            }
-            CxlBacking::Absent => Err(Error::new(
-                ErrorKind::Unsupported,
-                "no CPU-less NUMA node (CXL memory) on this machine; set cxl mode to \"emulated\" to emulate one",
-            )),
+            CxlBacking::Absent => Err(absent(config.mode)),
             CxlBacking::Node { id, .. } => {
                 config.check(topology)?;
                 Ok(Self {
