@@ -133,7 +133,9 @@ fn parse_mem_total(meminfo: &str) -> u64 {
         .find(|l| l.contains("MemTotal:"))
         .and_then(|l| l.split_whitespace().rev().nth(1))
         .and_then(|kb| kb.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+        // Checked: a size past u64 is as unreadable as a missing one.
+        .and_then(|kb| kb.checked_mul(1024))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -185,6 +187,22 @@ mod tests {
                 nodes: vec![1]
             }
         );
+    }
+
+    #[test]
+    fn a_size_past_u64_reads_as_unknown() {
+        // Unreadable sizes yield 0, as a missing file does, not a panic.
+        let root = tempfile::tempdir().unwrap();
+        let d = root.path().join("devices/system/node/node0");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("cpulist"), "0\n").unwrap();
+        fs::write(
+            d.join("meminfo"),
+            format!("Node 0 MemTotal: {} kB\n", u64::MAX),
+        )
+        .unwrap();
+        let t = Topology::read_from(root.path());
+        assert_eq!(t.numa_nodes[0].memory_bytes, 0);
     }
 
     #[test]
