@@ -89,8 +89,6 @@ impl DeviceStore {
         Ok(self.memory.device_address(self.offset(slot)))
     }
 
-    /// Writes whole pages into slots with the copies queued together and
-    /// waited for once (the link's latency paid once, not per page).
     /// Where a read may land in `slot` directly — its page in the host
     /// memory behind the device's allocation, and the arena that keeps it
     /// mapped — on the simulated device; `None` on a GPU.
@@ -115,6 +113,8 @@ impl DeviceStore {
         self.memory.record_h2d(self.page_size, wall);
     }
 
+    /// Writes whole pages into slots with the copies queued together and
+    /// waited for once (the link's latency paid once, not per page).
     pub fn write_many(&self, items: &mut [(&mut Slot, &[u8])]) -> Result<()> {
         let mut copies = Vec::with_capacity(items.len());
         for (slot, data) in items.iter() {

@@ -205,7 +205,9 @@ impl HostStore {
         (self.arena.base(), self.arena.len())
     }
 
-    /// Whether transparent huge pages back the arena.
+    /// Whether the arena was advised to use transparent huge pages and the
+    /// kernel accepted (whether huge pages then back it is the kernel's
+    /// choice, page by page).
     pub fn huge_pages(&self) -> bool {
         self.arena.huge_pages()
     }
