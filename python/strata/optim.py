@@ -13,7 +13,8 @@ step (``strata._strata.OffloadedAdam``, the Rust ``OffloadedAdam``);
 parameters and gradients are read and written in place. Parameters are
 contiguous CPU tensors. ``amsgrad``, ``maximize``, ``capturable``,
 ``differentiable`` and ``fused`` are not supported (``foreach`` is accepted
-and ignored).
+and ignored); the first four are refused in a param group too, and
+``decoupled_weight_decay`` in one of ``Adam``'s (use ``AdamW``).
 
 An fp32 parameter (plain mode, the CPU updater) is its own master: strata
 keeps only the moments in the tier and updates the parameter in place, each
@@ -171,6 +172,11 @@ def _check_hyper(hyper: Dict[str, Any], weight_decay: float, group: int) -> None
         )
 
 
+# Options of torch's Adam and AdamW that change the update, which strata's
+# step does not do: refused wherever a param group carries them.
+_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable")
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the bytes a and b span (from their first element to their
     last, strides included) overlap."""
@@ -300,6 +306,24 @@ class _OffloadedAdamBase(Optimizer):
                         f"shard=True shards whole parameters; {self._name(p)} is a DTensor "
                         "(FSDP2) whose shards this optimizer already steps: leave shard=False"
                     )
+
+    def _check_options(self, group: Dict[str, Any], where: str) -> None:
+        """Raises NotImplementedError for a param group's option that
+        strata's step would otherwise ignore (`where` says who set it)."""
+        for option in _UNSUPPORTED:
+            if group.get(option):
+                raise NotImplementedError(f"strata.optim does not support {option}=True ({where})")
+        if group.get("decoupled_weight_decay") and not self._decoupled:
+            raise NotImplementedError(
+                f"strata.optim.Adam does not support decoupled_weight_decay=True ({where}); use strata.optim.AdamW"
+            )
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """torch's, refusing options strata's step does not take (torch's
+        constructor adds each group through here)."""
+        if isinstance(param_group, dict):
+            self._check_options(param_group, "a param group sets it")
+        super().add_param_group(param_group)
 
     # GradScaler hands this optimizer its scale and inf check (grad_scale,
     # found_inf) and lets the step unscale, as for torch's fused optimizers.
@@ -471,6 +495,7 @@ class _OffloadedAdamBase(Optimizer):
         # parameter moves: a refused step changes nothing.
         work = []
         for k, group in enumerate(self.param_groups):
+            self._check_options(group, f"param group {k} sets it")
             hyper = self._hyper(group)
             _check_hyper(hyper, float(group["weight_decay"]), k)
             grads = []
@@ -635,11 +660,7 @@ class _OffloadedAdamBase(Optimizer):
         each rank takes its shard). An importance window is restored where
         the state has one and this optimizer is in importance mode."""
         for group in state_dict.get("param_groups", []):
-            for option in ("amsgrad", "maximize", "capturable", "differentiable"):
-                if group.get(option):
-                    raise NotImplementedError(
-                        f"strata.optim does not support {option}=True (the state dict sets it)"
-                    )
+            self._check_options(group, "the state dict sets it")
         if self._importance is not None:
             # Refused before anything changes, rather than half loaded.
             for st in state_dict.get("state", {}).values():

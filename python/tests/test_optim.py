@@ -327,3 +327,40 @@ def test_on_a_shared_runtime_agrees_bitwise_and_uses_its_tiers(rt):
         del opt
     with pytest.raises(ValueError, match="nvme_path"):
         strata.optim.AdamW(groups(model()), tier="nvme", nvme_path="/tmp", runtime=rt)
+
+
+def test_group_options_strata_does_not_take_are_refused_not_ignored():
+    """amsgrad, maximize, capturable and differentiable change torch's
+    update: set in a param group (at construction, through add_param_group,
+    edited between steps, or in a state dict) they are refused as the
+    keyword arguments are, not silently stepped as plain Adam."""
+    for option in ("amsgrad", "maximize", "capturable", "differentiable"):
+        p = torch.nn.Parameter(torch.ones(4))
+        with pytest.raises(NotImplementedError, match=option):
+            strata.optim.AdamW([{"params": [p], option: True}])
+        opt = strata.optim.AdamW([p], lr=0.1)
+        with pytest.raises(NotImplementedError, match=option):
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))], option: True})
+        assert len(opt.param_groups) == 1
+        p.grad = torch.ones(4)
+        opt.step()
+        after_one = p.detach().clone()
+        opt.param_groups[0][option] = True
+        with pytest.raises(NotImplementedError, match=f"{option}=True \\(param group 0"):
+            opt.step()
+        assert torch.equal(p, after_one)
+        opt.param_groups[0][option] = False
+        opt.step()
+        assert not torch.equal(p, after_one)
+    # torch.optim.Adam with decoupled_weight_decay=True is AdamW: strata's
+    # Adam (L2 weight decay) refuses it rather than step it as L2.
+    p = torch.nn.Parameter(torch.ones(4))
+    with pytest.raises(NotImplementedError, match="decoupled_weight_decay"):
+        strata.optim.Adam([{"params": [p], "decoupled_weight_decay": True}])
+    q = torch.nn.Parameter(torch.ones(4))
+    theirs = torch.optim.AdamW([q], weight_decay=0.1, foreach=False)
+    q.grad = torch.ones(4)
+    theirs.step()
+    with pytest.raises(NotImplementedError, match="decoupled_weight_decay"):
+        strata.optim.Adam([p], weight_decay=0.1).load_state_dict(theirs.state_dict())
+    strata.optim.AdamW([p], weight_decay=0.1).load_state_dict(theirs.state_dict())
