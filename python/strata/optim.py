@@ -295,8 +295,10 @@ class _OffloadedAdamBase(Optimizer):
         self._updater = updater
         self._importance = importance
         self._shard = bool(shard)
-        # Per parameter: its OffloadedAdam and the parameter's version
-        # counter when strata last wrote (or read) its weights.
+        # Per parameter: its OffloadedAdam, the parameter's version counter
+        # when strata last wrote (or read) its weights, the shape and dtype
+        # the state was made for, and the steps taken where there is no
+        # OffloadedAdam to count them (no elements on this rank).
         self._offloaded: Dict[torch.Tensor, list] = {}
         for group in self.param_groups:
             for p in group["params"]:
@@ -438,7 +440,7 @@ class _OffloadedAdamBase(Optimizer):
         self._check(p)
         lo, hi, _ = self._span(p)
         if hi == lo:
-            self._offloaded[p] = [None, _mark(p), _plain(p).shape, _plain(p).dtype]
+            self._offloaded[p] = [None, _mark(p), _plain(p).shape, _plain(p).dtype, 0]
             return None
         adam = OffloadedAdam(
             self._local(p, p).float().numpy(),
@@ -450,7 +452,7 @@ class _OffloadedAdamBase(Optimizer):
             runtime=self._runtime,
             **self._hyper(group),
         )
-        self._offloaded[p] = [adam, _mark(p), _plain(p).shape, _plain(p).dtype]
+        self._offloaded[p] = [adam, _mark(p), _plain(p).shape, _plain(p).dtype, 0]
         return adam
 
     def _gather(self, parts: list) -> None:
@@ -535,6 +537,8 @@ class _OffloadedAdamBase(Optimizer):
                         unscale=u,
                         alias=self._aliases(p),
                     )
+                else:
+                    entry[4] += 1
                 stepped.append((p, p))
         if self._shard:
             self._gather(stepped)
@@ -598,7 +602,7 @@ class _OffloadedAdamBase(Optimizer):
                 if adam is not None:
                     adam.read_state(1, self._local(m, p).numpy())
                     adam.read_state(2, self._local(v, p).numpy())
-                steps = torch.tensor([float(adam.steps if adam is not None else -1)])
+                steps = torch.tensor([float(adam.steps if adam is not None else entry[4])])
                 if self._shard:
                     self._gather([(p, m), (p, v)])
                     counts = [torch.empty_like(steps) for _ in range(self._world)]
@@ -631,9 +635,17 @@ class _OffloadedAdamBase(Optimizer):
         give `p`: its tensors of p's shape, its step a count."""
         if "exp_avg" not in st:
             return
+        try:
+            step = float(st.get("step", 0))
+        except (TypeError, ValueError, RuntimeError):
+            raise InvalidArgumentError(f"the state dict's step {st.get('step')!r} is not a number") from None
         lo, hi, _ = self._span(p)
+        # Nothing of p on this rank: older versions saved its step as -1.
+        lowest = -1 if hi == lo else 0
+        if not (math.isfinite(step) and step >= lowest and step == math.floor(step) and step < 2.0**63):
+            raise InvalidArgumentError(f"the state dict's step {step} is not a step count (a whole number from 0)")
         if hi == lo:
-            return  # nothing of it on this rank (its step may read -1)
+            return
         keys = ["exp_avg", "exp_avg_sq"]
         if "master" in st and p.dtype != torch.float32:
             keys.append("master")
@@ -645,12 +657,6 @@ class _OffloadedAdamBase(Optimizer):
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise InvalidArgumentError(f"the state dict's {key} is {got} for a parameter of shape {shape}")
-        try:
-            step = float(st.get("step", 0))
-        except (TypeError, ValueError, RuntimeError):
-            raise InvalidArgumentError(f"the state dict's step {st.get('step')!r} is not a number") from None
-        if not (math.isfinite(step) and step >= 0 and step == math.floor(step) and step < 2.0**63):
-            raise InvalidArgumentError(f"the state dict's step {step} is not a step count (a whole number from 0)")
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads torch's format (from this class or torch.optim.Adam/AdamW):
@@ -699,6 +705,7 @@ class _OffloadedAdamBase(Optimizer):
                     continue
                 adam = self._new_state(p, group)
                 if adam is None:
+                    self._offloaded[p][4] = max(0, int(float(st["step"])))
                     continue
                 keys = ((1, "exp_avg"), (2, "exp_avg_sq"))
                 if "master" in st and p.dtype != torch.float32:

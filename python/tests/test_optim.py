@@ -364,3 +364,28 @@ def test_group_options_strata_does_not_take_are_refused_not_ignored():
     with pytest.raises(NotImplementedError, match="decoupled_weight_decay"):
         strata.optim.Adam([p], weight_decay=0.1).load_state_dict(theirs.state_dict())
     strata.optim.AdamW([p], weight_decay=0.1).load_state_dict(theirs.state_dict())
+
+
+def test_a_parameter_without_elements_counts_its_steps_as_torch_does():
+    """A parameter with no elements has no state to stream, but its step
+    count is torch's: the state dict loads into torch.optim.AdamW, which
+    steps on from it (a step of -1 there made its bias correction 0, and
+    its next step divided by it), and back."""
+    empty, w = torch.nn.Parameter(torch.zeros(0, 3)), torch.nn.Parameter(torch.ones(3))
+    theirs_e, theirs_w = torch.nn.Parameter(torch.zeros(0, 3)), torch.nn.Parameter(torch.ones(3))
+    ours = strata.optim.AdamW([empty, w], lr=0.1)
+    theirs = torch.optim.AdamW([theirs_e, theirs_w], lr=0.1, foreach=False)
+    for _ in range(2):
+        empty.grad, w.grad = torch.zeros(0, 3), torch.ones(3)
+        theirs_e.grad, theirs_w.grad = torch.zeros(0, 3), torch.ones(3)
+        ours.step()
+        theirs.step()
+    assert_same_states(ours.state_dict(), theirs.state_dict())
+    again = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(0, 3)), torch.nn.Parameter(torch.ones(3))])
+    again.load_state_dict(ours.state_dict())
+    for p in again.param_groups[0]["params"]:
+        p.grad = torch.zeros_like(p)
+    again.step()
+    back = strata.optim.AdamW([torch.nn.Parameter(torch.zeros(0, 3)), torch.nn.Parameter(torch.ones(3))])
+    back.load_state_dict(theirs.state_dict())
+    assert_same_states(back.state_dict(), theirs.state_dict())
