@@ -705,7 +705,7 @@ class _OffloadedAdamBase(Optimizer):
                     continue
                 adam = self._new_state(p, group)
                 if adam is None:
-                    self._offloaded[p][4] = max(0, int(float(st["step"])))
+                    self._offloaded[p][4] = max(0, int(float(st.get("step", 0))))
                     continue
                 keys = ((1, "exp_avg"), (2, "exp_avg_sq"))
                 if "master" in st and p.dtype != torch.float32:
@@ -713,7 +713,8 @@ class _OffloadedAdamBase(Optimizer):
                 for which, key in keys:
                     t = st[key].detach().to(torch.float32).contiguous()
                     adam.write_state(which, self._local(t, p).contiguous().numpy())
-                adam.set_steps(int(float(st["step"])))
+                # A state without a step is at step 0 (as _check_loadable takes it).
+                adam.set_steps(int(float(st.get("step", 0))))
                 if self._importance is not None and "importance_accumulated" in st:
                     mask = self._local(st["importance_resident"], p) != 0
                     res = mask.nonzero().reshape(-1).to(torch.int64)

@@ -389,3 +389,21 @@ def test_a_parameter_without_elements_counts_its_steps_as_torch_does():
     back = strata.optim.AdamW([torch.nn.Parameter(torch.zeros(0, 3)), torch.nn.Parameter(torch.ones(3))])
     back.load_state_dict(theirs.state_dict())
     assert_same_states(back.state_dict(), theirs.state_dict())
+
+
+def test_a_state_without_a_step_loads_at_step_0():
+    """The checks before a load take a state without "step" as step 0;
+    the load itself did not (a KeyError after the optimizer's states had
+    already been dropped)."""
+    m = model()
+    opt = strata.optim.AdamW(groups(m))
+    train(m, opt, 2)
+    sd = copy.deepcopy(opt.state_dict())
+    for st in sd["state"].values():
+        del st["step"]
+    opt.load_state_dict(sd)
+    got = opt.state_dict()
+    for k, st in sd["state"].items():
+        assert float(got["state"][k]["step"]) == 0.0
+        assert torch.equal(got["state"][k]["exp_avg"], st["exp_avg"])
+    train(m, opt, 1)
