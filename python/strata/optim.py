@@ -150,25 +150,33 @@ def _check_nvme_path(path: str) -> None:
         raise PermissionError(f"nvme_path {path!r} cannot take the optimizer's states: {e}") from e
 
 
+def _f32(x: float) -> float:
+    """x rounded to float32, as the step takes it (inf past its range)."""
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
 def _check_hyper(hyper: Dict[str, Any], weight_decay: float, group: int) -> None:
     """Raises InvalidArgumentError for options an Adam step cannot take
-    (param group `group`'s, as a schedule or an edit left them)."""
-    b1, b2 = hyper["betas"]
+    (param group `group`'s, as a schedule or an edit left them), checked
+    in float32 as the step checks them: a beta that rounds to 1, or an lr
+    past float32's range, is refused here, before any parameter moves."""
+    b1, b2 = (_f32(b) for b in hyper["betas"])
+    lr, eps, wd = _f32(hyper["lr"]), _f32(hyper["eps"]), _f32(weight_decay)
     ok = (
-        math.isfinite(hyper["lr"])
-        and hyper["lr"] >= 0.0
+        math.isfinite(lr)
+        and lr >= 0.0
         and 0.0 <= b1 < 1.0
         and 0.0 <= b2 < 1.0
-        and math.isfinite(hyper["eps"])
-        and hyper["eps"] >= 0.0
-        and math.isfinite(weight_decay)
-        and weight_decay >= 0.0
+        and math.isfinite(eps)
+        and eps >= 0.0
+        and math.isfinite(wd)
+        and wd >= 0.0
     )
     if not ok:
         raise InvalidArgumentError(
             f"param group {group}: lr {hyper['lr']}, betas {hyper['betas']}, eps {hyper['eps']}, "
             f"weight_decay {weight_decay}: lr, eps and weight_decay must be finite and non-negative, "
-            "betas in [0, 1)"
+            "betas in [0, 1), each as a float32"
         )
 
 

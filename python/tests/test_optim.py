@@ -407,3 +407,17 @@ def test_a_state_without_a_step_loads_at_step_0():
         assert float(got["state"][k]["step"]) == 0.0
         assert torch.equal(got["state"][k]["exp_avg"], st["exp_avg"])
     train(m, opt, 1)
+
+
+def test_options_out_of_range_in_float32_are_refused_before_any_parameter_moves():
+    """The step computes in float32: a beta that rounds to 1 there (or an lr
+    past float32's range) is refused with the other options, before the
+    first group's parameters move, not by the Rust side part-way through."""
+    for key, bad in (("betas", (0.9, 0.99999999)), ("lr", 1e39), ("weight_decay", 1e39)):
+        p, q = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(4))
+        opt = strata.optim.AdamW([{"params": [p]}, {"params": [q], key: bad}], lr=0.1)
+        p.grad, q.grad = torch.ones(4), torch.ones(4)
+        with pytest.raises(strata.InvalidArgumentError, match="param group 1"):
+            opt.step()
+        assert torch.equal(p, torch.ones(4)) and torch.equal(q, torch.ones(4))
+        assert opt.state_dict()["state"] == {}
