@@ -670,9 +670,10 @@ class _OffloadedAdamBase(Optimizer):
         """Loads torch's format (from this class or torch.optim.Adam/AdamW):
         hyper-parameters into the param groups, states into strata's tiers
         (master weights from the saved fp32 "master" for a bf16 or fp16
-        parameter, else from the parameters as they are now; in shard mode
-        each rank takes its shard). An importance window is restored where
-        the state has one and this optimizer is in importance mode."""
+        parameter that is still their rounding, else from the parameters as
+        they are now; in shard mode each rank takes its shard). An
+        importance window is restored where the state has one and this
+        optimizer is in importance mode."""
         for group in state_dict.get("param_groups", []):
             self._check_options(group, "the state dict sets it")
         if self._importance is not None:
@@ -717,7 +718,12 @@ class _OffloadedAdamBase(Optimizer):
                     continue
                 keys = ((1, "exp_avg"), (2, "exp_avg_sq"))
                 if "master" in st and p.dtype != torch.float32:
-                    keys = ((0, "master"),) + keys
+                    # The saved masters where the parameter is still their
+                    # rounding; one that has moved since (stepped by
+                    # torch.optim.AdamW from this state, say) is newer.
+                    master = self._local(st["master"].detach().to(torch.float32), p)
+                    if torch.equal(master.to(p.dtype), self._local(p, p)):
+                        keys = ((0, "master"),) + keys
                 for which, key in keys:
                     t = st[key].detach().to(torch.float32).contiguous()
                     adam.write_state(which, self._local(t, p).contiguous().numpy())

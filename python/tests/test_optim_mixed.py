@@ -247,3 +247,36 @@ def test_fp32_parameters_are_their_own_master(tier, tmp_path):
     losses(b, sb2, batches[5:], torch.float32)
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_masters_older_than_the_parameter_are_not_loaded_over_it():
+    """strata's state dict loads into torch.optim.AdamW and back: the
+    "master" torch carries along (unused, and not stepped) is then older
+    than the parameter torch stepped. Loading it put the parameter back to
+    where strata left it at the next step; the parameter, newer, is kept."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(64).bfloat16())
+    ours = strata.optim.AdamW([p], lr=0.1)
+    for _ in range(3):
+        p.grad = torch.randn(64).bfloat16()
+        ours.step()
+    theirs = torch.optim.AdamW([p], lr=0.1, foreach=False)
+    theirs.load_state_dict(ours.state_dict())
+    for _ in range(3):
+        p.grad = torch.randn(64).bfloat16()
+        theirs.step()
+    after_torch = p.detach().clone()
+    back = strata.optim.AdamW([p])
+    back.load_state_dict(theirs.state_dict())
+    back.param_groups[0]["lr"] = 0.0
+    p.grad = torch.randn(64).bfloat16()
+    back.step()  # lr 0: the parameter is its master rounded
+    assert torch.equal(p.detach(), after_torch)
+    # A master the parameter is still the rounding of is loaded (the
+    # resumed run is exact: test_resuming_from_a_state_dict_is_exact_for_bf16).
+    sd = back.state_dict()
+    again = strata.optim.AdamW([p])
+    sd["state"][0]["master"] = sd["state"][0]["master"] * (1 + 2**-10)  # rounds to the same bf16
+    assert torch.equal(sd["state"][0]["master"].bfloat16(), p.detach())
+    again.load_state_dict(sd)
+    assert torch.equal(again.state_dict()["state"][0]["master"], sd["state"][0]["master"])
