@@ -84,7 +84,7 @@ torch is imported by this module only; ``import strata`` does not need it.
 import math
 import os
 import tempfile
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from itertools import chain
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
@@ -674,6 +674,15 @@ class _OffloadedAdamBase(Optimizer):
         they are now; in shard mode each rank takes its shard). An
         importance window is restored where the state has one and this
         optimizer is in importance mode."""
+        # torch's load hooks run around strata's load, not inside torch's:
+        # the pre-hooks' state dict is the one read below, and the
+        # post-hooks see the states loaded into strata.
+        pre, post = self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks
+        state_dict = state_dict.copy()
+        for hook in pre.values():
+            changed = hook(self, state_dict)
+            if changed is not None:
+                state_dict = changed
         for group in state_dict.get("param_groups", []):
             self._check_options(group, "the state dict sets it")
         if self._importance is not None:
@@ -703,7 +712,13 @@ class _OffloadedAdamBase(Optimizer):
                     f"the state dict's param group {k} lacks lr, betas, eps or weight_decay, or one is not a number"
                 ) from None
             _check_hyper(hyper, float(group["weight_decay"]), k)
-        super().load_state_dict(state_dict)
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks = pre
+            self._optimizer_load_state_dict_post_hooks = post
         loaded = {p: raw.get(p, st) for p, st in self.state.items()}
         self.state = defaultdict(dict)
         self._offloaded = {}
@@ -739,6 +754,8 @@ class _OffloadedAdamBase(Optimizer):
                         res.contiguous().numpy(),
                         self._local(acc, p).contiguous().numpy(),
                     )
+        for hook in post.values():
+            hook(self)
 
 
 class Adam(_OffloadedAdamBase):

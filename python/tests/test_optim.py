@@ -421,3 +421,30 @@ def test_options_out_of_range_in_float32_are_refused_before_any_parameter_moves(
             opt.step()
         assert torch.equal(p, torch.ones(4)) and torch.equal(q, torch.ones(4))
         assert opt.state_dict()["state"] == {}
+
+
+def test_load_state_dict_hooks_act_as_on_torchs_optimizers():
+    """A load_state_dict pre-hook may return a changed state dict: that is
+    the one loaded (strata read the states from the one passed in); a
+    post-hook sees the states loaded."""
+    for cls, kw in ((torch.optim.AdamW, {"foreach": False}), (strata.optim.AdamW, {})):
+        p = torch.nn.Parameter(torch.ones(3))
+        opt = cls([p], lr=0.1, **kw)
+        p.grad = torch.ones(3)
+        opt.step()
+        saved = copy.deepcopy(opt.state_dict())
+        opt.step()
+
+        def pre(o, sd):
+            sd = copy.deepcopy(sd)
+            sd["state"][0]["exp_avg"] = sd["state"][0]["exp_avg"] * 2
+            return sd
+
+        seen = []
+        opt.register_load_state_dict_pre_hook(pre)
+        opt.register_load_state_dict_post_hook(lambda o: seen.append(o.state_dict()["state"][0]))
+        opt.load_state_dict(saved)
+        got = opt.state_dict()["state"][0]
+        assert torch.equal(got["exp_avg"], saved["state"][0]["exp_avg"] * 2), cls
+        assert float(seen[0]["step"]) == float(saved["state"][0]["step"]) == 1.0, cls
+        assert torch.equal(seen[0]["exp_avg"], got["exp_avg"]), cls
