@@ -94,3 +94,10 @@ const _: () = {
     // Stepped through `&mut`: moves between threads, is not shared.
     send::<offload::optim::OffloadedAdam>();
 };
+
+// The README's Rust example, compiled and run by `cargo test --doc` (its
+// other code blocks are marked sh, c, python or toml, which rustdoc skips),
+// so the first example a reader copies keeps working.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
