@@ -386,3 +386,19 @@ def test_balance_once_reports_a_round(rt):
     # Every page on the device with room to spare: nothing to decide.
     r = strata.balance_once(rt)
     assert r["replayed"] == 0 and r["promotions"] == r["demotions"] == 0
+
+
+def test_the_readmes_first_example_runs(tmp_path, capsys):
+    """The README's first Python example, as a reader copies it (its NVMe
+    file under tmp_path instead of /var/tmp), runs and prints where the
+    first page is and the moves made."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    example = next(b for b in blocks if b.startswith("import numpy as np\nimport strata\n"))
+    assert '"/var/tmp"' in example
+    exec(compile(example.replace('"/var/tmp"', repr(str(tmp_path))), "README.md", "exec"), {})
+    tier, moves = capsys.readouterr().out.split()
+    assert tier == "host" and int(moves) > 0
