@@ -239,6 +239,44 @@ fn a_dropped_buffer_gives_its_capacity_back_at_once() {
     );
 }
 
+/// A stats snapshot taken while pages come and go reports each tier's
+/// used and free slots from one reading: they add up to its capacity.
+#[test]
+fn a_stats_snapshot_during_first_writes_adds_up_to_the_capacity() {
+    let rt = Runtime::builder()
+        .page_size(PAGE)
+        .host(64 * PAGE as u64)
+        .background_eviction(false)
+        .build()
+        .unwrap();
+    let capacity = rt.stats().tiers[0].free_pages;
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (rt, stop) = (rt.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let page = pattern(1, 1, PAGE);
+            while !stop.load(Ordering::Relaxed) {
+                // A slot taken by the first write, given back by the drop.
+                rt.alloc(PAGE as u64).unwrap().write(0, &page).unwrap();
+            }
+        })
+    };
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while seen.is_empty() && start.elapsed() < Duration::from_secs(3) {
+        let host = &rt.stats().tiers[0];
+        if host.used_pages + host.free_pages != capacity {
+            seen.push((host.used_pages, host.free_pages));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    assert!(
+        seen.is_empty(),
+        "used and free {seen:?}, capacity {capacity}"
+    );
+}
+
 /// A device map outliving its buffer refuses new launches.
 #[test]
 fn a_map_of_a_freed_buffer_refuses_launches() {

@@ -170,13 +170,18 @@ pub(crate) fn collect(inner: &Inner) -> Stats {
         tiers: rt
             .tiers
             .stores()
-            .map(|s| TierStats {
-                tier: s.tier(),
-                used_pages: s.used_pages(),
-                free_pages: s.capacity_pages().saturating_sub(s.used_pages()),
-                pinned_pages: rt.acct.pinned[s.tier() as usize].load(Ordering::Relaxed),
-                clean_copies: rt.acct.clean_copies(s.tier()),
-                emulated: s.emulated(),
+            .map(|s| {
+                // Read once: a second read may see a slot taken or freed
+                // since, and used + free would not be the capacity.
+                let used = s.used_pages();
+                TierStats {
+                    tier: s.tier(),
+                    used_pages: used,
+                    free_pages: s.capacity_pages().saturating_sub(used),
+                    pinned_pages: rt.acct.pinned[s.tier() as usize].load(Ordering::Relaxed),
+                    clean_copies: rt.acct.clean_copies(s.tier()),
+                    emulated: s.emulated(),
+                }
             })
             .collect(),
         reserved_pages: rt.acct.promised(),
