@@ -9,6 +9,7 @@ mod common;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use strata::io::fault::{Fault, FaultEngine, FaultPlan};
@@ -579,5 +580,66 @@ fn check_returns_a_failed_promotion_on_read_once() {
             .unwrap_or_else(|e| panic!("{name}: returned twice: {e}"));
         assert_eq!(contents(&b), data, "{name}");
         assert_eq!(rt.stats().lost_pages, 0, "{name}");
+    }
+}
+
+/// An engine that opens queues until told to refuse (a device that went
+/// away): a move that cannot open its queue does not start.
+struct Refusing {
+    inner: Arc<dyn IoEngine>,
+    refuse: AtomicBool,
+}
+
+impl IoEngine for Refusing {
+    fn kind(&self) -> strata::io::EngineKind {
+        self.inner.kind()
+    }
+    fn open_raw(
+        &self,
+        file: &Arc<File>,
+        depth: usize,
+        pool: Option<&Arc<strata::lowlevel::BufPool>>,
+    ) -> strata::Result<Box<dyn strata::lowlevel::RawQueue>> {
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(strata::Error::new(ErrorKind::Io, "the disk went away"));
+        }
+        self.inner.open_raw(file, depth, pool)
+    }
+}
+
+/// (e) Moves the disk failed under count in `Stats::failed_moves` whichever
+/// way they went: up when their queue could not be opened, down when the
+/// engine lost their writes. Their pages stay where they were.
+#[test]
+fn moves_the_disk_failed_count_as_failed_both_ways() {
+    for (name, engine) in engines() {
+        let dir = nvme_dir();
+        let refusing = Arc::new(Refusing {
+            inner: engine.clone(),
+            refuse: Default::default(),
+        });
+        let rt = runtime(dir.path(), refusing.clone(), 8);
+        let data = pattern(11, 1, 2 * PAGE);
+        let b = on_nvme(&rt, &data);
+        refusing.refuse.store(true, Ordering::SeqCst);
+        let e = b.prefetch(0..b.len(), Tier::Host).wait().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
+        refusing.refuse.store(false, Ordering::SeqCst);
+        assert_eq!(b.residency().in_tier(Tier::Nvme), 2, "{name}");
+        let s = rt.stats();
+        assert_eq!((s.moves, s.failed_moves), (0, 2), "{name}: up");
+
+        let dir = nvme_dir();
+        let (rt, plan) = faulty(dir.path(), &engine, 8);
+        let b = rt.alloc(2 * PAGE as u64).unwrap();
+        b.write(0, &data).unwrap();
+        plan.fail_waits(libc::EIO);
+        let e = b.evict(0..b.len(), Tier::Nvme).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{name}: {e}");
+        plan.clear();
+        assert_eq!(b.residency().in_tier(Tier::Host), 2, "{name}");
+        assert_eq!(contents(&b), data, "{name}");
+        let s = rt.stats();
+        assert_eq!((s.moves, s.failed_moves), (0, 2), "{name}: down");
     }
 }

@@ -105,7 +105,12 @@ pub(crate) fn read_in(
     let mut reserved = table.reserve(&mut pages, full);
     let mut out = Outcome::default();
     match nvme.session() {
-        Err(e) => out.error(e),
+        Err(e) => {
+            // No read started: every page stays on NVMe, its move failed
+            // (as `write_out` counts them).
+            out.failed += pages.len() as u64;
+            out.error(e);
+        }
         Ok(mut session) => {
             let begun = submit_reads(table, &mut session, &mut pages, direct, full, &mut out);
             reap_reads(table, &mut session, &mut pages, &begun, dst, full, &mut out);
@@ -158,6 +163,7 @@ fn submit_reads(
                     continue;
                 }
                 Err(e) => {
+                    out.failed += 1;
                     out.error(e);
                     continue;
                 }
@@ -167,6 +173,7 @@ fn submit_reads(
             if let Err((e, slot, fresh)) = to.submit(session, slot, fresh, i as u64) {
                 entry.put_back(b, slot);
                 table.free(to.tier(), fresh);
+                out.failed += 1;
                 out.error(e);
             }
             continue;
@@ -176,6 +183,7 @@ fn submit_reads(
         let buf = match nvme.buffer() {
             Ok(b) => b,
             Err(e) => {
+                out.failed += 1;
                 out.error(e);
                 continue;
             }
@@ -184,6 +192,7 @@ fn submit_reads(
         begun[i] = Some(b);
         if let Err(r) = session.submit_read(slot, buf, i as u64) {
             entry.put_back(b, r.slot);
+            out.failed += 1;
             out.error(r.error);
         }
     }
@@ -341,6 +350,7 @@ fn submit_writes(
                 continue;
             }
             Err(e) => {
+                out.failed += 1;
                 out.error(e);
                 continue;
             }
@@ -358,6 +368,7 @@ fn submit_writes(
             Ok(buf) => buf,
             Err(e) => {
                 table.free(Tier::Nvme, fresh);
+                out.failed += 1;
                 out.error(e);
                 continue;
             }
@@ -404,8 +415,9 @@ fn reap_writes(
     if let Err(e) = reaped {
         // Writes still in flight: their fresh slots stay allocated (leaked)
         // and keep their reservations, so promised pages still find room;
-        // the pages keep their old copies.
+        // the pages keep their old copies: their moves failed.
         reserved.pages -= session.in_flight() as u64;
+        out.failed += session.in_flight() as u64;
         out.error(e);
     }
     written
