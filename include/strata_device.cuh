@@ -46,12 +46,13 @@ __device__ __forceinline__ strata_sampler strata_sampler_new(unsigned long long 
     return s;
 }
 
-/* Whether this access counts, sampling 1 in 2^shift. */
+/* Whether this access counts, sampling 1 in 2^shift (a shift above 31
+ * samples as 31 does: a gap is 32 bits). */
 __device__ __forceinline__ bool strata_sample(strata_sampler *s, unsigned int shift) {
     if (shift == 0) {
         return true;
     }
-    unsigned long long span = (2ull << shift) - 1ull;
+    unsigned long long span = (2ull << (shift < 31u ? shift : 31u)) - 1ull;
     if (s->left == 0) {
         s->state = strata_mix(s->state);
         unsigned long long a = 1ull + s->state % span;

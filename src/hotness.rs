@@ -89,13 +89,17 @@ impl Sampler {
         }
     }
 
-    /// Whether this access counts, sampling 1 in 2^`shift`.
+    /// Whether this access counts, sampling 1 in 2^`shift` (a shift above
+    /// 31 samples as 31 does: a gap is 32 bits, as in a GPU thread's
+    /// register, and no harvest takes counts sampled more sparsely).
     #[inline]
     pub fn hit(&mut self, shift: u32) -> bool {
         if shift == 0 {
             return true;
         }
-        let span = (2u64 << shift) - 1;
+        // Below 31 every gap fits the u32 it is kept in; a wider shift
+        // would truncate gaps (or overflow the span) instead.
+        let span = (2u64 << shift.min(31)) - 1;
         // A first gap: the rest of a gap met at a random point.
         if self.left == 0 {
             self.state = mix(self.state);
@@ -376,6 +380,21 @@ mod tests {
         }
         let kept = c[0].load(Ordering::Relaxed);
         assert!((4_500..5_500).contains(&kept), "{kept}");
+    }
+
+    #[test]
+    fn shifts_beyond_a_counts_width_sample_as_the_widest_gap() {
+        // A gap is a u32 (a GPU thread's register): shifts of 32 and more
+        // sample as 31 does, and never overflow.
+        for shift in [32, 40, 63, 64, u32::MAX] {
+            let mut s = Sampler::new(3);
+            assert!((0..1000).all(|_| !s.hit(shift)), "shift {shift}");
+            let c = counts(&[0]);
+            for _ in 0..1000 {
+                touch(&c, 0, Some(shift));
+            }
+            assert_eq!(c[0].load(Ordering::Relaxed), 0, "shift {shift}");
+        }
     }
 
     #[test]
