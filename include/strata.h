@@ -1528,7 +1528,8 @@ int strata_embedding_reset_stats(const struct strata_embedding *emb);
 
 /**
  * Folds the buffer's access counters into its decayed scores
- * (`score = score * decay + count`, counts cleared) and writes up to `cap`
+ * (`score = score * decay + count * 2^sampling`: in accesses, the
+ * runtime's sampling scaled back; counts cleared) and writes up to `cap`
  * of the hottest pages not in device memory (page indices and scores, by
  * score descending, ties by page) into `hot_pages`/`hot_scores` with their
  * number in `*hot_len`, and up to `cap` of the coldest pages in device

@@ -34,7 +34,8 @@ pub struct strata_balance_report {
 }
 
 /// Folds the buffer's access counters into its decayed scores
-/// (`score = score * decay + count`, counts cleared) and writes up to `cap`
+/// (`score = score * decay + count * 2^sampling`: in accesses, the
+/// runtime's sampling scaled back; counts cleared) and writes up to `cap`
 /// of the hottest pages not in device memory (page indices and scores, by
 /// score descending, ties by page) into `hot_pages`/`hot_scores` with their
 /// number in `*hot_len`, and up to `cap` of the coldest pages in device
