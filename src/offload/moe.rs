@@ -955,39 +955,49 @@ impl ExpertCache {
     /// means by anyone: a pin taken through the expert's buffer (a view
     /// that outlived its fetch) keeps its pages in device memory, where an
     /// eviction would leave them while the cache counted the slot free.
+    /// That pin is looked for only on the expert the policy chose (another
+    /// is chosen if it has one): finding it takes the expert's page locks,
+    /// which a move in flight holds until its reads end, and the cache's
+    /// lock is held here.
     fn victim(&self, s: &State, layer: u32, demand: bool) -> Option<usize> {
         let protect = |m: &Meta| {
             m.protected_since
                 .is_some_and(|t| s.tick.saturating_sub(t) < self.config.protect_fetches)
         };
-        let candidates = || {
-            s.meta.iter().enumerate().filter(|(i, m)| {
-                m.resident
-                    && m.pins == 0
-                    && (!self.config.per_layer || self.experts[*i].layer == layer)
-                    && !self.experts[*i].buffer.any_pinned()
-            })
-        };
-        let unprotected = candidates()
-            .filter(|(_, m)| !protect(m))
-            .map(|(i, _)| i as u64);
-        let best = if let Eviction::Reuse { .. } = self.config.eviction {
-            unprotected
-                .min_by(|&a, &b| {
-                    let (va, vb) = (self.loss(s, a as usize), self.loss(s, b as usize));
-                    va.total_cmp(&vb)
-                        .then_with(|| s.ranking.rank(a).cmp(&s.ranking.rank(b)))
+        let mut held_outside: Vec<usize> = Vec::new();
+        loop {
+            let candidates = || {
+                s.meta.iter().enumerate().filter(|(i, m)| {
+                    m.resident
+                        && m.pins == 0
+                        && (!self.config.per_layer || self.experts[*i].layer == layer)
+                        && !held_outside.contains(i)
                 })
-                .map(|i| i as usize)
-        } else {
-            lrfu::victim(&*s.ranking, unprotected).map(|i| i as usize)
-        };
-        if best.is_some() || !demand {
-            return best;
+            };
+            let unprotected = candidates()
+                .filter(|(_, m)| !protect(m))
+                .map(|(i, _)| i as u64);
+            let mut best = if let Eviction::Reuse { .. } = self.config.eviction {
+                unprotected
+                    .min_by(|&a, &b| {
+                        let (va, vb) = (self.loss(s, a as usize), self.loss(s, b as usize));
+                        va.total_cmp(&vb)
+                            .then_with(|| s.ranking.rank(a).cmp(&s.ranking.rank(b)))
+                    })
+                    .map(|i| i as usize)
+            } else {
+                lrfu::victim(&*s.ranking, unprotected).map(|i| i as usize)
+            };
+            if best.is_none() && demand {
+                best = candidates()
+                    .min_by_key(|(_, m)| m.protected_since)
+                    .map(|(i, _)| i);
+            }
+            match best {
+                Some(v) if self.experts[v].buffer.any_pinned() => held_outside.push(v),
+                _ => return best,
+            }
         }
-        candidates()
-            .min_by_key(|(_, m)| m.protected_since)
-            .map(|(i, _)| i)
     }
 
     /// What a miss of expert `i` costs, in misses served from host memory:
@@ -1072,23 +1082,29 @@ impl ExpertCache {
     /// goes back to its NVMe copy, no I/O, if `victim` is worth more.
     fn swap_into_host(&self, s: &mut State, victim: usize, incoming: Option<usize>) -> Result<()> {
         let worth = s.reuse.value(victim);
-        let least = (0..self.experts.len())
-            .filter(|&j| {
-                let m = &s.meta[j];
-                m.in_host
-                    && m.nvme_copy
-                    && !m.resident
-                    && m.pins == 0
-                    && j != victim
-                    && Some(j) != incoming
-                    // Pages someone outside the cache still holds (a
-                    // tensor over an expert read in place) cannot leave.
-                    && !self.experts[j].buffer.any_pinned()
-            })
-            .map(|j| (s.reuse.value(j), j))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
-        let Some((value, h)) = least else {
-            return Ok(());
+        let mut held_outside: Vec<usize> = Vec::new();
+        let (value, h) = loop {
+            let least = (0..self.experts.len())
+                .filter(|&j| {
+                    let m = &s.meta[j];
+                    m.in_host
+                        && m.nvme_copy
+                        && !m.resident
+                        && m.pins == 0
+                        && j != victim
+                        && Some(j) != incoming
+                        && !held_outside.contains(&j)
+                })
+                .map(|j| (s.reuse.value(j), j))
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            match least {
+                None => return Ok(()),
+                // Pages someone outside the cache still holds (a tensor
+                // over an expert read in place) cannot leave; looked for
+                // on the chosen expert only, as in `victim`.
+                Some((_, j)) if self.experts[j].buffer.any_pinned() => held_outside.push(j),
+                Some(found) => break found,
+            }
         };
         if value >= worth {
             return Ok(());

@@ -111,3 +111,42 @@ fn cancelling_a_layers_prefetches_cancels_a_failed_one_and_the_rest() {
     assert!(!c.is_resident(0, 1).unwrap() && !c.is_resident(0, 2).unwrap());
     assert_eq!(fetched(&c, 2), vec![3; P]);
 }
+
+#[test]
+fn choosing_a_victim_does_not_wait_for_another_experts_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, plan) = faulty(2, dir.path());
+    // Experts 1 and 2 in the two slots, unpinned; expert 0 in host memory.
+    assert_eq!(fetched(&c, 1), vec![2; P]);
+    assert_eq!(fetched(&c, 2), vec![3; P]);
+    // Expert 3's prefetch evicts one of them; its read is slow, and its
+    // pages are locked while it runs.
+    plan.inject(
+        IoOp::Read,
+        0,
+        Fault::Delay(std::time::Duration::from_secs(3)),
+    );
+    assert_eq!(c.prefetch(0, &[3]).unwrap(), 1);
+    let i3 = c.lookup(0, 3).unwrap();
+    for _ in 0..2000 {
+        if plan.injected() > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(plan.injected(), 1, "expert 3's read never started");
+    // Expert 0's prefetch needs the other slot: its victim is the
+    // unprotected expert, chosen without waiting on expert 3's pages.
+    assert_eq!(c.prefetch(0, &[0]).unwrap(), 1);
+    let read_done = c.state.lock().meta[i3]
+        .ticket
+        .as_ref()
+        .is_none_or(|t| t.poll().is_some());
+    assert!(
+        !read_done,
+        "the victim was chosen only after expert 3's read"
+    );
+    settle(&c, 3);
+    assert_eq!(fetched(&c, 3), vec![4; P]);
+    assert_eq!(fetched(&c, 0), vec![1; P]);
+}
