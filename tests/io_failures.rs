@@ -643,3 +643,45 @@ fn moves_the_disk_failed_count_as_failed_both_ways() {
         assert_eq!((s.moves, s.failed_moves), (0, 2), "{name}: down");
     }
 }
+
+/// A slow disk holds up the pages being read and no one else: while one
+/// page's read from NVMe takes seconds (its lock held throughout), a
+/// buffer's residency and a harvest of its counters answer at once, with
+/// the page where it was before the move, and the move then lands.
+#[test]
+fn asking_where_pages_are_does_not_wait_for_a_slow_read() {
+    for (name, engine) in engines() {
+        let dir = nvme_dir();
+        let (rt, plan) = faulty(dir.path(), &engine, 8);
+        let data = pattern(12, 1, 2 * PAGE);
+        let b = on_nvme(&rt, &data);
+        plan.inject(
+            IoOp::Read,
+            0,
+            Fault::Delay(std::time::Duration::from_secs(3)),
+        );
+        let ticket = b.prefetch(0..PAGE as u64, Tier::Host);
+        for _ in 0..2000 {
+            if plan.injected() > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(plan.injected(), 1, "{name}: the slow read never started");
+        let r = b.residency();
+        b.harvest(strata::hotness::HarvestParams::default())
+            .unwrap();
+        assert!(
+            ticket.poll().is_none(),
+            "{name}: residency or harvest waited for the slow read"
+        );
+        assert_eq!(r.in_tier(Tier::Nvme), 2, "{name}: where the pages were");
+        ticket.wait().unwrap();
+        assert_eq!(
+            b.residency().in_tier(Tier::Host),
+            1,
+            "{name}: the move landed"
+        );
+        assert_eq!(contents(&b), data, "{name}");
+    }
+}

@@ -6,10 +6,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use super::mover::Engine;
-use super::page::Entry;
+use super::page::Page;
 use super::request::{Priority, Request, Source};
 use super::table::Table;
 use crate::tier::Tier;
@@ -45,7 +43,7 @@ pub(crate) fn scored_strangers(
         let scores = t.scores.lock();
         for (p, e) in t.pages.iter().enumerate() {
             let id = (t.id as u64) << 32 | p as u64;
-            if !held.contains(&id) && e.lock().tier() == Some(fast) {
+            if !held.contains(&id) && e.seen_tier() == Some(fast) {
                 v.push((scores[p], id));
             }
         }
@@ -67,15 +65,17 @@ pub(crate) fn score_of(by_id: &ById<'_>, p: u64) -> f32 {
 }
 
 /// Page id `p`'s page-table entry, if its buffer is alive.
-fn entry<'a>(by_id: &ById<'a>, p: u64) -> Option<&'a Mutex<Entry>> {
+fn entry<'a>(by_id: &ById<'a>, p: u64) -> Option<&'a Page> {
     by_id
         .get(&((p >> 32) as u32))
         .and_then(|t| t.pages.get((p & 0xFFFF_FFFF) as usize))
 }
 
-/// The tier page id `p` is in now.
+/// The tier page id `p` is in now, or — while a move of it is in flight —
+/// was in before it began (see [`Page::seen`]: the balancer's scans never
+/// wait for another page's read).
 pub(crate) fn tier_of(by_id: &ById<'_>, p: u64) -> Option<Tier> {
-    entry(by_id, p).and_then(|e| e.lock().tier())
+    entry(by_id, p).and_then(Page::seen_tier)
 }
 
 /// Whether page id `p` is in tier `tier` now.

@@ -4,15 +4,13 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use parking_lot::MutexGuard;
-
 use super::hints::{count_read_promotion, ReadPromotion};
 use super::inner::Inner;
 use super::map::DeviceMap;
 use super::mover::Engine;
 use super::request::{Priority, Request, Source};
 use super::shared::Shared;
-use super::table::{lost, Entry, Lost, Resident, Table, Zero};
+use super::table::{lost, Lost, PageGuard, Resident, Table, Zero};
 use super::ticket::Ticket;
 use crate::error::{Error, ErrorKind, Result};
 use crate::hotness::{Harvest, HarvestParams};
@@ -95,14 +93,16 @@ impl Buffer {
     }
 
     /// How many of the buffer's pages live in each tier right now (pages
-    /// never written are in none; lost pages are counted apart).
+    /// never written are in none; lost pages are counted apart). A page
+    /// with a move in flight counts where it was before the move: this
+    /// never waits for a move or a read.
     pub fn residency(&self) -> Residency {
         let mut r = Residency::default();
-        for entry in self.table.pages.iter() {
-            match &entry.lock().loc {
+        for page in self.table.pages.iter() {
+            match page.seen() {
                 Zero => r.unwritten += 1,
                 Lost => r.lost += 1,
-                Resident { tier, .. } => r.pages[*tier as usize] += 1,
+                Resident { tier, .. } => r.pages[tier as usize] += 1,
             }
         }
         r
@@ -250,7 +250,7 @@ impl Buffer {
     /// goes on from wherever it is then (a failed move leaves it readable
     /// where it was; the failure is kept for `Runtime::check` unless it was
     /// only a full tier).
-    fn promote_before_read(&self, p: usize, tier: Tier) -> MutexGuard<'_, Entry> {
+    fn promote_before_read(&self, p: usize, tier: Tier) -> PageGuard<'_> {
         let rt = self.rt();
         if let Err(e) = self
             .engine()
@@ -360,7 +360,9 @@ impl Buffer {
             self.table
                 .note_harvest(p, c.load(std::sync::atomic::Ordering::Relaxed));
         }
-        let resident = |p: usize| self.table.pages[p].lock().tier() == Some(Tier::Device);
+        // Where each page is, without waiting for moves in flight (which
+        // would hold `scores`, and the balancer's rounds, meanwhile).
+        let resident = |p: usize| self.table.pages[p].seen_tier() == Some(Tier::Device);
         crate::hotness::harvest(&self.table.counters, &mut scores, &resident, params)
     }
 

@@ -329,6 +329,114 @@ impl<S> Entry<S> {
     }
 }
 
+/// A page-table entry behind its lock, and where the page was when that
+/// lock was last let go, readable without it ([`seen`](Self::seen)).
+///
+/// A batched NVMe read holds its pages' locks until its reads end, so a
+/// caller that only wants to know where pages are (a buffer's residency,
+/// a harvest, the balancer's scan) would wait out reads of pages that are
+/// not its own. The seen state is written by every guard as it lets go,
+/// so it is always the state some lock holder left: the page's state now,
+/// or — while a move holds the lock — just before it began.
+#[derive(Debug)]
+pub(crate) struct Page<S = Slot> {
+    entry: parking_lot::Mutex<Entry<S>>,
+    seen: std::sync::atomic::AtomicU8,
+}
+
+/// [`Page::seen`]'s encoding: a tier's number, or one of these.
+const SEEN_ZERO: u8 = 0;
+const SEEN_LOST: u8 = 1;
+const SEEN_TIER: u8 = 2;
+
+impl<S> Default for Page<S> {
+    fn default() -> Self {
+        Self {
+            entry: Default::default(),
+            seen: std::sync::atomic::AtomicU8::new(SEEN_ZERO),
+        }
+    }
+}
+
+impl<S> Page<S> {
+    /// Locks the entry; the guard records where the page is as it lets go.
+    pub(crate) fn lock(&self) -> PageGuard<'_, S> {
+        self.guard(self.entry.lock())
+    }
+
+    /// [`lock`](Self::lock) if no one holds it.
+    pub(crate) fn try_lock(&self) -> Option<PageGuard<'_, S>> {
+        self.entry.try_lock().map(|g| self.guard(g))
+    }
+
+    /// [`lock`](Self::lock), waiting at most `timeout`.
+    pub(crate) fn try_lock_for(&self, timeout: std::time::Duration) -> Option<PageGuard<'_, S>> {
+        self.entry.try_lock_for(timeout).map(|g| self.guard(g))
+    }
+
+    fn guard<'a>(&'a self, entry: parking_lot::MutexGuard<'a, Entry<S>>) -> PageGuard<'a, S> {
+        PageGuard {
+            entry,
+            seen: &self.seen,
+        }
+    }
+
+    /// Where the page was when its lock was last let go, without waiting
+    /// for it: `Zero` (never written), `Resident` in a tier, or `Lost`.
+    /// A move or read in flight shows as the state before it.
+    pub(crate) fn seen(&self) -> Loc<()> {
+        match self.seen.load(std::sync::atomic::Ordering::Acquire) {
+            SEEN_ZERO => Zero,
+            SEEN_LOST => Lost,
+            n => Resident {
+                tier: Tier::ALL[usize::from(n - SEEN_TIER)],
+                slot: (),
+            },
+        }
+    }
+
+    /// The tier of [`seen`](Self::seen), if resident.
+    pub(crate) fn seen_tier(&self) -> Option<Tier> {
+        match self.seen() {
+            Resident { tier, .. } => Some(tier),
+            Zero | Lost => None,
+        }
+    }
+}
+
+/// A locked [`Page`]: the entry, and on letting go, where it left the page.
+#[derive(Debug)]
+pub(crate) struct PageGuard<'a, S = Slot> {
+    entry: parking_lot::MutexGuard<'a, Entry<S>>,
+    seen: &'a std::sync::atomic::AtomicU8,
+}
+
+impl<S> std::ops::Deref for PageGuard<'_, S> {
+    type Target = Entry<S>;
+    fn deref(&self) -> &Entry<S> {
+        &self.entry
+    }
+}
+
+impl<S> std::ops::DerefMut for PageGuard<'_, S> {
+    fn deref_mut(&mut self) -> &mut Entry<S> {
+        &mut self.entry
+    }
+}
+
+impl<S> Drop for PageGuard<'_, S> {
+    fn drop(&mut self) {
+        // Before the lock itself goes (fields drop after this): whoever
+        // takes the lock next finds the seen state already written.
+        let seen = match &self.entry.loc {
+            Zero => SEEN_ZERO,
+            Lost => SEEN_LOST,
+            Resident { tier, .. } => SEEN_TIER + *tier as u8,
+        };
+        self.seen.store(seen, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// The error of a read of a [`Lost`] page.
 pub(crate) fn lost(p: usize) -> Error {
     Error::new(

@@ -490,3 +490,42 @@ fn loom_finds_the_stale_copy_of_a_write_that_keeps_it() {
         "{message}"
     );
 }
+
+#[test]
+fn a_page_shows_where_its_last_lock_holder_left_it() {
+    let page: Page<u32> = Page::default();
+    assert_eq!(page.seen(), Zero);
+    {
+        let mut e = page.lock();
+        e.loc = Resident {
+            tier: Tier::Nvme,
+            slot: 7,
+        };
+        // Not yet: the lock is held.
+        assert_eq!(page.seen(), Zero);
+    }
+    assert_eq!(page.seen_tier(), Some(Tier::Nvme));
+    // A read in flight holds the lock with the slot taken: the page shows
+    // where it was until the move commits and lets go.
+    let mut e = page.lock();
+    let (begun, slot) = e.take_for_read().unwrap();
+    assert_eq!(page.seen_tier(), Some(Tier::Nvme));
+    e.put_back(begun, slot);
+    let begun = e.begin_move(Tier::Host, |_| true).unwrap();
+    assert_eq!(
+        e.commit(begun, Tier::Host, 8, false),
+        Ok(freed(Tier::Nvme, 7))
+    );
+    assert_eq!(page.seen_tier(), Some(Tier::Nvme));
+    drop(e);
+    assert_eq!(page.seen_tier(), Some(Tier::Host));
+    // Every tier round-trips, and a page left lost shows as lost.
+    for tier in Tier::ALL {
+        page.lock().loc = Resident { tier, slot: 1 };
+        assert_eq!(page.seen_tier(), Some(tier));
+    }
+    page.lock().loc = Lost;
+    assert_eq!(page.seen(), Lost);
+    let _ = page.lock().clear();
+    assert_eq!(page.seen(), Zero);
+}

@@ -6,12 +6,10 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::MutexGuard;
-
 use super::accounting::Counters;
 use super::buffer::Buffer;
 use super::request::{Priority, Request, Source};
-use super::table::{lost, Entry, Lost, Resident, Zero};
+use super::table::{lost, Lost, PageGuard, Resident, Zero};
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::Tier;
 
@@ -134,7 +132,7 @@ impl Buffer {
         tier: Tier,
         pages: &Range<usize>,
         zeros: &std::cell::OnceCell<Vec<u8>>,
-    ) -> Result<MutexGuard<'_, Entry>> {
+    ) -> Result<PageGuard<'_>> {
         let mut tries = 0;
         loop {
             let mut entry = self.table.pages[p].lock();

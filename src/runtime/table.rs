@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use super::accounting::Counters;
 use super::mapping::MapShared;
@@ -26,7 +26,9 @@ use super::shared::Shared;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tier::{PageStore, Slot, Tier};
 
-pub(crate) use super::page::{lost, Begun, Entry, Freed, Loc, Lost, Resident, Zero};
+pub(crate) use super::page::{
+    lost, Begun, Entry, Freed, Loc, Lost, Page, PageGuard, Resident, Zero,
+};
 
 /// Pages moved together: their NVMe I/O is in flight at once.
 pub(crate) const BATCH: usize = 32;
@@ -37,7 +39,7 @@ pub(crate) const BATCH: usize = 32;
 pub(crate) const DEVICE_BATCH: usize = 128;
 
 /// Pages of one batch, locked in ascending order.
-pub(crate) type Locked<'a> = Vec<(usize, MutexGuard<'a, Entry>)>;
+pub(crate) type Locked<'a> = Vec<(usize, PageGuard<'a>)>;
 
 /// Where to put a buffer's pages when they are first written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -110,7 +112,7 @@ pub(crate) struct Table {
     pub(crate) serial: u64,
     pub(crate) len: u64,
     placement: Placement,
-    pub(crate) pages: Box<[Mutex<Entry>]>,
+    pub(crate) pages: Box<[Page]>,
     pub(crate) launches: Mutex<Launches>,
     pub(crate) map: Mutex<Option<Arc<MapShared>>>,
     /// The reclaimer's clock hand.
@@ -157,7 +159,7 @@ impl Table {
             serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             len,
             placement,
-            pages: (0..pages).map(|_| Mutex::new(Entry::default())).collect(),
+            pages: (0..pages).map(|_| Page::default()).collect(),
             launches: Mutex::new(Launches::default()),
             map: Mutex::new(None),
             hand: AtomicUsize::new(0),
