@@ -1,6 +1,6 @@
 //! Races between moves and everything else, made deterministic: an engine
-//! that holds NVMe writes at a gate, so a demotion is caught between its
-//! copy and its commit. Also capacity coming back at once when a buffer is
+//! that holds NVMe writes (and, when asked, reads) at a gate, so a move is
+//! caught between its copy and its commit. Also capacity coming back at once when a buffer is
 //! dropped while background work still holds its page table.
 
 mod common;
@@ -22,13 +22,14 @@ use common::pattern;
 
 const PAGE: usize = 16 << 10;
 
-/// Unless `open`, queues that were handed a write hold it in `wait` (the
-/// write has not completed) until the test hands out a permit, one write
-/// batch per permit; `waiting` counts the writes held.
+/// Unless `open`, queues that were handed a write (or, with `reads`, a
+/// read) hold it in `wait` (the I/O has not completed) until the test hands
+/// out a permit, one batch per permit; `waiting` counts the batches held.
 #[derive(Default)]
 struct Gate {
     left: parking_lot::Mutex<u32>,
     open: AtomicBool,
+    reads: AtomicBool,
     waiting: std::sync::atomic::AtomicUsize,
 }
 
@@ -40,7 +41,7 @@ struct GateEngine {
 struct GateQueue {
     inner: Box<dyn RawQueue>,
     gate: Arc<Gate>,
-    writes: bool,
+    held: bool,
 }
 
 impl IoEngine for GateEngine {
@@ -56,7 +57,7 @@ impl IoEngine for GateEngine {
         Ok(Box::new(GateQueue {
             inner: self.inner.open_raw(file, depth, pool)?,
             gate: self.gate.clone(),
-            writes: false,
+            held: false,
         }))
     }
 }
@@ -65,12 +66,12 @@ impl IoEngine for GateEngine {
 // the contract; the gate only delay `wait`.
 unsafe impl RawQueue for GateQueue {
     unsafe fn push(&mut self, op: RawOp) {
-        self.writes |= op.op == IoOp::Write;
+        self.held |= op.op == IoOp::Write || self.gate.reads.load(Ordering::SeqCst);
         // SAFETY: the caller's contract, passed on.
         unsafe { self.inner.push(op) }
     }
     fn wait(&mut self, min: usize, out: &mut Vec<(u32, io::Result<usize>)>) -> io::Result<()> {
-        if self.writes {
+        if self.held {
             let p = &self.gate;
             p.waiting.fetch_add(1, Ordering::SeqCst);
             loop {
@@ -87,7 +88,7 @@ unsafe impl RawQueue for GateQueue {
             }
             p.waiting.fetch_sub(1, Ordering::SeqCst);
         }
-        self.writes = false;
+        self.held = false;
         self.inner.wait(min, out)
     }
 }
@@ -459,4 +460,49 @@ fn a_request_cancelled_elsewhere_is_dropped_by_its_own_lanes() {
     let mut out = vec![0u8; 24 * PAGE];
     a.read(0, &mut out).unwrap();
     assert!(out.iter().all(|&x| x == 1));
+}
+
+/// A prefetch cancelled while its batch is moving makes no room for what
+/// did not fit, so it declines nothing: the pages that found the tier full
+/// stay where they are as the cancel asked, and neither the ticket nor
+/// `Stats::prefetches_declined` counts them as declined.
+#[test]
+fn a_prefetch_cancelled_while_it_moves_declines_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, gate) = gated(dir.path());
+    // Three of the host tier's four slots taken by pages room could be made
+    // from (demoted to NVMe, which has room).
+    let hot = rt.alloc(3 * PAGE as u64).unwrap();
+    hot.write(0, &vec![7u8; 3 * PAGE]).unwrap();
+    let a = rt
+        .alloc_with(2 * PAGE as u64, strata::Placement::Prefer(Tier::Nvme))
+        .unwrap();
+    a.write(0, &vec![1u8; 2 * PAGE]).unwrap();
+    assert_eq!(a.tier_of(1).unwrap(), Some(Tier::Nvme));
+
+    // One page fits in the host tier's free slot; its read waits at the
+    // gate while the other page has found the tier full.
+    gate.reads.store(true, Ordering::SeqCst);
+    gate.open.store(false, Ordering::SeqCst);
+    let t = a.prefetch(0..a.len(), Tier::Host);
+    wait_until("the prefetch's read at the engine", || {
+        gate.waiting.load(Ordering::SeqCst) == 1
+    });
+    assert_eq!(a.cancel(&t), 0, "its only batch is moving");
+    gate.open.store(true, Ordering::SeqCst);
+    t.clone().wait().unwrap();
+
+    assert_eq!(
+        a.tier_of(0).unwrap(),
+        Some(Tier::Host),
+        "the moving batch finished"
+    );
+    assert_eq!(
+        a.tier_of(1).unwrap(),
+        Some(Tier::Nvme),
+        "no room made for it"
+    );
+    assert!((0..3).all(|p| hot.tier_of(p).unwrap() == Some(Tier::Host)));
+    assert_eq!(t.declined(), 0, "cancelled, not declined");
+    assert_eq!(rt.stats().prefetches_declined, 0);
 }

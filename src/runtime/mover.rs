@@ -452,7 +452,8 @@ impl Engine {
         }
         // What does not fit gets room made for it, as a pin does (not for
         // a request cancelled meanwhile: nobody wants its pages).
-        if let Some(protect) = room.as_ref().filter(|_| !ticket.is_cancelled()) {
+        let fitted = room.as_ref().filter(|_| !ticket.is_cancelled());
+        if let Some(protect) = fitted {
             result = self.fit(&table, dst, protect, priority, result, &wanted);
         }
         // The requester's own pages (a prefetch's, a pin's) get the second
@@ -469,13 +470,14 @@ impl Engine {
         }
         // A prefetch that found no room but in pages valued more than it
         // (referenced since the hand last passed) is declined, not an
-        // error: counted, and its ticket says how many pages.
+        // error: counted, and its ticket says how many pages. One cancelled
+        // before its room was made declined nothing: no room was sought.
         let result = match result {
             Ok(full)
                 if priority == Priority::Prefetch
                     && !full.is_empty()
-                    && room.is_some()
-                    && self.has_victims(dst, &table, room.as_ref()) =>
+                    && fitted.is_some()
+                    && self.has_victims(dst, &table, fitted) =>
             {
                 Counters::add(
                     &self.shared.counters().prefetches_declined,
