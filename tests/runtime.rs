@@ -1251,9 +1251,13 @@ fn background_failures_are_recorded_and_returned() {
     let rt = tiny_with(dir.path(), engines()[0].1.clone(), 32, true);
     let b = rt.alloc(4 * PAGE as u64).unwrap();
     b.write(0, &data).unwrap();
-    let _moving = b.prefetch(0..2 * PAGE as u64, Tier::Nvme);
+    let moving = b.prefetch(0..2 * PAGE as u64, Tier::Nvme);
     rt.clone().shutdown().unwrap();
     assert_eq!(rt.stats().in_flight_moves, 0);
+    assert!(
+        moving.poll().is_some(),
+        "shutdown returned before the move's ticket was told how it ended"
+    );
     b.read(0, &mut out).unwrap();
     assert_eq!(out, data);
 }

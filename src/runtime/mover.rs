@@ -62,6 +62,10 @@ pub(crate) struct Engine {
     window: Window,
     /// Pages queued or moving.
     in_flight: AtomicU64,
+    /// Batches queued or running whose tickets have not been told yet:
+    /// what [`drain`](Self::drain) waits for (`in_flight` comes down
+    /// before a batch's ticket is told).
+    unfinished: AtomicU64,
     /// Demand batches queued or moving, in any lane: while there are any,
     /// no lane starts a background batch (its I/O would queue at the disk
     /// ahead of the demand's).
@@ -120,6 +124,7 @@ impl Mover {
                 lanes,
                 window: Window::default(),
                 in_flight: AtomicU64::new(0),
+                unfinished: AtomicU64::new(0),
                 demand: AtomicU64::new(0),
                 counts: Counts::default(),
                 tables: Registry::default(),
@@ -169,10 +174,11 @@ impl Engine {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Waits until no move is queued or running (moves submitted
-    /// meanwhile are waited for too: stop submitting first).
+    /// Waits until no move is queued or running and every ticket of one
+    /// has been told how it ended (moves submitted meanwhile are waited
+    /// for too: stop submitting first).
     pub(crate) fn drain(&self) {
-        while self.in_flight.load(Ordering::Acquire) > 0 {
+        while self.unfinished.load(Ordering::Acquire) > 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -303,6 +309,7 @@ impl Engine {
             )));
             return;
         }
+        self.unfinished.fetch_add(1, Ordering::Relaxed);
         q.jobs[priority as usize].push_back(job);
         drop(q);
         lane.ready.notify_one();
@@ -353,6 +360,7 @@ impl Engine {
         let ticket = job.ticket.clone();
         drop(job);
         ticket.finish(Ok(Vec::new()));
+        self.unfinished.fetch_sub(1, Ordering::Release);
         pages
     }
 
@@ -420,6 +428,7 @@ impl Engine {
                     "a page move panicked; its pages stay where they were",
                 ))),
             }
+            self.unfinished.fetch_sub(1, Ordering::Release);
         }
     }
 
