@@ -1211,10 +1211,14 @@ int strata_evict(const struct strata_buffer *buf,
  * runtime). Every error
  * of the moves themselves (`STRATA_ERR_OUT_OF_CAPACITY`, `_IO`, …) comes
  * from `strata_ticket_wait`/`_poll`, however fast the move failed: this
- * call then still returns `STRATA_OK` and a ticket. A full `tier` gets
- * room made as `strata_pin` makes it (the coldest unpinned pages outside
- * the range are demoted); `STRATA_ERR_OUT_OF_CAPACITY` means even that
- * could not fit the whole range. Pages that cannot move stay readable
+ * call then still returns `STRATA_OK` and a ticket. Where `tier` is full,
+ * its clean copies are dropped first, then its unpinned pages outside the
+ * range (of any buffer) not referenced since the clock hand last passed
+ * are demoted; what would need a page referenced since is declined: it
+ * stays readable where it is, the request still succeeds, and
+ * `strata_ticket_declined` counts it. When no page could make room at
+ * all, the pages that fit move and the ticket's status is
+ * `STRATA_ERR_OUT_OF_CAPACITY`. Pages that cannot move stay readable
  * where they are. The ticket must be freed with
  * `strata_ticket_free` (freeing it does not cancel the request).
  * Thread-safe.
