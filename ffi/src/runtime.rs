@@ -467,9 +467,11 @@ pub extern "C" fn strata_runtime_check(rt: *const strata_runtime) -> c_int {
 /// after that it reads `STRATA_ERR_INVALID_HANDLE`, as any stale handle.) Calls
 /// already running on other threads finish first with the objects they
 /// use; a DLPack tensor exported from one of its buffers keeps its pages
-/// (and the tiers under them) alive until its deleter runs. Expert caches
-/// and optimizers are not made through a runtime and are not affected.
-/// NULL is a no-op. Thread-safe.
+/// (and the tiers under them) alive until its deleter runs. Embedding
+/// tables, expert caches and optimizers are not freed: those made on this
+/// runtime (`strata_embedding_create*`, `strata_moe_create_on`,
+/// `strata_optim_create_on`) keep it alive and go on working until their
+/// own free function ends them. NULL is a no-op. Thread-safe.
 #[no_mangle]
 pub extern "C" fn strata_runtime_destroy(rt: *mut strata_runtime) -> c_int {
     boundary("strata_runtime_destroy", || {
