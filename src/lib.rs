@@ -17,11 +17,11 @@
 //!  OS layer: arenas, NUMA topology, memory tiers        src/sys/
 //!  Runtime: buffers, page table, mover, reclaim, maps   src/runtime/
 //!  Placement policies (pure: no I/O, no unsafe)         src/policy/
-//!    lru (UVM-like) | lfu | gmt | lookahead | belady | default (W-TinyLFU)
-//!    references: arc | s3fifo | sieve
+//!    lru (UVM-like) | lfu | gmt | lookahead | lrfu | belady | default (W-TinyLFU)
+//!    references: arc | s3fifo | sieve | perfect-lfu | lfu-admission
 //!  The machinery under it all, outside the stable API  src/lowlevel.rs
 //!  Page-access traces: format, replay                   src/trace.rs, policy/replay.rs
-//!  Offloading: MoE expert cache, offloaded Adam         src/offload/
+//!  Offloading: MoE expert cache, offloaded Adam, embeddings  src/offload/
 //! ```
 //!
 //! | cargo feature | what it adds |
