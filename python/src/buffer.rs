@@ -118,10 +118,14 @@ impl Buffer {
     /// Moves the pages of range into tier in the background; the call
     /// returns once the moves are queued (with the GIL released: it can
     /// wait while the engine's queues are full), and the Ticket's wait()
-    /// raises the first error. A range outside the buffer is refused here. A full tier gets
-    /// room made by demoting its coldest unpinned pages outside range, as
-    /// pin does (OutOfCapacityError when even that cannot fit it). Pinned pages stay
-    /// where they are pinned, pages never written stay unmaterialized.
+    /// raises the first error. A range outside the buffer is refused here.
+    /// Where tier is full, its clean copies are dropped first, then its
+    /// unpinned pages outside range not referenced since the clock hand
+    /// last passed are demoted; what would need a page referenced since is
+    /// declined (Ticket.declined counts it; wait() still succeeds).
+    /// OutOfCapacityError when no page could make room at all (what fits
+    /// moves). Pinned pages stay where they are pinned, pages never written
+    /// stay unmaterialized.
     fn prefetch(&self, py: Python<'_>, range: Option<(i64, i64)>, tier: &str) -> PyResult<Ticket> {
         // A range past the end is refused here, not at the ticket's wait.
         let r = byte_range(range, self.buf.len(), "buffer")?;

@@ -185,9 +185,12 @@ class Buffer:
         """Moves the pages of range into tier in the background (the call
         returns once the moves are queued, which can wait while the
         engine's queues are full); the Ticket's wait() raises the first
-        error, a range outside the buffer is refused at once. A full tier gets room made
-        by demoting its coldest unpinned pages outside range, as pin does;
-        OutOfCapacityError when even that cannot fit the range (what fits
+        error, a range outside the buffer is refused at once. Where tier is
+        full, its clean copies are dropped first, then its unpinned pages
+        outside range not referenced since the clock hand last passed are
+        demoted; what would need a page referenced since is declined
+        (Ticket.declined counts it; wait() still succeeds).
+        OutOfCapacityError when no page could make room at all (what fits
         moves, the rest stays readable where it was)."""
     def evict(self, range: _Range, tier: _TierName) -> None:
         """Moves the pages of range that live in faster tiers down to tier
