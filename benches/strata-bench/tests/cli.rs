@@ -109,6 +109,58 @@ fn info_rejects_a_zero_capacity() {
 }
 
 #[test]
+fn trace_replay_lines_its_columns_up_for_every_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.txt");
+    let trace = trace.to_str().unwrap();
+    let out = strata(&[
+        "trace",
+        "gen",
+        "--kind",
+        "zipf",
+        "--pages",
+        "64",
+        "--accesses",
+        "2000",
+        "--out",
+        trace,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = strata(&[
+        "trace",
+        "replay",
+        "--trace",
+        trace,
+        "--capacity-pages",
+        "16",
+        "--policy",
+        "all",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("policy"))
+        .collect();
+    assert!(table.len() > 10, "a row per policy: {text}");
+    // Every row's hit count ends where the header's "hits" does.
+    let end = table[0].find("hits").unwrap() + "hits".len();
+    for row in &table[1..] {
+        let hits = row.split_whitespace().nth(1).unwrap();
+        let at = row.find(&format!(" {hits} ")).unwrap() + 1 + hits.len();
+        assert_eq!(at, end, "misaligned row {row:?} under {:?}", table[0]);
+    }
+}
+
+#[test]
 fn bench_io_reports_fio_style_json() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");

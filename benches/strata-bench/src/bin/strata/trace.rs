@@ -278,8 +278,16 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
             "the trace touches {touched} distinct pages: the cache never fills, and replays as {used} pages"
         );
     }
+    // As wide as the longest policy's name (`lfu-admission`), so the
+    // columns line up.
+    let w = reports
+        .iter()
+        .map(|(r, _)| r.policy.len())
+        .max()
+        .unwrap_or(0)
+        .max("policy".len());
     outln!(
-        "{:<10} {:>12} {:>12} {:>9} {:>14}",
+        "{:<w$} {:>12} {:>12} {:>9} {:>14}",
         "policy",
         "hits",
         "misses",
@@ -288,7 +296,7 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
     );
     for (r, _) in &reports {
         outln!(
-            "{:<10} {:>12} {:>12} {:>8.2}% {:>14.0}",
+            "{:<w$} {:>12} {:>12} {:>8.2}% {:>14.0}",
             r.policy,
             r.hits,
             r.misses,
