@@ -2516,3 +2516,56 @@ fn trace_gen_refuses_a_count_that_makes_the_trace_empty() {
     let t = std::fs::read_to_string(&out_path).unwrap();
     assert!(t.lines().filter(|l| !l.starts_with('#')).count() > 0);
 }
+
+/// A write that fails part-way (here past the file-size limit, EFBIG)
+/// leaves no partial output: no new file, and an existing one as it was.
+#[test]
+fn an_output_that_fails_part_way_is_not_left_half_written() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("new.txt");
+    let old = dir.path().join("old.txt");
+    std::fs::write(&old, "1\n2\n").unwrap();
+    for out in [&fresh, &old] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+        cmd.args([
+            "trace",
+            "gen",
+            "--kind",
+            "zipf",
+            "--accesses",
+            "100000",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        // SAFETY: the closure runs in the child between fork and exec and
+        // calls only setrlimit(2) and signal(2), which are
+        // async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 4096,
+                    rlim_max: 4096,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // A write past the limit is then EFBIG, not a signal.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let o = cmd.output().expect("strata runs");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line, got: {err}");
+        assert!(err.contains("File too large"), "{err}");
+    }
+    assert!(!fresh.exists(), "a partial trace was left");
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "1\n2\n");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["old.txt"], "nothing else left behind");
+}

@@ -10,6 +10,8 @@
 //!   input was fine, the output could not be delivered.
 //! - Output paths are checked before the run ([`OutputPath::check`]), so a
 //!   bad path is exit 2 at once rather than after the measuring.
+//! - An output file is written whole or not at all ([`OutputPath::write_with`]):
+//!   a write that fails part-way leaves no partial report or trace.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -130,6 +132,34 @@ pub fn distinct_files(files: &[(&str, Option<&Path>)]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Where writing `path` puts the bytes: the path, or a link's target
+/// (which need not exist yet).
+fn landing(path: &Path) -> PathBuf {
+    match std::fs::read_link(path) {
+        Ok(t) if t.is_relative() => path.parent().unwrap_or(Path::new("")).join(t),
+        Ok(t) => t,
+        Err(_) => path.to_path_buf(),
+    }
+}
+
+/// Fills `file` through a buffer and syncs it.
+fn fill_and_sync(
+    file: std::fs::File,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut w = std::io::BufWriter::new(file);
+    fill(&mut w)?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_data().or_else(|e| {
+        // Character devices and pipes cannot sync; that is no failure.
+        if e.raw_os_error() == Some(libc::EINVAL) {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    })
+}
+
 impl OutputPath {
     /// Checks that `path` (given as `flag`) can be written: not a
     /// directory, in an existing directory, and opening it for writing
@@ -162,11 +192,7 @@ impl OutputPath {
             )));
         }
         // What opening creates: the path, or a (dangling) link's target.
-        let target = match std::fs::read_link(path) {
-            Ok(t) if t.is_relative() => parent.join(t),
-            Ok(t) => t,
-            Err(_) => path.to_path_buf(),
-        };
+        let target = landing(path);
         let existed = target.exists();
         OpenOptions::new()
             .write(true)
@@ -194,7 +220,11 @@ impl OutputPath {
     }
 
     /// Writes the file: `fill` is given a buffered writer. A failure is
-    /// one line naming the file, exit status 1.
+    /// one line naming the file, exit status 1, and leaves no part of the
+    /// output: a regular file is written beside its name and renamed over
+    /// it once complete, so a new one does not appear and an existing one
+    /// (or a link's target) stays as it was. A device or a pipe is
+    /// written in place.
     pub fn write_with(
         &self,
         fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
@@ -210,18 +240,37 @@ impl OutputPath {
                 ),
             )
         };
-        let file = std::fs::File::create(&self.path).map_err(fail)?;
-        let mut w = std::io::BufWriter::new(file);
-        fill(&mut w).map_err(fail)?;
-        let file = w.into_inner().map_err(|e| fail(e.into_error()))?;
-        file.sync_data().or_else(|e| {
-            // Character devices and pipes cannot sync; that is no failure.
-            if e.raw_os_error() == Some(libc::EINVAL) {
-                Ok(())
-            } else {
-                Err(fail(e))
-            }
-        })
+        let in_place = |fill| {
+            let file = std::fs::File::create(&self.path).map_err(fail)?;
+            fill_and_sync(file, fill).map_err(fail)
+        };
+        let target = landing(&self.path);
+        let existing = std::fs::metadata(&target).ok();
+        if existing.as_ref().is_some_and(|m| !m.is_file()) {
+            return in_place(fill);
+        }
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let mut name = std::ffi::OsString::from(".");
+        name.push(target.file_name().unwrap_or_default());
+        name.push(format!(".{}.tmp", std::process::id()));
+        let temp = dir.join(name);
+        let file = match OpenOptions::new().write(true).create_new(true).open(&temp) {
+            Ok(f) => f,
+            // A directory this run cannot add to, holding a file it may
+            // write (`check` opened it): written in place.
+            Err(_) => return in_place(fill),
+        };
+        let written = existing
+            .map_or(Ok(()), |m| file.set_permissions(m.permissions()))
+            .and_then(|()| fill_and_sync(file, fill))
+            .and_then(|()| std::fs::rename(&temp, &target));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        written.map_err(fail)
     }
 
     /// Writes `bytes` as the file.
