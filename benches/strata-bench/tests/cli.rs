@@ -2569,3 +2569,26 @@ fn an_output_that_fails_part_way_is_not_left_half_written() {
         .collect();
     assert_eq!(left, ["old.txt"], "nothing else left behind");
 }
+
+/// The reports of the benches on DRAM and disk say, as every report does,
+/// which backend their figures come from: none, no device tier.
+#[test]
+fn pages_and_priority_reports_name_their_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let json = dir.path().join("r.json");
+    let j = json.to_str().unwrap();
+    for args in [
+        &[
+            "bench", "pages", "--data", "1M", "--dram", "256k", "--ops", "200", "--path", d,
+            "--quiet", "--json", j,
+        ][..],
+        &[
+            "bench", "priority", "--data", "4M", "--ops", "5", "--trials", "1", "--path", d,
+            "--quiet", "--json", j,
+        ][..],
+    ] {
+        let v = report(&strata(args), &json);
+        assert_eq!(v["backend"], "none (DRAM and disk only)", "{}", args[1]);
+    }
+}

@@ -131,6 +131,8 @@ pub struct Phase {
 /// The report.
 #[derive(Debug, Clone, Serialize)]
 pub struct PriorityReport {
+    /// No device is involved: DRAM and the disk.
+    pub backend: &'static str,
     /// What ran.
     pub params: PriorityParams,
     /// Every phase, in the order run.
@@ -291,6 +293,7 @@ pub fn run(p: &PriorityParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Pr
         }
     };
     Ok(PriorityReport {
+        backend: "none (DRAM and disk only)",
         ratio_promote_p50: ratio(&|x| x.promote.p50_us),
         ratio_demote_p50: ratio(&|x| x.demote.p50_us),
         ratio_promote_p99: ratio(&|x| x.promote.p99_us),

@@ -324,6 +324,8 @@ pub const REFERENCES: [PolicyKind; 6] = [
 /// The report.
 #[derive(Debug, Clone, Serialize)]
 pub struct PagesReport {
+    /// No device is involved: DRAM and the disk.
+    pub backend: &'static str,
     /// Parameters.
     pub params: PagesParams,
     /// Pages of data.
@@ -1112,6 +1114,7 @@ pub fn run(
     progress("done", 1.0);
     let _ = std::fs::remove_file(data_file(p));
     Ok(PagesReport {
+        backend: "none (DRAM and disk only)",
         params: p.clone(),
         data_pages: p.data_pages(),
         dram_pages: p.dram_pages(),
