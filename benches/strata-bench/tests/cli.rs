@@ -1592,6 +1592,11 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
             &["bench", "recsys", "--rows", "4294967295"],
             Expect::Bad("--rows 4294967295"),
         ),
+        // Indices no memory holds name the flags that set their number.
+        case(
+            &["bench", "recsys", "--pooling", "100000000"],
+            Expect::Bad("--pooling 100000000"),
+        ),
         case(
             &["bench", "graph", "--graph", "kron:30:1024", "--quiet"],
             Expect::Bad("--graph kron:30:1024"),

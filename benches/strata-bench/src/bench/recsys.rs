@@ -198,11 +198,20 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
         .saturating_add(budget.min(total))
         .saturating_add(indices)
         .saturating_add(8 << 20);
-    check_memory(
-        format_args!(
+    // The flags of the larger part: the tables', or the indices'.
+    let flags = if indices > total {
+        format!(
+            "--tables {} --batch {} --pooling {} --batches {}",
+            params.tables, params.batch, params.pooling, params.batches
+        )
+    } else {
+        format!(
             "--tables {} --rows {} --dim {}",
             params.tables, params.rows, params.dim
-        ),
+        )
+    };
+    check_memory(
+        flags,
         "the tables, their device copy and the indices",
         memory,
     )?;
