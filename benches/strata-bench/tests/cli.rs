@@ -2342,6 +2342,21 @@ fn bench_graph_refuses_unknown_platforms_and_configurations() {
         let out = strata(&["bench", "graph", "--graph", "kron:8", flag, value]);
         assert_bad_input(&out, needle);
     }
+    // strata's balancer's settings, where --configs does not run strata,
+    // would change nothing.
+    for (flag, value) in [("--policy", "lru"), ("--min-accesses", "5")] {
+        let out = strata(&[
+            "bench",
+            "graph",
+            "--graph",
+            "kron:8",
+            "--configs",
+            "uvm",
+            flag,
+            value,
+        ]);
+        assert_bad_input(&out, &format!("{flag} is strata's"));
+    }
 }
 
 #[test]

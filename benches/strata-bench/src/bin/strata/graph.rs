@@ -160,6 +160,18 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
                 "--dump writes strata's result, and --configs does not run strata",
             ));
         }
+        // A setting of strata's balancer would be silently ignored.
+        let strata_only = [
+            ("--policy", policy != PolicyKind::Default),
+            ("--min-accesses", a.min_accesses.is_some()),
+        ];
+        if let Some((flag, _)) = strata_only.iter().find(|(_, given)| *given) {
+            if !c.contains(&Config::Strata) {
+                return Err(Error::invalid(format!(
+                    "{flag} is strata's balancer's, and --configs does not run strata"
+                )));
+            }
+        }
     }
 
     if device == DeviceChoice::Cuda {
