@@ -1647,6 +1647,26 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
             ],
             Expect::Bad("--ops 100000000000"),
         ),
+        // A setting of strata's where only the page cache runs.
+        case(
+            &[
+                "bench",
+                "pages",
+                "--data",
+                "16M",
+                "--dram",
+                "4M",
+                "--path",
+                &p(""),
+                "--ops",
+                "200",
+                "--configs",
+                "os",
+                "--min-accesses",
+                "3",
+            ],
+            Expect::Bad("--min-accesses is strata's"),
+        ),
         // A config file named is checked by every command, even one that
         // takes no setting from it.
         case(

@@ -238,6 +238,20 @@ impl PagesParams {
                     "--baselines adds the peers to the default configurations; with --configs, name them there",
                 ));
             }
+            // A setting of strata's would be silently ignored.
+            let strata_only = [
+                ("--cxl", self.cxl.is_some()),
+                ("--policy", self.policy != PolicyKind::Default),
+                ("--min-accesses", self.min_accesses.is_some()),
+                ("--lower-levels", self.lower_levels),
+            ];
+            if let Some((flag, _)) = strata_only.iter().find(|(_, given)| *given) {
+                if !c.iter().any(|c| c.starts_with("strata")) {
+                    return Err(Error::invalid(format!(
+                        "{flag} is strata's, and --configs runs no strata configuration"
+                    )));
+                }
+            }
         }
         // The page cache's process shares its memory limit with the page
         // cache it measures: below a few MiB the limit kills it.
