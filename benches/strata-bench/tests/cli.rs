@@ -1818,6 +1818,35 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
             Expect::Bad("--page-size"),
         )
         .refuses(&d.join("g.txt")),
+        // Sizes take binary suffixes, --row-bytes too.
+        case(
+            &[
+                "trace",
+                "gen",
+                "--kind",
+                "emb",
+                "--row-bytes",
+                "1k",
+                "--batches",
+                "1",
+                "--out",
+                &p("emb.txt"),
+            ],
+            Expect::Ok,
+        ),
+        case(
+            &[
+                "trace",
+                "gen",
+                "--kind",
+                "emb",
+                "--row-bytes",
+                "1q",
+                "--out",
+                &p("emb.txt"),
+            ],
+            Expect::Bad("--row-bytes"),
+        ),
         // Bad enums and usage.
         case(
             &["bench", "io", "--size", "1M", "--pattern", "sideways"],

@@ -114,8 +114,8 @@ pub struct GenArgs {
     /// emb: rows per table.
     #[arg(long, default_value_t = GenParams::default().rows)]
     rows: usize,
-    /// emb: bytes per row.
-    #[arg(long, default_value_t = GenParams::default().row_bytes)]
+    /// emb: bytes per row (e.g. 128, 1k).
+    #[arg(long, default_value_t = GenParams::default().row_bytes, value_parser = size_value)]
     row_bytes: u64,
     /// emb: bags per batch.
     #[arg(long, default_value_t = GenParams::default().batch)]
@@ -142,6 +142,12 @@ pub struct GenArgs {
     /// moe: tokens (at least 1).
     #[arg(long, default_value_t = GenParams::default().tokens)]
     tokens: usize,
+}
+
+/// A size with binary suffixes, parsed as clap reads the argument (clap's
+/// refusal names the flag).
+fn size_value(text: &str) -> Result<u64, String> {
+    parse_size(text).map_err(|e| e.message().to_string())
 }
 
 pub fn run(command: TraceCommand) -> Result<(), Error> {
