@@ -1752,6 +1752,14 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
         ),
         case(&["bench", "copy", "--size", "-1"], Expect::Bad("--size")),
         case(
+            &["bench", "pages", "--data", "4M", "--dram", "-5M"],
+            Expect::Bad("--dram"),
+        ),
+        case(
+            &["bench", "priority", "--data", "-1G"],
+            Expect::Bad("--data"),
+        ),
+        case(
             &["bench", "graph", "--page-size", "0", "--quiet"],
             Expect::Bad("--page-size"),
         ),

@@ -17,7 +17,7 @@ use crate::out;
 /// Size arguments, parsed by `strata::size::parse_size` (which names the
 /// flag); taking hyphen values lets `--size -5M` reach it instead of
 /// clap's "unexpected argument".
-const SIZE_ARGS: [&str; 8] = [
+const SIZE_ARGS: [&str; 13] = [
     "size",
     "bs",
     "page_sizes",
@@ -26,6 +26,11 @@ const SIZE_ARGS: [&str; 8] = [
     "expert_bytes",
     "chunk",
     "device_budget",
+    "data",
+    "dram",
+    "cxl",
+    "read_bytes",
+    "row_bytes",
 ];
 
 fn prepare(cmd: Command) -> Command {
