@@ -1087,6 +1087,10 @@ fn bench_moe_and_optim_reject_bad_input() {
         "--device",
     );
     assert_bad_input(
+        &strata(&["bench", "moe", "--host-experts", "0", "--quiet"]),
+        "--host-experts 0",
+    );
+    assert_bad_input(
         &strata(&["bench", "moe", "--link-gbps", "0", "--quiet"]),
         "--link-gbps",
     );

@@ -452,6 +452,11 @@ pub fn run(params: &MoeParams, progress: &mut dyn FnMut(&str, f64)) -> Result<Mo
         )));
     }
     if let Some(h) = params.host_experts {
+        if h == 0 {
+            return Err(Error::invalid(
+                "--host-experts 0: a host tier holds at least one expert (leave it out for every expert in host memory)",
+            ));
+        }
         if h >= all {
             return Err(Error::invalid(format!(
                 "--host-experts {h}: a host tier of all {all} experts leaves none on NVMe; leave it out"
