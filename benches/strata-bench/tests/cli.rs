@@ -1090,6 +1090,11 @@ fn bench_moe_and_optim_reject_bad_input() {
         &strata(&["bench", "moe", "--host-experts", "0", "--quiet"]),
         "--host-experts 0",
     );
+    // A bad --tier is the fault, not the --path given with it.
+    assert_bad_input(
+        &strata(&["bench", "optim", "--tier", "NVME", "--path", ".", "--quiet"]),
+        "--tier \"NVME\"",
+    );
     assert_bad_input(
         &strata(&["bench", "moe", "--link-gbps", "0", "--quiet"]),
         "--link-gbps",

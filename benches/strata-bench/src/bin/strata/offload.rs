@@ -440,7 +440,8 @@ pub fn run_optim(a: OptimArgs, config: Option<&std::path::Path>) -> Result<(), E
     // Only the NVMe tier places anything there (and warns about tmpfs).
     let path = if a.tier == "nvme" {
         crate::nvme_path(a.path.clone(), config)?
-    } else if a.path.is_some() {
+    } else if a.path.is_some() && matches!(a.tier.as_str(), "host" | "cxl") {
+        // (A tier of another name is refused as such.)
         return Err(Error::invalid(format!(
             "--path is the NVMe tier's: --tier {} places nothing there",
             a.tier
