@@ -17,15 +17,21 @@ pub fn parse_size(text: &str) -> Result<u64> {
     let value: u64 = digits
         .parse()
         .map_err(|_| Error::invalid(format!("size {text:?} is too large")))?;
+    if suffix.starts_with(['.', ',']) {
+        return Err(Error::invalid(format!(
+            "size {text:?} is not a whole number of its unit (write e.g. 1536k for 1.5M)"
+        )));
+    }
     let shift = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        other => {
+        _ => {
             return Err(Error::invalid(format!(
-                "size {text:?} has an unknown suffix {other:?} (use k, M, G or T)"
+                "size {text:?} has an unknown suffix {:?} (use k, M, G or T)",
+                suffix.trim()
             )))
         }
     };
@@ -96,6 +102,14 @@ mod tests {
         assert_eq!(parse_size("1M").unwrap(), 1 << 20);
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
         assert_eq!(parse_size(" 3 gb ").unwrap(), 3 << 30);
+    }
+
+    #[test]
+    fn a_fraction_or_an_unknown_suffix_is_named_as_typed() {
+        let e = parse_size("1.5M").unwrap_err();
+        assert!(e.message().contains("whole number"), "{e}");
+        let e = parse_size("4Q").unwrap_err();
+        assert!(e.message().contains("suffix \"Q\""), "{e}");
     }
 
     #[test]

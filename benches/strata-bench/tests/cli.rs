@@ -243,6 +243,14 @@ fn bench_io_bad_input_is_one_line_and_status_2() {
         &io(&["--path", d, "--size", "10000", "--bs", "4k"]),
         "not a multiple",
     );
+    // The OS's error by its name, without Rust's "(os error 13)" tail.
+    let out = io(&["--path", "/sys/strata-cannot-be-here", "--size", "1M"]);
+    assert_bad_input(&out, "Permission denied");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("os error"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_bad_input(&io(&["--path", d, "--size", "0"]), "zero");
     assert_bad_input(
         &io(&["--path", d, "--size", "1M", "--bs", "3k"]),
@@ -328,6 +336,11 @@ fn bench_io_rejects_absurd_durations_and_depths_before_running() {
         strata(&args)
     };
     assert_bad_input(&io(&["--size", "1M", "--seconds", "1e20"]), "--seconds");
+    // A huge positive number is told the limit, not that it is negative.
+    assert_bad_input(
+        &io(&["--size", "1M", "--seconds", "1e30"]),
+        "at most a week",
+    );
     assert_bad_input(&io(&["--size", "1M", "--seconds=-1"]), "--seconds");
     assert_bad_input(
         &io(&[
@@ -1783,6 +1796,11 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
                 "--quiet",
             ],
             Expect::Bad("less than a page"),
+        ),
+        // A budget below one page, refused before a graph is made.
+        case(
+            &["bench", "graph", "--device-budget", "4k", "--quiet"],
+            Expect::Bad("--device-budget 4k holds no"),
         ),
         case(
             &["bench", "graph", "--device-budget", "-5%", "--quiet"],

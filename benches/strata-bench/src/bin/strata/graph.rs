@@ -131,6 +131,14 @@ pub fn run(a: GraphArgs) -> Result<(), Error> {
         .device_budget
         .parse()
         .map_err(|e: Error| e.context("--device-budget"))?;
+    if let Budget::Bytes(bytes) = budget {
+        if bytes < page_size as u64 {
+            return Err(Error::invalid(format!(
+                "--device-budget {} holds no {page_size}-byte page (--page-size)",
+                a.device_budget
+            )));
+        }
+    }
     let policy: PolicyKind = a.policy.parse().map_err(|e: Error| e.context("--policy"))?;
     let device: DeviceChoice = a.device.parse().map_err(|e: Error| e.context("--device"))?;
     let platform: Platform = a

@@ -189,7 +189,10 @@ fn main() -> ExitCode {
     match run(cli).and_then(|()| out::flush()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            out::warn(format_args!("strata: {e}"));
+            out::warn(format_args!(
+                "strata: {}",
+                out::without_os_error_codes(&e.to_string())
+            ));
             ExitCode::from(exit_status(&e))
         }
     }
@@ -389,9 +392,13 @@ fn bench_io(a: IoArgs, config: Option<&Path>) -> Result<(), Error> {
             params.qd
         )));
     }
-    if std::time::Duration::try_from_secs_f64(params.seconds).map_or(true, |d| d.is_zero()) {
+    // Checked again by the run; here before the report's file is opened.
+    let week = std::time::Duration::from_secs(7 * 86400);
+    if std::time::Duration::try_from_secs_f64(params.seconds)
+        .map_or(true, |d| d.is_zero() || d > week)
+    {
         return Err(Error::invalid(format!(
-            "--seconds {} must be a positive number",
+            "--seconds {} must be a positive number of at most a week",
             params.seconds
         )));
     }

@@ -31,6 +31,29 @@ pub fn describe(e: &std::io::Error) -> String {
     }
 }
 
+/// `text` without the " (os error N)" tails that the library's errors carry
+/// from the I/O errors they wrap: the CLI's one line names the error, as
+/// [`describe`] does.
+pub fn without_os_error_codes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(" (os error ") {
+        let tail = &rest[i + " (os error ".len()..];
+        let digits = tail
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        if digits > 0 && tail[digits..].starts_with(')') {
+            out.push_str(&rest[..i]);
+            rest = &tail[digits + 1..];
+        } else {
+            out.push_str(&rest[..i + 1]);
+            rest = &rest[i + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 fn stdout_result(r: std::io::Result<()>) -> Result<(), Error> {
     match r {
         Ok(()) => Ok(()),
