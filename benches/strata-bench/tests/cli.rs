@@ -787,6 +787,53 @@ fn bench_recsys_charges_strata_moves_on_the_presets_link() {
 }
 
 #[test]
+fn bench_recsys_caps_a_device_budget_above_the_tables_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let run = |budget: &str| {
+        strata(&[
+            "bench",
+            "recsys",
+            "--tables",
+            "2",
+            "--rows",
+            "1024",
+            "--dim",
+            "16",
+            "--pooling",
+            "4",
+            "--batch",
+            "16",
+            "--batches",
+            "2",
+            "--page-size",
+            "4k",
+            "--device-budget",
+            budget,
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+    };
+    // 2 × 1024 rows × 64 bytes: 128 KiB of tables.
+    let out = run("1G");
+    let r = report(&out, &json);
+    assert_eq!(r["budget_bytes"], 128 << 10);
+    assert_eq!(r["budget_requested"], 1u64 << 30);
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("--device-budget 1G is more than the tables need: capped to 128K"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = run("64k");
+    let r = report(&out, &json);
+    assert_eq!(r["budget_bytes"], 64 << 10);
+    assert!(r.get("budget_requested").is_none(), "{r}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("capped"));
+}
+
+#[test]
 fn bench_recsys_compares_the_configurations() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");

@@ -100,6 +100,11 @@ pub struct RecsysReport {
     pub table_bytes: u64,
     /// The device budget in bytes.
     pub budget_bytes: u64,
+    /// Only where the budget asked for was more than the tables need: that
+    /// budget (`budget_bytes` is then the tables' size, all of them on the
+    /// device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_requested: Option<u64>,
     /// Row lookups per configuration run.
     pub lookups: u64,
     /// The modelled GPU.
@@ -177,13 +182,14 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
     }
     let table_bytes = (params.rows as u64).saturating_mul(row_bytes as u64);
     let total = table_bytes.saturating_mul(params.tables as u64);
-    let budget = match params.device_budget {
+    let asked = match params.device_budget {
         Budget::Bytes(b) => b,
         Budget::Percent(p) => ((total as f64 * p / 100.0) as u64).max(params.page_size as u64),
-    }
+    };
     // More than the tables is the tables (as `bench graph` takes it): the
     // device never holds more than all of them.
-    .min(total.next_multiple_of(params.page_size as u64));
+    let budget = asked.min(total.next_multiple_of(params.page_size as u64));
+    let budget_requested = (asked > budget).then_some(asked);
     // Peak, one configuration at a time: the tables in the host tier, the
     // device's (or the row cache's) copy of up to the budget, the indices.
     let indices = product(&[
@@ -273,6 +279,7 @@ pub fn run(params: &RecsysParams, progress: &mut dyn FnMut(&str, f64)) -> Result
         params: params.clone(),
         table_bytes: total,
         budget_bytes: budget,
+        budget_requested,
         lookups,
         model,
         results,

@@ -34,7 +34,8 @@ pub struct RecsysArgs {
     /// items, each table's at most --batch × --pooling, cycled to fill them).
     #[arg(long, default_value = "zipf:1.05")]
     dist: String,
-    /// Device memory for the tables: bytes or a percentage.
+    /// Device memory for the tables: bytes or a percentage. A budget above
+    /// the tables' size is capped to it, and the run says so.
     #[arg(long, default_value = "20%")]
     device_budget: String,
     /// strata's policy: which rows its row cache keeps (and, in
@@ -115,6 +116,13 @@ pub fn run(a: RecsysArgs) -> Result<(), Error> {
         format_size(report.budget_bytes),
         report.lookups
     );
+    if let Some(asked) = report.budget_requested {
+        outln!(
+            "--device-budget {} is more than the tables need: capped to {} (every table fits)",
+            format_size(asked),
+            format_size(report.budget_bytes)
+        );
+    }
     outln!(
         "backend: simulated — lookups/s in modelled GPU time on {}; wall is this machine",
         report.model.platform
