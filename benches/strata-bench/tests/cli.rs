@@ -2636,6 +2636,62 @@ fn bench_graph_refuses_a_binary_file_as_an_edge_list() {
 }
 
 #[test]
+fn trace_gen_names_a_knob_its_kind_does_not_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("t.txt");
+    let out = out_path.to_str().unwrap();
+    for (kind, knob, value, owner) in [
+        ("zipf", "--scan-fraction", "0.5", "mix"),
+        ("loop", "--scale", "8", "graph"),
+        ("bfs", "--alphas", "1,1", "emb"),
+        ("moe", "--page-size", "8k", "graph kinds and emb"),
+        ("emb", "--tokens", "5", "moe"),
+        ("shift", "--pooling", "3", "emb"),
+    ] {
+        let mut args = vec!["trace", "gen", "--kind", kind, knob, value, "--out", out];
+        args.extend(if kind == "bfs" {
+            ["--scale", "8"]
+        } else {
+            ["--accesses", "10"]
+        });
+        let run = strata(&args);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{kind} {knob}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("warning: {knob} is not used by --kind {kind}"))
+                && err.contains(owner),
+            "{err}"
+        );
+    }
+    // The graph kernels share their knobs, and every kind takes a seed.
+    for kind in ["bfs", "sssp", "pr", "cc"] {
+        let run = strata(&[
+            "trace",
+            "gen",
+            "--kind",
+            kind,
+            "--scale",
+            "8",
+            "--roots",
+            "1",
+            "--iterations",
+            "1",
+            "--seed",
+            "3",
+            "--out",
+            out,
+        ]);
+        assert!(run.status.success(), "{kind}");
+        assert!(
+            run.stderr.is_empty(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+}
+
+#[test]
 fn trace_gen_refuses_a_count_that_makes_the_trace_empty() {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("t.txt");
@@ -2649,9 +2705,11 @@ fn trace_gen_refuses_a_count_that_makes_the_trace_empty() {
         ("bfs", "--accesses"),
         ("zipf", "--accesses"),
     ] {
-        let run = strata(&[
-            "trace", "gen", "--kind", kind, "--scale", "8", flag, "0", "--out", out,
-        ]);
+        let mut args = vec!["trace", "gen", "--kind", kind, flag, "0", "--out", out];
+        if kind == "bfs" || kind == "sssp" || kind == "pr" {
+            args.extend(["--scale", "8"]);
+        }
+        let run = strata(&args);
         assert_bad_input(&run, flag);
         assert!(!out_path.exists(), "{kind} {flag} 0 left {out}");
     }

@@ -331,8 +331,98 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
     }
 }
 
+/// The knobs set (to other than their defaults) that `kind` does not use,
+/// each with a line saying so: `--kind zipf --scan-fraction 0.5` writes a
+/// plain Zipf trace, and the user is told rather than left to think the
+/// scans are in it. A warning, not a refusal: a script may pass one set of
+/// knobs to every kind. The graph kernels share theirs (`--roots` and
+/// `--iterations` for all four); `--seed` and `--accesses` apply to every
+/// kind.
+fn unused_knobs(kind: GenKind, a: &GenArgs) -> Vec<String> {
+    use GenKind::*;
+    let d = GenParams::default();
+    let synthetic: &[GenKind] = &[Zipf, Loop, Mix, Shift];
+    let graph: &[GenKind] = &[Bfs, Sssp, Pr, Cc];
+    let knobs: [(&str, bool, &[GenKind], &str); 20] = [
+        (
+            "--pages",
+            a.pages != d.pages,
+            synthetic,
+            "zipf, loop, mix and shift",
+        ),
+        (
+            "--alpha",
+            a.alpha != d.alpha,
+            &[Zipf, Mix, Shift, Moe],
+            "zipf, mix, shift and moe",
+        ),
+        (
+            "--scan-fraction",
+            a.scan_fraction != d.scan_fraction,
+            &[Mix],
+            "mix",
+        ),
+        (
+            "--scan-length",
+            a.scan_length != d.scan_length,
+            &[Mix],
+            "mix",
+        ),
+        ("--phase", a.phase != d.phase, &[Shift], "shift"),
+        ("--overlap", a.overlap != d.overlap, &[Shift], "shift"),
+        ("--graph", a.graph != "kron", graph, "the graph kinds"),
+        ("--scale", a.scale != d.scale, graph, "the graph kinds"),
+        (
+            "--edge-factor",
+            a.edge_factor != d.edge_factor,
+            graph,
+            "the graph kinds",
+        ),
+        ("--roots", a.roots != d.roots, graph, "the graph kinds"),
+        (
+            "--iterations",
+            a.iterations != d.iterations,
+            graph,
+            "the graph kinds",
+        ),
+        ("--delta", a.delta != d.delta, graph, "the graph kinds"),
+        (
+            "--page-size",
+            a.page_size != "4k",
+            &[Bfs, Sssp, Pr, Cc, Emb],
+            "the graph kinds and emb",
+        ),
+        ("--alphas", a.alphas != "1.1,0.9,0.7,0.5", &[Emb], "emb"),
+        ("--rows", a.rows != d.rows, &[Emb], "emb"),
+        ("--row-bytes", a.row_bytes != d.row_bytes, &[Emb], "emb"),
+        ("--batch", a.batch != d.batch, &[Emb], "emb"),
+        ("--pooling", a.pooling != d.pooling, &[Emb], "emb"),
+        ("--batches", a.batches != d.batches, &[Emb], "emb"),
+        ("--layers", a.layers != d.layers, &[Moe], "moe"),
+    ];
+    let moe: [(&str, bool); 4] = [
+        ("--experts", a.experts != d.experts),
+        ("--top-k", a.top_k != d.top_k),
+        ("--drift", a.drift != d.drift),
+        ("--tokens", a.tokens != d.tokens),
+    ];
+    let knobs = knobs
+        .into_iter()
+        .chain(moe.map(|(flag, set)| (flag, set, &[Moe][..], "moe")));
+    knobs
+        .filter(|(_, set, kinds, _)| *set && !kinds.contains(&kind))
+        .map(|(flag, _, _, names)| {
+            format!(
+                "strata: warning: {flag} is not used by --kind {} (it is for {names})",
+                a.kind
+            )
+        })
+        .collect()
+}
+
 fn gen(a: GenArgs) -> Result<(), Error> {
     let kind: GenKind = a.kind.parse().map_err(|e: Error| e.context("--kind"))?;
+    let unused = unused_knobs(kind, &a);
     let page_size = parse_size(&a.page_size).map_err(|e| e.context("--page-size"))?;
     // Kinds whose length their own parameters set take --accesses as a limit.
     let graph_kind = kind.is_graph() || matches!(kind, GenKind::Emb | GenKind::Moe);
@@ -397,6 +487,9 @@ fn gen(a: GenArgs) -> Result<(), Error> {
     let out = OutputPath::check("--out", &a.out)?;
     let t = gen::generate(&params)?;
     out.write_with(|w| trace::write(w, &t, &format!("strata trace gen: {}", params.describe())))?;
+    for line in unused {
+        crate::out::warn(format_args!("{line}"));
+    }
     let mut pages = t.clone();
     pages.sort_unstable();
     pages.dedup();
