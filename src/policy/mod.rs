@@ -48,7 +48,7 @@ pub mod sieve;
 mod testkit;
 
 pub use base::{Outcome, Policy};
-pub use replay::{replay, ReplayReport};
+pub use replay::{replay, replay_with_progress, ReplayReport};
 
 /// The policies by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

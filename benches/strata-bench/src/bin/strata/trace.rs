@@ -253,21 +253,31 @@ fn replay(a: ReplayArgs) -> Result<(), Error> {
         };
         (a.capacity_pages as u64).min(limit) as usize
     };
-    let mut reports: Vec<(ReplayReport, usize)> = Vec::new();
-    for kind in kinds {
-        let capacity = clamp(kind);
-        let mut p: Box<dyn Policy> = match kind {
-            PolicyKind::Lru => Box::new(Lru::with_group(capacity, a.group_pages)),
-            PolicyKind::Lookahead => Box::new(lookahead::Lookahead::with_future(
-                capacity,
-                &t,
-                a.window
-                    .unwrap_or_else(|| lookahead::default_window(capacity)),
-            )),
-            k => policy::build(k, capacity, Some(&t))?,
-        };
-        reports.push((policy::replay(p.as_mut(), &t), capacity));
-    }
+    // A bar on a terminal: the policy being replayed and how far along
+    // the whole replay is.
+    let reports = crate::with_progress(false, |progress| {
+        let mut reports: Vec<(ReplayReport, usize)> = Vec::new();
+        let n = kinds.len() as f64;
+        for (i, &kind) in kinds.iter().enumerate() {
+            let capacity = clamp(kind);
+            let mut p: Box<dyn Policy> = match kind {
+                PolicyKind::Lru => Box::new(Lru::with_group(capacity, a.group_pages)),
+                PolicyKind::Lookahead => Box::new(lookahead::Lookahead::with_future(
+                    capacity,
+                    &t,
+                    a.window
+                        .unwrap_or_else(|| lookahead::default_window(capacity)),
+                )),
+                k => policy::build(k, capacity, Some(&t))?,
+            };
+            let name = p.name().to_string();
+            let report = policy::replay_with_progress(p.as_mut(), &t, &mut |done| {
+                progress(&name, (i as f64 + done) / n)
+            });
+            reports.push((report, capacity));
+        }
+        Ok::<_, Error>(reports)
+    })?;
     outln!(
         "trace: {} ({} accesses), capacity {} pages",
         a.trace.display(),
