@@ -852,6 +852,44 @@ pub fn generate(p: &GenParams) -> Result<Vec<u64>> {
     if p.kind == GenKind::Sssp && p.delta == 0 {
         return Err(Error::invalid("--delta 0: a bucket width is at least 1"));
     }
+    // The generators check their own arguments too; here each is refused
+    // under its flag's name (`GenParams` is what `strata trace gen` takes).
+    let unit = |x: f64| (0.0..1.0).contains(&x);
+    let refused = match p.kind {
+        GenKind::Zipf | GenKind::Mix | GenKind::Shift
+            if !(p.alpha.is_finite() && p.alpha > 0.0) =>
+        {
+            Some(format!("--alpha {} must be a positive number", p.alpha))
+        }
+        GenKind::Moe if !(p.alpha.is_finite() && p.alpha >= 0.0) => {
+            Some(format!("--alpha {} must be a number ≥ 0", p.alpha))
+        }
+        GenKind::Mix if !unit(p.scan_fraction) => Some(format!(
+            "--scan-fraction {} is not in [0, 1)",
+            p.scan_fraction
+        )),
+        GenKind::Mix if p.scan_length == 0 => {
+            Some("--scan-length 0: a scan is at least 1 page".to_string())
+        }
+        GenKind::Shift if !unit(p.overlap) => {
+            Some(format!("--overlap {} is not in [0, 1)", p.overlap))
+        }
+        GenKind::Shift if p.phase == 0 => {
+            Some("--phase 0: a phase is at least 1 access".to_string())
+        }
+        GenKind::Bfs | GenKind::Sssp | GenKind::Pr | GenKind::Cc | GenKind::Emb
+            if p.page_size < 8 =>
+        {
+            Some(format!(
+                "--page-size {} must be at least 8 bytes",
+                p.page_size
+            ))
+        }
+        _ => None,
+    };
+    if let Some(message) = refused {
+        return Err(Error::invalid(message));
+    }
     let limit = if p.accesses == 0 {
         usize::MAX
     } else {

@@ -1009,6 +1009,21 @@ fn cli_bad_input_is_one_line_and_status_2() {
         &strata(&[
             "trace", "gen", "--kind", "zipf", "--alpha", "-1", "--out", t_s,
         ]),
-        "exponent",
+        "--alpha -1",
     );
+    // Each knob out of range is refused under its flag's name.
+    for (kind, knob, value) in [
+        ("mix", "--scan-fraction", "2"),
+        ("mix", "--scan-length", "0"),
+        ("shift", "--overlap", "1"),
+        ("shift", "--phase", "0"),
+        ("moe", "--alpha", "-0.5"),
+        ("bfs", "--page-size", "4"),
+        ("emb", "--page-size", "0"),
+    ] {
+        assert_bad_input(
+            &strata(&["trace", "gen", "--kind", kind, knob, value, "--out", t_s]),
+            &format!("{knob} {value}"),
+        );
+    }
 }
