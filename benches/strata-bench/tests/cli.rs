@@ -1821,6 +1821,14 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
         ),
         case(&["bench", "copy", "--size", "-1"], Expect::Bad("--size")),
         case(
+            &["bench", "copy", "--cxl-bandwidth", "0"],
+            Expect::Bad("--cxl-bandwidth: link bandwidth 0"),
+        ),
+        case(
+            &["bench", "copy", "--cxl-latency-ns", "99999999999"],
+            Expect::Bad("--cxl-latency-ns: link latency"),
+        ),
+        case(
             &["bench", "pages", "--data", "4M", "--dram", "-5M"],
             Expect::Bad("--dram"),
         ),

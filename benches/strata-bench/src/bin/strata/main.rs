@@ -448,6 +448,19 @@ fn bench_copy(a: CopyArgs) -> Result<(), Error> {
             .transpose()?,
         cxl_latency_ns: a.cxl_latency_ns,
     };
+    // The emulated link's limits, refused under the flags' names.
+    let link = |bandwidth, latency_ns| strata::link::LinkModel {
+        bandwidth,
+        latency_ns,
+    };
+    if let Some(bandwidth) = params.cxl_bandwidth {
+        link(bandwidth, 0)
+            .check()
+            .map_err(|e| e.context("--cxl-bandwidth"))?;
+    }
+    link(1e9, params.cxl_latency_ns)
+        .check()
+        .map_err(|e| e.context("--cxl-latency-ns"))?;
     let json = open_json(&a.json)?;
     let r = with_progress(false, |progress| bench::copy::run(&params, progress))?;
     outln!(
