@@ -109,14 +109,17 @@ pub struct Throttle {
 }
 
 impl Throttle {
-    /// A throttle for `model`.
-    pub fn new(model: LinkModel) -> Self {
-        Self {
+    /// A throttle for `model`; an error for a model that
+    /// [`LinkModel::check`] refuses (a zero or NaN bandwidth would pace a
+    /// transfer forever).
+    pub fn new(model: LinkModel) -> Result<Self> {
+        model.check()?;
+        Ok(Self {
             model,
             epoch: Instant::now(),
             next_free_ns: AtomicU64::new(0),
             modelled_ns: AtomicU64::new(0),
-        }
+        })
     }
 
     /// The link model.
@@ -180,6 +183,25 @@ mod tests {
         }
         .check()
         .is_err());
+    }
+
+    #[test]
+    fn a_throttle_refuses_a_model_that_would_pace_forever() {
+        for bandwidth in [0.0, f64::NAN, -1.0] {
+            let e = Throttle::new(LinkModel {
+                bandwidth,
+                latency_ns: 0,
+            })
+            .unwrap_err();
+            assert!(e.message().contains("bandwidth"), "{e}");
+        }
+        let t = Throttle::new(LinkModel {
+            bandwidth: 1e9,
+            latency_ns: 0,
+        })
+        .unwrap();
+        assert_eq!(t.transfer(1000, || 7), 7);
+        assert_eq!(t.modelled(), Duration::from_nanos(1000));
     }
 
     #[test]

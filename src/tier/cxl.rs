@@ -199,10 +199,10 @@ impl CxlStore {
                     bandwidth,
                     latency_ns: config.latency_ns,
                 };
-                model.check().map_err(|e| e.context("emulated cxl"))?;
+                let throttle = Throttle::new(model).map_err(|e| e.context("emulated cxl"))?;
                 Ok(Self {
                     host: HostStore::with_tier(&host_config(None), Tier::Cxl)?,
-                    throttle: Some(Throttle::new(model)),
+                    throttle: Some(throttle),
                 })
             }
         }
