@@ -988,7 +988,9 @@ typedef struct strata_config {
 #define STRATA_CXL_OFF 0
 
 /**
- * A CPU-less NUMA node if the machine has one, else no CXL tier.
+ * A CPU-less NUMA node slower than DRAM (where the kernel has memory
+ * tiers, one it ranks below the nodes with CPUs) if the machine has one,
+ * else no CXL tier.
  */
 #define STRATA_CXL_AUTO 1
 

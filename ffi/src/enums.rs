@@ -39,7 +39,9 @@ pub const STRATA_DEVICE_SIM: strata_device = 2;
 pub type strata_cxl_mode = i32;
 /// No CXL tier.
 pub const STRATA_CXL_OFF: strata_cxl_mode = 0;
-/// A CPU-less NUMA node if the machine has one, else no CXL tier.
+/// A CPU-less NUMA node slower than DRAM (where the kernel has memory
+/// tiers, one it ranks below the nodes with CPUs) if the machine has one,
+/// else no CXL tier.
 pub const STRATA_CXL_AUTO: strata_cxl_mode = 1;
 /// DRAM behind a bandwidth cap and added latency.
 pub const STRATA_CXL_EMULATED: strata_cxl_mode = 2;

@@ -36,7 +36,8 @@ use crate::errors::{invalid, raise};
 ///     binding).
 /// page_size: the page of every tier: a power of two, 4 KiB ... 2 MiB
 ///     (default 64 KiB).
-/// cxl_mode: "auto" (a CPU-less NUMA node, if the machine has one),
+/// cxl_mode: "auto" (a CPU-less NUMA node slower than DRAM, if the
+///     machine has one),
 ///     "emulated" (DRAM behind a bandwidth cap) or "off" (the default: no
 ///     CXL tier). cxl_capacity: its size (default: the node's memory, else
 ///     half the host tier; 0: none). cxl_bandwidth (bytes/s, default half

@@ -87,9 +87,43 @@ impl Topology {
         }
     }
 
-    /// Memory-only nodes: candidates for a real CXL tier.
+    /// Memory-only nodes.
     pub fn cpu_less_nodes(&self) -> impl Iterator<Item = &NumaNode> {
         self.numa_nodes.iter().filter(|n| n.cpu_less)
+    }
+
+    /// The kernel memory tier that lists node `id`, if any.
+    fn tier_of(&self, id: u32) -> Option<u32> {
+        self.memory_tiers
+            .iter()
+            .find(|t| t.nodes.contains(&id))
+            .map(|t| t.id)
+    }
+
+    /// Memory-only nodes slower than DRAM: the candidates for a real CXL
+    /// tier, those the kernel ranks in a slower memory tier first. Where
+    /// the kernel has memory tiers, a memory-only node it puts in the
+    /// tier of the nodes with CPUs or a faster one (high-bandwidth memory
+    /// in flat mode, say) is no CXL tier and is left out; without memory
+    /// tiers, every memory-only node is a candidate.
+    pub fn slow_memory_nodes(&self) -> Vec<&NumaNode> {
+        let dram = self
+            .numa_nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .filter_map(|n| self.tier_of(n.id))
+            .min();
+        let mut nodes: Vec<(&NumaNode, bool)> = self
+            .cpu_less_nodes()
+            .filter_map(|n| match (self.tier_of(n.id), dram) {
+                (Some(t), Some(d)) if t <= d => None,
+                (Some(_), Some(_)) => Some((n, true)),
+                _ => Some((n, false)),
+            })
+            .collect();
+        // Stable: ranked slower first, then in node order.
+        nodes.sort_by_key(|&(_, slower)| !slower);
+        nodes.into_iter().map(|(n, _)| n).collect()
     }
 }
 
@@ -187,6 +221,73 @@ mod tests {
                 nodes: vec![1]
             }
         );
+        assert_eq!(
+            t.slow_memory_nodes()
+                .iter()
+                .map(|n| n.id)
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
+    }
+
+    #[test]
+    fn a_memory_only_node_as_fast_as_dram_is_no_cxl_candidate() {
+        let node = |id: u32, cpus: &[u32], tier: Option<u32>| {
+            (
+                NumaNode {
+                    id,
+                    cpus: cpus.to_vec(),
+                    memory_bytes: 1 << 30,
+                    cpu_less: cpus.is_empty(),
+                },
+                tier,
+            )
+        };
+        let topology = |nodes: Vec<(NumaNode, Option<u32>)>| {
+            let mut memory_tiers: Vec<MemoryTierInfo> = Vec::new();
+            for (n, tier) in &nodes {
+                let Some(tier) = *tier else { continue };
+                match memory_tiers.iter_mut().find(|t| t.id == tier) {
+                    Some(t) => t.nodes.push(n.id),
+                    None => memory_tiers.push(MemoryTierInfo {
+                        id: tier,
+                        nodes: vec![n.id],
+                    }),
+                }
+            }
+            Topology {
+                numa_nodes: nodes.into_iter().map(|(n, _)| n).collect(),
+                memory_tiers,
+            }
+        };
+        let ids = |t: &Topology| {
+            t.slow_memory_nodes()
+                .iter()
+                .map(|n| n.id)
+                .collect::<Vec<_>>()
+        };
+        // Node 1 (high-bandwidth memory, DRAM's tier) is passed over for
+        // node 2, in a slower tier.
+        let t = topology(vec![
+            node(0, &[0, 1], Some(4)),
+            node(1, &[], Some(4)),
+            node(2, &[], Some(22)),
+        ]);
+        assert_eq!(ids(&t), vec![2]);
+        // A node the kernel lists in no tier comes after the slower tier's.
+        let t = topology(vec![
+            node(0, &[0], Some(4)),
+            node(1, &[], None),
+            node(2, &[], Some(22)),
+        ]);
+        assert_eq!(ids(&t), vec![2, 1]);
+        // Without memory tiers, every memory-only node, by id.
+        let t = topology(vec![
+            node(0, &[0], None),
+            node(1, &[], None),
+            node(3, &[], None),
+        ]);
+        assert_eq!(ids(&t), vec![1, 3]);
     }
 
     #[test]

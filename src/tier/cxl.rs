@@ -49,12 +49,14 @@ pub enum CxlBacking {
 
 impl CxlMode {
     /// What this mode means on a machine of `topology` — the one place
-    /// `auto` is resolved: the first CPU-less NUMA node, else no tier.
+    /// `auto` is resolved: the first of the memory-only NUMA nodes slower
+    /// than DRAM ([`Topology::slow_memory_nodes`]: a node the kernel's
+    /// memory tiers rank slower first), else no tier.
     pub fn backing(self, topology: &Topology) -> CxlBacking {
         match self {
             CxlMode::Off => CxlBacking::Absent,
             CxlMode::Emulated => CxlBacking::Emulated,
-            CxlMode::Auto => match topology.cpu_less_nodes().next() {
+            CxlMode::Auto => match topology.slow_memory_nodes().first() {
                 Some(n) => CxlBacking::Node {
                     id: n.id,
                     memory_bytes: n.memory_bytes,
