@@ -1102,6 +1102,11 @@ fn open_private(path: &Path, capacity: u64) -> Result<(File, String)> {
             (file, format!("block device {}", path.display()))
         }
         Medium::Directory => {
+            // A directory that cannot hold a file (procfs answers ENOENT)
+            // is named as the place the swap file could not be made.
+            let open_error = |e: std::io::Error| {
+                Error::io(format!("creating a swap file in {}", path.display()), e)
+            };
             let file = match opts.clone().custom_flags(libc::O_TMPFILE).open(path) {
                 Ok(f) => f,
                 // Filesystems without O_TMPFILE: create a unique name, unlink it.

@@ -1820,6 +1820,11 @@ fn no_input_crashes_it_and_every_refusal_is_one_line() {
             Expect::Bad("--size"),
         ),
         case(&["bench", "copy", "--size", "-1"], Expect::Bad("--size")),
+        // A directory no file can be made in: named as such.
+        case(
+            &["bench", "migrate", "--path", "/proc", "--size", "4M"],
+            Expect::Bad("creating a swap file in /proc"),
+        ),
         case(
             &["bench", "copy", "--cxl-bandwidth", "0"],
             Expect::Bad("--cxl-bandwidth: link bandwidth 0"),
