@@ -24,16 +24,12 @@ static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
 
 /// An I/O error's text without Rust's " (os error N)" tail.
 pub fn describe(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
-    }
+    without_os_error_codes(&e.to_string())
 }
 
 /// `text` without the " (os error N)" tails that the library's errors carry
 /// from the I/O errors they wrap: the CLI's one line names the error, as
-/// [`describe`] does.
+/// [`describe`] does for one I/O error.
 pub fn without_os_error_codes(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
